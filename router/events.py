@@ -1,0 +1,80 @@
+"""Block events: what a worker's prefix store tells the router about the blocks it holds.
+
+The store emits one ``BlockStored`` when a block's K/V enter it and one ``BlockRemoved`` when
+they leave (evicted, expired or invalidated). A worker sends them to the router in batches,
+encoded with msgpack: compact, language-neutral, and the same shape that vLLM's and llm-d's KV
+events take. A batch carries the worker id and a per-worker sequence number so the router can
+notice a gap (a lost batch) and ask the worker for its full state instead.
+
+This module is shared by ``workers`` (producer) and ``router`` (consumer); it imports neither.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import msgpack
+
+from router.key import BlockHash
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block: BlockHash
+    parent: BlockHash
+    token_count: int
+    namespace: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block: BlockHash
+    namespace: str
+
+
+BlockEvent = Union[BlockStored, BlockRemoved]
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    worker_id: str
+    seq: int
+    events: tuple[BlockEvent, ...]
+
+
+_STORED, _REMOVED = 0, 1
+
+
+def _h(value: int) -> bytes:
+    return value.to_bytes(16, "little")
+
+
+def encode_batch(batch: EventBatch) -> bytes:
+    """Encode a batch as msgpack: ``[worker_id, seq, [[kind, ...fields], ...]]``."""
+    rows = []
+    for ev in batch.events:
+        if isinstance(ev, BlockStored):
+            rows.append([_STORED, _h(ev.block), _h(ev.parent), ev.token_count, ev.namespace])
+        else:
+            rows.append([_REMOVED, _h(ev.block), ev.namespace])
+    return msgpack.packb([batch.worker_id, batch.seq, rows], use_bin_type=True)
+
+
+def decode_batch(data: bytes) -> EventBatch:
+    """Decode what ``encode_batch`` wrote; a malformed payload raises ``ValueError``."""
+    try:
+        worker_id, seq, rows = msgpack.unpackb(data, raw=False)
+        events: list[BlockEvent] = []
+        for row in rows:
+            if row[0] == _STORED:
+                events.append(BlockStored(
+                    BlockHash(int.from_bytes(row[1], "little")),
+                    BlockHash(int.from_bytes(row[2], "little")),
+                    int(row[3]), str(row[4])))
+            elif row[0] == _REMOVED:
+                events.append(BlockRemoved(BlockHash(int.from_bytes(row[1], "little")), str(row[2])))
+            else:
+                raise ValueError(f"unknown block event kind {row[0]!r}")
+    except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+        raise ValueError(f"malformed event batch: {exc}") from None
+    return EventBatch(str(worker_id), int(seq), tuple(events))

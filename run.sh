@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# orchard's quick start: `./run.sh demo` runs the main job, `./run.sh test` runs the tests.
+# Both first install what they need: Debian packages (Linux), a virtual environment at .venv/
+# with the locked Python packages, and orchard itself (editable).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need_debian_packages() {
+  [ "$(uname -s)" = Linux ] || return 1
+  [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] \
+    || [ -e /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3 ] || return 0
+  command -v ip >/dev/null || return 0
+  return 1
+}
+
+install_debian_packages() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  echo "orchard: installing Debian packages (libopenblas0-pthread iproute2)" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq libopenblas0-pthread iproute2 >/dev/null
+}
+
+install_python_packages() {
+  local stamp=.venv/.orchard-installed
+  local want
+  want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+  echo "orchard: setting up .venv (Python packages from requirements.lock)" >&2
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -c requirements.lock -e .
+  echo "$want" > "$stamp"
+}
+
+need_debian_packages && install_debian_packages
+install_python_packages
+
+case "${1:-}" in
+  demo) shift; exec .venv/bin/orchard demo "$@" ;;
+  test) shift; exec .venv/bin/python -m pytest "$@" ;;
+  *) echo "usage: ./run.sh demo | ./run.sh test [pytest args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,60 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from router.events import BlockRemoved, BlockStored, EventBatch, decode_batch, encode_batch
+from router.key import Namespace, block_hash, hash_blocks, reusable_tokens
+
+NS = Namespace(tenant="acme", model="tiny-llama", revision="r1")
+
+
+def test_chain_covers_parent_and_tokens():
+    hashes = hash_blocks(list(range(40)), 16, NS)
+    assert len(hashes) == 2  # the partial tail of 8 tokens is not hashed
+    assert hashes[0] == block_hash(NS.root(), range(16))
+    assert hashes[1] == block_hash(hashes[0], range(16, 32))
+    assert hash_blocks([1] + list(range(1, 40)), 16, NS)[1] != hashes[1]
+
+
+def test_namespace_is_part_of_every_key():
+    tokens = list(range(64))
+    other_tenant = Namespace(tenant="globex", model="tiny-llama", revision="r1")
+    other_revision = Namespace(tenant="acme", model="tiny-llama", revision="r2")
+    mine = set(hash_blocks(tokens, 16, NS))
+    assert mine.isdisjoint(hash_blocks(tokens, 16, other_tenant))
+    assert mine.isdisjoint(hash_blocks(tokens, 16, other_revision))
+
+
+def test_hash_is_stable_across_processes_and_hash_seeds():
+    code = ("from router.key import Namespace, hash_blocks;"
+            "print(hash_blocks(list(range(100)), 16, Namespace('acme','tiny-llama','r1'))[-1])")
+    outputs = set()
+    for seed in ("1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                             capture_output=True, text=True).stdout.strip()
+        outputs.add(out)
+    assert outputs == {str(hash_blocks(list(range(100)), 16, NS)[-1])}
+
+
+def test_bad_input_is_a_value_error():
+    with pytest.raises(ValueError, match="block_size"):
+        hash_blocks([1, 2, 3], 0, NS)
+    with pytest.raises(ValueError, match="token ids"):
+        hash_blocks([-1] * 16, 16, NS)
+
+
+def test_reusable_tokens_always_leaves_a_suffix():
+    assert reusable_tokens(prompt_len=32, matched_blocks=2, block_size=16) == 31
+    assert reusable_tokens(prompt_len=40, matched_blocks=2, block_size=16) == 32
+    assert reusable_tokens(prompt_len=1, matched_blocks=0, block_size=16) == 0
+
+
+def test_event_batch_round_trips_through_msgpack():
+    h = hash_blocks(list(range(32)), 16, NS)
+    batch = EventBatch("w0", 7, (BlockStored(h[1], h[0], 16, NS.label()), BlockRemoved(h[0], NS.label())))
+    assert decode_batch(encode_batch(batch)) == batch
+    with pytest.raises(ValueError, match="malformed"):
+        decode_batch(b"\x93\x01")
