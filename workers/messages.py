@@ -1,0 +1,85 @@
+"""Typed messages between the cluster and a worker's engine (frozen, slotted dataclasses).
+
+The cluster builds a ``GenerateRequest`` (prompt already tokenized, namespace resolved), the
+engine answers with a ``GenerateResult`` carrying what it did and how long it took, including
+the prefix store's ``LookupReport``. Timestamps are ``time.time_ns()`` values so that a caller
+in another process can place spans for the lookup, the prefill and the decode afterwards.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from router.key import Namespace
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()  # stop strings; the model's EOS tokens always stop
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    request_id: str
+    namespace: Namespace
+    prompt: tuple[int, ...]  # token ids, chat template already applied
+    sampling: SamplingParams
+    # W3C trace context (``traceparent``/``tracestate``) carried across process boundaries.
+    trace_context: tuple[tuple[str, str], ...] = ()
+
+
+class LookupOutcome(str, Enum):
+    HIT = "hit"              # every reusable token came from the store
+    PARTIAL = "partial"      # a prefix came from the store; the prompt runs past what is stored
+    NEAR_MISS = "near_miss"  # the closest stored sequence diverges from the prompt
+    MISS = "miss"            # nothing reusable and no stored sequence shares a prefix
+
+
+@dataclass(frozen=True, slots=True)
+class LookupReport:
+    outcome: LookupOutcome
+    prompt_tokens: int
+    matched_tokens: int           # tokens reused from the store (<= prompt_tokens - 1)
+    common_prefix: int            # longest common prefix with the closest stored sequence
+    next_prompt_token: int | None  # the prompt's token at ``common_prefix`` (None at its end)
+    next_stored_token: int | None  # the stored sequence's token there (None where it ends)
+    entry_age_s: float | None     # age of the deepest matched block, None on a miss
+    ttl_s: float
+
+    def line(self) -> str:
+        """The line an engineer reads: ``common=5919 of 5923``."""
+        return f"common={self.common_prefix} of {self.prompt_tokens}"
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Wall-clock ``time_ns`` stamps of one request's phases on the worker."""
+
+    received_ns: int
+    lookup_start_ns: int
+    lookup_end_ns: int
+    prefill_start_ns: int
+    first_token_ns: int
+    finished_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    request_id: str
+    output_tokens: tuple[int, ...]
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    ttft_s: float       # request received -> first output token
+    tpot_s: float       # mean time per output token after the first (0.0 for one token)
+    input_tokens: int   # prompt tokens, cached ones included
+    cached_tokens: int  # read from the store
+    computed_tokens: int  # prefilled (input_tokens - cached_tokens)
+    written_tokens: int   # newly stored in the store by this request
+    lookup: LookupReport
+    timings: Timings
+    worker_id: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
