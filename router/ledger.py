@@ -1,0 +1,353 @@
+"""Block accounting for a prefix store: which blocks are held, in what LRU order, until when.
+
+``BlockLedger`` is the bookkeeping half of a worker's prefix store with the tensors taken out.
+The worker's store (``workers.store``) keeps K/V tensors beside it; the trace-replay simulator
+runs the very same class with no tensors at all, so both count hits, evictions and expiries the
+same way. It imports nothing from ``workers``.
+
+Blocks form a tree keyed by the chained ``BlockHash`` (see ``router.key``)::
+
+    ns root ─► h0 ─► h1 ─► h2        a block's parent is the block before it, or the
+                    └──► h1' ─► h2'  namespace root for a prompt's first block
+
+Rules, stated once:
+
+- **LRU, leaves first.** Every use touches a whole chain, deepest block first and the first
+  block last, so in the recency order a block always comes after all of its descendants. The
+  least recently used entry is therefore always a leaf, and eviction pops it without scanning:
+  a parent never goes before its children.
+- **TTL from last use.** An entry expires ``ttl_s`` seconds after it was last used (created or
+  hit), not after it was created: a system prompt in constant use stays; one left idle goes.
+  Because a parent is touched whenever a child is, a parent never expires before its children.
+  Expired entries are dropped lazily at the start of every ``match``/``insert`` and on
+  ``expire()``; ``peek`` treats them as absent without removing them.
+- **Capacity is a value.** ``insert`` stores what fits, evicting LRU leaves outside the chain
+  being inserted; when nothing more can be evicted it returns the blocks it did store.
+- **Every removal has a reason** (evicted, expired, invalidated). The ledger calls the optional
+  ``on_remove`` callback (the store drops the block's tensors there), appends a ``BlockRemoved``
+  event for the router, and records a ``LedgerEvent`` in its bounded event log.
+
+The clock is injected (``clock() -> seconds``); nothing here reads the time by itself.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Iterable, Sequence
+
+from router.events import BlockEvent, BlockRemoved, BlockStored
+from router.key import BlockHash
+
+
+class LedgerEventKind(str, Enum):
+    CREATED = "created"
+    HIT = "hit"
+    EXPIRED = "expired"
+    EVICTED = "evicted"
+    INVALIDATED = "invalidated"
+
+
+RemovalReason = LedgerEventKind  # EXPIRED, EVICTED or INVALIDATED
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEvent:
+    """One line of the event log: what happened to which block, when."""
+
+    kind: LedgerEventKind
+    block: BlockHash
+    namespace: str
+    at: float
+    blocks: int = 1  # for HIT: how many leading blocks the lookup matched
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStats:
+    blocks: int
+    tokens: int
+    bytes: int
+    capacity_bytes: int
+    lookups: int
+    hit_blocks: int
+    stored_blocks: int
+    evictions: int
+    expirations: int
+    invalidations: int
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A held block as a router needs it to rebuild its index."""
+
+    block: BlockHash
+    parent: BlockHash
+    token_count: int
+    namespace: str
+
+
+@dataclass(slots=True)
+class _Entry:
+    parent: BlockHash
+    tokens: int
+    namespace: str
+    created: float
+    last_used: float
+
+
+class BlockLedger:
+    """Tensor-free accounting of a prefix store's blocks (LRU leaves first, TTL, invalidation)."""
+
+    def __init__(
+        self,
+        capacity_bytes: int,
+        ttl_s: float,
+        clock: Callable[[], float],
+        bytes_per_token: int,
+        policy: str = "lru",
+        on_remove: Callable[[BlockHash, RemovalReason], None] | None = None,
+        log_limit: int = 10_000,
+    ) -> None:
+        if policy != "lru":
+            raise ValueError(f"unknown eviction policy {policy!r}: use 'lru'")
+        if capacity_bytes < 0 or bytes_per_token <= 0:
+            raise ValueError(
+                f"capacity_bytes must be >= 0 and bytes_per_token > 0, "
+                f"got {capacity_bytes} and {bytes_per_token}")
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive seconds, got {ttl_s}")
+        self.capacity_bytes = capacity_bytes
+        self.ttl_s = float(ttl_s)
+        self.bytes_per_token = bytes_per_token
+        self._clock = clock
+        self._on_remove = on_remove
+        self._entries: dict[BlockHash, _Entry] = {}
+        self._children: dict[BlockHash, set[BlockHash]] = {}  # parent -> stored children
+        self._lru: OrderedDict[BlockHash, None] = OrderedDict()  # oldest first
+        self._namespaces: dict[str, int] = {}  # label -> stored blocks
+        self._tokens = 0
+        self._events: list[BlockEvent] = []
+        self._log: deque[LedgerEvent] = deque(maxlen=log_limit)
+        self._counts = dict(lookups=0, hit_blocks=0, stored_blocks=0, evictions=0,
+                            expirations=0, invalidations=0)
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def __contains__(self, block: BlockHash) -> bool:
+        return block in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def used_bytes(self) -> int:
+        return self._tokens * self.bytes_per_token
+
+    def peek(self, hashes: Sequence[BlockHash]) -> int:
+        """Leading blocks of ``hashes`` held and unexpired, without touching anything."""
+        now = self._clock()
+        n = 0
+        for h in hashes:
+            entry = self._entries.get(h)
+            if entry is None or now - entry.last_used >= self.ttl_s:
+                break
+            n += 1
+        return n
+
+    def children(self, parent: BlockHash) -> list[BlockHash]:
+        """Stored blocks whose parent is ``parent`` (a block or a namespace root)."""
+        return list(self._children.get(parent, ()))
+
+    def namespaces(self) -> list[str]:
+        return sorted(self._namespaces)
+
+    def age(self, block: BlockHash) -> float:
+        """Seconds since ``block`` was created."""
+        return self._clock() - self._entries[block].created
+
+    def holdings(self) -> list[Holding]:
+        """Every held block with its parent, parents before children."""
+        out = []
+        for h in reversed(self._lru):  # newest first: a parent precedes its descendants
+            e = self._entries[h]
+            out.append(Holding(h, e.parent, e.tokens, e.namespace))
+        return out
+
+    def stats(self) -> LedgerStats:
+        return LedgerStats(blocks=len(self._entries), tokens=self._tokens,
+                           bytes=self.used_bytes, capacity_bytes=self.capacity_bytes,
+                           **self._counts)
+
+    def drain_events(self) -> list[BlockEvent]:
+        """Stored/removed block events since the last drain, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    def log(self) -> list[LedgerEvent]:
+        """The most recent ``log_limit`` created/hit/expired/evicted/invalidated entries."""
+        return list(self._log)
+
+    # ---- updates -------------------------------------------------------------------------
+
+    def match(self, hashes: Sequence[BlockHash]) -> int:
+        """Leading blocks of ``hashes`` held and unexpired; touches them (LRU) and logs a hit."""
+        self.expire()
+        self._counts["lookups"] += 1
+        n = 0
+        for h in hashes:
+            if h not in self._entries:
+                break
+            n += 1
+        if n:
+            self._touch(hashes[:n])
+            self._counts["hit_blocks"] += n
+            deepest = self._entries[hashes[n - 1]]
+            self._log.append(LedgerEvent(LedgerEventKind.HIT, hashes[n - 1],
+                                         deepest.namespace, self._clock(), n))
+        return n
+
+    def insert(
+        self,
+        hashes: Sequence[BlockHash],
+        token_counts: Sequence[int] | int,
+        namespace: str,
+        root: BlockHash,
+    ) -> list[BlockHash]:
+        """Store the chain ``hashes`` (first block's parent is ``root``); return new blocks.
+
+        Blocks already held are touched, not stored twice. ``token_counts`` is one count per
+        block or a single block size. Room is made by evicting LRU leaves outside this chain;
+        when that is not enough, the blocks that fit are stored and the rest are not.
+        """
+        counts = _counts_for(hashes, token_counts)
+        self.expire()
+        present = 0
+        while present < len(hashes) and hashes[present] in self._entries:
+            present += 1
+        if present:
+            self._touch(hashes[:present])
+        protected = set(hashes[:present])
+        stored: list[BlockHash] = []
+        now = self._clock()
+        parent = hashes[present - 1] if present else root
+        for h, tokens in zip(hashes[present:], counts[present:]):
+            if not self._make_room(tokens * self.bytes_per_token, protected):
+                break
+            self._add(h, parent, tokens, namespace, now)
+            protected.add(h)
+            stored.append(h)
+            parent = h
+        if stored:
+            self._touch(hashes[: present + len(stored)])
+        return stored
+
+    def expire(self) -> list[BlockHash]:
+        """Drop every entry unused for ``ttl_s`` seconds or more; return them."""
+        now = self._clock()
+        gone = []
+        while self._lru:
+            oldest = next(iter(self._lru))
+            if now - self._entries[oldest].last_used < self.ttl_s:
+                break
+            self._remove(oldest, LedgerEventKind.EXPIRED)
+            gone.append(oldest)
+        return gone
+
+    def invalidate_namespace(self, label: str) -> int:
+        """Drop every block of namespace ``label``; return how many went.
+
+        An unknown label is a ``ValueError`` naming the namespaces that are held.
+        """
+        if label not in self._namespaces:
+            held = ", ".join(self.namespaces()) or "none"
+            raise ValueError(f"unknown namespace {label!r}: held namespaces are {held}")
+        victims = [h for h, e in self._entries.items() if e.namespace == label]
+        return self._remove_subtrees(victims)
+
+    def invalidate_prefix(self, hashes: Sequence[BlockHash]) -> int:
+        """Drop the blocks of ``hashes`` that are held, and everything stored below them."""
+        return self._remove_subtrees([h for h in hashes if h in self._entries])
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _touch(self, chain: Sequence[BlockHash]) -> None:
+        # Deepest first, root last: an ancestor always ends up more recent than its
+        # descendants, so the LRU head is always a leaf.
+        now = self._clock()
+        for h in reversed(chain):
+            self._entries[h].last_used = now
+            self._lru.move_to_end(h)
+
+    def _make_room(self, need: int, protected: set[BlockHash]) -> bool:
+        if need > self.capacity_bytes:
+            return False
+        while self.used_bytes + need > self.capacity_bytes:
+            if not self._lru:
+                return False
+            oldest = next(iter(self._lru))
+            if oldest in protected:
+                return False  # only this chain is left: capacity exhausted
+            self._remove(oldest, LedgerEventKind.EVICTED)
+        return True
+
+    def _add(self, h: BlockHash, parent: BlockHash, tokens: int, ns: str, now: float) -> None:
+        self._entries[h] = _Entry(parent, tokens, ns, now, now)
+        self._children.setdefault(parent, set()).add(h)
+        self._lru[h] = None
+        self._namespaces[ns] = self._namespaces.get(ns, 0) + 1
+        self._tokens += tokens
+        self._counts["stored_blocks"] += 1
+        self._events.append(BlockStored(h, parent, tokens, ns))
+        self._log.append(LedgerEvent(LedgerEventKind.CREATED, h, ns, now))
+
+    def _remove_subtrees(self, tops: Iterable[BlockHash]) -> int:
+        removed = 0
+        for top in tops:
+            if top not in self._entries:
+                continue  # already gone with an ancestor
+            stack, order = [top], []
+            while stack:
+                h = stack.pop()
+                order.append(h)
+                stack.extend(self._children.get(h, ()))
+            for h in reversed(order):  # children before parents
+                self._remove(h, LedgerEventKind.INVALIDATED)
+                removed += 1
+        return removed
+
+    def _remove(self, h: BlockHash, reason: RemovalReason) -> None:
+        entry = self._entries.pop(h)
+        if self._children.get(h):
+            raise RuntimeError(f"block {h:032x} removed before its children")
+        self._children.pop(h, None)
+        siblings = self._children.get(entry.parent)
+        if siblings is not None:
+            siblings.discard(h)
+            if not siblings:
+                del self._children[entry.parent]
+        del self._lru[h]
+        self._tokens -= entry.tokens
+        left = self._namespaces[entry.namespace] - 1
+        if left:
+            self._namespaces[entry.namespace] = left
+        else:
+            del self._namespaces[entry.namespace]
+        key = {LedgerEventKind.EVICTED: "evictions", LedgerEventKind.EXPIRED: "expirations",
+               LedgerEventKind.INVALIDATED: "invalidations"}[reason]
+        self._counts[key] += 1
+        self._events.append(BlockRemoved(h, entry.namespace))
+        self._log.append(LedgerEvent(reason, h, entry.namespace, self._clock()))
+        if self._on_remove is not None:
+            self._on_remove(h, reason)
+
+
+def _counts_for(hashes: Sequence[BlockHash], token_counts: Sequence[int] | int) -> list[int]:
+    if isinstance(token_counts, int):
+        counts = [token_counts] * len(hashes)
+    else:
+        counts = list(token_counts)
+    if len(counts) != len(hashes) or any(c <= 0 for c in counts):
+        raise ValueError(
+            "token_counts must be one positive count per block (or one block size); "
+            f"got {len(counts)} counts for {len(hashes)} blocks")
+    return counts
