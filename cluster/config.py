@@ -1,0 +1,213 @@
+"""One frozen configuration per process, loaded from ``orchard.toml`` in the run directory.
+
+The run directory (``--run-dir``, else ``$ORCHARD_RUN_DIR``, else ``./run``) holds everything a
+running cluster owns: this config, the job store, the frontend's address file, traces.
+
+    [[tenants]]                  # API keys per tenant; the tenant is part of the cache namespace
+    name = "acme"
+    api_keys = ["..."]
+
+    [admin]
+    api_keys = ["..."]           # needed by Admin calls (workers, scale, drain, invalidate)
+
+    [limits]
+    max_requests_per_job = 1000  # a bigger job is refused (INVALID_ARGUMENT): split it
+    max_pending_per_tenant = 4000   # requests accepted but not finished, per tenant
+    max_pending_total = 16000       # ... over all tenants (beyond either: RESOURCE_EXHAUSTED)
+    max_concurrent = 8           # requests in flight to the backend at once
+    request_timeout_s = 600.0    # a job request running longer fails with DEADLINE_EXCEEDED
+
+    [cache]
+    block_size = 16
+    ttl_s = 300.0
+    capacity_bytes = 1073741824  # per worker
+
+    [model]
+    dir = ""                     # an mlx-lm model directory; "" means the embedded default
+
+    [frontend]
+    host = "127.0.0.1"           # loopback only
+    port = 0                     # 0: pick a free port (written to frontend.json)
+
+    [telemetry]
+    exporter = "file"            # "file" (traces.jsonl in the run dir), "otlp" or "none"
+    endpoint = ""                # for "otlp"
+
+Keys live in this file only: ``write_default_config`` creates it with fresh random keys when a
+run directory has none. Lower layers never see this object; they get plain values from it.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_NAME = "orchard.toml"
+ADDRESS_NAME = "frontend.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_requests_per_job: int = 1000
+    max_pending_per_tenant: int = 4000
+    max_pending_total: int = 16000
+    max_concurrent: int = 8
+    request_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int = 16
+    ttl_s: float = 300.0
+    capacity_bytes: int = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    exporter: str = "file"
+    endpoint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    run_dir: Path
+    tenant_keys: dict[str, str]          # api key -> tenant name
+    admin_keys: frozenset[str]
+    limits: Limits = field(default_factory=Limits)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    model_dir: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    @property
+    def db_path(self) -> Path:
+        return self.run_dir / "jobs.sqlite3"
+
+    @property
+    def address_path(self) -> Path:
+        return self.run_dir / ADDRESS_NAME
+
+    def tenants(self) -> list[str]:
+        return sorted(set(self.tenant_keys.values()))
+
+    def key_for(self, tenant: str) -> str:
+        """The first API key of ``tenant`` (for local tools running beside the cluster)."""
+        for key, name in self.tenant_keys.items():
+            if name == tenant:
+                return key
+        raise ValueError(f"no tenant {tenant!r} in {self.run_dir / CONFIG_NAME}; "
+                         f"known tenants: {', '.join(self.tenants()) or 'none'}")
+
+
+def default_run_dir() -> Path:
+    return Path(os.environ.get("ORCHARD_RUN_DIR", "run"))
+
+
+def _section(data: dict, name: str, path: Path) -> dict:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: [{name}] must be a table")
+    return value
+
+
+def _build(cls, values: dict, section: str, path: Path):
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)} in [{section}]; "
+                         f"known: {', '.join(sorted(known))}")
+    defaults = cls()
+    for key, value in values.items():
+        want = type(getattr(defaults, key))
+        if want is float and isinstance(value, int):
+            continue
+        if not isinstance(value, want):
+            raise ValueError(f"{path}: [{section}] {key} must be a {want.__name__}")
+    return cls(**{k: (float(v) if isinstance(getattr(defaults, k), float) else v)
+                  for k, v in values.items()})
+
+
+def _tenant_keys(data: dict, path: Path) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    for i, tenant in enumerate(data.get("tenants", [])):
+        name = tenant.get("name")
+        api_keys = tenant.get("api_keys", [])
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{path}: tenants[{i}].name must be a non-empty string")
+        if not api_keys or not all(isinstance(k, str) and k for k in api_keys):
+            raise ValueError(f"{path}: tenants[{i}].api_keys must list non-empty strings")
+        for key in api_keys:
+            if key in keys and keys[key] != name:
+                raise ValueError(f"{path}: an API key is listed for both {keys[key]!r} and {name!r}")
+            keys[key] = name
+    return keys
+
+
+def load_config(run_dir: Path | str) -> Config:
+    """Read ``run_dir/orchard.toml``; ``ValueError`` naming the key for anything wrong."""
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: start the cluster with "
+                                f"`orchard up --run-dir {run_dir}` or write the file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    admin = _section(data, "admin", path).get("api_keys", [])
+    if not all(isinstance(k, str) and k for k in admin):
+        raise ValueError(f"{path}: [admin] api_keys must list non-empty strings")
+    frontend = _section(data, "frontend", path)
+    config = Config(
+        run_dir=run_dir,
+        tenant_keys=_tenant_keys(data, path),
+        admin_keys=frozenset(admin),
+        limits=_build(Limits, _section(data, "limits", path), "limits", path),
+        cache=_build(CacheConfig, _section(data, "cache", path), "cache", path),
+        model_dir=str(_section(data, "model", path).get("dir", "")),
+        host=str(frontend.get("host", "127.0.0.1")),
+        port=int(frontend.get("port", 0)),
+        telemetry=_build(TelemetryConfig, _section(data, "telemetry", path), "telemetry", path),
+    )
+    _check(config, path)
+    return config
+
+
+def _check(config: Config, path: Path) -> None:
+    if config.host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"{path}: [frontend] host must be a loopback address, got {config.host!r}")
+    limits = config.limits
+    for name in ("max_requests_per_job", "max_pending_per_tenant", "max_pending_total",
+                 "max_concurrent"):
+        if getattr(limits, name) < 1:
+            raise ValueError(f"{path}: [limits] {name} must be >= 1")
+    if limits.request_timeout_s <= 0:
+        raise ValueError(f"{path}: [limits] request_timeout_s must be > 0")
+    if config.cache.block_size < 1:
+        raise ValueError(f"{path}: [cache] block_size must be >= 1")
+    if set(config.tenant_keys) & config.admin_keys:
+        raise ValueError(f"{path}: a key may not be both a tenant key and an admin key")
+
+
+def write_default_config(run_dir: Path | str, tenants: tuple[str, ...] = ("default",),
+                         model_dir: str = "", **limits: int | float) -> Path:
+    """Create ``run_dir/orchard.toml`` with fresh random keys unless it exists; return its path."""
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_NAME
+    if path.exists():
+        return path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name in tenants:
+        lines += ["[[tenants]]", f'name = "{name}"',
+                  f'api_keys = ["sk-{name}-{secrets.token_urlsafe(18)}"]', ""]
+    lines += ["[admin]", f'api_keys = ["sk-admin-{secrets.token_urlsafe(18)}"]', ""]
+    lines += ["[limits]", *(f"{k} = {v!r}" for k, v in limits.items()), ""]
+    lines += ["[model]", f'dir = "{model_dir}"', ""]
+    lines += ["[frontend]", 'host = "127.0.0.1"', "port = 0", ""]
+    path.write_text("\n".join(lines))
+    path.chmod(0o600)
+    return path
