@@ -1,0 +1,179 @@
+"""What caching costs: the price table, and the effective input multiplier measured and forecast.
+
+The effective input multiplier ``M`` prices a request's input tokens against what they would
+cost with no cache at all (``M = 1``). Every input token is exactly one of two things::
+
+    input ─┬─ cached    read from the store                         priced r (cache_read)
+           └─ computed  prefilled by this request ─┬─ written      priced w (cache_write_<ttl>)
+                                                   └─ uncached     priced u (uncached, 1.0)
+
+``written`` is the part of ``computed`` that this request newly stored (full blocks only; a
+block already stored by someone else is not written twice), so written and computed overlap:
+a written token is prefilled *and* stored, and is priced once, at the write rate, which
+includes the prefill (the convention of the providers that publish cache prices)::
+
+    M = (u * (computed - written) + w * written + r * cached) / input
+
+A job's ``M`` is token-weighted: the sum of its requests' numerators over the sum of their
+inputs. ``M`` of an empty prompt is undefined and raises ``ValueError``.
+
+The write rate depends on the store's TTL: ``cache_write_5m`` for a TTL up to 5 minutes,
+``cache_write_1h`` above it (a TTL above one hour is priced at the 1-hour rate).
+
+Forecasts (``forecast_request``, ``forecast_job`` in ``router.forecast``) produce the same
+``TokenUsage`` before the work runs, so forecast and measured ``M`` use one formula.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Mapping
+
+DEFAULT_PRICES_PATH = Path(__file__).with_name("prices.toml")
+FIVE_MINUTES_S = 300.0
+_RATE_KEYS = ("uncached", "cache_read", "cache_write_5m", "cache_write_1h")
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Multipliers of the uncached input price for one model."""
+
+    uncached: float = 1.0
+    cache_read: float = 0.1
+    cache_write_5m: float = 1.25
+    cache_write_1h: float = 2.0
+
+    def write_rate(self, ttl_s: float) -> float:
+        """The write multiplier for entries kept ``ttl_s`` seconds."""
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        return self.cache_write_5m if ttl_s <= FIVE_MINUTES_S else self.cache_write_1h
+
+
+@dataclass(frozen=True, slots=True)
+class PriceTable:
+    """A versioned price table: default rates plus per-model overrides."""
+
+    version: str = "builtin"
+    default: Rates = Rates()
+    models: Mapping[str, Rates] = field(default_factory=dict)
+
+    def rates(self, model: str = "") -> Rates:
+        return self.models.get(model, self.default)
+
+
+def _rates(table: Mapping[str, object], base: Rates, where: str) -> Rates:
+    unknown = set(table) - set(_RATE_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown price keys {sorted(unknown)}; "
+                         f"use only {', '.join(_RATE_KEYS)}")
+    values: dict[str, float] = {}
+    for key, value in table.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{where}.{key} must be a non-negative number, got {value!r}")
+        values[key] = float(value)
+    return replace(base, **values)
+
+
+def parse_price_table(data: Mapping[str, object], source: str = "price table") -> PriceTable:
+    """Build a ``PriceTable`` from parsed TOML; bad input raises ``ValueError`` naming the key."""
+    version = data.get("version")
+    if not isinstance(version, str) or not version:
+        raise ValueError(f"{source}: set a non-empty string `version` (e.g. version = \"2026-11-01\")")
+    default_table = data.get("default", {})
+    models_table = data.get("models", {})
+    if not isinstance(default_table, dict) or not isinstance(models_table, dict):
+        raise ValueError(f"{source}: [default] and [models.\"ID\"] must be tables")
+    default = _rates(default_table, Rates(), f"{source}: default")
+    models = {}
+    for model, table in models_table.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"{source}: models.{model} must be a table of rates")
+        models[model] = _rates(table, default, f"{source}: models.{model}")
+    return PriceTable(version=version, default=default, models=models)
+
+
+def load_price_table(path: str | Path | None = None) -> PriceTable:
+    """Read a price table TOML file (orchard's defaults when ``path`` is None)."""
+    path = Path(path) if path is not None else DEFAULT_PRICES_PATH
+    if not path.is_file():
+        raise FileNotFoundError(f"price table {path} does not exist; pass an existing TOML file")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"price table {path} is not valid TOML: {exc}") from None
+    return parse_price_table(data, str(path))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    """One request's (or a job's summed) input tokens split as priced: see the module doc."""
+
+    input_tokens: int
+    cached_tokens: int
+    written_tokens: int
+
+    def __post_init__(self) -> None:
+        if min(self.input_tokens, self.cached_tokens, self.written_tokens) < 0:
+            raise ValueError(f"token counts must be non-negative: {self}")
+        if self.cached_tokens > self.input_tokens:
+            raise ValueError(f"cached_tokens {self.cached_tokens} exceeds input_tokens "
+                             f"{self.input_tokens}: cached tokens are part of the input")
+        if self.written_tokens > self.computed_tokens:
+            raise ValueError(f"written_tokens {self.written_tokens} exceeds computed_tokens "
+                             f"{self.computed_tokens}: only prefilled prompt tokens are written")
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.input_tokens - self.cached_tokens
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(self.input_tokens + other.input_tokens,
+                          self.cached_tokens + other.cached_tokens,
+                          self.written_tokens + other.written_tokens)
+
+    def cost(self, rates: Rates, ttl_s: float) -> float:
+        """The numerator of ``M``: input priced in uncached-token units."""
+        uncached = self.computed_tokens - self.written_tokens
+        return (rates.uncached * uncached + rates.write_rate(ttl_s) * self.written_tokens
+                + rates.cache_read * self.cached_tokens)
+
+    def multiplier(self, rates: Rates, ttl_s: float) -> float:
+        """``M``; an empty prompt has none and raises ``ValueError``."""
+        if self.input_tokens == 0:
+            raise ValueError("an empty prompt has no effective input multiplier")
+        return self.cost(rates, ttl_s) / self.input_tokens
+
+
+def total_usage(usages: Iterable[TokenUsage]) -> TokenUsage:
+    total = TokenUsage(0, 0, 0)
+    for usage in usages:
+        total = total + usage
+    return total
+
+
+def job_multiplier(usages: Iterable[TokenUsage], rates: Rates, ttl_s: float) -> float | None:
+    """Token-weighted ``M`` of a job; None for a job with no input tokens."""
+    total = total_usage(usages)
+    return total.multiplier(rates, ttl_s) if total.input_tokens else None
+
+
+def forecast_request(input_tokens: int, expected_cached: int, block_size: int) -> TokenUsage:
+    """The usage a request is expected to have, from the router's expected cached tokens.
+
+    The worker will store every full block of the prompt that it does not already hold, so
+    the forecast write is the full blocks past the expected match. ``expected_cached`` may be
+    ``input_tokens - 1`` for a fully cached prompt that is a whole number of blocks: that
+    last block is held, not written.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    if not 0 <= expected_cached <= max(0, input_tokens - 1):
+        raise ValueError(f"expected_cached {expected_cached} must be in [0, input_tokens - 1] "
+                         f"for a prompt of {input_tokens} tokens")
+    matched_blocks = math.ceil(expected_cached / block_size)
+    full_blocks = input_tokens // block_size
+    written = max(0, full_blocks - matched_blocks) * block_size
+    return TokenUsage(input_tokens, expected_cached, min(written, input_tokens - expected_cached))

@@ -1,0 +1,140 @@
+"""The job-level forecast: what a job's requests will read, compute and write, before it runs.
+
+A job is forecast at submission from three things:
+
+* its own block chains: a later request reuses what an earlier one of the same job wrote,
+  once that earlier request has been prefilled (siblings running at the same time both
+  compute a new shared prefix, and only the first stores it);
+* what the cluster holds now (the router's index), each block with the TTL it has left;
+* the store's TTL and the cluster's capacity in tokens (LRU eviction past it).
+
+The cluster is modelled as one LRU cache of the summed capacity: cache-aware routing sends a
+prefix to the worker that holds it, so the union of the workers' stores is what a request
+can reuse. Time is modelled by the arrival pattern: each planned request starts at
+``arrival_s`` and its blocks are stored ``service_s`` later. ``batch_arrivals`` gives the
+pattern of a batch run ``concurrency`` at a time; a trace replay passes real timestamps.
+
+Events are processed in time order; at equal times writes come before lookups::
+
+    t=0  A looks up [a0 a1 a2]: miss, will write 3 blocks at t=s
+    t=0  B looks up [a0 a1 b2]: miss, a0 a1 pending from A (computed, not written), writes b2
+    t=s  A's and B's blocks are stored
+    t=s  C looks up [a0 a1 a2 c3]: reads 3 blocks, writes c3
+
+The output is a ``TokenUsage`` per request (``router.cost``), priced like the measured ones.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from router.cost import TokenUsage
+from router.key import BlockHash, reusable_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request of a job as the forecast sees it."""
+
+    block_hashes: tuple[BlockHash, ...]  # chained hashes of the prompt's full blocks
+    input_tokens: int
+    arrival_s: float   # seconds after submission when its lookup happens
+    service_s: float   # seconds from its lookup until its new blocks are stored
+
+
+@dataclass(frozen=True, slots=True)
+class CacheModel:
+    block_size: int
+    capacity_tokens: int     # summed over the workers that will serve the job
+    ttl_s: float
+    refresh_on_hit: bool = True  # a hit restarts the block's TTL
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.capacity_tokens < 0 or self.ttl_s <= 0:
+            raise ValueError(f"cache model needs block_size > 0, capacity_tokens >= 0 and "
+                             f"ttl_s > 0, got {self}")
+
+
+def batch_arrivals(n: int, concurrency: int, request_s: float) -> list[float]:
+    """Start times of ``n`` requests run ``concurrency`` at a time, ``request_s`` each."""
+    if concurrency <= 0:
+        raise ValueError(f"concurrency must be positive, got {concurrency}")
+    return [(i // concurrency) * request_s for i in range(n)]
+
+
+class _LruTtlCache:
+    """Block accounting only: block -> expiry time, in LRU order."""
+
+    def __init__(self, model: CacheModel) -> None:
+        self._model = model
+        self._expiry: OrderedDict[BlockHash, float] = OrderedDict()
+
+    def matched_blocks(self, chain: Sequence[BlockHash], now: float) -> int:
+        matched = 0
+        for block in chain:
+            expiry = self._expiry.get(block)
+            if expiry is None:
+                break
+            if expiry <= now:
+                del self._expiry[block]
+                break
+            matched += 1
+        for block in chain[:matched]:
+            self._expiry.move_to_end(block)
+            if self._model.refresh_on_hit:
+                self._expiry[block] = now + self._model.ttl_s
+        return matched
+
+    def holds(self, block: BlockHash, now: float) -> bool:
+        expiry = self._expiry.get(block)
+        return expiry is not None and expiry > now
+
+    def store(self, blocks: Sequence[BlockHash], now: float, ttl_s: float | None = None) -> None:
+        ttl = self._model.ttl_s if ttl_s is None else ttl_s
+        for block in blocks:
+            self._expiry[block] = now + ttl
+            self._expiry.move_to_end(block)
+        limit = self._model.capacity_tokens // self._model.block_size
+        while len(self._expiry) > limit:
+            self._expiry.popitem(last=False)
+
+
+def forecast_job(
+    plan: Sequence[PlannedRequest],
+    held: Mapping[BlockHash, float],
+    model: CacheModel,
+) -> list[TokenUsage]:
+    """Forecast each planned request's usage; ``held`` maps a block to its TTL left (s)."""
+    cache = _LruTtlCache(model)
+    for block, ttl_left in held.items():
+        if ttl_left > 0:
+            cache.store([block], 0.0, ttl_left)
+    # Heap of (time, kind, order, index): kind 0 = store (writes first), 1 = lookup.
+    events: list[tuple[float, int, int, int]] = [
+        (req.arrival_s, 1, i, i) for i, req in enumerate(plan)]
+    heapq.heapify(events)
+    pending: set[BlockHash] = set()
+    to_write: dict[int, list[BlockHash]] = {}
+    usages: list[TokenUsage | None] = [None] * len(plan)
+    while events:
+        now, kind, order, index = heapq.heappop(events)
+        if kind == 0:
+            blocks = to_write.pop(index)
+            cache.store(blocks, now)
+            pending.difference_update(blocks)
+            continue
+        req = plan[index]
+        if req.input_tokens <= 0:
+            raise ValueError(f"planned request {index} has no input tokens; drop empty prompts")
+        matched = cache.matched_blocks(req.block_hashes, now)
+        new = [b for b in req.block_hashes[matched:]
+               if b not in pending and not cache.holds(b, now)]
+        pending.update(new)
+        to_write[index] = new
+        heapq.heappush(events, (now + req.service_s, 0, order, index))
+        cached = reusable_tokens(req.input_tokens, matched, model.block_size)
+        written = min(len(new) * model.block_size, req.input_tokens - cached)
+        usages[index] = TokenUsage(req.input_tokens, cached, written)
+    return [u for u in usages if u is not None]
