@@ -177,3 +177,27 @@ def forecast_request(input_tokens: int, expected_cached: int, block_size: int) -
     full_blocks = input_tokens // block_size
     written = max(0, full_blocks - matched_blocks) * block_size
     return TokenUsage(input_tokens, expected_cached, min(written, input_tokens - expected_cached))
+
+
+@dataclass(frozen=True, slots=True)
+class CostComparison:
+    """Forecast against measured ``M`` for one request or job, priced by one table."""
+
+    price_version: str
+    forecast: TokenUsage
+    measured: TokenUsage
+    forecast_multiplier: float
+    measured_multiplier: float
+
+    @property
+    def error(self) -> float:
+        """Forecast minus measured (positive: the forecast was too pessimistic)."""
+        return self.forecast_multiplier - self.measured_multiplier
+
+
+def compare(forecast: TokenUsage, measured: TokenUsage, table: PriceTable, model: str,
+            ttl_s: float) -> CostComparison:
+    """Price a forecast and a measurement of the same work; both need input tokens."""
+    rates = table.rates(model)
+    return CostComparison(table.version, forecast, measured,
+                          forecast.multiplier(rates, ttl_s), measured.multiplier(rates, ttl_s))

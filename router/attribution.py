@@ -1,0 +1,177 @@
+"""Why a request missed: one cause for every miss or partial hit.
+
+``MissAttributor`` sits where every routed request is seen (the frontend, or the simulator)
+and keeps a bounded history of which worker last used which block, which tenants have sent
+the same tokens, and which child each block had. For a request that did not reuse all it
+could, it looks at the first full block it did not reuse (``k`` below) and names one cause,
+checked in this order::
+
+    prompt  [ b0 ][ b1 ][ b2 ][ b3 ][ tail ]
+    cached  [ b0 ][ b1 ]                        k = 2: why was b2 not read?
+
+    1. shorter_than_block  the prompt has no full block that may be reused
+                           (it is at most ``block_size`` tokens long)
+    2. routed_elsewhere    another worker held more of the prefix at routing time (the
+                           router's candidates), or by this history still holds b2
+    3. ttl_expired         the chosen worker (or the last one) used b2 ``ttl_s`` or more ago
+    4. invalidated         b2 was invalidated on that worker after its last use
+    5. evicted             b2 was used there less than ``ttl_s`` ago and is gone: capacity
+    6. tenant_boundary     the same tokens were seen under another tenant's namespace
+    7. near_miss           a stored sequence shares the prompt's run and diverges inside or
+                           right at b2 (template drift, a mutating block near the top): the
+                           engine's lookup says so, or b2's parent had another child
+    8. first_sight         none of the above: these tokens were never seen
+
+A request that reused every token it could (``reusable_tokens`` of its full blocks) is a
+hit and gets no cause. ``Attribution.tokens`` is the request's computed tokens, so summing
+it per cause splits a job's prefill work by why it was not read from cache.
+
+Time is passed in (``now`` in seconds); the TTL rule is the store's: from last use.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping, Sequence
+
+from router.key import BlockHash, Namespace, hash_blocks, reusable_tokens
+
+
+class MissCause(str, Enum):
+    SHORTER_THAN_BLOCK = "shorter_than_block"
+    ROUTED_ELSEWHERE = "routed_elsewhere"
+    TTL_EXPIRED = "ttl_expired"
+    INVALIDATED = "invalidated"
+    EVICTED = "evicted"
+    TENANT_BOUNDARY = "tenant_boundary"
+    NEAR_MISS = "near_miss"
+    FIRST_SIGHT = "first_sight"
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    cause: MissCause
+    tokens: int        # the request's computed tokens
+    holder: str = ""   # routed_elsewhere: a worker that held more of the prefix
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSeen:
+    """One finished request as the attributor needs it."""
+
+    namespace: Namespace
+    prompt: Sequence[int]
+    worker: str
+    cached_tokens: int
+    written_tokens: int
+    # Matched tokens per worker at routing time (the router's candidates); may be empty.
+    candidate_matches: Mapping[str, int] = field(default_factory=dict)
+    engine_near_miss: bool = False   # the worker's lookup said near_miss
+    block_hashes: Sequence[BlockHash] = ()  # the prompt's chain when already computed
+
+
+class _Bounded(OrderedDict):
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.limit:
+            self.popitem(last=False)
+
+
+class MissAttributor:
+    """Bounded history of block use; ``observe`` attributes a request and then records it."""
+
+    def __init__(self, block_size: int, ttl_s: float, max_blocks: int = 1_000_000) -> None:
+        if block_size <= 0 or ttl_s <= 0 or max_blocks <= 0:
+            raise ValueError("block_size, ttl_s and max_blocks must be positive")
+        self.block_size = block_size
+        self.ttl_s = ttl_s
+        self._used: _Bounded = _Bounded(max_blocks)      # block -> {worker: last use}
+        self._tenants: _Bounded = _Bounded(max_blocks)   # tenant-free block -> {tenants}
+        self._child: _Bounded = _Bounded(max_blocks)     # parent block -> first child seen
+        self._invalidated: dict[str, float] = {}         # worker -> time of last invalidation
+
+    def invalidated(self, worker: str, now: float) -> None:
+        """Record that ``worker`` dropped cached blocks by invalidation at ``now``."""
+        self._invalidated[worker] = now
+
+    def forget_worker(self, worker: str) -> None:
+        for users in self._used.values():
+            users.pop(worker, None)
+
+    def observe(self, seen: RequestSeen, now: float) -> Attribution | None:
+        """The cause of ``seen``'s miss (None for a hit), then remember what it did."""
+        chain = list(seen.block_hashes) or hash_blocks(seen.prompt, self.block_size, seen.namespace)
+        neutral_ns = Namespace("*", seen.namespace.model, seen.namespace.revision,
+                               seen.namespace.adapter)
+        neutral = hash_blocks(seen.prompt, self.block_size, neutral_ns)
+        if len(chain) != len(neutral):
+            raise ValueError(f"block_hashes has {len(chain)} blocks but the prompt has "
+                             f"{len(neutral)} full blocks of {self.block_size}")
+        result = self._attribute(seen, chain, neutral, now)
+        self._remember(seen, chain, neutral, now)
+        return result
+
+    def _attribute(self, seen: RequestSeen, chain: list[BlockHash],
+                   neutral: list[BlockHash], now: float) -> Attribution | None:
+        computed = len(seen.prompt) - seen.cached_tokens
+        best = reusable_tokens(len(seen.prompt), len(chain), self.block_size)
+        if best == 0:
+            return Attribution(MissCause.SHORTER_THAN_BLOCK, computed)
+        if seen.cached_tokens >= best:
+            return None
+        k = min(math.ceil(seen.cached_tokens / self.block_size), len(chain) - 1)
+        block = chain[k]
+        users = self._used.get(block, {})
+        holder = self._elsewhere(seen, users, now)
+        if holder:
+            return Attribution(MissCause.ROUTED_ELSEWHERE, computed, holder)
+        last = users.get(seen.worker)
+        if last is None and users:
+            last = max(users.values())
+        if last is not None:
+            if now - last >= self.ttl_s:
+                return Attribution(MissCause.TTL_EXPIRED, computed)
+            if self._invalidated.get(seen.worker, -math.inf) >= last:
+                return Attribution(MissCause.INVALIDATED, computed)
+            return Attribution(MissCause.EVICTED, computed)
+        tenants = self._tenants.get(neutral[k], set())
+        if tenants - {seen.namespace.tenant}:
+            return Attribution(MissCause.TENANT_BOUNDARY, computed)
+        parent = chain[k - 1] if k else seen.namespace.root()
+        sibling = self._child.get(parent)
+        if seen.engine_near_miss or (sibling is not None and sibling != block):
+            return Attribution(MissCause.NEAR_MISS, computed)
+        return Attribution(MissCause.FIRST_SIGHT, computed)
+
+    def _elsewhere(self, seen: RequestSeen, users: Mapping[str, float], now: float) -> str:
+        matches = seen.candidate_matches
+        better = [(m, w) for w, m in matches.items()
+                  if w != seen.worker and m > seen.cached_tokens]
+        if better:
+            return max(better)[1]
+        if matches:  # the router's view at routing time is authoritative
+            return ""
+        alive = [(t, w) for w, t in users.items() if w != seen.worker and now - t < self.ttl_s]
+        return max(alive)[1] if alive else ""
+
+    def _remember(self, seen: RequestSeen, chain: list[BlockHash],
+                  neutral: list[BlockHash], now: float) -> None:
+        held = math.ceil(seen.cached_tokens / self.block_size) + seen.written_tokens // self.block_size
+        for i, block in enumerate(chain):
+            if i < held:
+                users = self._used.get(block) or {}
+                users[seen.worker] = now
+                self._used.put(block, users)
+            tenants = self._tenants.get(neutral[i]) or set()
+            tenants.add(seen.namespace.tenant)
+            self._tenants.put(neutral[i], tenants)
+            parent = chain[i - 1] if i else seen.namespace.root()
+            if parent not in self._child:
+                self._child.put(parent, block)

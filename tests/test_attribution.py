@@ -1,0 +1,97 @@
+"""Every miss or partial hit gets one cause, from typed request data and an injected clock."""
+import pytest
+
+from router.attribution import Attribution, MissAttributor, MissCause, RequestSeen
+from router.key import Namespace
+
+BS = 4
+ACME, BETA = Namespace("acme", "m"), Namespace("beta", "m")
+SYSTEM = list(range(100, 112))           # three full blocks
+
+
+def seen(prompt, worker="w0", cached=0, written=None, ns=ACME, **kw):
+    if written is None:  # every full block past the cached ones is stored
+        written = len(prompt) // BS * BS - -(-cached // BS) * BS
+    return RequestSeen(ns, tuple(prompt), worker, cached, written, **kw)
+
+
+@pytest.fixture
+def attr():
+    return MissAttributor(block_size=BS, ttl_s=300)
+
+
+def test_first_sight_then_hit(attr):
+    prompt = SYSTEM + [1, 2]
+    assert attr.observe(seen(prompt), 0.0) == Attribution(MissCause.FIRST_SIGHT, 14)
+    assert attr.observe(seen(prompt, cached=12), 1.0) is None
+
+
+def test_fully_cached_block_multiple_is_a_hit(attr):
+    attr.observe(seen(SYSTEM), 0.0)
+    assert attr.observe(seen(SYSTEM, cached=11, written=0), 1.0) is None
+
+
+def test_shorter_than_one_block(attr):
+    assert attr.observe(seen([1, 2, 3]), 0.0) == Attribution(MissCause.SHORTER_THAN_BLOCK, 3)
+    # Exactly one block may reuse all but its last token, so it is not "shorter".
+    assert attr.observe(seen([7, 8, 9, 10]), 0.0).cause is MissCause.FIRST_SIGHT
+
+
+def test_ttl_expired_versus_evicted(attr):
+    prompt = SYSTEM + [1]
+    attr.observe(seen(prompt), 0.0)
+    assert attr.observe(seen(prompt), 299.0).cause is MissCause.EVICTED
+    assert attr.observe(seen(prompt), 599.0 + 0.5).cause is MissCause.TTL_EXPIRED
+
+
+def test_invalidated(attr):
+    prompt = SYSTEM + [1]
+    attr.observe(seen(prompt), 0.0)
+    attr.invalidated("w0", 5.0)
+    assert attr.observe(seen(prompt), 10.0).cause is MissCause.INVALIDATED
+
+
+def test_routed_elsewhere_names_the_holder(attr):
+    prompt = SYSTEM + [1]
+    attr.observe(seen(prompt, worker="w1"), 0.0)
+    got = attr.observe(seen(prompt, worker="w0"), 1.0)
+    assert got == Attribution(MissCause.ROUTED_ELSEWHERE, 13, holder="w1")
+
+
+def test_routed_elsewhere_from_the_routers_candidates(attr):
+    prompt = SYSTEM + [1]
+    got = attr.observe(seen(prompt, worker="w0", candidate_matches={"w0": 0, "w2": 8}), 0.0)
+    assert got == Attribution(MissCause.ROUTED_ELSEWHERE, 13, holder="w2")
+    # The router's candidates say nobody else held it: history alone does not override them.
+    attr2 = MissAttributor(BS, 300)
+    attr2.observe(seen(prompt, worker="w1"), 0.0)
+    got = attr2.observe(seen(prompt, worker="w0", candidate_matches={"w0": 0, "w1": 0}), 1.0)
+    assert got == Attribution(MissCause.EVICTED, 13)   # w1 no longer held it
+
+
+def test_tenant_boundary(attr):
+    prompt = SYSTEM + [1]
+    attr.observe(seen(prompt, ns=BETA), 0.0)
+    assert attr.observe(seen(prompt, ns=ACME), 1.0).cause is MissCause.TENANT_BOUNDARY
+
+
+def test_near_miss_after_a_shared_run(attr):
+    attr.observe(seen(SYSTEM + [1, 2, 3, 4, 5]), 0.0)
+    drifted = SYSTEM[:8] + [999] + SYSTEM[9:] + [1, 2, 3, 4, 5]   # a token changed in block 2
+    got = attr.observe(seen(drifted, cached=8), 1.0)
+    assert got == Attribution(MissCause.NEAR_MISS, 9)
+    # The engine's own near-miss verdict is taken as well.
+    other = MissAttributor(BS, 300)
+    assert other.observe(seen(SYSTEM + [1], engine_near_miss=True), 0.0).cause is MissCause.NEAR_MISS
+
+
+def test_block_hashes_must_match_the_prompt(attr):
+    with pytest.raises(ValueError, match="full blocks"):
+        attr.observe(seen(SYSTEM, block_hashes=(1, 2)), 0.0)
+
+
+def test_memory_is_bounded():
+    attr = MissAttributor(BS, 300, max_blocks=8)
+    for i in range(50):
+        attr.observe(seen([i * 1000 + t for t in range(17)]), float(i))
+    assert len(attr._used) <= 8
