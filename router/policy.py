@@ -1,0 +1,145 @@
+"""orchard's routing policy: prefill saved against load carried, decided as data.
+
+Inputs per candidate worker (draining workers are never candidates):
+
+- ``matched_tokens``: tokens of the prompt it would not prefill (its matched full blocks,
+  held or just routed there, capped by ``reusable_tokens`` so the suffix is never empty);
+- ``load_tokens``: the work already ahead of a new request there, in prefill tokens:
+  ``queued_prefill_tokens + decode_weight_tokens x running_decodes``.
+
+Algorithm:
+
+1. ``cost(w) = load_tokens(w) + prompt_tokens - matched_tokens(w)``: the prefill work that
+   stands between the request and its first token on ``w`` (a TTFT proxy in tokens).
+2. The **home** worker. If some worker matches more than the prefix every candidate holds
+   (say a shared system prompt), home is the one matching most (lowest cost among equals):
+   reason ``prefix_match``. Otherwise the prefix is cold: home is the rendezvous-hash winner
+   of the chain up to the first block not held everywhere (``hashes[common]``), so a new
+   shared prefix lands on one worker: reason ``cold_hash``. Rendezvous (highest random weight)
+   moves only the keys of a worker that joins or leaves.
+3. **Spill.** If ``cost(home) - min cost > spill_tokens``, the request goes to the cheapest
+   worker instead (reason ``load_spill``; ``cold_spill`` for a cold prefix), ties broken by
+   more matched tokens then by worker id. The margin keeps affinity while the home's queue is
+   merely busy: every spill duplicates a prefix in a second cache and fragments the next
+   turns of a conversation, so it must buy a real TTFT gain.
+
+Defaults, chosen by replaying the Mooncake conversation trace and a synthetic trace of a
+different shape (see ``docs/benchmarks.md``, ``## Router``):
+
+- ``spill_tokens = 16384``: ~32 blocks, about one long prompt's prefill; a smaller margin
+  spills on ordinary queue noise and loses hits, a larger one lets one hot conversation's
+  worker build a queue that shows in TTFT p99.
+- ``cold_spill_tokens = 4096``: a cold prefix has nothing cached to lose, so it spills on a
+  smaller queue gap (pending entries still keep its siblings together).
+- ``decode_weight_tokens = 64``: a running decode slows chunked prefill slightly; it counts
+  as a small amount of prefill work.
+
+Deterministic: ties break by worker id and the rendezvous hash is seeded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+import xxhash
+
+from router.key import BlockHash, reusable_tokens
+
+
+class NoWorkerAvailable(Exception):
+    """No worker can take a request now (none registered, or all draining): retry later.
+
+    The cluster maps it to gRPC ``UNAVAILABLE``.
+    """
+
+
+class Reason(str, Enum):
+    PREFIX_MATCH = "prefix_match"  # the worker holding the longest prefix
+    LOAD_SPILL = "load_spill"      # the prefix's home was overloaded: cheapest worker
+    COLD_HASH = "cold_hash"        # nobody holds the prefix: its rendezvous-hash home
+    COLD_SPILL = "cold_spill"      # cold prefix, and its home was overloaded
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    spill_tokens: int = 16_384
+    cold_spill_tokens: int = 4_096
+    decode_weight_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("spill_tokens", "cold_spill_tokens", "decode_weight_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"PolicyConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """The work a worker carries, as the router accounts it."""
+
+    worker_id: str
+    queued_prefill_tokens: int
+    running_decodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    worker_id: str
+    matched_tokens: int
+    load_tokens: int
+    score: int  # cost in prefill tokens ahead of the first token; lower is better
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    worker_id: str
+    reason: Reason
+    expected_cached_tokens: int
+    prompt_tokens: int
+    candidates: tuple[Candidate, ...]
+
+
+def rendezvous(key: BlockHash, workers: Sequence[str], seed: int) -> str:
+    """Highest-random-weight choice of a worker for ``key`` (stable under churn)."""
+    prefix = key.to_bytes(16, "little") + seed.to_bytes(8, "little", signed=True)
+    return max(workers, key=lambda w: (xxhash.xxh3_64_intdigest(prefix + w.encode()), w))
+
+
+def decide(
+    config: PolicyConfig,
+    block_size: int,
+    hashes: Sequence[BlockHash],
+    prompt_tokens: int,
+    matched_blocks: dict[str, int],
+    loads: Sequence[WorkerLoad],
+    seed: int,
+) -> RoutingDecision:
+    """Choose a worker among ``loads`` (the eligible workers) for one prompt."""
+    if not loads:
+        raise NoWorkerAvailable("no worker is accepting requests: add a worker or retry")
+    weight = config.decode_weight_tokens
+    candidates = []
+    for load in loads:
+        matched = reusable_tokens(prompt_tokens, matched_blocks.get(load.worker_id, 0),
+                                  block_size)
+        load_tokens = load.queued_prefill_tokens + weight * load.running_decodes
+        candidates.append(Candidate(load.worker_id, matched, load_tokens,
+                                    load_tokens + prompt_tokens - matched))
+    best_match = max(c.matched_tokens for c in candidates)
+    common = min(c.matched_tokens for c in candidates)
+    if best_match > common:
+        home = min((c for c in candidates if c.matched_tokens == best_match),
+                   key=lambda c: (c.score, c.worker_id))
+        reason, spill_reason, margin = Reason.PREFIX_MATCH, Reason.LOAD_SPILL, config.spill_tokens
+    else:
+        common_blocks = min(matched_blocks.get(c.worker_id, 0) for c in candidates)
+        key = hashes[min(common_blocks, len(hashes) - 1)] if hashes else BlockHash(0)
+        home_id = rendezvous(key, [c.worker_id for c in candidates], seed)
+        home = next(c for c in candidates if c.worker_id == home_id)
+        reason, spill_reason, margin = Reason.COLD_HASH, Reason.COLD_SPILL, config.cold_spill_tokens
+    cheapest = min(candidates, key=lambda c: (c.score, -c.matched_tokens, c.worker_id))
+    chosen = home
+    if home.score - cheapest.score > margin:
+        chosen, reason = cheapest, spill_reason
+    return RoutingDecision(chosen.worker_id, reason, chosen.matched_tokens, prompt_tokens,
+                           tuple(candidates))

@@ -1,0 +1,188 @@
+"""``Router``: the plain class the cluster routes with (the Ray actor in ``router.actor`` wraps it).
+
+It owns the worker set (live or draining), the load each worker carries as the router
+accounts it, and the ``PrefixIndex``; the choice itself is ``router.policy.decide``.
+
+Life of a request, as the cluster drives it::
+
+    decision = router.route(namespace, block_hashes, prompt_tokens)   # may raise NoWorkerAvailable
+    router.started(request_id, decision)      # queued prefill += prompt - expected cached
+    router.prefilled(request_id)              # first token: prefill done, now decoding
+    router.finished(request_id)               # done (or failed): its load is gone
+
+Workers send ``EventBatch``es (or their msgpack bytes) to ``apply_events``. After a router
+restart, or when ``stale_workers()`` names a worker whose batches had a gap, the cluster calls
+``rebuild(worker_id, holdings)`` with the worker's current block hashes.
+
+The clock is injected (seconds, monotonic); randomness is the seeded rendezvous hash only.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from router.events import EventBatch, decode_batch
+from router.index import DEFAULT_MAX_BLOCKS, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
+from router.key import BlockHash, Namespace
+from router.policy import NoWorkerAvailable, PolicyConfig, RoutingDecision, WorkerLoad, decide
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    worker_id: str
+    draining: bool
+    queued_prefill_tokens: int
+    running_decodes: int
+    in_flight: int
+    blocks_held: int
+
+
+@dataclass(slots=True)
+class _Load:
+    queued_prefill_tokens: int = 0
+    running_decodes: int = 0
+    in_flight: int = 0
+    draining: bool = False
+
+
+@dataclass(slots=True)
+class _Ticket:
+    worker_id: str
+    prefill_tokens: int
+    decoding: bool = False
+
+
+class Router:
+    """Cache-aware routing over a live set of workers, fed by their block events."""
+
+    def __init__(
+        self,
+        block_size: int,
+        config: PolicyConfig = PolicyConfig(),
+        clock: Callable[[], float] = time.monotonic,
+        seed: int = 0,
+        max_index_blocks: int = DEFAULT_MAX_BLOCKS,
+        pending_ttl_s: float = DEFAULT_PENDING_TTL_S,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.config = config
+        self.seed = seed
+        self._clock = clock
+        self._index = PrefixIndex(max_index_blocks, pending_ttl_s)
+        self._loads: dict[str, _Load] = {}
+        self._tickets: dict[str, _Ticket] = {}
+        self.unknown_tickets = 0
+
+    # ---- workers -------------------------------------------------------------------------
+
+    def add_worker(self, worker_id: str) -> None:
+        if not worker_id:
+            raise ValueError("worker_id must be a non-empty string")
+        self._index.add_worker(worker_id)
+        self._loads[worker_id] = _Load()
+
+    def drain_worker(self, worker_id: str) -> None:
+        """Send no new requests to ``worker_id``; in-flight ones finish normally."""
+        self._load_of(worker_id).draining = True
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget ``worker_id`` (left, or dead) and everything it held, at once."""
+        self._load_of(worker_id)
+        self._index.remove_worker(worker_id)
+        del self._loads[worker_id]
+        for rid in [r for r, t in self._tickets.items() if t.worker_id == worker_id]:
+            del self._tickets[rid]
+
+    def workers(self) -> list[WorkerStatus]:
+        return [WorkerStatus(w, l.draining, l.queued_prefill_tokens, l.running_decodes,
+                             l.in_flight, self._index.blocks_held(w))
+                for w, l in self._loads.items()]
+
+    def stale_workers(self) -> list[str]:
+        return self._index.stale_workers()
+
+    def index_counters(self) -> IndexCounters:
+        return self._index.counters()
+
+    # ---- events --------------------------------------------------------------------------
+
+    def apply_events(self, batch: EventBatch | bytes) -> None:
+        """Apply a worker's block events (a batch, or its msgpack encoding)."""
+        if isinstance(batch, (bytes, bytearray, memoryview)):
+            batch = decode_batch(bytes(batch))
+        self._index.apply(batch)
+
+    def rebuild(self, worker_id: str, holdings: Iterable[BlockHash]) -> None:
+        """Replace the index's view of ``worker_id`` with the blocks it reports holding."""
+        self._index.rebuild(worker_id, holdings)
+
+    # ---- routing -------------------------------------------------------------------------
+
+    def route(self, namespace: Namespace, block_hashes: Sequence[BlockHash],
+              prompt_tokens: int) -> RoutingDecision:
+        """Choose a worker for a prompt of ``prompt_tokens`` whose full blocks hash to
+        ``block_hashes``. Raises ``NoWorkerAvailable`` when no worker takes requests."""
+        if prompt_tokens <= 0:
+            raise ValueError(f"prompt_tokens must be positive, got {prompt_tokens}")
+        if len(block_hashes) * self.block_size > prompt_tokens:
+            raise ValueError(
+                f"{len(block_hashes)} blocks of {self.block_size} tokens do not fit in a "
+                f"{prompt_tokens}-token prompt: pass the hashes of full blocks only")
+        loads = [WorkerLoad(w, l.queued_prefill_tokens, l.running_decodes)
+                 for w, l in self._loads.items() if not l.draining]
+        if not loads:
+            why = "all workers are draining" if self._loads else "no workers are registered"
+            raise NoWorkerAvailable(f"cannot route: {why}; add a worker or retry later")
+        now = self._clock()
+        matched = self._index.match(block_hashes, now).blocks
+        chain = block_hashes if block_hashes else (namespace.root(),)
+        decision = decide(self.config, self.block_size, chain, prompt_tokens, matched,
+                          loads, self.seed)
+        self._index.note_routed(decision.worker_id, block_hashes, now)
+        return decision
+
+    # ---- load accounting -----------------------------------------------------------------
+
+    def started(self, request_id: str, decision: RoutingDecision) -> None:
+        """The request was sent where ``decision`` says: count its prefill as queued there."""
+        if request_id in self._tickets:
+            raise ValueError(f"request {request_id!r} already started; finish it first")
+        load = self._load_of(decision.worker_id)
+        prefill = decision.prompt_tokens - decision.expected_cached_tokens
+        self._tickets[request_id] = _Ticket(decision.worker_id, prefill)
+        load.queued_prefill_tokens += prefill
+        load.in_flight += 1
+
+    def prefilled(self, request_id: str) -> None:
+        """The request produced its first token: its prefill is done, it now decodes."""
+        ticket = self._tickets.get(request_id)
+        if ticket is None or ticket.decoding:
+            self.unknown_tickets += ticket is None
+            return
+        load = self._loads[ticket.worker_id]
+        load.queued_prefill_tokens -= ticket.prefill_tokens
+        load.running_decodes += 1
+        ticket.decoding = True
+
+    def finished(self, request_id: str) -> None:
+        """The request is done (or failed): drop whatever load it still carried."""
+        ticket = self._tickets.pop(request_id, None)
+        if ticket is None:
+            self.unknown_tickets += 1  # e.g. its worker was removed meanwhile
+            return
+        load = self._loads[ticket.worker_id]
+        if ticket.decoding:
+            load.running_decodes -= 1
+        else:
+            load.queued_prefill_tokens -= ticket.prefill_tokens
+        load.in_flight -= 1
+
+    def _load_of(self, worker_id: str) -> _Load:
+        load = self._loads.get(worker_id)
+        if load is None:
+            known = ", ".join(sorted(self._loads)) or "none"
+            raise ValueError(f"unknown worker {worker_id!r}: known workers are {known}")
+        return load

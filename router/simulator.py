@@ -1,0 +1,237 @@
+"""Trace replay: routing policies side by side on simulated workers with real store accounting.
+
+Each simulated worker is a ``BlockLedger`` (the same class a worker's prefix store runs, with
+the tensors taken out) plus a service-time model:
+
+- **prefill** is one FIFO server per worker at ``prefill_tps`` tokens/s (chunked prefill):
+  a request starts when the worker's previous prefill ends, looks up its full blocks in the
+  ledger at that moment (the realised hit), prefills the rest, and stores its full blocks
+  when its prefill ends. Every running decode slows prefill by ``decode_share`` (a step
+  shared with decodes), so load builds up as in real traffic;
+- **decode** runs beside prefill (continuous batching) at ``decode_tps`` tokens/s per request.
+
+TTFT = queueing + prefill. The workers' block events reach the policy ``event_delay_s`` after
+the prefill ends; the policy also hears when each request started, produced its first token
+and finished, as a real router would. Only full blocks are stored (the partial tail of a
+prompt never is), as in the workers' stores.
+
+Figures per policy: ``hit_ratio`` (cached input tokens over input tokens, as realised on the
+workers), ``imbalance`` (max over mean of prefilled tokens per worker), TTFT p50/p99 (service
+model), decision p50/p99 (wall-clock time of the policy's choice, measured).
+"""
+from __future__ import annotations
+
+import heapq
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from router.events import EventBatch
+from router.key import BlockHash, Namespace, reusable_tokens
+from router.ledger import BlockLedger
+from router.policy import PolicyConfig
+from router.sim_policies import SimPolicy, SimRequest, make_policy
+from router.trace import TraceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    workers: int = 8
+    capacity_tokens: int = 1_000_000
+    block_size: int = 512
+    ttl_s: float = 3600.0
+    eviction: str = "lru"
+    prefill_tps: float = 6000.0
+    decode_tps: float = 30.0
+    decode_share: float = 0.01
+    event_delay_s: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+        if self.capacity_tokens < self.block_size:
+            raise ValueError(f"--capacity-tokens must hold at least one block "
+                             f"({self.block_size} tokens), got {self.capacity_tokens}")
+        if self.block_size <= 0:
+            raise ValueError(f"--block-size must be positive, got {self.block_size}")
+        if self.prefill_tps <= 0 or self.decode_tps <= 0:
+            raise ValueError("--prefill-tps and --decode-tps must be positive tokens/s")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    name: str
+    hit_ratio: float
+    imbalance: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    decision_p50_us: float
+    decision_p99_us: float
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+TRACE_BLOCK = 512  # tokens per hash id in Mooncake traces
+
+
+def to_requests(trace: Sequence[TraceRequest], block_size: int) -> list[SimRequest]:
+    """Trace lines as simulator requests: one hash per full block of ``block_size`` tokens.
+
+    ``block_size`` must be a multiple of the trace's 512-token blocks; a larger block is
+    named by the id of its last 512-token block (ids are chain-unique, so that id names the
+    whole prefix up to there).
+    """
+    if block_size % TRACE_BLOCK:
+        raise ValueError(f"--block-size must be a multiple of the trace's {TRACE_BLOCK}-token "
+                         f"blocks, got {block_size}")
+    k = block_size // TRACE_BLOCK
+    out = []
+    for rid, t in enumerate(trace):
+        full = min(len(t.hash_ids) // k, t.input_length // block_size)
+        out.append(SimRequest(rid, t.input_length, t.output_length,
+                              tuple(BlockHash(t.hash_ids[(i + 1) * k - 1] + 1)
+                                    for i in range(full))))
+    return out
+
+
+def ideal_hit_ratio(trace: Sequence[TraceRequest]) -> float:
+    """One cache of unlimited size, every listed block id stored (the trace's own figure)."""
+    seen: set[int] = set()
+    hit = total = 0
+    for t in trace:
+        n = 0
+        for h in t.hash_ids:
+            if h not in seen:
+                break
+            n += 1
+        hit += reusable_tokens(t.input_length, n, TRACE_BLOCK)
+        total += t.input_length
+        seen.update(t.hash_ids)
+    return hit / total if total else 0.0
+
+
+class _Worker:
+    def __init__(self, wid: str, config: SimConfig, root: BlockHash) -> None:
+        self.wid = wid
+        self.now = 0.0
+        self.ledger = BlockLedger(config.capacity_tokens, config.ttl_s, lambda: self.now,
+                                  bytes_per_token=1, policy=config.eviction)
+        self.free_at = 0.0
+        self.decodes: list[float] = []  # end times of running decodes
+        self.prefilled_tokens = 0
+        self.seq = 0
+        self.root = root
+
+
+def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
+           policy_config: PolicyConfig = PolicyConfig(),
+           progress: Callable[[str], None] | None = None) -> PolicyResult:
+    """Replay ``trace`` through policy ``name`` on ``config.workers`` fresh workers."""
+    ids = [f"w{i}" for i in range(config.workers)]
+    policy = make_policy(name, ids, config.block_size, config.seed, policy_config)
+    root = Namespace("trace", "trace").root()
+    workers = {w: _Worker(w, config, root) for w in ids}
+    timeline: list[tuple[float, int, str, object]] = []  # (time, seq, kind, payload)
+    seq = 0
+    hit = total = 0
+    ttfts, decisions = [], []
+    requests = to_requests(trace, config.block_size)
+    for i, (t, req) in enumerate(zip(trace, requests)):
+        now = t.arrival_s
+        while timeline and timeline[0][0] <= now:
+            _, _, kind, payload = heapq.heappop(timeline)
+            _deliver(policy, kind, payload)
+        started = time.perf_counter_ns()
+        wid = policy.choose(req, now)
+        decisions.append((time.perf_counter_ns() - started) / 1000.0)
+        policy.started(req, wid, now)
+        cached, first, end, batch = _serve(workers[wid], req, now, config)
+        hit += cached
+        total += req.input_length
+        ttfts.append(first - now)
+        for when, kind, payload in ((first + config.event_delay_s, "events", batch),
+                                    (first, "prefilled", req.rid), (end, "finished", req.rid)):
+            if kind != "events" or payload is not None:
+                heapq.heappush(timeline, (when, seq, kind, payload))
+                seq += 1
+        if progress is not None and (i + 1) % 2000 == 0:
+            progress(f"{name}: {i + 1}/{len(trace)} requests")
+    prefilled = [w.prefilled_tokens for w in workers.values()]
+    mean = sum(prefilled) / len(prefilled)
+    return PolicyResult(
+        name=name,
+        hit_ratio=hit / total if total else 0.0,
+        imbalance=max(prefilled) / mean if mean else 1.0,
+        ttft_p50_s=_quantile(ttfts, 0.50), ttft_p99_s=_quantile(ttfts, 0.99),
+        decision_p50_us=_quantile(decisions, 0.50), decision_p99_us=_quantile(decisions, 0.99),
+        reasons=dict(policy.reasons))
+
+
+def _serve(worker: _Worker, req: SimRequest, now: float,
+           config: SimConfig) -> tuple[int, float, float, EventBatch | None]:
+    """Run one request on ``worker``: (cached tokens, first-token time, end time, events)."""
+    start = max(now, worker.free_at)
+    worker.now = start
+    matched = worker.ledger.match(req.hashes)
+    cached = reusable_tokens(req.input_length, matched, config.block_size)
+    decodes = worker.decodes
+    while decodes and decodes[0] <= start:
+        heapq.heappop(decodes)
+    compute = req.input_length - cached
+    first = start + compute / config.prefill_tps * (1.0 + config.decode_share * len(decodes))
+    worker.free_at = first
+    worker.prefilled_tokens += compute
+    worker.now = first
+    if req.hashes:
+        worker.ledger.insert(req.hashes, config.block_size, "trace", worker.root)
+    end = first + req.output_length / config.decode_tps
+    heapq.heappush(decodes, end)
+    events = worker.ledger.drain_events()
+    batch = None
+    if events:
+        batch = EventBatch(worker.wid, worker.seq, tuple(events))
+        worker.seq += 1
+    return cached, first, end, batch
+
+
+def _deliver(policy: SimPolicy, kind: str, payload: object) -> None:
+    if kind == "events":
+        policy.on_events(payload)
+    elif kind == "prefilled":
+        policy.prefilled(payload)
+    else:
+        policy.finished(payload)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def simulate(trace: Sequence[TraceRequest], names: Sequence[str], config: SimConfig,
+             policy_config: PolicyConfig = PolicyConfig(), quiet: bool = False) -> dict:
+    """Every policy in ``names`` on the same trace and workers: the JSON-ready summary."""
+    def progress(line: str) -> None:
+        if not quiet:
+            print(f"orchard simulate: {line}", file=sys.stderr, flush=True)
+
+    results = [replay(trace, n, config, policy_config, progress) for n in names]
+    return {
+        "requests": len(trace),
+        "workers": config.workers,
+        "capacity_tokens": config.capacity_tokens,
+        "block_size": config.block_size,
+        "eviction": config.eviction,
+        "ideal_hit_ratio": round(ideal_hit_ratio(trace), 4),
+        "policies": [_row(r) for r in results],
+    }
+
+
+def _row(r: PolicyResult) -> dict:
+    return {"name": r.name, "hit_ratio": round(r.hit_ratio, 4),
+            "imbalance": round(r.imbalance, 3), "ttft_p50_s": round(r.ttft_p50_s, 3),
+            "ttft_p99_s": round(r.ttft_p99_s, 3), "decision_p50_us": round(r.decision_p50_us, 1),
+            "decision_p99_us": round(r.decision_p99_us, 1), "reasons": r.reasons}
