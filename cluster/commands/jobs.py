@@ -1,0 +1,136 @@
+"""``orchard submit``, ``orchard results``, ``orchard jobs``, ``orchard cancel``: batch jobs.
+
+They talk to a running frontend through ``cluster.client``: the address comes from
+``--address``, ``$ORCHARD_ADDRESS`` or the run directory's ``frontend.json``; the API key from
+``--api-key``, ``$ORCHARD_API_KEY`` or the run directory's ``orchard.toml`` (``--tenant``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from cluster.batchfile import output_lines, parse_batch
+from cluster.client import Client, JobStatus, OrchardError
+
+
+def _connect_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="the cluster's run directory (default: $ORCHARD_RUN_DIR or ./run)")
+    parser.add_argument("--address", default=None, help="frontend host:port")
+    parser.add_argument("--api-key", default=None, help="a tenant API key")
+    parser.add_argument("--tenant", default=None, help="use this tenant's key from the config")
+
+
+def _client(args) -> Client:
+    return Client.from_run_dir(args.run_dir, tenant=args.tenant, api_key=args.api_key,
+                               address=args.address)
+
+
+def _job_dict(job: JobStatus) -> dict:
+    return {"job_id": job.job_id, "state": job.state, "total": job.total,
+            "completed": job.completed, "failed": job.failed, "cancelled": job.cancelled}
+
+
+def _progress_line(job: JobStatus, started: float) -> str:
+    return (f"{job.job_id} {job.state}: {job.done}/{job.total} done, {job.failed} failed, "
+            f"{time.monotonic() - started:.1f} s")
+
+
+def submit(args) -> int:
+    path = Path(args.file)
+    with path.open() as f:
+        batch = parse_batch(f, name=str(path))
+    with _client(args) as client:
+        try:
+            job = client.submit(batch.requests)
+        except OrchardError as exc:
+            raise ValueError(f"{path}: {exc.code}: {batch.line_of(exc.message)}") from None
+        if not args.json:
+            print(f"submitted {job.job_id}: {job.total} requests", file=sys.stderr)
+        if args.wait:
+            started = time.monotonic()
+            tty = sys.stderr.isatty()
+
+            def show(status: JobStatus) -> None:
+                end = "\r" if tty and not status.finished else "\n"
+                print(_progress_line(status, started), end=end, file=sys.stderr, flush=True)
+
+            job = client.wait(job.job_id, on_progress=show)
+    if args.json:
+        print(json.dumps(_job_dict(job)))
+    else:
+        print(job.job_id)
+    return 0
+
+
+def results(args) -> int:
+    with _client(args) as client:
+        job = client.job(args.job)
+        lines = output_lines(client.results(args.job, follow=args.wait),
+                             created_s=job.created_unix_ms // 1000)
+    text = "".join(line + "\n" for line in lines)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {len(lines)} results of {job.total} to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def jobs(args) -> int:
+    with _client(args) as client:
+        listed = client.jobs(limit=args.limit)
+    if args.json:
+        print(json.dumps([_job_dict(j) for j in listed]))
+        return 0
+    print(f"{'JOB':<22} {'STATE':<10} {'DONE':>9} {'FAILED':>6}")
+    for job in listed:
+        print(f"{job.job_id:<22} {job.state:<10} {f'{job.done}/{job.total}':>9} {job.failed:>6}")
+    return 0
+
+
+def cancel(args) -> int:
+    with _client(args) as client:
+        job = client.cancel(args.job)
+    print(json.dumps(_job_dict(job)))
+    return 0
+
+
+def _rpc_errors(func):
+    def run(args) -> int:
+        try:
+            return func(args)
+        except OrchardError as exc:
+            print(f"orchard: error: {exc}", file=sys.stderr)
+            return 1
+    return run
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("submit", help="submit an OpenAI Batch JSONL file as a job")
+    p.add_argument("file", metavar="FILE.jsonl")
+    p.add_argument("--wait", action="store_true", help="show progress until the job finishes")
+    p.add_argument("--json", action="store_true", help="print the job id, state and counts")
+    _connect_args(p)
+    p.set_defaults(func=_rpc_errors(submit))
+
+    p = subparsers.add_parser("results", help="write a job's results (OpenAI Batch output)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--out", default=None, help="write to FILE instead of stdout")
+    p.add_argument("--wait", action="store_true", help="wait for the job to finish")
+    _connect_args(p)
+    p.set_defaults(func=_rpc_errors(results))
+
+    p = subparsers.add_parser("jobs", help="list this tenant's jobs, newest first")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--json", action="store_true")
+    _connect_args(p)
+    p.set_defaults(func=_rpc_errors(jobs))
+
+    p = subparsers.add_parser("cancel", help="cancel a queued or running job")
+    p.add_argument("job", metavar="JOB")
+    _connect_args(p)
+    p.set_defaults(func=_rpc_errors(cancel))
