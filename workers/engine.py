@@ -1,0 +1,246 @@
+"""The engine: one loaded model, its prefix store, and continuous batching of requests.
+
+The engine owns the store and an mlx-lm ``BatchGenerator``. A request goes through::
+
+    submit ─► validate ─► queue
+    step:  admit one queued request:  lookup in the store ─► prefill the uncached suffix
+           (all but the last prompt token) onto the reused K/V ─► write its new full blocks
+           ─► join the running batch
+           one decode step for every running request (the joiner's first token included)
+           ─► finished requests write their output blocks and return a ``GenerateResult``
+
+Requests join and leave the decode batch between steps (continuous batching); several run at
+once. Prefill runs through the model body without the vocabulary projection, which only the
+last prompt token needs. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
+cluster can draw lookup/prefill/decode spans: this module never imports OpenTelemetry.
+
+Bad input raises ``ValueError`` from ``submit`` with what to fix, and nothing is queued, so
+the other requests are untouched; ``generate`` turns such errors into ``RequestFailed``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence as Seq
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.models.cache import KVCache
+
+from router.key import Namespace
+from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
+from workers.model_dir import LoadedModel, open_model_dir
+from workers.sequence import Sequence, TokenDelta, make_sampler
+from workers.store import PrefixStore
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    store_bytes: int = 1 << 30
+    ttl_s: float = 300.0
+    use_store: bool = True     # False: every request computes its whole prompt
+    max_batch: int = 8         # requests decoding at once
+    prefill_chunk: int = 2048  # tokens per prefill forward pass
+    worker_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """A request refused by validation; the others in the same call still ran."""
+
+    request_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    deltas: tuple[TokenDelta, ...]
+    finished: tuple[GenerateResult, ...]
+
+
+class Engine:
+    """Generation with prefix reuse for one local mlx-lm model directory."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig,
+                 clock: Callable[[], float], now_ns: Callable[[], int]) -> None:
+        self._m = loaded
+        self.config = config
+        self._now_ns = now_ns
+        self.store = PrefixStore(loaded.kv_shape, config.block_size, config.store_bytes,
+                                 config.ttl_s, clock)
+        self._eos = set(loaded.tokenizer.eos_token_ids)
+        self._stops = StopSequences([[e] for e in sorted(self._eos)])
+        self._batch = BatchGenerator(loaded.model, completion_batch_size=config.max_batch,
+                                     prefill_batch_size=1)
+        self._queue: list[tuple[GenerateRequest, int]] = []
+        self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
+
+    @classmethod
+    def open(cls, model_dir: Path | str, config: EngineConfig | None = None, *,
+             clock: Callable[[], float] = time.monotonic,
+             now_ns: Callable[[], int] = time.time_ns) -> "Engine":
+        return cls(open_model_dir(model_dir), config or EngineConfig(), clock, now_ns)
+
+    # ---- what the model is ---------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self._m.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self._m.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self._m.max_context
+
+    @property
+    def model_id(self) -> str:
+        return self._m.model_id
+
+    @property
+    def revision(self) -> str:
+        return self._m.revision
+
+    def namespace(self, tenant: str, adapter: str = "") -> Namespace:
+        """The cache namespace of ``tenant`` on this model and weights revision."""
+        return Namespace(tenant, self.model_id, self.revision, adapter)
+
+    def render_chat(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True
+                    ) -> list[int]:
+        """Token ids of ``messages`` (``{"role", "content"}`` dicts) through the chat template."""
+        if not messages:
+            raise ValueError("messages is empty: pass at least one {'role', 'content'} message")
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"each message needs 'role' and 'content' keys, got {m!r}")
+        ids = self._m.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def validate(self, req: GenerateRequest) -> None:
+        """Raise ``ValueError`` saying what to fix when ``req`` cannot run."""
+        s = req.sampling
+        if not isinstance(req.namespace, Namespace):
+            raise ValueError(f"request {req.request_id}: namespace must be a router.key.Namespace")
+        if not req.prompt:
+            raise ValueError(f"request {req.request_id}: the prompt is empty; send at least one token")
+        bad = next((t for t in req.prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"request {req.request_id}: token id {bad} is outside the vocabulary "
+                f"[0, {self.vocab_size}); tokenize with this model's tokenizer")
+        if s.max_tokens <= 0:
+            raise ValueError(f"request {req.request_id}: max_tokens must be >= 1, got {s.max_tokens}")
+        if len(req.prompt) + s.max_tokens > self.max_context:
+            raise ValueError(
+                f"request {req.request_id}: prompt ({len(req.prompt)} tokens) plus max_tokens "
+                f"({s.max_tokens}) exceeds the model's context of {self.max_context}; "
+                f"shorten the prompt or lower max_tokens")
+        if s.temperature < 0 or not 0 < s.top_p <= 1:
+            raise ValueError(
+                f"request {req.request_id}: need temperature >= 0 and 0 < top_p <= 1, "
+                f"got {s.temperature} and {s.top_p}")
+        busy = {q.request_id for q, _ in self._queue}
+        busy.update(seq.request.request_id for seq in self._running.values())
+        if req.request_id in busy:
+            raise ValueError(f"request id {req.request_id!r} is already running: use a unique id")
+
+    def submit(self, req: GenerateRequest) -> None:
+        """Validate and queue ``req``; it starts on a later ``step``."""
+        self.validate(req)
+        self._queue.append((req, self._now_ns()))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue or self._running)
+
+    def step(self) -> StepOutput:
+        """Admit one queued request (lookup, prefill) and run one decode step for all."""
+        if self._queue and len(self._running) < self.config.max_batch:
+            req, received = self._queue.pop(0)
+            self._admit(req, received)
+        if not self._running:
+            return StepOutput((), ())
+        _, responses = self._batch.next()
+        deltas, finished = [], []
+        for r in responses:
+            seq = self._running[r.uid]
+            added = seq.add(int(r.token), self._now_ns(), self._eos, self.tokenizer.decode)
+            deltas.append(TokenDelta(seq.request.request_id, int(r.token), added, r.logprobs))
+            if r.finish_reason or seq.finish_reason:
+                finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
+        return StepOutput(tuple(deltas), tuple(finished))
+
+    def generate(self, requests: Iterable[GenerateRequest]) -> list[GenerateResult | RequestFailed]:
+        """Run ``requests`` together to completion; results in the order given."""
+        order: list[str] = []
+        failed: dict[str, RequestFailed] = {}
+        for req in requests:
+            order.append(req.request_id)
+            try:
+                self.submit(req)
+            except ValueError as exc:
+                failed[req.request_id] = RequestFailed(req.request_id, str(exc))
+        done: dict[str, GenerateResult] = {}
+        while self.busy:
+            for result in self.step().finished:
+                done[result.request_id] = result
+        return [failed.get(rid) or done[rid] for rid in order]
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _admit(self, req: GenerateRequest, received_ns: int) -> None:
+        lookup_start = self._now_ns()
+        prompt = list(req.prompt)
+        if self.config.use_store:
+            found = self.store.lookup(req.namespace, prompt)
+            report, cache = found.report, found.cache
+        else:
+            report, cache = _no_store_report(len(prompt), self.config.ttl_s), None
+        cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
+        lookup_end = prefill_start = self._now_ns()
+        self._prefill(prompt[report.matched_tokens:-1], cache)
+        seq = Sequence(req, report, received_ns, lookup_start, lookup_end, prefill_start)
+        if self.config.use_store:
+            seq.written = self.store.write(req.namespace, prompt[:-1], cache)
+        sampler = make_sampler(req.sampling)
+        (uid,) = self._batch.insert(
+            [prompt[-1:]], max_tokens=[req.sampling.max_tokens], caches=[cache],
+            all_tokens=[prompt[:-1]], samplers=[sampler] if sampler else None,
+            stop_sequences=[self._stops])
+        self._running[uid] = seq
+
+    def _prefill(self, tokens: list[int], cache: list[KVCache]) -> None:
+        # The model body alone: the vocabulary projection is only needed for the last token.
+        body = getattr(self._m.model, "model", self._m.model)
+        step = self.config.prefill_chunk
+        for start in range(0, len(tokens), step):
+            body(mx.array([tokens[start:start + step]]), cache=cache)
+            mx.eval([c.keys for c in cache], [c.values for c in cache])
+
+    def _finish(self, uid: int, cache: list[KVCache] | None, all_tokens: list[int] | None
+                ) -> GenerateResult:
+        seq = self._running.pop(uid)
+        if cache is None:  # stopped by a stop string: take it out of the batch ourselves
+            cache, all_tokens = self._batch.remove([uid], return_prompt_caches=True)[uid]
+        if self.config.use_store and cache:
+            if all_tokens is None or len(all_tokens) != cache[0].offset:
+                raise RuntimeError(
+                    f"request {seq.request.request_id}: batch cache holds {cache[0].offset} "
+                    f"tokens but {len(all_tokens or ())} token ids were tracked")
+            seq.written += self.store.write(seq.request.namespace, all_tokens, cache)
+        if not seq.finish_reason:
+            seq.finish_reason = "length"
+        return seq.result(self.config.worker_id)
+
+
+def _no_store_report(prompt_tokens: int, ttl_s: float) -> LookupReport:
+    return LookupReport(LookupOutcome.MISS, prompt_tokens, 0, 0, None, None, None, ttl_s)

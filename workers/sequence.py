@@ -1,0 +1,107 @@
+"""One request's life inside the engine: its sampler, stop conditions, counts and timestamps.
+
+``Sequence`` is private to the engine's loop (``workers.engine``): it turns the tokens the
+batch produces into text, notices stop strings, and finally builds the ``GenerateResult``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_p
+
+from workers.messages import GenerateRequest, GenerateResult, LookupReport, SamplingParams, Timings
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+def make_sampler(params: SamplingParams) -> Sampler | None:
+    """``None`` for greedy (the batch's shared argmax); otherwise a seeded sampler of its own.
+
+    Each sampled request owns its PRNG key, split once per token, so its tokens depend only on
+    its seed, never on which other requests share the batch.
+    """
+    if params.temperature == 0:
+        return None
+    key = mx.random.key(params.seed)
+    scale = 1.0 / params.temperature
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        if params.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, params.top_p)
+        key, sub = mx.random.split(key)
+        return mx.random.categorical(logprobs * scale, key=sub)
+
+    return sample
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """One new output token of one request, as streaming callers see it.
+
+    ``logprobs`` is the full log-softmax over the vocabulary at this step (an ``mx.array``);
+    drop it before sending a delta to another process.
+    """
+
+    request_id: str
+    token: int
+    text: str  # text added by this token (may be empty while a character is incomplete)
+    logprobs: mx.array
+
+
+@dataclass(slots=True)
+class Sequence:
+    request: GenerateRequest
+    report: LookupReport
+    received_ns: int
+    lookup_start_ns: int
+    lookup_end_ns: int
+    prefill_start_ns: int
+    written: int = 0
+    emitted: int = 0  # tokens the model produced, a final EOS included
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""
+
+    def add(self, token: int, now_ns: int, eos: set[int], decode: Callable[[list[int]], str]
+            ) -> str:
+        """Take one token; return the text it adds. Sets ``finish_reason`` when it stops."""
+        if not self.first_token_ns:
+            self.first_token_ns = now_ns
+        self.last_token_ns = now_ns
+        self.emitted += 1
+        if token in eos:
+            self.finish_reason = "stop"
+            return ""
+        self.tokens.append(token)
+        text = decode(self.tokens)
+        added = text[len(self.text):] if text.startswith(self.text) else text
+        self.text = text
+        for stop in self.request.sampling.stop:
+            at = text.find(stop)
+            if at >= 0:
+                self.text = text[:at]
+                self.finish_reason = "stop"
+                added = ""
+                break
+        if not self.finish_reason and len(self.tokens) >= self.request.sampling.max_tokens:
+            self.finish_reason = "length"
+        return added
+
+    def result(self, worker_id: str) -> GenerateResult:
+        produced = max(1, self.emitted)
+        ttft = (self.first_token_ns - self.received_ns) / 1e9
+        tpot = (self.last_token_ns - self.first_token_ns) / 1e9 / (produced - 1) if produced > 1 else 0.0
+        r = self.report
+        return GenerateResult(
+            request_id=self.request.request_id, output_tokens=tuple(self.tokens), text=self.text,
+            finish_reason=self.finish_reason, ttft_s=ttft, tpot_s=tpot,
+            input_tokens=r.prompt_tokens, cached_tokens=r.matched_tokens,
+            computed_tokens=r.prompt_tokens - r.matched_tokens, written_tokens=self.written,
+            lookup=r, worker_id=worker_id,
+            timings=Timings(self.received_ns, self.lookup_start_ns, self.lookup_end_ns,
+                            self.prefill_start_ns, self.first_token_ns, self.last_token_ns))
