@@ -1,0 +1,110 @@
+"""The frontend's observer: turns each finished request into cost, a miss cause, and spans.
+
+``RequestObserver`` owns the frontend's ``MissAttributor`` and prices with one price table;
+the job runner calls it once per request and once per job::
+
+    with observer.request(info) as span:                   # root span, current in the block
+        request = GenerateRequest(..., trace_context=observer.context())
+        outcome = await dispatch(backend, request, hashes, timeout)
+        observer.finish(span, request, hashes, outcome.result, outcome.decision, outcome.attempts)
+
+    job_context = observer.submit_job(job_id, tenant, model, plans, held)   # at submission
+
+Forecast per request: the router's ``expected_cached_tokens`` at routing time
+(``router.cost.forecast_request``). Forecast per job: ``router.forecast.forecast_job`` over
+the job's own chains, what the cluster holds (blocks the router's index matched), the TTL
+and the cluster's capacity. Measured: the engine's cached / written counts.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from opentelemetry.trace import Span
+
+from cluster import spans
+from cluster.telemetry import Telemetry, guarded, request_context
+from router.attribution import Attribution, MissAttributor, RequestSeen
+from router.cost import CostComparison, PriceTable, TokenUsage, compare, forecast_request, total_usage
+from router.forecast import CacheModel, PlannedRequest, forecast_job
+from router.key import BlockHash
+from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the observer concluded about one request (also kept with the job's result)."""
+
+    cost: CostComparison | None
+    miss: Attribution | None
+
+
+class RequestObserver:
+    def __init__(self, tel: Telemetry, prices: PriceTable, model: str, block_size: int,
+                 ttl_s: float, capacity_tokens: int, clock: Callable[[], float] = time.time,
+                 max_history_blocks: int = 1_000_000) -> None:
+        self.tel = tel
+        self.prices = prices
+        self.model = model
+        self.block_size = block_size
+        self.ttl_s = ttl_s
+        self.capacity_tokens = capacity_tokens
+        self._clock = clock
+        self.attributor = MissAttributor(block_size, ttl_s, max_history_blocks)
+
+    @contextmanager
+    def request(self, info: spans.RequestInfo, parent: Any = None) -> Iterator[Span]:
+        with spans.request_span(self.tel, info, parent) as span:
+            yield span
+
+    def context(self) -> tuple[tuple[str, str], ...]:
+        """The current span's context, for ``GenerateRequest.trace_context``."""
+        return request_context()
+
+    def finish(self, span: Span, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+               result: GenerateResult, decision: Any, attempts: int = 1) -> Observed:
+        """Attribute, price and record one finished request; never raises."""
+        observed = self._conclude(request, block_hashes, result, decision) or Observed(None, None)
+        if decision is not None:
+            spans.record_routing(self.tel, decision, start_ns=result.timings.received_ns,
+                                 end_ns=result.timings.received_ns)
+        spans.record_outcome(self.tel, span, spans.OutcomeRecord(
+            result=result, block_size=self.block_size, block_hashes=block_hashes,
+            cost=observed.cost, miss=observed.miss, attempts=attempts))
+        return observed
+
+    @guarded()
+    def _conclude(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+                  result: GenerateResult, decision: Any) -> Observed:
+        matches = {c.worker_id: c.matched_tokens for c in decision.candidates} if decision else {}
+        seen = RequestSeen(
+            namespace=request.namespace, prompt=request.prompt, worker=result.worker_id,
+            cached_tokens=result.cached_tokens, written_tokens=result.written_tokens,
+            candidate_matches=matches, block_hashes=block_hashes,
+            engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS)
+        miss = self.attributor.observe(seen, self._clock())
+        if result.input_tokens == 0:
+            return Observed(None, miss)
+        expected = decision.expected_cached_tokens if decision else 0
+        expected = min(expected, max(0, result.input_tokens - 1))
+        forecast = forecast_request(result.input_tokens, expected, self.block_size)
+        measured = TokenUsage(result.input_tokens, result.cached_tokens, result.written_tokens)
+        cost = compare(forecast, measured, self.prices, self.model, self.ttl_s)
+        return Observed(cost, miss)
+
+    def forecast_job(self, plans: Sequence[PlannedRequest],
+                     held: Mapping[BlockHash, float]) -> list[TokenUsage]:
+        model = CacheModel(self.block_size, self.capacity_tokens, self.ttl_s)
+        return forecast_job(plans, held, model)
+
+    @guarded(default=())
+    def submit_job(self, job_id: str, tenant: str, plans: Sequence[PlannedRequest],
+                   held: Mapping[BlockHash, float]) -> tuple[tuple[str, str], ...]:
+        """Forecast the job, record its span; returns the span's context to store with it."""
+        usage = total_usage(self.forecast_job(plans, held))
+        rates = self.prices.rates(self.model)
+        m = usage.multiplier(rates, self.ttl_s) if usage.input_tokens else None
+        return spans.record_job(self.tel, spans.JobInfo(
+            job_id, tenant, self.model, len(plans), self.prices.version, usage, m))

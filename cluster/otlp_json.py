@@ -1,0 +1,180 @@
+"""OTLP JSON lines on disk: the default trace and metric exporters, and the reader for reports.
+
+Each export call appends one line to ``DIR/<service>-<pid>.jsonl``: an OTLP
+``ExportTraceServiceRequest`` (or ``ExportMetricsServiceRequest``) in the OTLP/JSON encoding
+(lowerCamelCase keys, trace and span ids as hex). One file per process, so processes never
+interleave writes; any OTLP/JSON tool reads the lines, and ``read_spans`` reads them back as
+flat ``SpanRecord``s for ``orchard report``.
+
+A line that does not parse (a process killed mid-write) is skipped and counted, never fatal.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _hex_ids(node: Any) -> Any:
+    """OTLP/JSON writes ids as hex, protobuf's JSON mapping as base64: convert in place."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+    return node
+
+
+class _JsonLines:
+    def __init__(self, directory: Path, service: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in service) or "orchard"
+        self.path = directory / f"{safe}-{os.getpid()}.jsonl"
+        self._lock = threading.Lock()
+
+    def append(self, message: Any) -> None:
+        line = json.dumps(_hex_ids(MessageToDict(message)), separators=(",", ":"))
+        with self._lock, open(self.path, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Writes finished spans as OTLP/JSON lines under ``directory``."""
+
+    def __init__(self, directory: str | Path, service: str) -> None:
+        self._out = _JsonLines(Path(directory), service)
+
+    @property
+    def path(self) -> Path:
+        return self._out.path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._out.append(encode_spans(spans))
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+class JsonLinesMetricExporter(MetricExporter):
+    """Writes metric snapshots as OTLP/JSON lines under ``directory``."""
+
+    def __init__(self, directory: str | Path, service: str) -> None:
+        super().__init__()
+        self._out = _JsonLines(Path(directory), service)
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        self._out.append(encode_metrics(metrics_data))
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class SpanEvent:
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """One span as read back from OTLP/JSON: ids in hex, attributes as plain values."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    events: tuple[SpanEvent, ...]
+    links: tuple[tuple[str, str], ...]  # (trace_id, span_id) of linked spans
+    service: str
+
+
+def any_value(value: dict[str, Any]) -> Any:
+    """An OTLP/JSON ``AnyValue`` as a Python value."""
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "arrayValue" in value:
+        return [any_value(v) for v in value["arrayValue"].get("values", [])]
+    return None
+
+
+def attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {item["key"]: any_value(item.get("value", {})) for item in items or ()}
+
+
+def _spans_of(request: dict[str, Any]) -> Iterator[SpanRecord]:
+    for resource_spans in request.get("resourceSpans", ()):
+        resource = attributes(resource_spans.get("resource", {}).get("attributes"))
+        service = str(resource.get("service.name", ""))
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                yield SpanRecord(
+                    trace_id=span.get("traceId", ""), span_id=span.get("spanId", ""),
+                    parent_span_id=span.get("parentSpanId", ""), name=span.get("name", ""),
+                    start_ns=int(span.get("startTimeUnixNano", 0)),
+                    end_ns=int(span.get("endTimeUnixNano", 0)),
+                    attributes=attributes(span.get("attributes")),
+                    events=tuple(SpanEvent(e.get("name", ""), int(e.get("timeUnixNano", 0)),
+                                           attributes(e.get("attributes")))
+                                 for e in span.get("events", ())),
+                    links=tuple((ln.get("traceId", ""), ln.get("spanId", ""))
+                                for ln in span.get("links", ())),
+                    service=service)
+
+
+@dataclass(frozen=True, slots=True)
+class SpanFile:
+    spans: tuple[SpanRecord, ...]
+    bad_lines: int
+
+
+def read_spans(directory: str | Path) -> SpanFile:
+    """Every span in ``directory``'s ``*.jsonl`` files; unreadable lines are counted."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"trace directory {directory} does not exist; pass --traces DIR "
+                                f"or the --run-dir of a cluster that has run")
+    spans: list[SpanRecord] = []
+    bad = 0
+    for path in sorted(directory.glob("*.jsonl")):
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    spans.extend(_spans_of(json.loads(line)))
+                except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+                    bad += 1
+    return SpanFile(tuple(spans), bad)
