@@ -1,0 +1,131 @@
+"""Exporters: OTLP/JSON lines under the run directory (read back by the report), and OTLP to a
+collector, over HTTP and gRPC, against small real receivers on loopback."""
+import json
+import threading
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from cluster import spans
+from cluster import telemetry_attrs as A
+from cluster.otlp_json import read_spans
+from cluster.telemetry import TelemetrySettings, setup_telemetry
+
+
+def emit_one(tel):
+    with spans.request_span(tel, spans.RequestInfo("r1", "acme", "tiny", job_id="j1")) as span:
+        with tel.tracer.start_as_current_span("child"):
+            pass
+    tel.flush()
+    return span
+
+
+def test_default_exporter_writes_otlp_json_lines_under_the_run_dir(tmp_path):
+    tel = setup_telemetry(TelemetrySettings("orchard-frontend", tmp_path))
+    span = emit_one(tel)
+    tel.instruments.record_request("w0", "acme", "hit", 10, 8, 0, 0.01, 0.001)
+    tel.shutdown()
+    files = list((tmp_path / "traces").glob("orchard-frontend-*.jsonl"))
+    assert len(files) == 1
+    line = json.loads(files[0].read_text().splitlines()[0])
+    raw = line["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert len(raw["traceId"]) == 32 and len(raw["spanId"]) == 16   # hex, as OTLP/JSON says
+    read = read_spans(tmp_path / "traces")
+    assert read.bad_lines == 0
+    root = next(s for s in read.spans if s.name == "chat tiny")
+    child = next(s for s in read.spans if s.name == "child")
+    assert root.trace_id == format(span.get_span_context().trace_id, "032x")
+    assert child.parent_span_id == root.span_id
+    assert root.attributes[A.JOB_ID] == "j1" and root.service == "orchard-frontend"
+    metrics = (tmp_path / "metrics").glob("*.jsonl")
+    names = {m["name"] for f in metrics for line in f.read_text().splitlines()
+             for rm in json.loads(line)["resourceMetrics"] for sm in rm["scopeMetrics"]
+             for m in sm["metrics"]}
+    assert {"orchard.cache.cached_tokens", "gen_ai.server.time_to_first_token"} <= names
+
+
+def test_a_torn_line_is_counted_not_fatal(tmp_path):
+    tel = setup_telemetry(TelemetrySettings("svc", tmp_path))
+    emit_one(tel)
+    tel.shutdown()
+    path = next((tmp_path / "traces").glob("*.jsonl"))
+    with open(path, "a") as out:
+        out.write('{"resourceSpans": [{"scopeSp')
+    read = read_spans(tmp_path / "traces")
+    assert read.bad_lines == 1 and len(read.spans) == 2
+    with pytest.raises(FileNotFoundError, match="--traces"):
+        read_spans(tmp_path / "nowhere")
+
+
+def test_settings_refuse_bad_config(tmp_path):
+    with pytest.raises(ValueError, match="exporter must be one of"):
+        TelemetrySettings("s", tmp_path, exporter="jaeger")
+    with pytest.raises(ValueError, match="needs an endpoint"):
+        TelemetrySettings("s", tmp_path, exporter="otlp")
+    with pytest.raises(ValueError, match="protocol"):
+        TelemetrySettings("s", tmp_path, exporter="otlp", endpoint="x", protocol="udp")
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/v1/traces":
+            request = trace_service_pb2.ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            self.received.append(request)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+        self.wfile.write(trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
+
+    def log_message(self, *args):
+        pass
+
+
+def _span_names(requests):
+    return {s.name for r in requests for rs in r.resource_spans for ss in rs.scope_spans
+            for s in ss.spans}
+
+
+def test_otlp_http_exporter_sends_to_a_collector(tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_port}"
+        tel = setup_telemetry(TelemetrySettings("svc", tmp_path, "otlp", endpoint, "http"))
+        emit_one(tel)
+        tel.shutdown()
+    finally:
+        server.shutdown()
+    assert {"chat tiny", "child"} <= _span_names(_Receiver.received)
+    assert not (tmp_path / "traces").exists()
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self):
+        self.received = []
+
+    def Export(self, request, context):
+        self.received.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_otlp_grpc_exporter_sends_to_a_collector(tmp_path):
+    service = _TraceService()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        tel = setup_telemetry(TelemetrySettings("svc", tmp_path, "otlp", f"127.0.0.1:{port}", "grpc"))
+        emit_one(tel)
+        tel.shutdown()
+    finally:
+        server.stop(0)
+    assert {"chat tiny", "child"} <= _span_names(service.received)
