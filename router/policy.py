@@ -63,12 +63,12 @@ class Reason(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    spill_tokens: int = 16_384
+    cache_weight: float = 4.0
     cold_spill_tokens: int = 4_096
     decode_weight_tokens: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("spill_tokens", "cold_spill_tokens", "decode_weight_tokens"):
+        for name in ("cache_weight", "cold_spill_tokens", "decode_weight_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PolicyConfig.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -87,7 +87,7 @@ class Candidate:
     worker_id: str
     matched_tokens: int
     load_tokens: int
-    score: int  # cost in prefill tokens ahead of the first token; lower is better
+    score: float  # cost in prefill tokens ahead of the first token; lower is better
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,23 +123,20 @@ def decide(
         matched = reusable_tokens(prompt_tokens, matched_blocks.get(load.worker_id, 0),
                                   block_size)
         load_tokens = load.queued_prefill_tokens + weight * load.running_decodes
-        candidates.append(Candidate(load.worker_id, matched, load_tokens,
-                                    load_tokens + prompt_tokens - matched))
+        score = load_tokens + config.cache_weight * (prompt_tokens - matched)
+        candidates.append(Candidate(load.worker_id, matched, load_tokens, score))
     best_match = max(c.matched_tokens for c in candidates)
-    common = min(c.matched_tokens for c in candidates)
-    if best_match > common:
-        home = min((c for c in candidates if c.matched_tokens == best_match),
-                   key=lambda c: (c.score, c.worker_id))
-        reason, spill_reason, margin = Reason.PREFIX_MATCH, Reason.LOAD_SPILL, config.spill_tokens
+    if best_match > min(c.matched_tokens for c in candidates):
+        chosen = min(candidates, key=lambda c: (c.score, -c.matched_tokens, c.worker_id))
+        reason = Reason.PREFIX_MATCH if chosen.matched_tokens == best_match else Reason.LOAD_SPILL
     else:
         common_blocks = min(matched_blocks.get(c.worker_id, 0) for c in candidates)
         key = hashes[min(common_blocks, len(hashes) - 1)] if hashes else BlockHash(0)
         home_id = rendezvous(key, [c.worker_id for c in candidates], seed)
-        home = next(c for c in candidates if c.worker_id == home_id)
-        reason, spill_reason, margin = Reason.COLD_HASH, Reason.COLD_SPILL, config.cold_spill_tokens
-    cheapest = min(candidates, key=lambda c: (c.score, -c.matched_tokens, c.worker_id))
-    chosen = home
-    if home.score - cheapest.score > margin:
-        chosen, reason = cheapest, spill_reason
+        chosen = next(c for c in candidates if c.worker_id == home_id)
+        reason = Reason.COLD_HASH
+        cheapest = min(candidates, key=lambda c: (c.load_tokens, c.worker_id))
+        if chosen.load_tokens - cheapest.load_tokens > config.cold_spill_tokens:
+            chosen, reason = cheapest, Reason.COLD_SPILL
     return RoutingDecision(chosen.worker_id, reason, chosen.matched_tokens, prompt_tokens,
                            tuple(candidates))
