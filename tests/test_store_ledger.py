@@ -107,9 +107,10 @@ def test_invalidate_namespace_and_prefix():
     with pytest.raises(ValueError, match="unknown namespace"):
         ledger.invalidate_namespace(other.label())
     store(ledger, B)
-    assert ledger.invalidate_prefix(A[:2]) == 4  # a1 takes a2 and b2 with it
-    assert ledger.match(A) == 0
-    assert ledger.stats().blocks == 0
+    assert ledger.invalidate_prefix(A[:2]) == 3  # a1 takes a2 and b2 with it; a0 stays
+    assert ledger.match(A) == 1
+    assert ledger.invalidate_prefix(chain(9, 9, 9, 9)) == 0
+    assert ledger.stats().blocks == 1
 
 
 def test_events_and_log():

@@ -168,7 +168,7 @@ class PrefixStore:
         new = self.ledger.insert(hashes, bs, namespace.label(), namespace.root())
         if not new:
             return 0
-        first = len(hashes) - len(new)
+        first = hashes.index(new[0])  # blocks before it were already held
         layer_keys = [c.keys for c in cache]
         layer_values = [c.values for c in cache]
         for i, h in enumerate(new, start=first):

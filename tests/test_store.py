@@ -1,0 +1,162 @@
+"""PrefixStore with real tensors: exact bytes, dedup, outcomes, near misses, TTL, invalidation."""
+from __future__ import annotations
+
+import pytest
+
+import workers  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from router.events import BlockRemoved, BlockStored
+from router.key import Namespace
+from router.ledger import LedgerEventKind
+from workers.messages import LookupOutcome
+from workers.store import KVShape, PrefixStore
+
+BS = 4
+SHAPE = KVShape(layers=2, kv_heads=2, head_dim=8, dtype=mx.float32)
+NS = Namespace("tenant-a", "m", "r1")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def kv_for(tokens: list[int]) -> list[KVCache]:
+    """A per-layer cache whose K/V encode (layer, position, token) so slices can be checked."""
+    caches = []
+    n = len(tokens)
+    tok = mx.array(tokens, dtype=mx.float32).reshape(1, 1, n, 1)
+    pos = mx.arange(n, dtype=mx.float32).reshape(1, 1, n, 1)
+    for layer in range(SHAPE.layers):
+        base = mx.broadcast_to(tok * 1000 + pos, (1, SHAPE.kv_heads, n, SHAPE.head_dim))
+        c = KVCache()
+        # a cache with spare room, like mlx-lm's (it allocates 256 positions at a time)
+        keys = mx.concatenate([base + layer, mx.zeros((1, SHAPE.kv_heads, 256, SHAPE.head_dim))], 2)
+        values = mx.concatenate([-base - layer, mx.zeros_like(keys[:, :, :256])], 2)
+        c.keys, c.values, c.offset = keys, values, n
+        caches.append(c)
+    return caches
+
+
+def make_store(blocks: int = 1000, ttl: float = 60.0, clock: Clock | None = None) -> PrefixStore:
+    return PrefixStore(SHAPE, BS, blocks * BS * SHAPE.bytes_per_token, ttl, clock or Clock())
+
+
+def put(store: PrefixStore, tokens: list[int], ns: Namespace = NS) -> int:
+    return store.write(ns, tokens, kv_for(tokens))
+
+
+def test_bytes_per_cached_token_is_exactly_theoretical():
+    store = make_store()
+    assert SHAPE.bytes_per_token == 2 * 2 * 2 * 8 * 4
+    assert put(store, list(range(1, 19))) == 16  # 4 full blocks; the 2-token tail is not stored
+    stats = store.stats()
+    assert stats.ledger.tokens == 16
+    assert stats.tensor_bytes == 16 * SHAPE.bytes_per_token
+
+
+def test_shared_prefix_is_stored_once():
+    store = make_store()
+    system = list(range(100, 140))  # 10 blocks
+    for conv in range(100):
+        put(store, system + [conv + 1, conv + 2, conv + 3, conv + 4])
+    stats = store.stats()
+    assert stats.ledger.blocks == 10 + 100
+    assert stats.tensor_bytes == (10 + 100) * BS * SHAPE.bytes_per_token
+
+
+def test_hit_reuses_at_most_len_minus_one_and_returns_the_stored_kv():
+    store = make_store()
+    tokens = list(range(1, 13))  # 3 blocks exactly
+    put(store, tokens)
+    found = store.lookup(NS, tokens)
+    assert found.report.outcome == LookupOutcome.HIT
+    assert found.report.matched_tokens == 11
+    expected = kv_for(tokens)
+    for got, want in zip(found.cache, expected):
+        assert got.offset == 11
+        assert mx.array_equal(got.keys, want.keys[:, :, :11])
+        assert mx.array_equal(got.values, want.values[:, :, :11])
+
+
+def test_outcomes_partial_near_miss_and_miss():
+    store = make_store()
+    put(store, list(range(1, 9)))                        # blocks [1..4] [5..8]
+    longer = store.lookup(NS, list(range(1, 15))).report  # runs past what is stored
+    assert (longer.outcome, longer.matched_tokens, longer.common_prefix) == (LookupOutcome.PARTIAL, 8, 8)
+    assert longer.next_stored_token is None and longer.next_prompt_token == 9
+
+    drift = store.lookup(NS, [1, 2, 3, 4, 5, 6, 99, 8, 9, 10]).report
+    assert drift.outcome == LookupOutcome.NEAR_MISS
+    assert (drift.matched_tokens, drift.common_prefix) == (4, 6)
+    assert (drift.next_prompt_token, drift.next_stored_token) == (99, 7)
+    assert drift.line() == "common=6 of 10"
+
+    first_block = store.lookup(NS, [1, 2, 77, 4, 5]).report
+    assert (first_block.outcome, first_block.matched_tokens, first_block.common_prefix) == (
+        LookupOutcome.NEAR_MISS, 0, 2)
+
+    none = store.lookup(NS, [50, 51, 52, 53, 54]).report
+    assert (none.outcome, none.common_prefix, none.entry_age_s) == (LookupOutcome.MISS, 0, None)
+
+
+def test_namespaces_never_share():
+    store = make_store()
+    put(store, list(range(1, 9)))
+    other = Namespace("tenant-b", "m", "r1")
+    assert store.lookup(other, list(range(1, 9))).report.outcome == LookupOutcome.MISS
+    assert store.lookup(Namespace("tenant-a", "m", "r2"), list(range(1, 9))).report.matched_tokens == 0
+
+
+def test_eviction_drops_tensors_and_emits_events():
+    store = make_store(blocks=3)
+    put(store, list(range(1, 9)))       # a0 a1
+    put(store, list(range(20, 28)))     # b0 b1 -> evicts a1 (the LRU leaf) before a0
+    stats = store.stats()
+    assert stats.ledger.blocks == 3 and stats.ledger.evictions == 1
+    assert stats.tensor_bytes == 3 * BS * SHAPE.bytes_per_token
+    assert store.lookup(NS, list(range(1, 9))).report.matched_tokens == 4
+    events = store.drain_events()
+    assert [type(e) for e in events] == [BlockStored] * 3 + [BlockRemoved] + [BlockStored]
+    kinds = [e.kind for e in store.log()]
+    assert LedgerEventKind.EVICTED in kinds and LedgerEventKind.HIT in kinds
+
+
+def test_ttl_expiry_with_injected_clock():
+    clock = Clock()
+    store = make_store(ttl=10, clock=clock)
+    put(store, list(range(1, 9)))
+    clock.now = 9
+    assert store.lookup(NS, list(range(1, 10))).report.matched_tokens == 8
+    clock.now = 18.9  # 9.9 s after the last use: still there
+    assert store.lookup(NS, list(range(1, 10))).report.entry_age_s == pytest.approx(18.9)
+    clock.now = 40
+    report = store.lookup(NS, list(range(1, 10))).report
+    assert report.outcome == LookupOutcome.MISS
+    assert store.stats().ledger.expirations == 2 and store.stats().tensor_bytes == 0
+
+
+def test_invalidation_by_namespace_and_prefix():
+    store = make_store()
+    put(store, list(range(1, 13)))
+    put(store, list(range(1, 5)) + [40, 41, 42, 43])
+    other = Namespace("tenant-b", "m", "r1")
+    put(store, list(range(1, 13)), ns=other)
+    assert store.invalidate_prefix(NS, list(range(1, 9))) == 2  # [5..8] and [9..12] below it
+    assert store.lookup(NS, list(range(1, 13))).report.matched_tokens == 4
+    assert store.lookup(NS, list(range(1, 5)) + [40, 41, 42, 43, 44]).report.matched_tokens == 8
+    assert store.invalidate_namespace(other) == 3
+    with pytest.raises(ValueError, match="unknown namespace"):
+        store.invalidate_namespace(other)
+    assert store.stats().tensor_bytes == 2 * BS * SHAPE.bytes_per_token
+
+
+def test_capacity_exhaustion_stores_what_fits():
+    store = make_store(blocks=2)
+    assert put(store, list(range(1, 21))) == 8
+    assert store.lookup(NS, list(range(1, 21))).report.outcome == LookupOutcome.PARTIAL
