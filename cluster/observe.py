@@ -27,7 +27,8 @@ from opentelemetry.trace import Span
 from cluster import spans
 from cluster.telemetry import Telemetry, guarded, request_context
 from router.attribution import Attribution, MissAttributor, RequestSeen
-from router.cost import CostComparison, PriceTable, TokenUsage, compare, forecast_request, total_usage
+from router.cost import (CostComparison, PriceTable, TokenUsage, compare, forecast_request,
+                         measured_usage, total_usage)
 from router.forecast import CacheModel, PlannedRequest, forecast_job
 from router.key import BlockHash
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
@@ -89,8 +90,10 @@ class RequestObserver:
             return Observed(None, miss)
         expected = decision.expected_cached_tokens if decision else 0
         expected = min(expected, max(0, result.input_tokens - 1))
-        forecast = forecast_request(result.input_tokens, expected, self.block_size)
-        measured = TokenUsage(result.input_tokens, result.cached_tokens, result.written_tokens)
+        forecast = forecast_request(result.input_tokens, expected, self.block_size,
+                                    request.sampling.max_tokens)
+        measured = measured_usage(result.input_tokens, result.cached_tokens,
+                                  result.written_tokens, self.block_size)
         cost = compare(forecast, measured, self.prices, self.model, self.ttl_s)
         return Observed(cost, miss)
 

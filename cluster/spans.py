@@ -128,11 +128,13 @@ def record_routing(tel: Telemetry, decision: RoutingDecision, start_ns: int,
 def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
     """Usage (``gen_ai.*``), latency, cost and miss cause on the request span; metrics."""
     r = record.result
+    # Input tokens written (output tokens the engine also stored are not input).
+    written = record.cost.measured.written_tokens if record.cost else r.written_tokens
     span.set_attributes({
         A.GEN_AI_RESPONSE_ID: r.request_id, A.GEN_AI_FINISH_REASONS: [r.finish_reason],
         A.GEN_AI_INPUT_TOKENS: r.input_tokens, A.GEN_AI_OUTPUT_TOKENS: len(r.output_tokens),
-        A.GEN_AI_CACHE_READ: r.cached_tokens, A.GEN_AI_CACHE_WRITE: r.written_tokens,
-        A.GEN_AI_CACHE_CREATION: r.written_tokens, A.COMPUTED_TOKENS: r.computed_tokens,
+        A.GEN_AI_CACHE_READ: r.cached_tokens, A.GEN_AI_CACHE_WRITE: written,
+        A.GEN_AI_CACHE_CREATION: written, A.COMPUTED_TOKENS: r.computed_tokens,
         A.TTFT_S: r.ttft_s, A.TPOT_S: r.tpot_s, A.WORKER: r.worker_id,
         A.ATTEMPTS: record.attempts, A.CACHE_OUTCOME: r.lookup.outcome.value,
         A.BLOCK_SIZE: record.block_size,
@@ -145,7 +147,7 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
                              A.MISS_TOKENS: record.miss.tokens, A.MISS_HOLDER: record.miss.holder})
     tenant = span.attributes.get(A.TENANT, "") if hasattr(span, "attributes") else ""
     tel.instruments.record_request(r.worker_id, str(tenant), r.lookup.outcome.value,
-                                   r.input_tokens, r.cached_tokens, r.written_tokens,
+                                   r.input_tokens, r.cached_tokens, written,
                                    r.ttft_s, r.tpot_s)
 
 

@@ -160,23 +160,46 @@ def job_multiplier(usages: Iterable[TokenUsage], rates: Rates, ttl_s: float) -> 
     return total.multiplier(rates, ttl_s) if total.input_tokens else None
 
 
-def forecast_request(input_tokens: int, expected_cached: int, block_size: int) -> TokenUsage:
+def _input_written(input_tokens: int, cached_tokens: int, end: int, block_size: int) -> int:
+    start = math.ceil(cached_tokens / block_size) * block_size  # the first block not read
+    return max(0, min(end, input_tokens) - start)
+
+
+def measured_usage(input_tokens: int, cached_tokens: int, written_tokens: int,
+                   block_size: int) -> TokenUsage:
+    """The priced usage of a finished request from the engine's counts.
+
+    The engine stores a request's new full blocks contiguously from its first block not read
+    from cache: the prompt's blocks after prefill, then, when it finishes, the blocks that its
+    output completed (the prompt's partial tail and output tokens). ``written_tokens`` counts
+    all of them; the input part is the first ``input - start`` of them, where ``start`` is
+    the first unread block's offset. Output tokens written are not input and stay out of M.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    start = math.ceil(cached_tokens / block_size) * block_size
+    return TokenUsage(input_tokens, cached_tokens,
+                      _input_written(input_tokens, cached_tokens, start + written_tokens,
+                                     block_size))
+
+
+def forecast_request(input_tokens: int, expected_cached: int, block_size: int,
+                     output_tokens: int = 1) -> TokenUsage:
     """The usage a request is expected to have, from the router's expected cached tokens.
 
-    The worker will store every full block of the prompt that it does not already hold, so
-    the forecast write is the full blocks past the expected match. ``expected_cached`` may be
-    ``input_tokens - 1`` for a fully cached prompt that is a whole number of blocks: that
-    last block is held, not written.
+    The worker stores every full block of the prompt it does not hold and, when the request
+    finishes, the block its output completes: after ``n`` output tokens it holds the K/V of
+    ``input + n - 1`` tokens, in full blocks. ``expected_cached`` may be ``input_tokens - 1``
+    for a fully held prompt that is a whole number of blocks: nothing is written then.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     if not 0 <= expected_cached <= max(0, input_tokens - 1):
         raise ValueError(f"expected_cached {expected_cached} must be in [0, input_tokens - 1] "
                          f"for a prompt of {input_tokens} tokens")
-    matched_blocks = math.ceil(expected_cached / block_size)
-    full_blocks = input_tokens // block_size
-    written = max(0, full_blocks - matched_blocks) * block_size
-    return TokenUsage(input_tokens, expected_cached, min(written, input_tokens - expected_cached))
+    held_end = (input_tokens + max(1, output_tokens) - 1) // block_size * block_size
+    return TokenUsage(input_tokens, expected_cached,
+                      _input_written(input_tokens, expected_cached, held_end, block_size))
 
 
 @dataclass(frozen=True, slots=True)

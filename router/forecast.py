@@ -42,6 +42,7 @@ class PlannedRequest:
     input_tokens: int
     arrival_s: float   # seconds after submission when its lookup happens
     service_s: float   # seconds from its lookup until its new blocks are stored
+    output_tokens: int = 1  # expected; the block the output completes holds the prompt's tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,13 @@ class _LruTtlCache:
             self._expiry.popitem(last=False)
 
 
+def _tail_written(req: PlannedRequest, block_size: int) -> int:
+    """Prompt tokens of the partial last block, stored once the output completes it."""
+    tail = req.input_tokens % block_size
+    completed = (req.input_tokens + max(1, req.output_tokens) - 1) // block_size
+    return tail if completed > req.input_tokens // block_size else 0
+
+
 def forecast_job(
     plan: Sequence[PlannedRequest],
     held: Mapping[BlockHash, float],
@@ -135,6 +143,7 @@ def forecast_job(
         to_write[index] = new
         heapq.heappush(events, (now + req.service_s, 0, order, index))
         cached = reusable_tokens(req.input_tokens, matched, model.block_size)
-        written = min(len(new) * model.block_size, req.input_tokens - cached)
+        written = min(len(new) * model.block_size + _tail_written(req, model.block_size),
+                      req.input_tokens - cached)
         usages[index] = TokenUsage(req.input_tokens, cached, written)
     return [u for u in usages if u is not None]

@@ -1,8 +1,8 @@
 """The price table, the measured multiplier's definition, and the forecasts."""
 import pytest
 
-from router.cost import (PriceTable, Rates, TokenUsage, forecast_request, job_multiplier,
-                         load_price_table, parse_price_table)
+from router.cost import (Rates, TokenUsage, forecast_request, job_multiplier,
+                         load_price_table, measured_usage)
 from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
 from router.key import Namespace, hash_blocks
 
@@ -88,6 +88,22 @@ def test_request_forecast_writes_full_blocks_past_the_match():
         forecast_request(64, 64, 16)
 
 
+def test_request_forecast_counts_the_tail_block_the_output_completes():
+    # 100 tokens, 6 full blocks; 13 outputs make the K/V of 112 tokens: 7 full blocks.
+    assert forecast_request(100, 32, 16, output_tokens=13) == TokenUsage(100, 32, 68)
+    assert forecast_request(100, 32, 16, output_tokens=12) == TokenUsage(100, 32, 64)
+
+
+def test_measured_usage_splits_input_writes_from_output_writes():
+    # Cached 32 of 100; the engine wrote 64 prompt tokens, then a block of 4 prompt + 12 output.
+    assert measured_usage(100, 32, 80, 16) == TokenUsage(100, 32, 68)
+    assert measured_usage(100, 32, 64, 16) == TokenUsage(100, 32, 64)
+    # A fully held prompt of whole blocks (cached = input - 1) writes no input tokens.
+    assert measured_usage(64, 63, 16, 16) == TokenUsage(64, 63, 0)
+    # A block stored by a sibling first is not written twice: fewer written tokens.
+    assert measured_usage(100, 0, 48, 16) == TokenUsage(100, 0, 48)
+
+
 def _plan(prompts, arrivals, service_s=1.0):
     return [PlannedRequest(tuple(hash_blocks(p, 4, NS)), len(p), t, service_s)
             for p, t in zip(prompts, arrivals)]
@@ -119,5 +135,9 @@ def test_job_forecast_evicts_past_capacity():
     model = CacheModel(block_size=4, capacity_tokens=8, ttl_s=300)
     usages = forecast_job(_plan([a, b, a], [0.0, 5.0, 10.0]), {}, model)
     assert usages[2] == TokenUsage(9, 0, 8)   # b's two blocks pushed a's out
+    # An output that completes the partial last block writes the prompt's tail as well.
+    long_out = [PlannedRequest(p.block_hashes, p.input_tokens, p.arrival_s, p.service_s, 4)
+                for p in _plan([a], [0.0])]
+    assert forecast_job(long_out, {}, model)[0] == TokenUsage(9, 0, 9)
     roomy = CacheModel(block_size=4, capacity_tokens=16, ttl_s=300)
     assert forecast_job(_plan([a, b, a], [0.0, 5.0, 10.0]), {}, roomy)[2] == TokenUsage(9, 8, 0)

@@ -73,8 +73,9 @@ def assert_shape(root, by_name):
 def test_miss_then_hit(setup):
     tel, exporter, _, observer, clock = setup
     prompt = SYSTEM + (1, 2)
+    # 18 prompt tokens: 4 full blocks after prefill, then a block of 2 prompt + 2 output.
     run(observer, tel, "r1", prompt, decision("w0", Reason.COLD_HASH, 0, 18, {"w0": 0, "w1": 0}),
-        result("r1", 18, 0, 16, "w0", LookupOutcome.MISS))
+        result("r1", 18, 0, 20, "w0", LookupOutcome.MISS))
     clock.now = 10.0
     run(observer, tel, "r2", prompt, decision("w0", Reason.PREFIX_MATCH, 16, 18, {"w0": 16, "w1": 0}),
         result("r2", 18, 16, 0, "w0", LookupOutcome.HIT, age=10.0))
@@ -82,9 +83,9 @@ def test_miss_then_hit(setup):
     assert_shape(root, by_name)
     a = root.attributes
     assert a[A.GEN_AI_INPUT_TOKENS] == 18 and a[A.GEN_AI_CACHE_READ] == 0
-    assert a[A.GEN_AI_CACHE_WRITE] == a[A.GEN_AI_CACHE_CREATION] == 16
+    assert a[A.GEN_AI_CACHE_WRITE] == a[A.GEN_AI_CACHE_CREATION] == 18
     assert a[A.MISS_CAUSE] == "first_sight" and a[A.CACHE_OUTCOME] == "miss"
-    assert a[A.COST_MEASURED_M] == pytest.approx((2 + 1.25 * 16) / 18)
+    assert a[A.COST_MEASURED_M] == pytest.approx(1.25)
     assert a[A.COST_FORECAST_ERROR] == pytest.approx(0.0)
     assert by_name["orchard.cache.lookup"].attributes[A.CACHE_OUTCOME] == "miss"
     route = by_name["orchard.route"]
