@@ -1,0 +1,161 @@
+"""The engine: reuse with exact counts, continuous batching, sampling, stops, bad input."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+
+import workers  # noqa: F401  (OpenBLAS before mlx)
+from router.key import Namespace
+from tests.forged_models import tiny_model
+from workers.engine import Engine, EngineConfig, RequestFailed
+from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, SamplingParams
+
+BS = 16
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine.open(tiny_model("llama"), EngineConfig(block_size=BS))
+
+
+_ids = iter(range(10**9))
+
+
+def req(engine: Engine, prompt, max_tokens: int = 6, tenant: str = "t", **sampling) -> GenerateRequest:
+    return GenerateRequest(f"r{next(_ids)}", engine.namespace(tenant), tuple(prompt),
+                           SamplingParams(max_tokens=max_tokens, **sampling))
+
+
+def prompt_of(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(32000) for _ in range(n)]
+
+
+def run_one(engine: Engine, request: GenerateRequest) -> GenerateResult:
+    (result,) = engine.generate([request])
+    assert isinstance(result, GenerateResult), result
+    return result
+
+
+def test_second_request_reuses_the_prefix_and_gives_the_same_tokens(engine):
+    prompt = prompt_of(110, seed=1)
+    cold = run_one(engine, req(engine, prompt))
+    assert (cold.input_tokens, cold.cached_tokens, cold.computed_tokens) == (110, 0, 110)
+    assert cold.lookup.outcome == LookupOutcome.MISS
+    # prefill wrote 6 blocks (109 tokens in the cache); the finish, with 110 + 5 output tokens
+    # in the cache, added the 7th block that the output completed
+    assert cold.written_tokens == 112
+    warm = run_one(engine, req(engine, prompt))
+    assert warm.lookup.outcome == LookupOutcome.HIT
+    assert (warm.cached_tokens, warm.computed_tokens, warm.written_tokens) == (96, 14, 0)
+    assert warm.output_tokens == cold.output_tokens
+    assert warm.finish_reason == "length" and len(warm.output_tokens) == 6
+    assert warm.ttft_s > 0 and warm.tpot_s > 0
+    t = warm.timings
+    assert t.received_ns <= t.lookup_start_ns <= t.lookup_end_ns <= t.prefill_start_ns
+    assert t.prefill_start_ns <= t.first_token_ns <= t.finished_ns
+
+
+def test_uncached_engine_agrees(engine):
+    plain = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False))
+    prompt = prompt_of(70, seed=2)
+    run_one(engine, req(engine, prompt))
+    a = run_one(engine, req(engine, prompt + [5, 6, 7]))
+    b = run_one(plain, req(plain, prompt + [5, 6, 7]))
+    assert a.cached_tokens == 64 and b.cached_tokens == 0
+    assert a.output_tokens == b.output_tokens
+
+
+def test_requests_decode_concurrently(engine):
+    requests = [req(engine, prompt_of(30 + 7 * i, seed=10 + i), max_tokens=8) for i in range(3)]
+    for r in requests:
+        engine.submit(r)
+    together = 0
+    finished = {}
+    while engine.busy:
+        out = engine.step()
+        together = max(together, len({d.request_id for d in out.deltas}))
+        finished.update({f.request_id: f for f in out.finished})
+    assert together == 3
+    assert all(len(finished[r.request_id].output_tokens) == 8 for r in requests)
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    prompt = prompt_of(20, seed=3)
+    a = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=7))
+    b = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=7))
+    c = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=8))
+    assert a.output_tokens == b.output_tokens != c.output_tokens
+
+
+def test_stop_string_ends_generation(engine):
+    prompt = prompt_of(25, seed=4)
+    full = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=1))
+    stop = full.text[len(full.text) // 2:][:3]
+    assert stop.strip(), full.text
+    cut = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=1, stop=(stop,)))
+    assert cut.finish_reason == "stop"
+    assert stop not in cut.text and full.text.startswith(cut.text)
+    assert len(cut.output_tokens) < 12
+
+
+def test_chat_turns_reuse_the_previous_turn(engine):
+    messages = [{"role": "system", "content": "orchard apple cache " * 30},
+                {"role": "user", "content": "first question"}]
+    first = run_one(engine, req(engine, engine.render_chat(messages)))
+    messages += [{"role": "assistant", "content": "a reply"}, {"role": "user", "content": "next"}]
+    second = run_one(engine, req(engine, engine.render_chat(messages)))
+    assert second.cached_tokens >= first.input_tokens - BS
+    assert second.lookup.common_prefix >= first.input_tokens
+
+
+def test_tenants_do_not_share(engine):
+    prompt = prompt_of(50, seed=5)
+    run_one(engine, req(engine, prompt, tenant="a"))
+    other = run_one(engine, req(engine, prompt, tenant="b"))
+    assert other.cached_tokens == 0 and other.lookup.outcome == LookupOutcome.MISS
+
+
+def test_bad_requests_fail_alone(engine):
+    good = req(engine, prompt_of(10, seed=6))
+    bad = [
+        (req(engine, []), "prompt is empty"),
+        (req(engine, [1, 32000]), "outside the vocabulary"),
+        (req(engine, [-1]), "outside the vocabulary"),
+        (req(engine, [1, 2], max_tokens=0), "max_tokens must be >= 1"),
+        (req(engine, prompt_of(1000, seed=7), max_tokens=100), "exceeds the model's context"),
+        (GenerateRequest("ns", "tenant", (1, 2), SamplingParams(4)), "Namespace"),
+        (req(engine, [1, 2], temperature=-1.0), "temperature"),
+    ]
+    results = engine.generate([b for b, _ in bad[:3]] + [good] + [b for b, _ in bad[3:]])
+    failures = [r for r in results if isinstance(r, RequestFailed)]
+    assert len(failures) == len(bad)
+    for failure, (_, message) in zip(failures, [m for m in bad]):
+        assert message in failure.error
+    assert isinstance(results[3], GenerateResult) and len(results[3].output_tokens) == 6
+    with pytest.raises(ValueError, match="unknown namespace"):
+        engine.store.invalidate_namespace(Namespace("nobody", "m"))
+
+
+def test_model_directory_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="orchard model forge"):
+        Engine.open(tmp_path / "missing")
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model("llama"), broken)
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="incomplete: no \\*.safetensors"):
+        Engine.open(broken)
+    (tmp_path / "odd").mkdir()
+    shutil.copy(tiny_model("llama") / "tokenizer.json", tmp_path / "odd")
+    shutil.copy(tiny_model("llama") / "model.safetensors", tmp_path / "odd")
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
+    with pytest.raises(ValueError, match="cannot load"):
+        Engine.open(tmp_path / "odd")
+
+
+def test_sliding_window_architecture_is_refused():
+    with pytest.raises(ValueError, match="RotatingKVCache.*standard KVCache"):
+        Engine.open(tiny_model("llama", sliding=True))
