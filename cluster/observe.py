@@ -6,6 +6,8 @@ the job runner calls it once per request and once per job::
     with observer.request(info) as span:                   # root span, current in the block
         request = GenerateRequest(..., trace_context=observer.context())
         outcome = await dispatch(backend, request, hashes, timeout)
+        observer.routed(outcome.decision, started_ns, outcome.result.timings.received_ns)
+        observer.worker_done(request, outcome.result, tokenizer.decode)
         observer.finish(span, request, hashes, outcome.result, outcome.decision, outcome.attempts)
 
     job_context = observer.submit_job(job_id, tenant, model, plans, held)   # at submission
@@ -29,7 +31,7 @@ from cluster.telemetry import Telemetry, guarded, request_context
 from router.attribution import Attribution, MissAttributor, RequestSeen
 from router.cost import (CostComparison, PriceTable, TokenUsage, compare, forecast_request,
                          measured_usage, total_usage)
-from router.forecast import CacheModel, PlannedRequest, forecast_job
+from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
 from router.key import BlockHash
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
 
@@ -64,13 +66,19 @@ class RequestObserver:
         """The current span's context, for ``GenerateRequest.trace_context``."""
         return request_context()
 
+    def routed(self, decision: Any, start_ns: int, end_ns: int | None = None) -> None:
+        """The routing span, a child of the current request span."""
+        spans.record_routing(self.tel, decision, start_ns, end_ns)
+
+    def worker_done(self, request: GenerateRequest, result: GenerateResult,
+                    decode: Callable[[Sequence[int]], str] | None = None) -> None:
+        """The worker's spans from the engine's timings, under the request's context."""
+        spans.record_engine(self.tel, request, result, decode)
+
     def finish(self, span: Span, request: GenerateRequest, block_hashes: Sequence[BlockHash],
                result: GenerateResult, decision: Any, attempts: int = 1) -> Observed:
         """Attribute, price and record one finished request; never raises."""
         observed = self._conclude(request, block_hashes, result, decision) or Observed(None, None)
-        if decision is not None:
-            spans.record_routing(self.tel, decision, start_ns=result.timings.received_ns,
-                                 end_ns=result.timings.received_ns)
         spans.record_outcome(self.tel, span, spans.OutcomeRecord(
             result=result, block_size=self.block_size, block_hashes=block_hashes,
             cost=observed.cost, miss=observed.miss, attempts=attempts))
@@ -96,6 +104,20 @@ class RequestObserver:
                                   result.written_tokens, self.block_size)
         cost = compare(forecast, measured, self.prices, self.model, self.ttl_s)
         return Observed(cost, miss)
+
+    def plan_job(self, chains: Sequence[Sequence[BlockHash]], input_tokens: Sequence[int],
+                 output_tokens: Sequence[int], concurrency: int,
+                 request_s: float) -> tuple[list[PlannedRequest], dict[BlockHash, float]]:
+        """A batch job's plan (run ``concurrency`` at a time, ``request_s`` each) and what the
+        cluster holds of its chains now, by the observer's history of block use."""
+        arrivals = batch_arrivals(len(chains), concurrency, request_s)
+        plans = [PlannedRequest(tuple(c), n, t, request_s, out)
+                 for c, n, out, t in zip(chains, input_tokens, output_tokens, arrivals)]
+        now = self._clock()
+        held: dict[BlockHash, float] = {}
+        for chain in chains:
+            held.update(self.attributor.held(chain, now))
+        return plans, held
 
     def forecast_job(self, plans: Sequence[PlannedRequest],
                      held: Mapping[BlockHash, float]) -> list[TokenUsage]:

@@ -12,7 +12,8 @@ checked in this order::
     1. shorter_than_block  the prompt has no full block that may be reused
                            (it is at most ``block_size`` tokens long)
     2. routed_elsewhere    another worker held more of the prefix at routing time (the
-                           router's candidates), or by this history still holds b2
+                           router's candidates), or by this history still holds b2 and
+                           was not a candidate (draining, say)
     3. ttl_expired         the chosen worker (or the last one) used b2 ``ttl_s`` or more ago
     4. invalidated         b2 was invalidated on that worker after its last use
     5. evicted             b2 was used there less than ``ttl_s`` ago and is gone: capacity
@@ -105,6 +106,17 @@ class MissAttributor:
         for users in self._used.values():
             users.pop(worker, None)
 
+    def held(self, chain: Sequence[BlockHash], now: float) -> dict[BlockHash, float]:
+        """The leading blocks of ``chain`` some worker used within the TTL, with TTL left."""
+        out: dict[BlockHash, float] = {}
+        for block in chain:
+            users = self._used.get(block)
+            left = self.ttl_s - (now - max(users.values())) if users else 0.0
+            if left <= 0:
+                break
+            out[block] = left
+        return out
+
     def observe(self, seen: RequestSeen, now: float) -> Attribution | None:
         """The cause of ``seen``'s miss (None for a hit), then remember what it did."""
         chain = list(seen.block_hashes) or hash_blocks(seen.prompt, self.block_size, seen.namespace)
@@ -151,14 +163,15 @@ class MissAttributor:
         return Attribution(MissCause.FIRST_SIGHT, computed)
 
     def _elsewhere(self, seen: RequestSeen, users: Mapping[str, float], now: float) -> str:
+        """A worker that held more of the prefix: the router's candidates are authoritative
+        for the workers they list; history speaks for the others (draining ones, say)."""
         matches = seen.candidate_matches
         better = [(m, w) for w, m in matches.items()
                   if w != seen.worker and m > seen.cached_tokens]
         if better:
             return max(better)[1]
-        if matches:  # the router's view at routing time is authoritative
-            return ""
-        alive = [(t, w) for w, t in users.items() if w != seen.worker and now - t < self.ttl_s]
+        alive = [(t, w) for w, t in users.items()
+                 if w != seen.worker and w not in matches and now - t < self.ttl_s]
         return max(alive)[1] if alive else ""
 
     def _remember(self, seen: RequestSeen, chain: list[BlockHash],

@@ -43,6 +43,8 @@ def run(observer, tel, rid, prompt, dec, res, decode=None):
     with observer.request(info) as span:
         request = GenerateRequest(rid, NS, tuple(prompt), SamplingParams(4),
                                   trace_context=observer.context())
+        if dec is not None:
+            observer.routed(dec, T0, T0 + 1000)
         spans.record_engine(tel, request, res, decode)          # the worker process's part
         return observer.finish(span, request, hash_blocks(prompt, BS, NS), res, dec)
 
