@@ -192,6 +192,7 @@ def build_report(spans: Sequence[SpanRecord], job: str | None = None,
     report["near_misses"] = near_misses(rows)
     report["template_drift"] = template_drift(rows)
     report["series"] = [{"t_s": (r.start_ns - t0) / 1e9, "request_id": r.request_id,
+                         "input_tokens": r.input_tokens,
                          "forecast_m": r.forecast_m, "measured_m": r.measured_m,
                          "miss_cause": r.miss_cause, "miss_tokens": r.miss_tokens}
                         for r in rows]

@@ -2,7 +2,7 @@
 
 The text is plain fixed-width tables an analyst can paste; the plot (matplotlib, Agg backend,
 no display needed) has two panels: forecast against measured ``M`` over time (each request,
-plus each window's token-weighted value), and the computed tokens per miss cause.
+and the token-weighted value of all requests so far), and the computed tokens per miss cause.
 """
 from __future__ import annotations
 
@@ -75,13 +75,17 @@ def render_plot(report: dict, path: str | Path) -> Path:
         points = [(p["t_s"], p[key]) for p in series if p[key] is not None]
         if points:
             left.scatter(*zip(*points), s=14, marker=marker, alpha=0.5, label=f"{label} (request)")
-    windows = [w for w in report["windows"] if w["measured_multiplier"] is not None]
-    if windows:
-        mids = [float(w["key"].split("s-")[0]) + report["window_s"] / 2 for w in windows]
-        left.plot(mids, [w["forecast_multiplier"] for w in windows], "-", lw=2,
-                  label="forecast M (window)")
-        left.plot(mids, [w["measured_multiplier"] for w in windows], "-", lw=2,
-                  label="measured M (window)")
+    for key, label, style in (("measured_m", "measured M (cumulative)", "-"),
+                              ("forecast_m", "forecast M (cumulative)", "--")):
+        xs, ys, num, den = [], [], 0.0, 0
+        for p in series:
+            if p[key] is not None and p["input_tokens"]:
+                num += p[key] * p["input_tokens"]
+                den += p["input_tokens"]
+                xs.append(p["t_s"])
+                ys.append(num / den)
+        if xs:
+            left.step(xs, ys, where="post", lw=2, ls=style, label=label)
     left.axhline(1.0, color="grey", lw=0.8, ls=":")
     left.set_xlabel("seconds since the first request")
     left.set_ylabel("effective input multiplier M")
