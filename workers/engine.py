@@ -4,14 +4,15 @@ The engine owns the store and an mlx-lm ``BatchGenerator``. A request goes throu
 
     submit ─► validate ─► queue
     step:  admit one queued request:  lookup in the store ─► prefill the uncached suffix
-           (all but the last prompt token) onto the reused K/V ─► write its new full blocks
-           ─► join the running batch
-           one decode step for every running request (the joiner's first token included)
+           onto the reused K/V ─► sample the first token ─► write the prompt's new full
+           blocks ─► join the running batch (mlx-lm's ``BatchGenerator``)
+           one decode step for every running request
            ─► finished requests write their output blocks and return a ``GenerateResult``
 
 Requests join and leave the decode batch between steps (continuous batching); several run at
 once. Prefill runs through the model body without the vocabulary projection, which only the
-last prompt token needs. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
+last prompt token needs; the first token is sampled right there, so TTFT is prefill plus one
+projection, and the store's writes come after it. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
 cluster can draw lookup/prefill/decode spans: this module never imports OpenTelemetry.
 
 Bad input raises ``ValueError`` from ``submit`` with what to fix, and nothing is queued, so
@@ -163,14 +164,15 @@ class Engine:
         return bool(self._queue or self._running)
 
     def step(self) -> StepOutput:
-        """Admit one queued request (lookup, prefill) and run one decode step for all."""
+        """Admit one queued request (lookup, prefill, first token), then decode one token for all."""
+        deltas: list[TokenDelta] = []
+        finished: list[GenerateResult] = []
         if self._queue and len(self._running) < self.config.max_batch:
             req, received = self._queue.pop(0)
-            self._admit(req, received)
+            self._admit(req, received, deltas, finished)
         if not self._running:
-            return StepOutput((), ())
+            return StepOutput(tuple(deltas), tuple(finished))
         _, responses = self._batch.next()
-        deltas, finished = [], []
         for r in responses:
             seq = self._running[r.uid]
             added = seq.add(int(r.token), self._now_ns(), self._eos, self.tokenizer.decode)
@@ -197,7 +199,9 @@ class Engine:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _admit(self, req: GenerateRequest, received_ns: int) -> None:
+    def _admit(self, req: GenerateRequest, received_ns: int, deltas: list[TokenDelta],
+               finished: list[GenerateResult]) -> None:
+        """Lookup, prefill the uncached suffix, sample the first token, join the batch."""
         lookup_start = self._now_ns()
         prompt = list(req.prompt)
         if self.config.use_store:
@@ -207,16 +211,31 @@ class Engine:
             report, cache = _no_store_report(len(prompt), self.config.ttl_s), None
         cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
         lookup_end = prefill_start = self._now_ns()
-        self._prefill(prompt[report.matched_tokens:-1], cache)
         seq = Sequence(req, report, received_ns, lookup_start, lookup_end, prefill_start)
-        if self.config.use_store:
-            seq.written = self.store.write(req.namespace, prompt[:-1], cache)
         sampler = make_sampler(req.sampling)
+        token, logprobs = self._first_token(prompt[report.matched_tokens:], cache, sampler)
+        added = seq.add(token, self._now_ns(), self._eos, self.tokenizer.decode)
+        deltas.append(TokenDelta(req.request_id, token, added, logprobs))
+        if self.config.use_store:  # after the first token: storing never delays it
+            seq.written = self.store.write(req.namespace, prompt, cache)
+        if seq.finish_reason:
+            finished.append(seq.result(self.config.worker_id))
+            return
         (uid,) = self._batch.insert(
-            [prompt[-1:]], max_tokens=[req.sampling.max_tokens], caches=[cache],
-            all_tokens=[prompt[:-1]], samplers=[sampler] if sampler else None,
+            [[token]], max_tokens=[req.sampling.max_tokens - 1], caches=[cache],
+            all_tokens=[prompt], samplers=[sampler] if sampler else None,
             stop_sequences=[self._stops])
         self._running[uid] = seq
+
+    def _first_token(self, suffix: list[int], cache: list[KVCache], sampler
+                     ) -> tuple[int, mx.array]:
+        """Prefill ``suffix`` onto ``cache`` and sample the first output token."""
+        self._prefill(suffix[:-1], cache)
+        logits = self._m.model(mx.array([suffix[-1:]]), cache=cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = sampler(logprobs) if sampler else mx.argmax(logprobs, axis=-1)
+        mx.eval(token, logprobs)
+        return int(token.item()), logprobs[0]
 
     def _prefill(self, tokens: list[int], cache: list[KVCache]) -> None:
         # The model body alone: the vocabulary projection is only needed for the last token.
