@@ -34,6 +34,7 @@ from cluster.chat import ChatTokenizer
 from cluster.config import Config, load_config
 from cluster.edge import Authenticator
 from cluster.jobstore import JobStore
+from cluster.observe import frontend_tracing
 from cluster.runner import JobRunner
 from cluster.servicer import GenerateServicer, JobsServicer
 from cluster.servicer_admin import AdminServicer
@@ -91,9 +92,10 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
     limits = config.limits
     namespace = namespace_for(model)
     store = JobStore(config.db_path, clock_ms)
+    tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode)
     runner = JobRunner(store, backend, namespace, model.block_size, limits.max_concurrent,
                        limits.max_pending_per_tenant, limits.max_pending_total,
-                       limits.request_timeout_s)
+                       limits.request_timeout_s, tracing)
     auth = Authenticator(config.tenant_keys, config.admin_keys)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
@@ -119,7 +121,7 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
     if resumed:
         log.info("resumed %d unfinished job(s): %s", len(resumed), ", ".join(resumed))
     for name in ("", *SERVICES):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     config.address_path.write_text(json.dumps({"address": f"127.0.0.1:{port}",
                                                "pid": os.getpid()}))
     return Frontend(server, port, store, runner, health_servicer, config.address_path)
