@@ -30,8 +30,10 @@ running cluster owns: this config, the job store, the frontend's address file, t
     port = 0                     # 0: pick a free port (written to frontend.json)
 
     [telemetry]
-    exporter = "file"            # "file" (traces.jsonl in the run dir), "otlp" or "none"
-    endpoint = ""                # for "otlp"
+    exporter = "file"            # "file" (OTLP JSON lines in RUN_DIR/traces), "otlp" or "none"
+    endpoint = ""                # for "otlp", e.g. "http://127.0.0.1:4318"
+    protocol = "http"            # for "otlp": "http" (OTLP/HTTP protobuf) or "grpc"
+    prices = ""                  # a price table TOML; "" means orchard's defaults
 
 Keys live in this file only: ``write_default_config`` creates it with fresh random keys when a
 run directory has none. Lower layers never see this object; they get plain values from it.
@@ -68,6 +70,8 @@ class CacheConfig:
 class TelemetryConfig:
     exporter: str = "file"
     endpoint: str = ""
+    protocol: str = "http"
+    prices: str = ""
 
 
 @dataclass(frozen=True, slots=True)

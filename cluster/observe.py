@@ -19,20 +19,24 @@ and the cluster's capacity. Measured: the engine's cached / written counts.
 """
 from __future__ import annotations
 
+import json
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from opentelemetry.trace import Span
 
 from cluster import spans
-from cluster.telemetry import Telemetry, guarded, request_context
+from cluster.telemetry import (Telemetry, guarded, request_context, settings_from_config,
+                               setup_telemetry)
 from router.attribution import Attribution, MissAttributor, RequestSeen
-from router.cost import (CostComparison, PriceTable, TokenUsage, compare, forecast_request,
+from router.cost import (CostComparison, PriceTable, load_price_table, TokenUsage, compare, forecast_request,
                          measured_usage, total_usage)
 from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
-from router.key import BlockHash
+from router.key import BlockHash, hash_blocks
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
 
 
@@ -47,7 +51,8 @@ class Observed:
 class RequestObserver:
     def __init__(self, tel: Telemetry, prices: PriceTable, model: str, block_size: int,
                  ttl_s: float, capacity_tokens: int, clock: Callable[[], float] = time.time,
-                 max_history_blocks: int = 1_000_000) -> None:
+                 max_history_blocks: int = 1_000_000,
+                 decode: Callable[[Sequence[int]], str] | None = None) -> None:
         self.tel = tel
         self.prices = prices
         self.model = model
@@ -55,6 +60,8 @@ class RequestObserver:
         self.ttl_s = ttl_s
         self.capacity_tokens = capacity_tokens
         self._clock = clock
+        self.decode = decode  # token ids -> text, for the text around a near miss
+        self._prefill_s = 0.05  # running mean of lookup + prefill time, for job forecasts
         self.attributor = MissAttributor(block_size, ttl_s, max_history_blocks)
 
     @contextmanager
@@ -84,6 +91,10 @@ class RequestObserver:
             cost=observed.cost, miss=observed.miss, attempts=attempts))
         return observed
 
+    def prefill_s(self) -> float:
+        """The recent mean time from a request's lookup to its first token."""
+        return self._prefill_s
+
     @guarded()
     def _conclude(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
                   result: GenerateResult, decision: Any) -> Observed:
@@ -94,6 +105,8 @@ class RequestObserver:
             candidate_matches=matches, block_hashes=block_hashes,
             engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS)
         miss = self.attributor.observe(seen, self._clock())
+        took_s = (result.timings.first_token_ns - result.timings.lookup_start_ns) / 1e9
+        self._prefill_s = 0.9 * self._prefill_s + 0.1 * max(took_s, 0.0)
         if result.input_tokens == 0:
             return Observed(None, miss)
         expected = decision.expected_cached_tokens if decision else 0
@@ -133,3 +146,96 @@ class RequestObserver:
         m = usage.multiplier(rates, self.ttl_s) if usage.input_tokens else None
         return spans.record_job(self.tel, spans.JobInfo(
             job_id, tenant, self.model, len(plans), self.prices.version, usage, m))
+
+
+class RequestTrace:
+    """One request's tracing as the job runner holds it (see ``JobTracing.request``)."""
+
+    def __init__(self, observer: RequestObserver | None, span: Span | None,
+                 context: tuple[tuple[str, str], ...]) -> None:
+        self._observer = observer
+        self._span = span
+        self.context = context
+        self.started_ns = time.time_ns()
+
+    def done(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+             outcome: Any) -> Observed | None:
+        """Record a finished ``cluster.backend.GenerateOutcome``; never raises."""
+        if self._observer is None or self._span is None:
+            return None
+        result = outcome.result
+        self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
+        self._observer.worker_done(request, result, self._observer.decode)
+        return self._observer.finish(self._span, request, block_hashes, result,
+                                     outcome.decision, outcome.attempts)
+
+
+def conversation_of(custom_id: str) -> tuple[str, int]:
+    """A batch request's conversation and turn from its ``custom_id``, when it says so:
+    ``NAME-turn-3``, ``NAME-turn3``, ``NAME-t3`` or ``NAME:3``; else ``("", 0)``."""
+    match = re.fullmatch(r"(.+?)(?:[-_:]turn[-_]?|[-_]t|:)(\d+)", custom_id)
+    return (match.group(1), int(match.group(2))) if match else ("", 0)
+
+
+class JobTracing:
+    """What ``cluster.runner.JobRunner`` calls: a no-op when built without an observer."""
+
+    def __init__(self, observer: RequestObserver | None = None) -> None:
+        self.observer = observer
+        self._job_context: dict[str, tuple[tuple[str, str], ...]] = {}
+
+    @contextmanager
+    def request(self, tenant: str, pending: Any) -> Iterator[RequestTrace]:
+        """Around one ``cluster.jobstore.PendingRequest``'s run: its root span."""
+        if self.observer is None:
+            yield RequestTrace(None, None, ())
+            return
+        conversation, turn = conversation_of(pending.custom_id)
+        info = spans.RequestInfo(
+            pending.request_id, tenant, self.observer.model, pending.job_id, conversation, turn,
+            "text_completion", pending.sampling.max_tokens, pending.sampling.temperature,
+            self._job_context.get(pending.job_id, ()))
+        with self.observer.request(info) as span:
+            yield RequestTrace(self.observer, span, self.observer.context())
+
+    def close(self) -> None:
+        if self.observer is not None:
+            self.observer.tel.shutdown()
+
+    @guarded()
+    def job_launched(self, job_id: str, tenant: str, namespace: Any,
+                     pending: Sequence[Any]) -> None:
+        """Forecast a job about to run (its pending requests) and record its span.
+
+        A worker admits one request at a time (lookup, prefill, store its blocks, then the
+        next), and the router sends a prefix's requests to the worker that holds or was just
+        sent it, so the job is modelled in admission order: each request sees the blocks of
+        those before it once their prefill is done.
+        """
+        if self.observer is None or not pending:
+            return
+        obs = self.observer
+        chains = [hash_blocks(p.prompt, obs.block_size, namespace) for p in pending]
+        plans, held = obs.plan_job(chains, [len(p.prompt) for p in pending],
+                                   [p.sampling.max_tokens for p in pending], 1, obs.prefill_s())
+        self._job_context[job_id] = obs.submit_job(job_id, tenant, plans, held)
+
+
+def kv_bytes_per_token(model_dir: str | Path) -> int:
+    """K/V bytes one token takes in the store: 2 x layers x kv_heads x head_dim x 4 (float32)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    kv_heads = int(config.get("num_key_value_heads", heads))
+    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * 4
+
+
+def frontend_tracing(config: Any, model: Any, workers: int,
+                     decode: Callable[[Sequence[int]], str] | None) -> JobTracing:
+    """The frontend's ``JobTracing`` from ``cluster.config.Config`` and the served
+    ``cluster.backend.ModelInfo``; telemetry ``exporter = "none"`` still attributes and prices."""
+    tel = setup_telemetry(settings_from_config(config, "orchard-frontend"))
+    prices = load_price_table(getattr(config.telemetry, "prices", "") or None)
+    capacity = max(1, workers) * config.cache.capacity_bytes // kv_bytes_per_token(model.model_dir)
+    return JobTracing(RequestObserver(tel, prices, model.model_id, model.block_size,
+                                      config.cache.ttl_s, capacity, decode=decode))

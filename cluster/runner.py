@@ -25,6 +25,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
 from cluster.jobstore import JobRecord, JobStore, PendingRequest, StoredResult
+from cluster.observe import JobTracing, RequestTrace
 from router.key import BlockHash, Namespace, hash_blocks
 from workers.messages import GenerateRequest
 
@@ -88,7 +89,8 @@ def error_of(pending: PendingRequest, code: str, message: str) -> StoredResult:
 class JobRunner:
     def __init__(self, store: JobStore, backend: Backend, namespace: Callable[[str], Namespace],
                  block_size: int, max_concurrent: int, max_pending_per_tenant: int,
-                 max_pending_total: int, request_timeout_s: float):
+                 max_pending_total: int, request_timeout_s: float,
+                 tracing: JobTracing | None = None):
         self._store = store
         self._backend = backend
         self._namespace = namespace
@@ -101,6 +103,7 @@ class JobRunner:
         self._jobs: dict[str, asyncio.Task] = {}
         self._running: dict[str, set[asyncio.Task]] = {}  # job id -> its requests in flight
         self._changed = asyncio.Condition()
+        self._tracing = tracing or JobTracing()  # traces, cost forecast, miss causes
 
     # ------------------------------------------------------------ admission
 
@@ -136,6 +139,9 @@ class JobRunner:
         return [job.job_id for job in jobs]
 
     def launch(self, job: JobRecord) -> None:
+        if self._tracing.observer is not None:
+            self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant),
+                                       self._store.pending_requests(job.job_id))
         self._jobs[job.job_id] = asyncio.create_task(self._run_job(job), name=job.job_id)
 
     async def close(self) -> None:
@@ -143,6 +149,7 @@ class JobRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._tracing.close()  # flush traces of the requests that finished
 
     def cancel(self, job_id: str, tenant: str) -> JobRecord:
         """Cancel in the store, stop the job's task; its unstarted requests never run."""
@@ -207,11 +214,17 @@ class JobRunner:
         self._notify()
 
     async def _execute(self, tenant: str, pending: PendingRequest) -> StoredResult:
-        request = GenerateRequest(request_id=pending.request_id, namespace=self._namespace(tenant),
-                                  prompt=pending.prompt, sampling=pending.sampling)
+        with self._tracing.request(tenant, pending) as trace:
+            request = GenerateRequest(request_id=pending.request_id,
+                                      namespace=self._namespace(tenant), prompt=pending.prompt,
+                                      sampling=pending.sampling, trace_context=trace.context)
+            return await self._dispatch(request, pending, trace)
+
+    async def _dispatch(self, request: GenerateRequest, pending: PendingRequest,
+                        trace: RequestTrace) -> StoredResult:
+        hashes = self.block_hashes(request.namespace.tenant, pending.prompt)
         try:
-            outcome = await dispatch(self._backend, request,
-                                     self.block_hashes(tenant, pending.prompt), self._timeout_s)
+            outcome = await dispatch(self._backend, request, hashes, self._timeout_s)
         except NoWorkersAvailable as exc:
             return error_of(pending, "UNAVAILABLE", f"no worker could take the request: {exc}")
         except TimeoutError:
@@ -222,6 +235,7 @@ class JobRunner:
         except Exception as exc:  # a backend bug: recorded on the result and logged, not lost
             log.exception("request %s failed", pending.request_id)
             return error_of(pending, "INTERNAL", f"{type(exc).__name__}: {exc}")
+        trace.done(request, hashes, outcome)
         return result_of(pending.index, pending.custom_id, outcome)
 
     def _notify(self) -> None:
