@@ -15,7 +15,10 @@ Each worker gets a slot (a bit); each block maps to the bitmask of workers holdi
 Rules:
 
 - A stored event makes the block held by that worker and confirms (drops) a pending entry.
-- A pending entry lives ``pending_ttl_s`` seconds; if no event confirms it by then it is gone.
+- A pending entry lives ``pending_ttl_s`` seconds (10 s: longer than a long prompt's queue
+  and prefill under load, so its own stored events normally confirm it first); if no event
+  confirms it by then it is gone. It covers at most ``pending_blocks`` (32) blocks past what
+  the worker already holds: siblings find the worker by the first new blocks.
 - Removing a worker forgets its blocks and pending entries at once (its slot is cleared from
   every mask lazily: the slot is retired and never reused for another worker).
 - Events for an unknown worker, and removals of blocks that worker was not holding, are
@@ -35,7 +38,8 @@ from router.events import BlockRemoved, BlockStored, EventBatch
 from router.key import BlockHash
 
 DEFAULT_MAX_BLOCKS = 4_000_000
-DEFAULT_PENDING_TTL_S = 5.0
+DEFAULT_PENDING_TTL_S = 10.0
+DEFAULT_PENDING_BLOCKS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +64,15 @@ class PrefixIndex:
     """Block -> holders bitmask, plus pending routed entries; bounded; workers added live."""
 
     def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS,
-                 pending_ttl_s: float = DEFAULT_PENDING_TTL_S) -> None:
+                 pending_ttl_s: float = DEFAULT_PENDING_TTL_S,
+                 pending_blocks: int = DEFAULT_PENDING_BLOCKS) -> None:
         if max_blocks <= 0:
             raise ValueError(f"max_blocks must be positive, got {max_blocks}")
         if pending_ttl_s < 0:
             raise ValueError(f"pending_ttl_s must be >= 0 seconds, got {pending_ttl_s}")
         self.max_blocks = max_blocks
         self.pending_ttl_s = pending_ttl_s
+        self.pending_blocks = pending_blocks
         self._slot: dict[str, int] = {}        # live worker -> bit index
         self._names: dict[int, str] = {}       # bit index -> live worker
         self._next_slot = 0
@@ -149,13 +155,19 @@ class PrefixIndex:
         self._stale.discard(worker_id)
         self._seq.pop(worker_id, None)
 
-    def note_routed(self, worker_id: str, hashes: Sequence[BlockHash], now: float) -> None:
-        """Record that ``hashes`` were just sent to ``worker_id`` (pending until confirmed)."""
-        if not hashes or self.pending_ttl_s == 0:
+    def note_routed(self, worker_id: str, hashes: Sequence[BlockHash], now: float,
+                    held_blocks: int = 0) -> None:
+        """Record that ``hashes`` were just sent to ``worker_id`` (pending until confirmed).
+
+        Only the ``pending_blocks`` blocks after the ``held_blocks`` it already holds are
+        noted: enough for a sibling sharing the new prefix to find the worker, at a bounded
+        cost per decision.
+        """
+        chain = tuple(hashes[held_blocks:held_blocks + self.pending_blocks])
+        if not chain or self.pending_ttl_s == 0:
             return
         slot = self._slot_of(worker_id)
         expires = now + self.pending_ttl_s
-        chain = tuple(hashes)
         for block in chain:
             self._pending.setdefault(block, {})[slot] = expires
         self._pending_queue.append((expires, slot, chain))
@@ -175,30 +187,45 @@ class PrefixIndex:
     # ---- queries -------------------------------------------------------------------------
 
     def match(self, hashes: Sequence[BlockHash], now: float) -> Match:
-        """How many leading blocks of ``hashes`` each live worker holds or was just sent."""
+        """How many leading blocks of ``hashes`` each live worker holds or was just sent.
+
+        Stores evict leaves first, so along a chain the set of holders only shrinks: the
+        depth of every worker is found by bisection (O(workers x log blocks) lookups, not
+        one per block). Where the belief is not monotone (e.g. after ``dropped`` entries)
+        the answer is a hint that can only cost a cache hit; the worker verifies its blocks.
+        """
         self.expire_pending(now)
-        live = self._live_mask
-        held, pending = self._held, self._pending
         result: dict[str, int] = {}
-        active = live
-        depth = 0
-        for block in hashes:
-            mask = held.get(block, 0)
-            entry = pending.get(block)
-            if entry:
-                for slot in entry:
-                    mask |= 1 << slot
-            now_active = active & mask
-            dropped = active & ~now_active
-            if dropped and depth:
-                self._record(result, dropped, depth)
-            active = now_active
-            if not active:
-                break
-            depth += 1
-        if active and depth:
-            self._record(result, active, depth)
+        if not hashes:
+            return Match(result)
+        first = self._mask(hashes[0]) & self._live_mask
+        if not first:
+            return Match(result)
+        last_i = len(hashes) - 1
+        last = self._mask(hashes[last_i]) & first
+        if last:
+            self._record(result, last, len(hashes))
+        stack = [(0, first, last_i, last)]
+        while stack:
+            lo, lo_mask, hi, hi_mask = stack.pop()
+            if lo_mask == hi_mask:
+                continue  # nobody's depth ends inside (lo, hi]
+            if hi - lo == 1:
+                self._record(result, lo_mask & ~hi_mask, lo + 1)
+                continue
+            mid = (lo + hi) // 2
+            mid_mask = self._mask(hashes[mid]) & lo_mask
+            stack.append((lo, lo_mask, mid, mid_mask))
+            stack.append((mid, mid_mask, hi, hi_mask & mid_mask))
         return Match(result)
+
+    def _mask(self, block: BlockHash) -> int:
+        mask = self._held.get(block, 0)
+        entry = self._pending.get(block)
+        if entry:
+            for slot in entry:
+                mask |= 1 << slot
+        return mask
 
     # ---- internals -----------------------------------------------------------------------
 

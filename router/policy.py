@@ -44,7 +44,7 @@ from typing import Sequence
 
 import xxhash
 
-from router.key import BlockHash, reusable_tokens
+from router.key import BlockHash
 
 
 class NoWorkerAvailable(Exception):
@@ -114,29 +114,41 @@ def decide(
     loads: Sequence[WorkerLoad],
     seed: int,
 ) -> RoutingDecision:
-    """Choose a worker among ``loads`` (the eligible workers) for one prompt."""
+    """Choose a worker among ``loads`` (the eligible workers) for one prompt.
+
+    ``hashes`` is the prompt's chain (at least one entry: the namespace root stands in for a
+    prompt shorter than a block); ``matched_blocks`` the index's answer for it.
+    """
     if not loads:
         raise NoWorkerAvailable("no worker is accepting requests: add a worker or retry")
-    weight = config.decode_weight_tokens
+    weight, cache_weight = config.decode_weight_tokens, config.cache_weight
+    cap = max(0, prompt_tokens - 1)  # reusable_tokens, inlined: this loop is the hot path
     candidates = []
     for load in loads:
-        matched = reusable_tokens(prompt_tokens, matched_blocks.get(load.worker_id, 0),
-                                  block_size)
+        matched = min(matched_blocks.get(load.worker_id, 0) * block_size, cap)
         load_tokens = load.queued_prefill_tokens + weight * load.running_decodes
-        score = load_tokens + config.cache_weight * (prompt_tokens - matched)
-        candidates.append(Candidate(load.worker_id, matched, load_tokens, score))
-    best_match = max(c.matched_tokens for c in candidates)
-    if best_match > min(c.matched_tokens for c in candidates):
-        chosen = min(candidates, key=lambda c: (c.score, -c.matched_tokens, c.worker_id))
+        candidates.append(Candidate(load.worker_id, matched, load_tokens,
+                                    load_tokens + cache_weight * (prompt_tokens - matched)))
+    by_match = sorted(c.matched_tokens for c in candidates)
+    best_match, shared = by_match[-1], by_match[(len(by_match) - 1) // 2]
+    if best_match > shared:
+        chosen = min(candidates, key=_by_score)
         reason = Reason.PREFIX_MATCH if chosen.matched_tokens == best_match else Reason.LOAD_SPILL
     else:
-        common_blocks = min(matched_blocks.get(c.worker_id, 0) for c in candidates)
-        key = hashes[min(common_blocks, len(hashes) - 1)] if hashes else BlockHash(0)
+        key = hashes[min(-(-shared // block_size), len(hashes) - 1)]
         home_id = rendezvous(key, [c.worker_id for c in candidates], seed)
         chosen = next(c for c in candidates if c.worker_id == home_id)
         reason = Reason.COLD_HASH
-        cheapest = min(candidates, key=lambda c: (c.load_tokens, c.worker_id))
+        cheapest = min(candidates, key=_by_load)
         if chosen.load_tokens - cheapest.load_tokens > config.cold_spill_tokens:
             chosen, reason = cheapest, Reason.COLD_SPILL
     return RoutingDecision(chosen.worker_id, reason, chosen.matched_tokens, prompt_tokens,
                            tuple(candidates))
+
+
+def _by_score(c: Candidate) -> tuple[float, int, str]:
+    return (c.score, -c.matched_tokens, c.worker_id)
+
+
+def _by_load(c: Candidate) -> tuple[int, str]:
+    return (c.load_tokens, c.worker_id)

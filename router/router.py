@@ -74,6 +74,7 @@ class Router:
         self._index = PrefixIndex(max_index_blocks, pending_ttl_s)
         self._loads: dict[str, _Load] = {}
         self._tickets: dict[str, _Ticket] = {}
+        self._eligible_cache: tuple[WorkerLoad, ...] | None = None
         self.unknown_tickets = 0
 
     # ---- workers -------------------------------------------------------------------------
@@ -83,16 +84,19 @@ class Router:
             raise ValueError("worker_id must be a non-empty string")
         self._index.add_worker(worker_id)
         self._loads[worker_id] = _Load()
+        self._eligible_cache = None
 
     def drain_worker(self, worker_id: str) -> None:
         """Send no new requests to ``worker_id``; in-flight ones finish normally."""
         self._load_of(worker_id).draining = True
+        self._eligible_cache = None
 
     def remove_worker(self, worker_id: str) -> None:
         """Forget ``worker_id`` (left, or dead) and everything it held, at once."""
         self._load_of(worker_id)
         self._index.remove_worker(worker_id)
         del self._loads[worker_id]
+        self._eligible_cache = None
         for rid in [r for r, t in self._tickets.items() if t.worker_id == worker_id]:
             del self._tickets[rid]
 
@@ -103,6 +107,10 @@ class Router:
 
     def stale_workers(self) -> list[str]:
         return self._index.stale_workers()
+
+    def indexed_blocks(self) -> int:
+        """Distinct blocks the index knows a holder of."""
+        return len(self._index)
 
     def index_counters(self) -> IndexCounters:
         return self._index.counters()
@@ -131,8 +139,7 @@ class Router:
             raise ValueError(
                 f"{len(block_hashes)} blocks of {self.block_size} tokens do not fit in a "
                 f"{prompt_tokens}-token prompt: pass the hashes of full blocks only")
-        loads = [WorkerLoad(w, l.queued_prefill_tokens, l.running_decodes)
-                 for w, l in self._loads.items() if not l.draining]
+        loads = self._eligible()
         if not loads:
             why = "all workers are draining" if self._loads else "no workers are registered"
             raise NoWorkerAvailable(f"cannot route: {why}; add a worker or retry later")
@@ -141,7 +148,8 @@ class Router:
         chain = block_hashes if block_hashes else (namespace.root(),)
         decision = decide(self.config, self.block_size, chain, prompt_tokens, matched,
                           loads, self.seed)
-        self._index.note_routed(decision.worker_id, block_hashes, now)
+        self._index.note_routed(decision.worker_id, block_hashes, now,
+                                matched.get(decision.worker_id, 0))
         return decision
 
     # ---- load accounting -----------------------------------------------------------------
@@ -155,6 +163,7 @@ class Router:
         self._tickets[request_id] = _Ticket(decision.worker_id, prefill)
         load.queued_prefill_tokens += prefill
         load.in_flight += 1
+        self._eligible_cache = None
 
     def prefilled(self, request_id: str) -> None:
         """The request produced its first token: its prefill is done, it now decodes."""
@@ -165,6 +174,7 @@ class Router:
         load = self._loads[ticket.worker_id]
         load.queued_prefill_tokens -= ticket.prefill_tokens
         load.running_decodes += 1
+        self._eligible_cache = None
         ticket.decoding = True
 
     def finished(self, request_id: str) -> None:
@@ -179,6 +189,15 @@ class Router:
         else:
             load.queued_prefill_tokens -= ticket.prefill_tokens
         load.in_flight -= 1
+        self._eligible_cache = None
+
+    def _eligible(self) -> tuple[WorkerLoad, ...]:
+        # Rebuilt only after a load change, not on every decision.
+        if self._eligible_cache is None:
+            self._eligible_cache = tuple(
+                WorkerLoad(w, l.queued_prefill_tokens, l.running_decodes)
+                for w, l in self._loads.items() if not l.draining)
+        return self._eligible_cache
 
     def _load_of(self, worker_id: str) -> _Load:
         load = self._loads.get(worker_id)

@@ -100,11 +100,10 @@ class OrchardPolicy(SimPolicy):
     name = "orchard"
 
     def __init__(self, workers: Sequence[str], block_size: int, seed: int,
-                 config: PolicyConfig = PolicyConfig(), pending_ttl_s: float = 10.0) -> None:
+                 config: PolicyConfig = PolicyConfig()) -> None:
         super().__init__(workers, block_size, seed)
         self.now = 0.0
-        self.router = Router(block_size, config, clock=lambda: self.now, seed=seed,
-                             pending_ttl_s=pending_ttl_s)
+        self.router = Router(block_size, config, clock=lambda: self.now, seed=seed)
         for w in self.workers:
             self.router.add_worker(w)
         self.namespace = Namespace("trace", "trace")
