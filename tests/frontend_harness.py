@@ -1,0 +1,77 @@
+"""A real frontend over a LocalBackend, served from a background thread, for the API tests.
+
+``running_frontend(run_dir, model_dir, workers)`` yields a ``Harness`` with the config, the
+address and clients per tenant/admin; the server, the router and the engines are the real ones.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.client import Client
+from cluster.config import Config, load_config
+from cluster.frontend import Frontend, serve
+from cluster.local_backend import LocalBackend
+from workers.engine import EngineConfig
+
+
+@dataclass
+class Harness:
+    config: Config
+    frontend: Frontend
+    backend: LocalBackend
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def address(self) -> str:
+        return self.frontend.address
+
+    def client(self, tenant: str | None = None, admin: bool = False,
+               api_key: str | None = None) -> Client:
+        if api_key is None:
+            api_key = sorted(self.config.admin_keys)[0] if admin else self.config.key_for(tenant)
+        return Client(self.address, api_key)
+
+    def run(self, coro, timeout_s: float = 60.0):
+        """Run a coroutine on the server's loop (e.g. to inspect the backend)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+
+@contextlib.contextmanager
+def running_frontend(run_dir: Path, model_dir: Path, workers: int = 2, block_size: int = 16):
+    config = load_config(run_dir)
+    ready = threading.Event()
+    box: dict = {}
+
+    async def main() -> None:
+        backend = LocalBackend(model_dir, workers=workers,
+                               engine=EngineConfig(block_size=block_size, max_batch=4))
+        try:
+            await backend.start()
+            frontend = await serve(config, backend)
+        except BaseException as exc:
+            box["error"] = exc
+            ready.set()
+            raise
+        stop = asyncio.Event()
+        box.update(harness=Harness(config, frontend, backend, asyncio.get_running_loop()),
+                   stop=stop)
+        ready.set()
+        await stop.wait()
+        await frontend.stop(grace_s=0.2)
+        await backend.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), name="frontend", daemon=True)
+    thread.start()
+    ready.wait(120)
+    if "error" in box:
+        raise box["error"]
+    harness: Harness = box["harness"]
+    try:
+        yield harness
+    finally:
+        harness.loop.call_soon_threadsafe(box["stop"].set)
+        thread.join(30)

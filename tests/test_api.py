@@ -1,0 +1,260 @@
+"""The gRPC API end to end: a real frontend, LocalBackend (real engines + router), real clients."""
+import json
+import time
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase)
+
+from cluster.batchfile import output_lines
+from cluster.client import Client, OrchardError, chat_request, token_request
+from forged_models import tiny_model
+from frontend_harness import running_frontend
+from proto.orchard.v1 import orchard_pb2 as pb
+from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
+
+CONFIG = """
+[[tenants]]
+name = "acme"
+api_keys = ["key-acme"]
+
+[[tenants]]
+name = "beta"
+api_keys = ["key-beta"]
+
+[admin]
+api_keys = ["key-admin"]
+
+[limits]
+max_requests_per_job = 16
+max_pending_per_tenant = 12
+max_concurrent = 4
+"""
+SYSTEM = "You are a careful assistant who answers briefly. " * 6
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(CONFIG)
+    with running_frontend(run_dir, tiny_model(), workers=2) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def acme(api):
+    with api.client("acme") as client:
+        yield client
+
+
+def chat(custom_id, user, max_tokens=4, system=SYSTEM):
+    return chat_request(custom_id, [{"role": "system", "content": system},
+                                    {"role": "user", "content": user}], max_tokens)
+
+
+def run_job(client, requests):
+    job = client.submit(requests)
+    job = client.wait(job.job_id, poll_s=0.05, timeout_s=120)
+    return job, list(client.results(job.job_id))
+
+
+def test_job_runs_every_request_once_and_reuses_the_shared_prefix(acme):
+    job, results = run_job(acme, [chat(f"q{i}", f"question number {i}") for i in range(5)])
+    assert (job.state, job.completed, job.failed) == ("succeeded", 5, 0)
+    assert sorted(r.index for r in results) == [0, 1, 2, 3, 4]
+    assert [r.seq for r in results] == [0, 1, 2, 3, 4]
+    assert all(r.ok and r.usage.completion_tokens >= 1 for r in results)
+    assert all(r.usage.prompt_tokens == r.usage.cached_tokens + r.usage.computed_tokens
+               for r in results)
+    # the system prompt spans several 16-token blocks: computed once, then reused
+    assert sum(r.usage.cached_tokens > 0 for r in results) >= 4
+    lines = [json.loads(line) for line in output_lines(results, created_s=0)]
+    assert [line["custom_id"] for line in lines] == [f"q{i}" for i in range(5)]
+    body = lines[1]["response"]["body"]
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == results[
+        [r.index for r in results].index(1)].usage.cached_tokens
+    assert body["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_results_resume_from_an_offset(acme):
+    job, results = run_job(acme, [chat(f"r{i}", f"resume {i}") for i in range(4)])
+    tail = list(acme.results(job.job_id, offset=2))
+    assert [r.seq for r in tail] == [2, 3]
+    assert [r.custom_id for r in tail] == [r.custom_id for r in results[2:]]
+    assert list(acme.results(job.job_id, offset=4, follow=True)) == []
+
+
+def test_a_prefix_cached_for_one_tenant_is_never_a_hit_for_another(api, acme):
+    prompt = list(range(100, 164))  # four full blocks
+    _, first = run_job(acme, [token_request("a1", prompt, 2)])
+    _, again = run_job(acme, [token_request("a2", prompt, 2)])
+    assert again[0].usage.cached_tokens > 0
+    with api.client("beta") as beta:
+        _, other = run_job(beta, [token_request("b1", prompt, 2)])
+        assert other[0].usage.cached_tokens == 0
+        _, other_again = run_job(beta, [token_request("b2", prompt, 2)])
+        assert other_again[0].usage.cached_tokens > 0  # beta's own copy
+
+
+def test_generate_streams_tokens_then_the_result(acme):
+    events = list(acme.generate(chat("", "stream please", max_tokens=6)))
+    deltas = [e.delta for e in events if e.WhichOneof("event") == "delta"]
+    assert events[-1].WhichOneof("event") == "result"
+    result = events[-1].result
+    assert result.ok and len(deltas) >= 1
+    assert "".join(d.text for d in deltas) == result.text
+
+
+def test_cancel_stops_a_running_job(acme):
+    job = acme.submit([chat(f"c{i}", f"long answer {i}", max_tokens=200) for i in range(10)])
+    cancelled = acme.cancel(job.job_id)
+    assert cancelled.state == "cancelled"
+    assert cancelled.completed + cancelled.failed + cancelled.cancelled == 10
+    time.sleep(0.5)
+    after = acme.job(job.job_id)
+    assert after.completed + after.failed == cancelled.completed + cancelled.failed
+    with pytest.raises(OrchardError) as err:
+        acme.cancel(job.job_id)
+    assert err.value.code == "FAILED_PRECONDITION" and "job_id" in err.value.message
+
+
+def test_admin_workers_stats_and_invalidation(api, acme):
+    prompt = list(range(300, 364))
+    run_job(acme, [token_request("i1", prompt, 2)])
+    with api.client(admin=True) as admin:
+        workers = admin.workers()
+        assert {w.state for w in workers} == {"ready"} and len(workers) == 2
+        stats = admin.cache_stats()
+        assert stats.workers == 2 and stats.cached_tokens > 0 and stats.cache_blocks > 0
+        # everything stored under the first two blocks goes; the first block stays
+        assert admin.invalidate("acme", token_ids=prompt[:32]) == 3
+        _, rerun = run_job(acme, [token_request("i2", prompt, 2)])
+        assert rerun[0].usage.cached_tokens == 16
+        assert admin.invalidate("acme") > 0
+        assert admin.health("orchard.v1.Admin") == "SERVING"
+
+
+def test_health_and_reflection(api):
+    channel = grpc.insecure_channel(api.address)
+    services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
+    assert {"orchard.v1.Jobs", "orchard.v1.Generate", "orchard.v1.Admin",
+            "grpc.health.v1.Health"} <= services
+    channel.close()
+
+
+# --------------------------------------------------------------------- bad input (section 7)
+
+def tokens(ids, max_tokens=2):
+    return pb.Request(custom_id="t", tokens=pb.TokenIds(ids=ids),
+                      sampling=pb.SamplingParams(max_tokens=max_tokens))
+
+
+def messages(*msgs, max_tokens=2):
+    return chat_request("m", list(msgs), max_tokens)
+
+
+BAD_JOBS = {
+    "empty job": ([], "requests"),
+    "above the size limit": ([tokens([1, 2], 1)] * 17, "limit of 16"),
+    "empty message list": ([messages()], "requests[0].messages"),
+    "unknown role": ([messages({"role": "wizard", "content": "hi"})], "messages[0].role"),
+    "non-string content": ([messages({"role": "user", "content": 5})], "messages[0].content"),
+    "object content": ([messages({"role": "user", "content": {"a": 1}})],
+                       "messages[0].content"),
+    "token id above the vocabulary": ([tokens([1, 10**9])], "tokens.ids[1]"),
+    "negative token id": ([tokens([-1, 3])], "tokens.ids[0]"),
+    "max tokens zero": ([tokens([1, 2], 0)], "sampling.max_tokens"),
+    "max tokens negative": ([tokens([1, 2], -3)], "sampling.max_tokens"),
+    "max tokens above the context": ([tokens([1, 2], 5000)], "sampling.max_tokens"),
+    "prompt over the context": ([tokens([7] * 1100, 1)], "requests[0].prompt"),
+    "missing prompt": ([pb.Request(custom_id="x", sampling=pb.SamplingParams(max_tokens=1))],
+                       "requests[0].prompt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_JOBS))
+def test_bad_job_is_invalid_argument_naming_the_field(acme, case):
+    requests, field = BAD_JOBS[case]
+    with pytest.raises(OrchardError) as err:
+        acme.submit(requests)
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert field in err.value.message
+
+
+def test_duplicate_custom_ids(acme):
+    with pytest.raises(OrchardError) as err:
+        acme.submit([tokens([1, 2]), tokens([3, 4])])
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert "requests[1].custom_id" in err.value.message and "duplicate" in err.value.message
+
+
+def test_backpressure_is_resource_exhausted(acme):
+    with pytest.raises(OrchardError) as err:
+        acme.submit([chat(f"p{i}", "x") for i in range(13)])  # 13 > 12 pending per tenant
+    assert err.value.code == "RESOURCE_EXHAUSTED" and "requests" in err.value.message
+
+
+def test_authentication_and_permissions(api):
+    channel = grpc.insecure_channel(api.address)
+    with pytest.raises(grpc.RpcError) as err:
+        pb_grpc.JobsStub(channel).ListJobs(pb.ListJobsRequest())
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "authorization" in err.value.details()
+    channel.close()
+    cases = [(Client(api.address, "wrong-key").jobs, "UNAUTHENTICATED"),
+             (Client(api.address, "key-acme").workers, "PERMISSION_DENIED"),
+             (Client(api.address, "key-admin").jobs, "PERMISSION_DENIED"),
+             (Client(api.address, "wrong-key").cache_stats, "UNAUTHENTICATED")]
+    for call, code in cases:
+        with pytest.raises(OrchardError) as err:
+            call()
+        assert err.value.code == code and "authorization" in err.value.message
+
+
+def test_unknown_job_ids_are_not_found(api, acme):
+    for call in (acme.job, acme.cancel, lambda j: list(acme.results(j))):
+        with pytest.raises(OrchardError) as err:
+            call("job-does-not-exist")
+        assert err.value.code == "NOT_FOUND" and "job_id" in err.value.message
+    job, _ = run_job(acme, [tokens([5, 6, 7])])
+    with api.client("beta") as beta, pytest.raises(OrchardError) as err:
+        beta.job(job.job_id)  # another tenant's job does not exist for beta
+    assert err.value.code == "NOT_FOUND"
+
+
+def test_cancelling_a_finished_job_is_failed_precondition(acme):
+    job, _ = run_job(acme, [tokens([5, 6, 7])])
+    with pytest.raises(OrchardError) as err:
+        acme.cancel(job.job_id)
+    assert err.value.code == "FAILED_PRECONDITION" and "already succeeded" in err.value.message
+
+
+def test_bad_generate_and_admin_calls(api, acme):
+    with pytest.raises(OrchardError) as err:
+        list(acme.generate(tokens([1, 2], 0)))
+    assert err.value.code == "INVALID_ARGUMENT" and "request.sampling.max_tokens" in err.value.message
+    with api.client(admin=True) as admin:
+        for call, code, field in ((lambda: admin.scale(0), "INVALID_ARGUMENT", "workers"),
+                                  (lambda: admin.drain("nope"), "NOT_FOUND", "worker_id"),
+                                  (lambda: admin.invalidate("nobody"), "INVALID_ARGUMENT",
+                                   "tenant")):
+            with pytest.raises(OrchardError) as err:
+                call()
+            assert err.value.code == code and field in err.value.message
+
+
+def test_the_server_keeps_serving_after_bad_input(api, acme):
+    job, results = run_job(acme, [chat("after", "still there?")])
+    assert job.state == "succeeded" and results[0].ok
+    assert acme.health() == "SERVING"
+
+
+def test_drain_and_scale_while_serving(api, acme):
+    with api.client(admin=True) as admin:
+        drained = admin.drain("local-0")
+        assert drained.state == "draining"
+        _, results = run_job(acme, [chat(f"d{i}", f"after drain {i}") for i in range(3)])
+        assert {r.worker_id for r in results} == {"local-1"}
+        assert [w.worker_id for w in admin.workers()] == ["local-1"]
+        assert sorted(w.worker_id for w in admin.scale(2)) == ["local-1", "local-2"]
