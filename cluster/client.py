@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.config import default_run_dir, load_config
 from cluster.convert import STATE_NAMES
+from cluster.telemetry import inject_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 
@@ -104,12 +105,17 @@ class Client:
     def __init__(self, address: str, api_key: str, timeout_s: float = 60.0):
         self._channel = grpc.insecure_channel(
             address, options=[("grpc.max_receive_message_length", 64 << 20)])
-        self._metadata = (("authorization", f"Bearer {api_key}"),)
+        self._auth = (("authorization", f"Bearer {api_key}"),)
         self._timeout_s = timeout_s
         self._jobs = pb_grpc.JobsStub(self._channel)
         self._generate = pb_grpc.GenerateStub(self._channel)
         self._admin = pb_grpc.AdminStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    @property
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The API key, and the caller's trace context (W3C ``traceparent``) when it has one."""
+        return self._auth + tuple(inject_metadata())
 
     @classmethod
     def from_run_dir(cls, run_dir: Path | str | None = None, tenant: str | None = None,

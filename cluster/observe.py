@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from opentelemetry.trace import Span
 
 from cluster import spans
-from cluster.telemetry import (Telemetry, guarded, request_context, settings_from_config,
-                               setup_telemetry)
+from cluster.telemetry import (Telemetry, extract_metadata, guarded, request_context,
+                               settings_from_config, setup_telemetry)
 from router.attribution import Attribution, MissAttributor, RequestSeen
 from router.cost import (CostComparison, PriceTable, load_price_table, TokenUsage, compare, forecast_request,
                          measured_usage, total_usage)
@@ -185,17 +185,20 @@ class JobTracing:
         self._job_context: dict[str, tuple[tuple[str, str], ...]] = {}
 
     @contextmanager
-    def request(self, tenant: str, pending: Any) -> Iterator[RequestTrace]:
-        """Around one ``cluster.jobstore.PendingRequest``'s run: its root span."""
+    def request(self, tenant: str, request_id: str, job_id: str, custom_id: str,
+                sampling: Any, metadata: Sequence[tuple[str, Any]] | None = None
+                ) -> Iterator[RequestTrace]:
+        """Around one request's run: its root span (a child of the caller's context when
+        gRPC ``metadata`` carries one, else the root of a new trace linked to its job)."""
         if self.observer is None:
             yield RequestTrace(None, None, ())
             return
-        conversation, turn = conversation_of(pending.custom_id)
+        conversation, turn = conversation_of(custom_id)
         info = spans.RequestInfo(
-            pending.request_id, tenant, self.observer.model, pending.job_id, conversation, turn,
-            "text_completion", pending.sampling.max_tokens, pending.sampling.temperature,
-            self._job_context.get(pending.job_id, ()))
-        with self.observer.request(info) as span:
+            request_id, tenant, self.observer.model, job_id, conversation, turn,
+            "text_completion", sampling.max_tokens, sampling.temperature,
+            self._job_context.get(job_id, ()))
+        with self.observer.request(info, extract_metadata(metadata)) as span:
             yield RequestTrace(self.observer, span, self.observer.context())
 
     def close(self) -> None:

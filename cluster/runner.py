@@ -178,6 +178,10 @@ class JobRunner:
         return hash_blocks(prompt, self._block_size, self._namespace(tenant))
 
     @property
+    def tracing(self) -> JobTracing:
+        return self._tracing
+
+    @property
     def timeout_s(self) -> float:
         return self._timeout_s
 
@@ -214,7 +218,8 @@ class JobRunner:
         self._notify()
 
     async def _execute(self, tenant: str, pending: PendingRequest) -> StoredResult:
-        with self._tracing.request(tenant, pending) as trace:
+        with self._tracing.request(tenant, pending.request_id, pending.job_id, pending.custom_id,
+                                   pending.sampling) as trace:
             request = GenerateRequest(request_id=pending.request_id,
                                       namespace=self._namespace(tenant), prompt=pending.prompt,
                                       sampling=pending.sampling, trace_context=trace.context)

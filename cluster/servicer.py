@@ -17,6 +17,7 @@ from cluster.convert import job_to_pb, result_to_pb
 from cluster.edge import Authenticator, grpc_errors
 from cluster.jobstore import JobStore
 from cluster.runner import JobRunner, dispatch_stream, result_of
+from cluster.telemetry import attached, extract_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 from workers.messages import GenerateRequest
@@ -46,7 +47,8 @@ class JobsServicer(pb_grpc.JobsServicer):
         except BaseException:
             self._runner.release(tenant, len(new))
             raise
-        self._runner.launch(job)
+        with attached(extract_metadata(context.invocation_metadata())):
+            self._runner.launch(job)  # the job's span joins the caller's trace, if any
         return job_to_pb(job)
 
     @grpc_errors
@@ -107,20 +109,25 @@ class GenerateServicer(pb_grpc.GenerateServicer):
         new = validate.new_request(request.request, "request", self._model, self._render)
         self._runner.admit(tenant, 1)
         try:
-            generate = GenerateRequest(request_id=f"gen-{secrets.token_hex(8)}",
-                                       namespace=self._runner.namespace(tenant),
-                                       prompt=new.prompt, sampling=new.sampling)
-            remaining = context.time_remaining()
-            timeout_s = min(self._runner.timeout_s,
-                            math.inf if remaining is None else max(remaining, 0.001))
-            hashes = self._runner.block_hashes(tenant, new.prompt)
-            async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
-                if isinstance(item, GenerateOutcome):
-                    stored = result_of(0, new.custom_id, item)
-                    yield pb.GenerateResponse(result=result_to_pb(stored, self._model.model_id))
-                else:
-                    yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
-                                                                  text=item.text))
+            request_id = f"gen-{secrets.token_hex(8)}"
+            with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
+                                              context.invocation_metadata()) as trace:
+                generate = GenerateRequest(request_id=request_id,
+                                           namespace=self._runner.namespace(tenant),
+                                           prompt=new.prompt, sampling=new.sampling,
+                                           trace_context=trace.context)
+                remaining = context.time_remaining()
+                timeout_s = min(self._runner.timeout_s,
+                                math.inf if remaining is None else max(remaining, 0.001))
+                hashes = self._runner.block_hashes(tenant, new.prompt)
+                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
+                    if isinstance(item, GenerateOutcome):
+                        trace.done(generate, hashes, item)
+                        stored = result_of(0, new.custom_id, item)
+                        yield pb.GenerateResponse(result=result_to_pb(stored, self._model.model_id))
+                    else:
+                        yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
+                                                                      text=item.text))
         finally:
             self._runner.release(tenant, 1)
 

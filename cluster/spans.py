@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
@@ -86,6 +87,8 @@ class JobInfo:
 def request_span(tel: Telemetry, info: RequestInfo, parent=None) -> Iterator[Span]:
     """The request's root span (or a child of ``parent``, e.g. a gRPC caller's context)."""
     link = span_context_link(info.job_context) if info.job_context else None
+    # No parent: a new trace (one request, one trace), even inside a job's context.
+    parent = parent if parent is not None else otel_context.Context()
     with start_span(tel, f"{info.operation} {info.model}", "request", parent,
                     links=[link] if link else [], span_kind=SpanKind.SERVER) as span:
         _set_request_info(span, info)

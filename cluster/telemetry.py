@@ -224,3 +224,16 @@ def start_span(tel: Telemetry, name: str, kind: str, parent: otel_context.Contex
         span = trace.INVALID_SPAN
     with trace.use_span(span, end_on_exit=True, record_exception=True):
         yield span
+
+
+@contextmanager
+def attached(ctx: otel_context.Context | None) -> Iterator[None]:
+    """Make ``ctx`` (e.g. from ``extract_metadata``) current inside the block; None: no-op."""
+    if ctx is None:
+        yield
+        return
+    token = otel_context.attach(ctx)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
