@@ -72,7 +72,7 @@ class ForgeSpec:
             "vocab_size": vocab_size,
             "max_position_embeddings": self.max_context,
             "rope_theta": 10000.0,
-            "tie_word_embeddings": True,
+            "tie_word_embeddings": False,  # a separate random head: varied greedy tokens
             "bos_token_id": bos,
             "eos_token_id": eos,
             "torch_dtype": "float32",
