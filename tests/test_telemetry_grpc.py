@@ -1,0 +1,76 @@
+"""Trace context across the gRPC edge, with a real frontend over LocalBackend: a job's span
+joins the caller's trace, each of its requests is a trace of its own linked to the job, a
+Generate call's request span is the caller's child; then ``orchard report`` reads the run."""
+import json
+
+import pytest
+
+from cluster.cli import main
+from cluster.client import Client, chat_request
+from cluster.otlp_json import read_spans
+from cluster.telemetry import TelemetrySettings, setup_telemetry
+from forged_models import tiny_model
+from frontend_harness import running_frontend
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+CONFIG = """
+[[tenants]]
+name = "acme"
+api_keys = ["sk-acme"]
+[admin]
+api_keys = ["sk-admin"]
+"""
+SYSTEM = "You are a careful assistant who answers briefly and cites the manual. " * 4
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(CONFIG)
+    exporter = InMemorySpanExporter()
+    caller = setup_telemetry(TelemetrySettings("caller", run_dir, "none"),
+                             SimpleSpanProcessor(exporter))
+    with running_frontend(run_dir, tiny_model(), workers=2) as harness:
+        with Client(harness.address, "sk-acme") as client:
+            history = [{"role": "system", "content": SYSTEM}]
+            requests = []
+            for turn in range(3):
+                history.append({"role": "user", "content": f"question {turn}: when to prune?"})
+                requests.append(chat_request(f"conv-a-turn-{turn}", list(history), 4))
+                history.append({"role": "assistant", "content": f"answer {turn}"})
+            with caller.tracer.start_as_current_span("submit") as submit:
+                job = client.submit(requests)
+            client.wait(job.job_id, poll_s=0.05, timeout_s=120)
+            with caller.tracer.start_as_current_span("generate") as generate:
+                list(client.generate(chat_request("one", [{"role": "user", "content": "hi"}], 3)))
+    return run_dir, job.job_id, submit.get_span_context(), generate.get_span_context()
+
+
+def test_context_crosses_the_grpc_edge(traced_run):
+    run_dir, job_id, submit, generate = traced_run
+    spans = read_spans(run_dir / "traces").spans
+    job_span = next(s for s in spans if s.name == "orchard.job")
+    assert job_span.trace_id == format(submit.trace_id, "032x")
+    assert job_span.parent_span_id == format(submit.span_id, "016x")
+    requests = [s for s in spans if s.attributes.get("orchard.span") == "request"
+                and s.attributes.get("orchard.job.id") == job_id]
+    assert len(requests) == 3 and len({s.trace_id for s in requests}) == 3
+    assert all(s.links == ((job_span.trace_id, job_span.span_id),) for s in requests)
+    one = next(s for s in spans if s.attributes.get("orchard.span") == "request"
+               and not s.attributes.get("orchard.job.id"))
+    assert one.trace_id == format(generate.trace_id, "032x")
+    assert one.parent_span_id == format(generate.span_id, "016x")
+    kinds = {s.attributes.get("orchard.span") for s in spans if s.trace_id == one.trace_id}
+    assert {"request", "route", "worker", "lookup", "prefill", "decode"} <= kinds
+
+
+def test_report_on_the_served_run(traced_run, capsys):
+    run_dir, job_id, *_ = traced_run
+    assert main(["report", "--run-dir", str(run_dir), "--job", job_id, "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert job["requests"] == 3 and job["cached_tokens"] > 0
+    assert job["forecast_multiplier"] is not None and job["measured_multiplier"] is not None
+    assert abs(job["forecast_multiplier"] - job["measured_multiplier"]) <= 0.05
