@@ -68,9 +68,11 @@ class PolicyConfig:
     decode_weight_tokens: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("cache_weight", "cold_spill_tokens", "decode_weight_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"PolicyConfig.{name} must be >= 0, got {getattr(self, name)}")
+        values = {"cache_weight": self.cache_weight, "cold_spill_tokens": self.cold_spill_tokens,
+                  "decode_weight_tokens": self.decode_weight_tokens}
+        for name, value in values.items():
+            if value < 0:
+                raise ValueError(f"PolicyConfig.{name} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,135 @@
+"""``orchard simulate``: trace replay of routing policies side by side, and two helpers.
+
+    orchard simulate --trace FILE [--workers N] [--capacity-tokens C] [--block-size B]
+                     [--policies LIST] [--eviction lru|reuse] [--json] ...
+    orchard simulate --decision-bench [--bench-workers 32] [--indexed-blocks 1000000] ...
+    orchard simulate --synthesize FILE [--seed S]      # write a differently shaped trace
+
+The replay itself lives in ``router.simulator``; this module parses, validates and prints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from router.ledger import EVICTION_POLICIES
+from router.policy import PolicyConfig
+from router.sim_policies import POLICY_NAMES
+
+_DEFAULTS = PolicyConfig()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="replay a Mooncake trace through orchard's router and baselines",
+        description="Replay a Mooncake-format trace through orchard's router and baseline "
+                    "policies on simulated workers (same store accounting as the cluster).")
+    mode = p.add_argument_group("what to run (one of)")
+    mode.add_argument("--trace", help="Mooncake-format JSONL trace to replay")
+    mode.add_argument("--decision-bench", action="store_true",
+                      help="time routing decisions (8k-token prompt, many workers, big index)")
+    mode.add_argument("--synthesize", metavar="FILE",
+                      help="write a synthetic trace of a different shape to FILE and exit")
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--capacity-tokens", type=int, default=1_000_000,
+                   help="cache capacity per worker, in tokens")
+    p.add_argument("--block-size", type=int, default=512)
+    p.add_argument("--policies", default=",".join(POLICY_NAMES),
+                   help=f"comma-separated, from: {', '.join(POLICY_NAMES)}")
+    p.add_argument("--eviction", default="reuse", choices=EVICTION_POLICIES,
+                   help="the workers' store eviction policy (default: reuse; lru is the plain one)")
+    p.add_argument("--ttl-s", type=float, default=3600.0, help="store TTL from last use")
+    p.add_argument("--prefill-tps", type=float, default=6000.0,
+                   help="prefill throughput per worker, tokens/s")
+    p.add_argument("--decode-tps", type=float, default=30.0,
+                   help="decode speed per request, tokens/s")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-weight", type=float, default=_DEFAULTS.cache_weight,
+                   help="orchard: prefill tokens of queue one cached token is worth")
+    p.add_argument("--cold-spill-tokens", type=int, default=_DEFAULTS.cold_spill_tokens,
+                   help="orchard: queue gap that moves a cold prefix off its hash home")
+    p.add_argument("--bench-workers", type=int, default=32)
+    p.add_argument("--indexed-blocks", type=int, default=1_000_000)
+    p.add_argument("--prompt-tokens", type=int, default=8192)
+    p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    chosen = [bool(args.trace), args.decision_bench, bool(args.synthesize)]
+    if sum(chosen) != 1:
+        raise ValueError("pass exactly one of --trace FILE, --decision-bench, --synthesize FILE")
+    if args.synthesize:
+        return _synthesize(args)
+    if args.decision_bench:
+        return _decision_bench(args)
+    return _replay(args)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from router.simulator import SimConfig, simulate
+    from router.trace import load_trace
+
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}: "
+                         f"choose from {', '.join(POLICY_NAMES)}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    config = SimConfig(workers=args.workers, capacity_tokens=args.capacity_tokens,
+                       block_size=args.block_size, ttl_s=args.ttl_s, eviction=args.eviction,
+                       prefill_tps=args.prefill_tps, decode_tps=args.decode_tps, seed=args.seed)
+    policy = PolicyConfig(cache_weight=args.cache_weight,
+                          cold_spill_tokens=args.cold_spill_tokens)
+    trace = load_trace(args.trace, args.limit)
+    summary = simulate(trace, names, config, policy, quiet=args.quiet)
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{summary['requests']} requests, {config.workers} workers x "
+          f"{config.capacity_tokens} tokens, block {config.block_size}, eviction "
+          f"{config.eviction}; ideal hit ratio {summary['ideal_hit_ratio']:.4f}")
+    header = f"{'policy':<22}{'hit':>8}{'of ideal':>10}{'imbal':>8}{'ttft p50':>10}" \
+             f"{'ttft p99':>10}{'dec p50':>10}{'dec p99':>10}"
+    print(header)
+    ideal = summary["ideal_hit_ratio"] or 1.0
+    for r in summary["policies"]:
+        print(f"{r['name']:<22}{r['hit_ratio']:>8.4f}{r['hit_ratio'] / ideal:>10.3f}"
+              f"{r['imbalance']:>8.3f}{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
+              f"{r['decision_p50_us']:>8.1f}us{r['decision_p99_us']:>8.1f}us")
+    return 0
+
+
+def _decision_bench(args: argparse.Namespace) -> int:
+    from router.bench import run_decision_bench
+
+    result = run_decision_bench(workers=args.bench_workers, indexed_blocks=args.indexed_blocks,
+                                block_size=args.block_size, prompt_tokens=args.prompt_tokens,
+                                iterations=args.iterations, seed=args.seed)
+    if args.json:
+        print(json.dumps(asdict(result)))
+        return 0
+    print(f"{result.prompt_tokens}-token prompt, block {result.block_size}, "
+          f"{result.workers} workers, {result.indexed_blocks} indexed blocks, "
+          f"{result.iterations} decisions")
+    rows = (("hash", result.hash_p50_us, result.hash_p99_us),
+            ("route", result.route_p50_us, result.route_p99_us),
+            ("total", result.total_p50_us, result.total_p99_us))
+    for part, p50, p99 in rows:
+        print(f"  {part:<6} p50 {p50:>8.1f} us   p99 {p99:>8.1f} us")
+    return 0
+
+
+def _synthesize(args: argparse.Namespace) -> int:
+    from router.trace import SynthShape, synthesize, write_trace
+
+    requests = synthesize(SynthShape(), seed=args.seed)
+    write_trace(requests, args.synthesize)
+    print(f"wrote {len(requests)} requests to {args.synthesize}", file=sys.stderr)
+    return 0

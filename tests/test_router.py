@@ -1,0 +1,171 @@
+"""Router: decisions as data, load accounting, churn, restart rebuild, errors."""
+import pytest
+
+from router.events import EventBatch, encode_batch
+from router.key import Namespace, hash_blocks
+from router.ledger import BlockLedger
+from router.policy import NoWorkerAvailable, PolicyConfig, Reason
+from router.router import Router
+
+NS = Namespace("acme", "tiny")
+BS = 16
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def prompt(conv: int, blocks: int, tail: int = 5) -> list[int]:
+    return [conv * 1000 + i for i in range(blocks * BS + tail)]
+
+
+def make_router(*workers: str, **config) -> tuple[Router, Clock]:
+    clock = Clock()
+    router = Router(BS, PolicyConfig(**config), clock=clock, seed=7)
+    for w in workers:
+        router.add_worker(w)
+    return router, clock
+
+
+def store_on(router: Router, worker: str, tokens: list[int], seq: int = 0) -> BlockLedger:
+    ledger = BlockLedger(10**9, 3600, lambda: 0.0, bytes_per_token=1)
+    ledger.insert(hash_blocks(tokens, BS, NS), BS, NS.label(), NS.root())
+    router.apply_events(EventBatch(worker, seq, tuple(ledger.drain_events())))
+    return ledger
+
+
+def route(router: Router, tokens: list[int]):
+    return router.route(NS, hash_blocks(tokens, BS, NS), len(tokens))
+
+
+def test_a_held_prefix_wins_and_the_decision_is_data():
+    router, _ = make_router("a", "b", "c")
+    store_on(router, "b", prompt(1, 4))
+    decision = route(router, prompt(1, 6))
+    assert decision.worker_id == "b"
+    assert decision.reason is Reason.PREFIX_MATCH
+    assert decision.expected_cached_tokens == 4 * BS
+    assert decision.prompt_tokens == 6 * BS + 5
+    by_worker = {c.worker_id: c for c in decision.candidates}
+    assert set(by_worker) == {"a", "b", "c"}
+    assert by_worker["b"].matched_tokens == 64 and by_worker["a"].matched_tokens == 0
+    assert by_worker["b"].score < by_worker["a"].score
+
+
+def test_msgpack_event_bytes_are_accepted():
+    router, _ = make_router("a", "b")
+    ledger = BlockLedger(10**9, 3600, lambda: 0.0, bytes_per_token=1)
+    ledger.insert(hash_blocks(prompt(2, 3), BS, NS), BS, NS.label(), NS.root())
+    router.apply_events(encode_batch(EventBatch("a", 0, tuple(ledger.drain_events()))))
+    assert route(router, prompt(2, 3)).worker_id == "a"
+
+
+def test_an_overloaded_home_spills_to_the_cheapest_worker():
+    router, _ = make_router("a", "b", cache_weight=2.0)
+    store_on(router, "a", prompt(1, 4))
+    # The first request queues 21 uncached tokens on a, the next ones 5 each (their 5th block
+    # is pending there); b would prefill all 85 at weight 2. a's score, queue + 2 x 5, passes
+    # b's 170 once 29 requests are queued: the 30th decision spills.
+    reasons = []
+    for i in range(40):
+        decision = route(router, prompt(1, 5))
+        reasons.append((decision.reason, decision.worker_id))
+        if decision.reason is Reason.LOAD_SPILL:
+            break
+        router.started(f"r{i}", decision)
+    assert reasons[:29] == [(Reason.PREFIX_MATCH, "a")] * 29
+    assert reasons[-1] == (Reason.LOAD_SPILL, "b") and len(reasons) == 30
+
+
+def test_a_burst_on_a_new_prefix_lands_together_before_any_event():
+    router, _ = make_router(*[f"w{i}" for i in range(6)], cold_spill_tokens=10**6)
+    first = route(router, prompt(5, 8))
+    assert first.reason is Reason.COLD_HASH
+    router.started("r0", first)
+    siblings = [route(router, prompt(5, 8)[: 8 * BS] + [1, 2, 3]) for _ in range(3)]
+    assert {d.worker_id for d in siblings} == {first.worker_id}
+    assert all(d.reason is Reason.PREFIX_MATCH for d in siblings)
+
+
+def test_cold_placement_is_deterministic_per_seed_and_spreads():
+    homes = set()
+    for conv in range(40):
+        a, _ = make_router("a", "b", "c", "d")
+        b, _ = make_router("a", "b", "c", "d")
+        da, db = route(a, prompt(conv, 2)), route(b, prompt(conv, 2))
+        assert da.worker_id == db.worker_id and da.reason is Reason.COLD_HASH
+        homes.add(da.worker_id)
+    assert homes == {"a", "b", "c", "d"}
+
+
+def test_load_accounting_follows_a_request_through_its_life():
+    router, _ = make_router("a")
+    decision = route(router, prompt(1, 2))
+    router.started("r1", decision)
+    status = router.workers()[0]
+    assert (status.queued_prefill_tokens, status.running_decodes, status.in_flight) == (37, 0, 1)
+    router.prefilled("r1")
+    status = router.workers()[0]
+    assert (status.queued_prefill_tokens, status.running_decodes) == (0, 1)
+    router.finished("r1")
+    status = router.workers()[0]
+    assert (status.queued_prefill_tokens, status.running_decodes, status.in_flight) == (0, 0, 0)
+    router.finished("never-started")
+    assert router.unknown_tickets == 1
+    with pytest.raises(ValueError, match="already started"):
+        router.started("r2", decision)
+        router.started("r2", decision)
+
+
+def test_no_workers_or_all_draining_is_a_clear_error():
+    router, _ = make_router()
+    with pytest.raises(NoWorkerAvailable, match="no workers"):
+        route(router, prompt(1, 2))
+    router.add_worker("a")
+    router.add_worker("b")
+    router.drain_worker("a")
+    assert route(router, prompt(1, 2)).worker_id == "b"
+    router.drain_worker("b")
+    with pytest.raises(NoWorkerAvailable, match="draining"):
+        route(router, prompt(1, 2))
+
+
+def test_removed_worker_is_forgotten_and_its_tickets_dropped():
+    router, _ = make_router("a", "b")
+    store_on(router, "a", prompt(1, 4))
+    router.started("r1", route(router, prompt(1, 4)))
+    router.remove_worker("a")
+    decision = route(router, prompt(1, 4))
+    assert decision.worker_id == "b" and decision.expected_cached_tokens == 0
+    router.finished("r1")  # its worker is gone: ignored and counted
+    assert router.unknown_tickets == 1
+    with pytest.raises(ValueError, match="unknown worker 'a'"):
+        router.drain_worker("a")
+
+
+def test_a_restarted_router_rebuilds_from_the_workers_holdings():
+    router, _ = make_router("a", "b")
+    ledger = store_on(router, "b", prompt(3, 5))
+    fresh, clock = make_router("a", "b")
+    assert route(fresh, prompt(3, 5)).expected_cached_tokens == 0
+    clock.now = 60.0  # that decision's pending entry has expired
+    fresh.rebuild("b", [h.block for h in ledger.holdings()])
+    decision = route(fresh, prompt(3, 5))
+    assert decision.worker_id == "b" and decision.expected_cached_tokens == 5 * BS
+
+
+def test_short_prompts_and_bad_input():
+    router, _ = make_router("a", "b")
+    assert route(router, [1, 2, 3]).reason is Reason.COLD_HASH  # shorter than a block
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        router.route(NS, [], 0)
+    with pytest.raises(ValueError, match="full blocks"):
+        router.route(NS, hash_blocks(prompt(1, 3), BS, NS), 10)
+    with pytest.raises(ValueError, match="cache_weight"):
+        PolicyConfig(cache_weight=-1)
+    with pytest.raises(ValueError, match="already in the index"):
+        router.add_worker("a")
