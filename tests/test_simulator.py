@@ -1,0 +1,103 @@
+"""Trace replay: trace parsing, the ideal figure, side-by-side policies, the CLI."""
+import json
+
+import pytest
+
+from cluster.cli import main
+from router.bench import run_decision_bench
+from router.simulator import SimConfig, ideal_hit_ratio, replay, simulate, to_requests
+from router.sim_policies import POLICY_NAMES
+from router.trace import SynthShape, TraceRequest, load_trace, synthesize, write_trace
+
+SMALL = SynthShape(requests=400, rate_per_s=4.0, system_prompts=4)
+
+
+def line(ts: int, n_in: int, ids: list[int], n_out: int = 10) -> str:
+    return json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
+                       "hash_ids": ids})
+
+
+@pytest.fixture
+def small_trace(tmp_path):
+    path = tmp_path / "small.jsonl"
+    write_trace(synthesize(SMALL, seed=3), path)
+    return path
+
+
+def test_a_bad_line_is_named_and_stops_the_load(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line(0, 600, [1, 2]) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+        load_trace(path)
+    path.write_text(line(0, 600, [1, 2]) + "\n" + json.dumps({"timestamp": 5}) + "\n")
+    with pytest.raises(ValueError, match=r":2: missing field\(s\) input_length"):
+        load_trace(path)
+    path.write_text(line(5, 600, [1]) + "\n" + line(1, 600, [1]) + "\n")
+    with pytest.raises(ValueError, match=":2: timestamps must not go backwards"):
+        load_trace(path)
+    with pytest.raises(FileNotFoundError):
+        load_trace(tmp_path / "missing.jsonl")
+
+
+def test_ideal_counts_every_listed_block_and_never_the_whole_prompt():
+    trace = [TraceRequest(0.0, 1024, 1, (1, 2)),         # cold
+             TraceRequest(1.0, 1500, 1, (1, 2, 3)),      # 1024 of 1500
+             TraceRequest(2.0, 1024, 1, (1, 2))]         # exact repeat: 1023 of 1024
+    assert ideal_hit_ratio(trace) == pytest.approx((1024 + 1023) / (1024 + 1500 + 1024))
+
+
+def test_only_full_blocks_reach_the_workers_and_bigger_blocks_group_ids():
+    reqs = to_requests([TraceRequest(0.0, 1300, 1, (7, 8, 9))], 512)
+    assert len(reqs[0].hashes) == 2  # the 276-token tail is never stored
+    assert len(to_requests([TraceRequest(0.0, 2100, 1, (1, 2, 3, 4, 5))], 1024)[0].hashes) == 2
+    with pytest.raises(ValueError, match="multiple of the trace's 512"):
+        to_requests([], 256)
+
+
+def test_policies_side_by_side_on_a_small_trace(small_trace):
+    trace = load_trace(small_trace)
+    config = SimConfig(workers=4, capacity_tokens=40_000, prefill_tps=4000.0)
+    summary = simulate(trace, POLICY_NAMES, config, quiet=True)
+    assert set(summary) >= {"ideal_hit_ratio", "policies"}
+    rows = {r["name"]: r for r in summary["policies"]}
+    assert list(rows) == list(POLICY_NAMES)
+    for r in rows.values():
+        assert set(r) >= {"name", "hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s",
+                          "decision_p50_us", "decision_p99_us"}
+        assert 0.0 <= r["hit_ratio"] <= summary["ideal_hit_ratio"]
+        assert r["imbalance"] >= 1.0 and r["ttft_p99_s"] >= r["ttft_p50_s"] >= 0.0
+    assert rows["orchard"]["hit_ratio"] > rows["round_robin"]["hit_ratio"] + 0.02
+    assert rows["consistent_hash"]["imbalance"] > rows["orchard"]["imbalance"]
+
+
+def test_replay_is_deterministic_for_a_seed(small_trace):
+    trace = load_trace(small_trace, limit=150)
+    config = SimConfig(workers=3, capacity_tokens=50_000)
+    a, b = replay(trace, "orchard", config), replay(trace, "orchard", config)
+    assert (a.hit_ratio, a.imbalance, a.ttft_p99_s, a.reasons) == \
+           (b.hit_ratio, b.imbalance, b.ttft_p99_s, b.reasons)
+
+
+def test_cli_prints_one_json_object(small_trace, capsys):
+    code = main(["simulate", "--trace", str(small_trace), "--workers", "3", "--limit", "120",
+                 "--policies", "orchard,round_robin", "--json", "--quiet"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in out["policies"]] == ["orchard", "round_robin"]
+
+
+def test_cli_bad_input_is_an_error_message_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text(line(0, 600, [1]) + "\n" + "[1, 2]\n")
+    assert main(["simulate", "--trace", str(path), "--quiet"]) == 2
+    assert "t.jsonl:2: expected a JSON object" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(path), "--policies", "nope"]) == 2
+    assert "unknown policy nope" in capsys.readouterr().err
+    assert main(["simulate"]) == 2
+
+
+def test_decision_bench_reports_its_setup():
+    result = run_decision_bench(workers=4, indexed_blocks=2048, block_size=16,
+                                prompt_tokens=512, iterations=50)
+    assert result.indexed_blocks >= 2048 and result.workers == 4
+    assert 0 < result.route_p50_us <= result.route_p99_us
