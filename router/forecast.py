@@ -113,8 +113,17 @@ def forecast_job(
     plan: Sequence[PlannedRequest],
     held: Mapping[BlockHash, float],
     model: CacheModel,
+    realisation: float = 1.0,
 ) -> list[TokenUsage]:
-    """Forecast each planned request's usage; ``held`` maps a block to its TTL left (s)."""
+    """Forecast each planned request's usage; ``held`` maps a block to its TTL left (s).
+
+    ``realisation`` is the share of the one-cache model's reuse that the cluster's routing
+    has recently realised (measured cached over what this model would have read; 1.0 when
+    unknown): that share of each request's modelled cached tokens is read, the rest is
+    computed and stored again, on the worker the request went to instead.
+    """
+    if not 0.0 <= realisation <= 1.0:
+        raise ValueError(f"realisation must be in [0, 1], got {realisation}")
     cache = _LruTtlCache(model)
     for block, ttl_left in held.items():
         if ttl_left > 0:
@@ -142,8 +151,9 @@ def forecast_job(
         pending.update(new)
         to_write[index] = new
         heapq.heappush(events, (now + req.service_s, 0, order, index))
-        cached = reusable_tokens(req.input_tokens, matched, model.block_size)
-        written = min(len(new) * model.block_size + _tail_written(req, model.block_size),
-                      req.input_tokens - cached)
+        modelled = reusable_tokens(req.input_tokens, matched, model.block_size)
+        cached = round(modelled * realisation)
+        written = min(len(new) * model.block_size + _tail_written(req, model.block_size)
+                      + modelled - cached, req.input_tokens - cached)
         usages[index] = TokenUsage(req.input_tokens, cached, written)
     return [u for u in usages if u is not None]

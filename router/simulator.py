@@ -126,8 +126,13 @@ class _Worker:
 
 def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
            policy_config: PolicyConfig = PolicyConfig(),
-           progress: Callable[[str], None] | None = None) -> PolicyResult:
-    """Replay ``trace`` through policy ``name`` on ``config.workers`` fresh workers."""
+           progress: Callable[[str], None] | None = None,
+           on_served: Callable[[int, str, int, int], None] | None = None) -> PolicyResult:
+    """Replay ``trace`` through policy ``name`` on ``config.workers`` fresh workers.
+
+    ``on_served(index, worker, cached_tokens, written_tokens)`` hears every request as it is
+    served (the cost forecast's measured side, ``router.forecast_replay``).
+    """
     ids = [f"w{i}" for i in range(config.workers)]
     policy = make_policy(name, ids, config.block_size, config.seed, policy_config)
     root = Namespace("trace", "trace").root()
@@ -146,7 +151,11 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         wid = policy.choose(req, now)
         decisions.append((time.perf_counter_ns() - started) / 1000.0)
         policy.started(req, wid, now)
+        stored_before = workers[wid].ledger.stats().stored_blocks if on_served else 0
         cached, first, end, batch = _serve(workers[wid], req, now, config)
+        if on_served is not None:
+            stored = workers[wid].ledger.stats().stored_blocks - stored_before
+            on_served(i, wid, cached, stored * config.block_size)
         hit += cached
         total += req.input_length
         ttfts.append(first - now)
