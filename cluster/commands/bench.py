@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from cluster.telemetry_bench import add_parsers as add_telemetry_benches
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmarks that print measured figures")
@@ -19,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--block-size", type=int, default=16)
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=engine)
+    add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
