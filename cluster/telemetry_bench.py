@@ -3,8 +3,9 @@
 ``telemetry``: tracing overhead per request on the embedded model. The same chat workload
 (conversations sharing a system prompt, several turns each) runs through a ``TracedCluster``
 (real engines and router) with tracing on (the default exporter: OTLP JSON lines, batched)
-and off, alternating runs on fresh clusters; the overhead is the ratio of the median run
-times, and, measured directly, the time spent inside telemetry calls over request time.
+and through a twin cluster with tracing off, request by request (see ``bench_overhead``);
+the overhead is given as wall and CPU time ratios, and, measured directly, as the time spent
+in telemetry calls plus the export thread's CPU time over an untraced request.
 
 ``forecast``: job-level forecast error ``|forecast M - measured M|``.
 ``--demo FILE``: the batch runs through the real frontend over ``LocalBackend`` (gRPC, job
@@ -20,6 +21,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from cluster.telemetry import Telemetry, TelemetrySettings, setup_telemetry
 
@@ -45,44 +48,79 @@ def _workload(cluster, conversations: int, turns: int, max_tokens: int) -> list:
     return sorted(out, key=lambda turn: (turn.turn, turn.conversation))
 
 
-def _one_run(model_dir: Path, workers: int, traced: bool, conversations: int, turns: int,
-             max_tokens: int) -> tuple[float, float]:
-    from cluster.traced_cluster import TracedCluster
+class _TimedExporter(SpanExporter):
+    """Counts the CPU time the background export thread spends writing spans."""
 
-    with tempfile.TemporaryDirectory(prefix="orchard-bench-") as run_dir:
-        tel = (setup_telemetry(TelemetrySettings("orchard-bench", Path(run_dir)))
-               if traced else Telemetry.disabled())
-        cluster = TracedCluster(model_dir, workers, tel)
-        turns_ = _workload(cluster, conversations, turns, max_tokens)
-        cluster.run(turns_[0], traced=traced)   # warm-up: MLX compiles kernels on first use
-        started = time.perf_counter()
-        spent = sum(cluster.run(t, traced=traced).telemetry_s for t in turns_[1:])
-        tel.flush()
-        elapsed = time.perf_counter() - started
-        tel.shutdown()
-    return elapsed / (len(turns_) - 1), spent / (len(turns_) - 1)
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def export(self, spans):
+        started = time.thread_time()
+        try:
+            return self.inner.export(spans)
+        finally:
+            self.seconds += time.thread_time() - started
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def _timed(run) -> tuple[float, float, object]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    ran = run()
+    return time.perf_counter() - wall, time.process_time() - cpu, ran
 
 
 def bench_overhead(model_dir: Path, workers: int = 2, conversations: int = 6, turns: int = 4,
                    max_tokens: int = 16, repeats: int = 3) -> dict:
-    """Traced against untraced seconds per request, alternating ``repeats`` times each."""
+    """Paired runs: two clusters (tracing on, tracing off) get the same requests in the same
+    order, one request each in turn (alternating which goes first), so both see the same
+    cache states and the same background load; ``repeats`` passes on fresh clusters."""
+    from cluster.otlp_json import JsonLinesSpanExporter
+    from cluster.traced_cluster import TracedCluster
+
     if min(workers, conversations, turns, max_tokens, repeats) < 1 or conversations * turns < 2:
         raise ValueError("workers, conversations, turns, max tokens and repeats must be "
                          "positive, with at least two requests")
-    on, off, inside = [], [], []
+    sums = {"on_wall": 0.0, "off_wall": 0.0, "on_cpu": 0.0, "off_cpu": 0.0,
+            "inside": 0.0, "export": 0.0}
+    ratios: list[float] = []
+    n = 0
     for _ in range(repeats):
-        per_request, spent = _one_run(model_dir, workers, True, conversations, turns, max_tokens)
-        on.append(per_request)
-        inside.append(spent)
-        off.append(_one_run(model_dir, workers, False, conversations, turns, max_tokens)[0])
-    traced, untraced = statistics.median(on), statistics.median(off)
-    return {"model": str(model_dir), "workers": workers,
-            "requests_per_run": conversations * turns - 1, "repeats": repeats,
-            "traced_s_per_request": traced, "untraced_s_per_request": untraced,
-            "overhead_ratio": traced / untraced - 1.0,
-            "telemetry_s_per_request": statistics.median(inside),
-            "telemetry_share": statistics.median(inside) / traced,
-            "runs_traced_s": on, "runs_untraced_s": off}
+        with tempfile.TemporaryDirectory(prefix="orchard-bench-") as run_dir:
+            exporter = _TimedExporter(JsonLinesSpanExporter(Path(run_dir) / "traces", "bench"))
+            tel = setup_telemetry(TelemetrySettings("orchard-bench", Path(run_dir)),
+                                  span_processor=BatchSpanProcessor(exporter))
+            traced = TracedCluster(model_dir, workers, tel)
+            plain = TracedCluster(model_dir, workers, Telemetry.disabled())
+            work = _workload(traced, conversations, turns, max_tokens)
+            traced.run(work[0])                 # warm-up: MLX compiles kernels on first use
+            plain.run(work[0], traced=False)
+            for i, turn in enumerate(work[1:]):
+                first_on = i % 2 == 0
+                a = _timed(lambda: traced.run(turn)) if first_on else None
+                b = _timed(lambda: plain.run(turn, traced=False))
+                a = a or _timed(lambda: traced.run(turn))
+                sums["on_wall"] += a[0]
+                sums["on_cpu"] += a[1]
+                sums["inside"] += a[2].telemetry_s
+                sums["off_wall"] += b[0]
+                sums["off_cpu"] += b[1]
+                ratios.append(a[0] / b[0])
+                n += 1
+            tel.shutdown()
+            sums["export"] += exporter.seconds
+    per = {k: v / n for k, v in sums.items()}
+    return {"model": str(model_dir), "workers": workers, "requests": n, "repeats": repeats,
+            "traced_s_per_request": per["on_wall"], "untraced_s_per_request": per["off_wall"],
+            "overhead_wall": per["on_wall"] / per["off_wall"] - 1.0,
+            "overhead_wall_median_pair": statistics.median(ratios) - 1.0,
+            "overhead_cpu": per["on_cpu"] / per["off_cpu"] - 1.0,
+            "telemetry_s_per_request": per["inside"] + per["export"],
+            "telemetry_share": (per["inside"] + per["export"]) / per["off_wall"],
+            "inside_calls_s_per_request": per["inside"],
+            "export_s_per_request": per["export"]}
 
 
 def _serve_and_submit(run_dir: Path, model_dir: Path, workers: int, batch_path: Path) -> str:
@@ -170,13 +208,16 @@ def telemetry_command(args) -> int:
     r = bench_overhead(Path(args.model) if args.model else ensure_default_model(), args.workers,
                        args.conversations, args.turns, args.max_tokens, args.repeats)
     return _print(r, args.json, [
-        f"model {r['model']}, {r['workers']} workers, {r['requests_per_run']} requests per run, "
-        f"{r['repeats']} runs each",
-        f"traced   {r['traced_s_per_request'] * 1e3:8.2f} ms/request (median run)",
-        f"untraced {r['untraced_s_per_request'] * 1e3:8.2f} ms/request (median run)",
-        f"overhead {r['overhead_ratio'] * 100:+.2f}% (target <= 3%)",
-        f"inside telemetry calls {r['telemetry_s_per_request'] * 1e3:.3f} ms/request "
-        f"= {r['telemetry_share'] * 100:.2f}% of a traced request"])
+        f"model {r['model']}, {r['workers']} workers, {r['requests']} paired requests "
+        f"({r['repeats']} passes)",
+        f"traced   {r['traced_s_per_request'] * 1e3:8.2f} ms/request",
+        f"untraced {r['untraced_s_per_request'] * 1e3:8.2f} ms/request",
+        f"overhead wall {r['overhead_wall'] * 100:+.2f}% (median pair "
+        f"{r['overhead_wall_median_pair'] * 100:+.2f}%), CPU {r['overhead_cpu'] * 100:+.2f}%",
+        f"telemetry work {r['telemetry_s_per_request'] * 1e3:.3f} ms/request (calls "
+        f"{r['inside_calls_s_per_request'] * 1e3:.3f}, export "
+        f"{r['export_s_per_request'] * 1e3:.3f}) = {r['telemetry_share'] * 100:.2f}% of an "
+        f"untraced request (target <= 3%)"])
 
 
 def forecast_command(args) -> int:
