@@ -67,6 +67,14 @@ class GenerateOutcome:
     decision: Any
     attempts: int          # 1 unless a worker died and the request was retried elsewhere
     worker_id: str
+    # The worker's own wall time on the request: received -> result handed back, cache
+    # writes included. 0.0 when the backend does not measure it (then the engine's
+    # received -> last token stamps stand in).
+    worker_s: float = 0.0
+
+    def worker_time_s(self) -> float:
+        t = self.result.timings
+        return self.worker_s or (t.finished_ns - t.received_ns) / 1e9
 
 
 @dataclass(frozen=True, slots=True)

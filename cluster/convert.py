@@ -34,7 +34,7 @@ def result_to_pb(r: StoredResult, model: str) -> pb.Result:
                        cached_tokens=r.cached_tokens, computed_tokens=r.computed_tokens,
                        written_tokens=r.written_tokens),
         worker_id=r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s, attempts=r.attempts,
-        model=model)
+        model=model, worker_s=r.worker_s)
 
 
 def worker_to_pb(w: WorkerInfo) -> pb.Worker:

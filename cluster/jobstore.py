@@ -120,6 +120,7 @@ class StoredResult:
     ttft_s: float = 0.0
     tpot_s: float = 0.0
     attempts: int = 0
+    worker_s: float = 0.0  # the worker's own time on the request (received -> finished)
     seq: int = -1      # assigned by the store when recorded
 
     def to_json(self) -> str:

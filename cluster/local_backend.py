@@ -57,6 +57,12 @@ class _Worker:
     served: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Done:
+    result: GenerateResult
+    worker_s: float
+
+
 @dataclass(slots=True)
 class _Stream:
     """Where the engine thread delivers one request's chunks and result (on the loop)."""
@@ -165,11 +171,12 @@ class LocalBackend:
                     raise item
                 if isinstance(item, BaseException):
                     raise item
-                if isinstance(item, GenerateResult):
+                if isinstance(item, _Done):
+                    item, worker_s = item.result, item.worker_s
                     worker.input_tokens += item.input_tokens
                     worker.cached_tokens += item.cached_tokens
                     worker.served += 1
-                    yield GenerateOutcome(item, decision, attempt, worker.worker_id)
+                    yield GenerateOutcome(item, decision, attempt, worker.worker_id, worker_s)
                     return
                 if first:
                     self._router.prefilled(rid)
@@ -362,9 +369,11 @@ class LocalBackend:
         for delta in out.deltas:
             self._deliver(delta.request_id,
                           TokenChunk(delta.request_id, (delta.token,), delta.text))
+        done_ns = time.time_ns()  # after the step's cache writes: the worker's time ends here
         for result in out.finished:
             active.discard(result.request_id)
-            self._deliver(result.request_id, result)
+            self._deliver(result.request_id,
+                          _Done(result, (done_ns - result.timings.received_ns) / 1e9))
 
 
 def _settle(future: asyncio.Future, result, exc: BaseException | None) -> None:

@@ -77,7 +77,8 @@ def result_of(index: int, custom_id: str, outcome: GenerateOutcome) -> StoredRes
         prompt_tokens=r.input_tokens, cached_tokens=r.cached_tokens,
         computed_tokens=r.computed_tokens, written_tokens=r.written_tokens,
         worker_id=outcome.worker_id or r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s,
-        attempts=outcome.attempts)
+        attempts=outcome.attempts,
+        worker_s=outcome.worker_time_s())
 
 
 def error_of(pending: PendingRequest, code: str, message: str) -> StoredResult:

@@ -23,6 +23,7 @@ from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 from workers.messages import GenerateRequest
 
 RESULT_PAGE = 500
+INLINE_VALIDATION = 16  # jobs up to this many requests are tokenized on the event loop
 FOLLOW_POLL_S = 1.0
 
 
@@ -39,8 +40,11 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
-        new = await asyncio.to_thread(validate.job_requests, request.requests,
-                                      self._max_requests, self._model, self._render)
+        args = (request.requests, self._max_requests, self._model, self._render)
+        if len(request.requests) <= INLINE_VALIDATION:
+            new = validate.job_requests(*args)
+        else:  # tokenizing a big job must not stall the other calls on the event loop
+            new = await asyncio.to_thread(validate.job_requests, *args)
         self._runner.admit(tenant, len(new))
         try:
             job = self._store.create_job(tenant, self._model.model_id, new)

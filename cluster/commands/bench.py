@@ -22,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=engine)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
+    from cluster.bench_api import register_bench  # `orchard bench api`: the gRPC path overhead
+    register_bench(sub)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 

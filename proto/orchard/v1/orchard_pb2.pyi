@@ -82,7 +82,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., written_tokens: _Optional[int] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("seq", "index", "custom_id", "request_id", "ok", "error_code", "error_message", "text", "output_tokens", "finish_reason", "usage", "worker_id", "ttft_s", "tpot_s", "attempts", "model")
+    __slots__ = ("seq", "index", "custom_id", "request_id", "ok", "error_code", "error_message", "text", "output_tokens", "finish_reason", "usage", "worker_id", "ttft_s", "tpot_s", "attempts", "model", "worker_s")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class Result(_message.Message):
     TPOT_S_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    WORKER_S_FIELD_NUMBER: _ClassVar[int]
     seq: int
     index: int
     custom_id: str
@@ -115,7 +116,8 @@ class Result(_message.Message):
     tpot_s: float
     attempts: int
     model: str
-    def __init__(self, seq: _Optional[int] = ..., index: _Optional[int] = ..., custom_id: _Optional[str] = ..., request_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., text: _Optional[str] = ..., output_tokens: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., worker_id: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., attempts: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+    worker_s: float
+    def __init__(self, seq: _Optional[int] = ..., index: _Optional[int] = ..., custom_id: _Optional[str] = ..., request_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., text: _Optional[str] = ..., output_tokens: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., worker_id: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., attempts: _Optional[int] = ..., model: _Optional[str] = ..., worker_s: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "tenant", "state", "total", "completed", "failed", "cancelled", "created_unix_ms", "finished_unix_ms", "model")
