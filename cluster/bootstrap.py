@@ -1,0 +1,132 @@
+"""Ray bootstrap and placement: start the embedded local cluster or join an existing one, and
+place worker actors one per node.
+
+    orchard up                     ─► start_local():  a Ray head inside this process, loopback
+                                       only, whose one node advertises LOCAL_SLOTS worker slots
+    orchard up --address HOST:PORT ─► join(address):  an existing cluster (real Macs), each
+                                       node started with ``--resources '{"orchard_node": 1}'``
+
+Placement rests on one custom resource, ``orchard_node``. A node offers as many units as
+worker slots (1 on a Mac started from ``infra/``), and each worker actor takes
+``1 / workers_per_node`` of a unit, so by default one MLX worker lands on each node and
+``workers_per_node = 2`` puts two on each. Every worker actor also reserves ``num_cpus``: Ray
+sets ``OMP_NUM_THREADS`` from it, and an actor with no CPUs reserved gets one BLAS thread.
+
+The embedded cluster binds loopback only: Ray would otherwise advertise the machine's external
+address. Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, at import, to decide this (off
+means "single machine, use 127.0.0.1"); ``start_local`` sets it for the child processes and for
+this process. Joining leaves it alone (macOS nodes of a real cluster need it set to 1).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import ray
+
+NODE_RESOURCE = "orchard_node"
+RAY_NAMESPACE = "orchard"
+LOCAL_SLOTS = 8                 # workers the embedded single-node cluster can host
+LOCAL_OBJECT_STORE_BYTES = 128 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where and how big each worker actor is."""
+
+    cpus_per_worker: float = 1.0
+    workers_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        if self.cpus_per_worker <= 0:
+            raise ValueError(f"cpus per worker must be > 0, got {self.cpus_per_worker}: MLX "
+                             "actors need CPUs reserved (else Ray gives them one BLAS thread)")
+        if self.workers_per_node < 1:
+            raise ValueError(f"workers per node must be >= 1, got {self.workers_per_node}")
+
+    def actor_options(self) -> dict:
+        """``.options(...)`` for a worker actor: its CPUs and its share of a node slot."""
+        return {"num_cpus": self.cpus_per_worker,
+                "resources": {NODE_RESOURCE: 1.0 / self.workers_per_node}}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: str
+    address: str
+    slots: float          # ``orchard_node`` units the node offers
+    cpus: float
+    alive: bool
+
+
+def local_cpus(workers: int, placement: Placement) -> int:
+    """Logical CPUs for the embedded node: room for ``workers`` and as many again to scale.
+
+    Ray prestarts one Python process per logical CPU, so this stays small on small machines.
+    """
+    want = 2 * workers * placement.cpus_per_worker
+    return int(max(os.cpu_count() or 1, min(want, LOCAL_SLOTS * placement.cpus_per_worker)))
+
+
+def start_local(num_cpus: int | None = None, slots: int = LOCAL_SLOTS,
+                object_store_bytes: int = LOCAL_OBJECT_STORE_BYTES) -> str:
+    """Start an embedded Ray cluster in this process (loopback only); returns its address.
+
+    Idempotent within a process: when Ray is already initialised, that cluster is used.
+    """
+    if ray.is_initialized():
+        return _gcs_address()
+    _loopback_only()
+    cpus = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, slots)
+    ray.init(address="local", num_cpus=cpus, resources={NODE_RESOURCE: float(slots)},
+             object_store_memory=object_store_bytes, include_dashboard=False,
+             namespace=RAY_NAMESPACE, logging_level=logging.WARNING,
+             configure_logging=True, log_to_driver=True)
+    return _gcs_address()
+
+
+def join(address: str) -> str:
+    """Connect this process to a running Ray cluster at ``address`` (``HOST:PORT``)."""
+    if not address or ":" not in address:
+        raise ValueError(f"--address must be HOST:PORT of a Ray head (e.g. 10.0.0.1:6379), "
+                         f"got {address!r}")
+    if ray.is_initialized():
+        return _gcs_address()
+    try:
+        ray.init(address=address, namespace=RAY_NAMESPACE, logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        raise ValueError(f"cannot join the Ray cluster at {address}: {exc}; is `ray start "
+                         "--head` running there (see infra/README.md)?") from None
+    if not any(n.slots > 0 for n in nodes()):
+        logging.getLogger(__name__).warning(
+            "no node of %s offers the %r resource: start nodes with --resources "
+            "'{\"%s\": 1}' (infra/start-worker.sh) or no worker can be placed",
+            address, NODE_RESOURCE, NODE_RESOURCE)
+    return _gcs_address()
+
+
+def shutdown() -> None:
+    """Disconnect; an embedded cluster started by this process stops with it."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def nodes() -> list[NodeInfo]:
+    """Every node Ray knows, with the worker slots it offers."""
+    return [NodeInfo(node_id=n["NodeID"], address=n.get("NodeManagerAddress", ""),
+                     slots=float(n.get("Resources", {}).get(NODE_RESOURCE, 0.0)),
+                     cpus=float(n.get("Resources", {}).get("CPU", 0.0)), alive=bool(n["Alive"]))
+            for n in ray.nodes()]
+
+
+def _gcs_address() -> str:
+    return ray.get_runtime_context().gcs_address
+
+
+def _loopback_only() -> None:
+    """Make Ray use 127.0.0.1 for every process of the embedded cluster (see module doc)."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False

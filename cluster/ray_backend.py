@@ -1,0 +1,250 @@
+"""``RayBackend``: the Backend protocol over worker actors spread across Ray nodes.
+
+    frontend ─► RayBackend.generate(request, block_hashes)
+                 ├─ router actor: route_and_start ─► RoutingDecision (worker w)
+                 ├─ worker actor w: generate (streamed) ─► TokenChunk ... WorkerDone
+                 │      first chunk ─► router.prefilled      (fire and forget)
+                 │      block events ─► router.apply_events  (sent by the worker itself)
+                 └─ router.finished ─► GenerateOutcome(result, decision, attempts, w)
+
+If worker ``w`` dies under the request (its actor or its node is gone, or its engine broke),
+the pool removes it from the router at once (its blocks are forgotten) and starts a
+replacement in the background, and the request is routed again, up to ``MAX_ATTEMPTS``
+workers. ``generate`` can always retry (it hands back only the final result); ``stream``
+retries only until its first chunk has gone out, since chunks already sent cannot be taken
+back. Scaling and draining act on the live pool (``cluster.ray_pool``).
+
+``policy="round_robin"`` skips the router and cycles through ready workers: the baseline of
+``orchard bench cluster``. Ray is started (embedded, loopback only) or joined by ``start``
+through ``cluster.bootstrap``; ``close`` stops what it started.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from pathlib import Path
+from typing import AsyncIterator, Sequence
+
+import ray
+
+from cluster import bootstrap
+from cluster.backend import (CacheStats, GenerateOutcome, ModelInfo, NoWorkersAvailable,
+                             TokenChunk, WorkerInfo)
+from cluster.bootstrap import Placement
+from cluster.ray_pool import PoolWorker, WorkerPool
+from cluster.worker_actor import WorkerDone, WorkerFailed, WorkerStats
+from router.actor import RouterActor
+from router.key import BlockHash, Namespace
+from router.policy import NoWorkerAvailable
+from workers.engine import EngineConfig
+from workers.messages import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+STATS_TIMEOUT_S = 5.0
+POLICIES = ("orchard", "round_robin")
+
+
+class RayBackend:
+    def __init__(self, model_dir: Path | str, workers: int = 1,
+                 engine: EngineConfig | None = None, placement: Placement = Placement(),
+                 address: str | None = None, policy: str = "orchard",
+                 start_timeout_s: float = 300.0) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self._model_dir = str(model_dir)
+        self._initial = workers
+        self._engine = engine or EngineConfig()
+        self._placement = placement
+        self._address = address
+        self._policy = policy
+        self._start_timeout_s = start_timeout_s
+        self._router = None
+        self._pool: WorkerPool | None = None
+        self._info: ModelInfo | None = None
+        self._rr = itertools.count()
+        self._started_ray = False
+
+    @classmethod
+    def from_config(cls, config, workers: int = 1, address: str | None = None,
+                    placement: Placement = Placement(), policy: str = "orchard") -> RayBackend:
+        """From a ``cluster.config.Config`` (the embedded default model when none is set)."""
+        from workers.forge import ensure_default_model
+
+        model_dir = config.model_dir or str(ensure_default_model())
+        engine = EngineConfig(block_size=config.cache.block_size, ttl_s=config.cache.ttl_s,
+                              store_bytes=config.cache.capacity_bytes)
+        return cls(model_dir, workers, engine, placement, address, policy)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._pool is not None:
+            return
+        if not ray.is_initialized():
+            self._started_ray = True
+            if self._address:
+                bootstrap.join(self._address)
+            else:
+                bootstrap.start_local(bootstrap.local_cpus(self._initial, self._placement))
+        self._router = RouterActor.remote(self._engine.block_size)
+        self._pool = WorkerPool(self._model_dir, self._engine, self._placement, self._router,
+                                self._start_timeout_s)
+        await self._pool.scale(self._initial)
+        hello = self._pool.first_hello
+        self._info = ModelInfo(hello.model_id, hello.revision, hello.vocab_size,
+                               hello.max_context, self._model_dir, hello.block_size)
+
+    async def close(self) -> None:
+        if self._pool is None:
+            return
+        await self._pool.close()
+        ray.kill(self._router, no_restart=True)
+        self._pool = None
+        if self._started_ray:
+            bootstrap.shutdown()
+            self._started_ray = False
+
+    def tokenizer_info(self) -> ModelInfo:
+        if self._info is None:
+            raise RuntimeError("tokenizer_info() before start(): start the backend first")
+        return self._info
+
+    @property
+    def pool(self) -> WorkerPool:
+        if self._pool is None:
+            raise RuntimeError("the backend is not started: call start() first")
+        return self._pool
+
+    # ------------------------------------------------------------ requests
+
+    async def generate(self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
+                       ) -> GenerateOutcome:
+        async for item in self._run(request, block_hashes, retry_after_output=True):
+            if isinstance(item, GenerateOutcome):
+                return item
+        raise RuntimeError(f"request {request.request_id}: ended without a result")
+
+    async def stream(self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
+                     ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
+        async for item in self._run(request, block_hashes, retry_after_output=False):
+            yield item
+
+    async def _run(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+                   retry_after_output: bool) -> AsyncIterator[TokenChunk | GenerateOutcome]:
+        rid = request.request_id
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            decision, worker = await self._place(request, block_hashes)
+            worker.running += 1
+            sent = False
+            try:
+                async for item in worker.actor.generate.options(
+                        num_returns="streaming").remote(request):
+                    item = await item
+                    if isinstance(item, WorkerDone):
+                        yield GenerateOutcome(item.result, decision, attempt, worker.worker_id,
+                                              worker_s=item.worker_s)
+                        return
+                    if not sent and self._router is not None and decision is not None:
+                        self._router.prefilled.remote(rid)
+                    sent = True
+                    if not retry_after_output:
+                        yield item
+                raise RuntimeError(f"worker {worker.worker_id}: stream of {rid} ended early")
+            except (ray.exceptions.RayActorError, WorkerFailed) as exc:
+                self.pool.died(worker, exc)
+                if (sent and not retry_after_output) or attempt == MAX_ATTEMPTS:
+                    raise NoWorkersAvailable(
+                        f"request {rid}: worker {worker.worker_id} died under it "
+                        f"(attempt {attempt}); retry the request") from None
+                log.info("request %s: retrying after worker %s died", rid, worker.worker_id)
+            finally:
+                worker.running -= 1
+                if decision is not None:
+                    self._router.finished.remote(rid)
+                self.pool.retire_if_drained(worker)
+
+    async def _place(self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
+                     ) -> tuple[object, PoolWorker]:
+        """Choose a ready worker: the router's decision, or round robin for the baseline."""
+        if self._policy == "round_robin":
+            ready = sorted(self.pool.ready(), key=lambda w: w.worker_id)
+            if not ready:
+                raise NoWorkersAvailable("no ready worker: scale up or wait for a restart")
+            return None, ready[next(self._rr) % len(ready)]
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                decision = await self._router.route_and_start.remote(
+                    request.request_id, request.namespace, list(block_hashes),
+                    len(request.prompt))
+            except NoWorkerAvailable as exc:
+                raise NoWorkersAvailable(str(exc)) from None
+            worker = self.pool.get(decision.worker_id)
+            if worker is not None and worker.state == "ready":
+                return decision, worker
+            # The router had not yet heard that this worker left: tell it again, reroute.
+            self._router.finished.remote(request.request_id)
+            self._router.remove_worker.remote(decision.worker_id)
+        raise NoWorkersAvailable(f"request {request.request_id}: no ready worker found")
+
+    # ---------------------------------------------------------------- admin
+
+    async def workers(self) -> list[WorkerInfo]:
+        pool = self.pool
+        loads = {s.worker_id: s for s in await self._router.workers.remote()}
+        stats = await asyncio.gather(*(self._stats(w) for w in pool.live()))
+        by_id = {w.worker_id: s for w, s in zip(pool.live(), stats)}
+        return [_info(w, by_id.get(w.worker_id), loads.get(w.worker_id)) for w in pool.known()]
+
+    async def scale(self, n: int) -> list[WorkerInfo]:
+        await self.pool.scale(n)
+        return await self.workers()
+
+    async def drain(self, worker_id: str) -> WorkerInfo:
+        worker = await self.pool.drain(worker_id)
+        infos = {i.worker_id: i for i in await self.workers()}
+        return infos.get(worker_id) or _info(worker, None, None)
+
+    async def invalidate(self, namespace: Namespace | None, prefix_tokens: Sequence[int] | None
+                         ) -> int:
+        if namespace is None:
+            raise ValueError("namespace: required; invalidation is per tenant namespace")
+        prefix = None if prefix_tokens is None else list(prefix_tokens)
+        counts = await asyncio.gather(*(w.actor.invalidate.remote(namespace, prefix)
+                                        for w in self.pool.live()))
+        return sum(counts)
+
+    async def cache_stats(self) -> CacheStats:
+        stats = [s for s in await asyncio.gather(*(self._stats(w) for w in self.pool.live()))
+                 if s is not None]
+        return CacheStats(
+            workers=len(stats), cache_bytes=sum(s.cache_bytes for s in stats),
+            cache_capacity_bytes=sum(s.cache_capacity_bytes for s in stats),
+            cache_blocks=sum(s.cache_blocks for s in stats),
+            input_tokens=sum(s.input_tokens for s in stats),
+            cached_tokens=sum(s.cached_tokens for s in stats),
+            computed_tokens=sum(s.input_tokens - s.cached_tokens for s in stats),
+            written_tokens=sum(s.stored_blocks for s in stats) * self._engine.block_size)
+
+    async def _stats(self, worker: PoolWorker) -> WorkerStats | None:
+        try:
+            return await asyncio.wait_for(worker.actor.stats.remote(), STATS_TIMEOUT_S)
+        except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
+            log.info("worker %s: no stats (%s)", worker.worker_id, exc)
+            return None
+
+
+def _info(worker: PoolWorker, stats: WorkerStats | None, load) -> WorkerInfo:
+    s = stats or WorkerStats(0, 0, 0, 0, 0, 0, 0, 0)
+    return WorkerInfo(
+        worker_id=worker.worker_id, node=worker.hello.node_id if worker.hello else "",
+        state=worker.state, running=worker.running,
+        queued_tokens=load.queued_prefill_tokens if load else 0,
+        cache_bytes=s.cache_bytes, cache_capacity_bytes=s.cache_capacity_bytes,
+        cache_blocks=s.cache_blocks,
+        hit_ratio=s.cached_tokens / s.input_tokens if s.input_tokens else 0.0,
+        requests_served=s.requests_served)
