@@ -63,16 +63,22 @@ class Reason(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    cache_weight: float = 4.0
+    cache_weight: float = 64.0
     cold_spill_tokens: int = 4_096
     decode_weight_tokens: int = 64
+    balance_weight: float = 0.25
+    balance_half_life_s: float = 300.0
 
     def __post_init__(self) -> None:
         values = {"cache_weight": self.cache_weight, "cold_spill_tokens": self.cold_spill_tokens,
-                  "decode_weight_tokens": self.decode_weight_tokens}
+                  "decode_weight_tokens": self.decode_weight_tokens,
+                  "balance_weight": self.balance_weight}
         for name, value in values.items():
             if value < 0:
                 raise ValueError(f"PolicyConfig.{name} must be >= 0, got {value}")
+        if self.balance_half_life_s <= 0:
+            raise ValueError(f"PolicyConfig.balance_half_life_s must be > 0 seconds, "
+                             f"got {self.balance_half_life_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,7 @@ class WorkerLoad:
     worker_id: str
     queued_prefill_tokens: int
     running_decodes: int
+    recent_prefill_tokens: float = 0.0  # prefill started there, decayed by its half-life
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,24 +122,30 @@ def decide(
     matched_blocks: dict[str, int],
     loads: Sequence[WorkerLoad],
     seed: int,
+    shared_blocks: int = 0,
 ) -> RoutingDecision:
     """Choose a worker among ``loads`` (the eligible workers) for one prompt.
 
     ``hashes`` is the prompt's chain (at least one entry: the namespace root stands in for a
-    prompt shorter than a block); ``matched_blocks`` the index's answer for it.
+    prompt shorter than a block); ``matched_blocks`` the index's answer for it;
+    ``shared_blocks`` how many leading blocks are a known shared prefix.
     """
     if not loads:
         raise NoWorkerAvailable("no worker is accepting requests: add a worker or retry")
-    weight, cache_weight = config.decode_weight_tokens, config.cache_weight
+    weight, cache_weight = config.decode_weight_tokens, config.cache_weight - 1.0
     cap = max(0, prompt_tokens - 1)  # reusable_tokens, inlined: this loop is the hot path
+    matched = [min(matched_blocks.get(load.worker_id, 0) * block_size, cap) for load in loads]
+    by_match = sorted(matched)
+    best_match = by_match[-1]
+    shared = max(by_match[-2] if len(by_match) > 1 else 0, min(shared_blocks * block_size, cap))
+    least_recent = min(load.recent_prefill_tokens for load in loads)
+    balance = config.balance_weight
     candidates = []
-    for load in loads:
-        matched = min(matched_blocks.get(load.worker_id, 0) * block_size, cap)
-        load_tokens = load.queued_prefill_tokens + weight * load.running_decodes
-        candidates.append(Candidate(load.worker_id, matched, load_tokens,
-                                    load_tokens + cache_weight * (prompt_tokens - matched)))
-    by_match = sorted(c.matched_tokens for c in candidates)
-    best_match, shared = by_match[-1], by_match[(len(by_match) - 1) // 2]
+    for load, m in zip(loads, matched):
+        load_tokens = round(load.queued_prefill_tokens + weight * load.running_decodes
+                            + balance * (load.recent_prefill_tokens - least_recent))
+        score = load_tokens + prompt_tokens - m - cache_weight * max(0, m - shared)
+        candidates.append(Candidate(load.worker_id, m, load_tokens, score))
     if best_match > shared:
         chosen = min(candidates, key=_by_score)
         reason = Reason.PREFIX_MATCH if chosen.matched_tokens == best_match else Reason.LOAD_SPILL
@@ -141,8 +154,8 @@ def decide(
         home_id = rendezvous(key, [c.worker_id for c in candidates], seed)
         chosen = next(c for c in candidates if c.worker_id == home_id)
         reason = Reason.COLD_HASH
-        cheapest = min(candidates, key=_by_load)
-        if chosen.load_tokens - cheapest.load_tokens > config.cold_spill_tokens:
+        cheapest = min(candidates, key=_by_score)
+        if chosen.score - cheapest.score > config.cold_spill_tokens:
             chosen, reason = cheapest, Reason.COLD_SPILL
     return RoutingDecision(chosen.worker_id, reason, chosen.matched_tokens, prompt_tokens,
                            tuple(candidates))

@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Sequence
 from router.events import EventBatch, decode_batch
 from router.index import DEFAULT_MAX_BLOCKS, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
 from router.key import BlockHash, Namespace
+from router.sharing import SharedPrefixes
 from router.policy import NoWorkerAvailable, PolicyConfig, RoutingDecision, WorkerLoad, decide
 
 
@@ -36,6 +37,7 @@ class WorkerStatus:
     running_decodes: int
     in_flight: int
     blocks_held: int
+    recent_prefill_tokens: float = 0.0  # prefill sent there, decayed by the balance half-life
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class _Load:
     running_decodes: int = 0
     in_flight: int = 0
     draining: bool = False
+    recent_scaled: float = 0.0  # forward-decayed: prefill x 2**((t - epoch) / half-life)
 
 
 @dataclass(slots=True)
@@ -72,9 +75,10 @@ class Router:
         self.seed = seed
         self._clock = clock
         self._index = PrefixIndex(max_index_blocks, pending_ttl_s)
+        self._shared = SharedPrefixes(max(1, max_index_blocks // 4))
         self._loads: dict[str, _Load] = {}
         self._tickets: dict[str, _Ticket] = {}
-        self._eligible_cache: tuple[WorkerLoad, ...] | None = None
+        self._epoch = clock()
         self.unknown_tickets = 0
 
     # ---- workers -------------------------------------------------------------------------
@@ -84,25 +88,23 @@ class Router:
             raise ValueError("worker_id must be a non-empty string")
         self._index.add_worker(worker_id)
         self._loads[worker_id] = _Load()
-        self._eligible_cache = None
 
     def drain_worker(self, worker_id: str) -> None:
         """Send no new requests to ``worker_id``; in-flight ones finish normally."""
         self._load_of(worker_id).draining = True
-        self._eligible_cache = None
 
     def remove_worker(self, worker_id: str) -> None:
         """Forget ``worker_id`` (left, or dead) and everything it held, at once."""
         self._load_of(worker_id)
         self._index.remove_worker(worker_id)
         del self._loads[worker_id]
-        self._eligible_cache = None
         for rid in [r for r, t in self._tickets.items() if t.worker_id == worker_id]:
             del self._tickets[rid]
 
     def workers(self) -> list[WorkerStatus]:
+        decay = self._decay(self._clock())
         return [WorkerStatus(w, l.draining, l.queued_prefill_tokens, l.running_decodes,
-                             l.in_flight, self._index.blocks_held(w))
+                             l.in_flight, self._index.blocks_held(w), l.recent_scaled * decay)
                 for w, l in self._loads.items()]
 
     def stale_workers(self) -> list[str]:
@@ -139,15 +141,18 @@ class Router:
             raise ValueError(
                 f"{len(block_hashes)} blocks of {self.block_size} tokens do not fit in a "
                 f"{prompt_tokens}-token prompt: pass the hashes of full blocks only")
-        loads = self._eligible()
+        now = self._clock()
+        loads = self._eligible(now)
         if not loads:
             why = "all workers are draining" if self._loads else "no workers are registered"
             raise NoWorkerAvailable(f"cannot route: {why}; add a worker or retry later")
-        now = self._clock()
         matched = self._index.match(block_hashes, now).blocks
+        deepest = max(matched.values(), default=0)
+        shared = self._shared.depth(block_hashes, deepest)
+        self._shared.note(block_hashes, deepest)
         chain = block_hashes if block_hashes else (namespace.root(),)
         decision = decide(self.config, self.block_size, chain, prompt_tokens, matched,
-                          loads, self.seed)
+                          loads, self.seed, shared)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision
@@ -162,8 +167,8 @@ class Router:
         prefill = decision.prompt_tokens - decision.expected_cached_tokens
         self._tickets[request_id] = _Ticket(decision.worker_id, prefill)
         load.queued_prefill_tokens += prefill
+        load.recent_scaled += prefill / self._decay(self._clock())
         load.in_flight += 1
-        self._eligible_cache = None
 
     def prefilled(self, request_id: str) -> None:
         """The request produced its first token: its prefill is done, it now decodes."""
@@ -174,7 +179,6 @@ class Router:
         load = self._loads[ticket.worker_id]
         load.queued_prefill_tokens -= ticket.prefill_tokens
         load.running_decodes += 1
-        self._eligible_cache = None
         ticket.decoding = True
 
     def finished(self, request_id: str) -> None:
@@ -189,15 +193,22 @@ class Router:
         else:
             load.queued_prefill_tokens -= ticket.prefill_tokens
         load.in_flight -= 1
-        self._eligible_cache = None
 
-    def _eligible(self) -> tuple[WorkerLoad, ...]:
-        # Rebuilt only after a load change, not on every decision.
-        if self._eligible_cache is None:
-            self._eligible_cache = tuple(
-                WorkerLoad(w, l.queued_prefill_tokens, l.running_decodes)
-                for w, l in self._loads.items() if not l.draining)
-        return self._eligible_cache
+    def _eligible(self, now: float) -> list[WorkerLoad]:
+        decay = self._decay(now)
+        return [WorkerLoad(w, l.queued_prefill_tokens, l.running_decodes, l.recent_scaled * decay)
+                for w, l in self._loads.items() if not l.draining]
+
+    def _decay(self, now: float) -> float:
+        # Forward decay: adding x at time t stores x * 2**((t - epoch)/h); reading at ``now``
+        # multiplies by 2**(-(now - epoch)/h). The epoch moves before the numbers grow large.
+        half_life = self.config.balance_half_life_s
+        if now - self._epoch > 64 * half_life:
+            shrink = 2.0 ** (-(now - self._epoch) / half_life)
+            for load in self._loads.values():
+                load.recent_scaled *= shrink
+            self._epoch = now
+        return 2.0 ** (-(now - self._epoch) / half_life)
 
     def _load_of(self, worker_id: str) -> _Load:
         load = self._loads.get(worker_id)

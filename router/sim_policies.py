@@ -268,7 +268,7 @@ class RayPrefixAffinity(SimPolicy):
         if rate < self.match_rate_threshold:
             smallest = min(self.size.values())
             owners = {w for w in self.workers if self.size[w] == smallest}
-        ranked = sorted(owners, key=lambda w: (self.in_flight[w], self.rng.random()))
+        ranked = sorted(sorted(owners), key=lambda w: (self.in_flight[w], self.rng.random()))
         chosen = ranked[0]
         for h in req.hashes:
             holders = self.owners.setdefault(h, set())

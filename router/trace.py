@@ -77,13 +77,13 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
 class SynthShape:
     """The knobs of a synthetic trace (defaults: a busier, more shared, shorter workload)."""
 
-    requests: int = 6000
-    rate_per_s: float = 6.0
-    system_prompts: int = 12
-    system_blocks: tuple[int, ...] = (1, 2, 4, 8)
-    new_conversation: float = 0.45  # probability a request opens a conversation
-    turn_blocks: tuple[int, int] = (1, 6)  # blocks a turn adds (uniform)
-    think_s: tuple[float, float] = (5.0, 240.0)  # pause before a follow-up (uniform)
+    requests: int = 12000
+    rate_per_s: float = 5.0
+    system_prompts: int = 16
+    system_blocks: tuple[int, ...] = (1, 2, 4, 8, 16)
+    new_conversation: float = 0.35  # probability a request opens a conversation
+    turn_blocks: tuple[int, int] = (1, 8)  # blocks a turn adds (uniform)
+    think_s: tuple[float, float] = (5.0, 900.0)  # pause before a follow-up (uniform)
     output: tuple[int, int] = (20, 600)
     block_size: int = 512
 

@@ -65,11 +65,13 @@ def test_msgpack_event_bytes_are_accepted():
 
 
 def test_an_overloaded_home_spills_to_the_cheapest_worker():
-    router, _ = make_router("a", "b", cache_weight=2.0)
+    router, _ = make_router("a", "b", cache_weight=2.0, balance_weight=0.0,
+                            decode_weight_tokens=0)
     store_on(router, "a", prompt(1, 4))
-    # The first request queues 21 uncached tokens on a, the next ones 5 each (their 5th block
-    # is pending there); b would prefill all 85 at weight 2. a's score, queue + 2 x 5, passes
-    # b's 170 once 29 requests are queued: the 30th decision spills.
+    # Only a holds the prefix: its 64 matched tokens count double (cache_weight 2), so a
+    # scores queue + 85 - 64 - 64 against b's 85. The first request queues 21 uncached tokens
+    # on a, the next ones 5 each (their 5th block is pending there, 80 matched: a scores
+    # queue - 75): a wins until its queue passes 160 tokens, after 29 requests.
     reasons = []
     for i in range(40):
         decision = route(router, prompt(1, 5))
@@ -79,6 +81,28 @@ def test_an_overloaded_home_spills_to_the_cheapest_worker():
         router.started(f"r{i}", decision)
     assert reasons[:29] == [(Reason.PREFIX_MATCH, "a")] * 29
     assert reasons[-1] == (Reason.LOAD_SPILL, "b") and len(reasons) == 30
+
+
+def test_recent_work_steers_cold_prompts_to_the_less_worked_worker():
+    router, clock = make_router("a", "b", balance_weight=1.0, cold_spill_tokens=0)
+    for i in range(4):
+        decision = route(router, prompt(100 + i, 3))
+        router.started(f"r{i}", decision)
+        router.finished(f"r{i}")  # done: only the recent-work memory remains
+    status = {s.worker_id: s for s in router.workers()}
+    assert status["a"].queued_prefill_tokens == status["b"].queued_prefill_tokens == 0
+    worked = {d: 0 for d in "ab"}
+    for i in range(20):
+        d = route(router, prompt(300 + i, 3))
+        router.started(f"s{i}", d)
+        router.finished(f"s{i}")
+        worked[d.worker_id] += 1
+    assert abs(worked["a"] - worked["b"]) <= 2  # alternates instead of following the hash
+    before = {s.worker_id: s.recent_prefill_tokens for s in router.workers()}
+    assert sum(before.values()) == 24 * 53
+    clock.now += 300.0  # one half-life later
+    after = {s.worker_id: s.recent_prefill_tokens for s in router.workers()}
+    assert after == pytest.approx({w: v / 2 for w, v in before.items()})
 
 
 def test_a_burst_on_a_new_prefix_lands_together_before_any_event():

@@ -51,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="orchard: prefill tokens of queue one cached token is worth")
     p.add_argument("--cold-spill-tokens", type=int, default=_DEFAULTS.cold_spill_tokens,
                    help="orchard: queue gap that moves a cold prefix off its hash home")
+    p.add_argument("--balance-weight", type=float, default=_DEFAULTS.balance_weight,
+                   help="orchard: weight of recent prefill work above the least-worked worker")
     p.add_argument("--bench-workers", type=int, default=32)
     p.add_argument("--indexed-blocks", type=int, default=1_000_000)
     p.add_argument("--prompt-tokens", type=int, default=8192)
@@ -86,7 +88,8 @@ def _replay(args: argparse.Namespace) -> int:
                        block_size=args.block_size, ttl_s=args.ttl_s, eviction=args.eviction,
                        prefill_tps=args.prefill_tps, decode_tps=args.decode_tps, seed=args.seed)
     policy = PolicyConfig(cache_weight=args.cache_weight,
-                          cold_spill_tokens=args.cold_spill_tokens)
+                          cold_spill_tokens=args.cold_spill_tokens,
+                          balance_weight=args.balance_weight)
     trace = load_trace(args.trace, args.limit)
     summary = simulate(trace, names, config, policy, quiet=args.quiet)
     if args.json:
