@@ -239,11 +239,14 @@ class Engine:
 
     def _prefill(self, tokens: list[int], cache: list[KVCache]) -> None:
         # The model body alone: the vocabulary projection is only needed for the last token.
+        # Chunks are evaluated as they go (bounding memory) except the last, which is
+        # evaluated together with the first token: one synchronisation for a short suffix.
         body = getattr(self._m.model, "model", self._m.model)
         step = self.config.prefill_chunk
         for start in range(0, len(tokens), step):
             body(mx.array([tokens[start:start + step]]), cache=cache)
-            mx.eval([c.keys for c in cache], [c.values for c in cache])
+            if start + step < len(tokens):
+                mx.eval([c.keys for c in cache], [c.values for c in cache])
 
     def _finish(self, uid: int, cache: list[KVCache] | None, all_tokens: list[int] | None
                 ) -> GenerateResult:

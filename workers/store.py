@@ -149,7 +149,7 @@ class PrefixStore:
             cache = KVCache()
             cache.state = (keys[layer][None], values[layer][None], tokens)
             caches.append(cache)
-        mx.eval([c.keys for c in caches], [c.values for c in caches])
+        # Left lazy: the join happens inside the caller's prefill graph, with no extra sync.
         return caches
 
     # ---- write ---------------------------------------------------------------------------
