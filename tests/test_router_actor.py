@@ -1,0 +1,48 @@
+"""The router actor: the async Ray shell answers like the plain Router, errors included."""
+import asyncio
+
+import pytest
+
+from router.key import Namespace, hash_blocks
+from router.policy import NoWorkerAvailable, Reason
+
+pytestmark = pytest.mark.slow
+
+NS = Namespace("acme", "tiny")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from cluster.bootstrap import start_local
+
+    start_local(num_cpus=1)  # loopback only
+    yield ray
+    ray.shutdown()
+
+
+def test_actor_routes_accounts_and_reports_unavailable(ray_local):
+    from router.actor import RouterActor
+
+    async def scenario():
+        actor = RouterActor.remote(16)
+        tokens = list(range(100))
+        hashes = hash_blocks(tokens, 16, NS)
+        with pytest.raises(NoWorkerAvailable):
+            try:
+                await actor.route.remote(NS, hashes, len(tokens))
+            except ray_local.exceptions.RayTaskError as exc:
+                raise exc.cause
+        await actor.add_worker.remote("w0")
+        await actor.add_worker.remote("w1")
+        first = await actor.route_and_start.remote("r1", NS, hashes, len(tokens))
+        again = await actor.route.remote(NS, hashes, len(tokens))
+        status = {s.worker_id: s for s in await actor.workers.remote()}
+        return first, again, status
+
+    first, again, status = asyncio.run(scenario())
+    assert first.reason is Reason.COLD_HASH
+    assert again.worker_id == first.worker_id  # the pending entry steers the repeat
+    assert status[first.worker_id].in_flight == 1
+    assert status[first.worker_id].queued_prefill_tokens == 100
