@@ -75,11 +75,11 @@ def measure_generate(client: Client, n: int, prompt_words: int, offset: int = 0
     walls, workers = [], []
     for i in range(offset, offset + n):
         start = time.perf_counter()
-        result = None
+        result, received = None, 0.0
         for event in client.generate(_request(i, prompt_words)):
             if event.WhichOneof("event") == "result":
-                result = event.result
-        walls.append(time.perf_counter() - start)
+                result, received = event.result, time.perf_counter()
+        walls.append(received - start)
         if result is None or not result.ok:
             raise RuntimeError(f"request {i} failed: {result}")
         workers.append(result.worker_s)
@@ -119,7 +119,7 @@ def measure_job(client: Client, n: int, prompt_words: int, offset: int = 0
 
 
 @contextmanager
-def local_frontend(model_dir: str | None) -> Iterator[Client]:
+def local_frontend(model_dir: str | None, telemetry: str = "file") -> Iterator[Client]:
     """A frontend subprocess over one in-process worker, in a fresh run directory."""
     from cluster.config import load_config, write_default_config
 
@@ -127,6 +127,8 @@ def local_frontend(model_dir: str | None) -> Iterator[Client]:
         run_dir = Path(tmp)
         write_default_config(run_dir, model_dir=model_dir or "", max_pending_per_tenant=100000,
                              max_pending_total=100000, max_concurrent=1)
+        with (run_dir / "orchard.toml").open("a") as f:
+            f.write(f'[telemetry]\nexporter = "{telemetry}"\n')
         log = open(run_dir / "frontend.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "cluster.frontend", "--run-dir", tmp,
                                  "--workers", "1"], stdout=log, stderr=log,
@@ -174,7 +176,7 @@ def bench_api(args) -> int:
         from workers.forge import ensure_default_model
 
         model_dir = args.model or str(ensure_default_model())
-        with local_frontend(model_dir) as client:
+        with local_frontend(model_dir, args.telemetry) as client:
             figures = run(client, args.requests, args.warmup, args.prompt_words, batch=True)
     if args.json:
         print(json.dumps({"target_p50_ms": TARGET_P50_MS,
@@ -199,5 +201,7 @@ def register_bench(sub) -> None:
     p.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
     p.add_argument("--address", help="measure a running frontend instead (host:port)")
     p.add_argument("--api-key", help="a tenant key of that frontend")
+    p.add_argument("--telemetry", choices=("file", "none"), default="file",
+                   help="the local frontend's trace exporter (default: file, as `orchard up`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=bench_api)

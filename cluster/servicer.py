@@ -126,9 +126,12 @@ class GenerateServicer(pb_grpc.GenerateServicer):
                 hashes = self._runner.block_hashes(tenant, new.prompt)
                 async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
                     if isinstance(item, GenerateOutcome):
-                        trace.done(generate, hashes, item)
                         stored = result_of(0, new.custom_id, item)
-                        yield pb.GenerateResponse(result=result_to_pb(stored, self._model.model_id))
+                        try:  # the caller gets its result first; the trace is finished after
+                            yield pb.GenerateResponse(
+                                result=result_to_pb(stored, self._model.model_id))
+                        finally:
+                            trace.done(generate, hashes, item)
                     else:
                         yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
                                                                       text=item.text))
