@@ -258,3 +258,22 @@ def test_drain_and_scale_while_serving(api, acme):
         assert {r.worker_id for r in results} == {"local-1"}
         assert [w.worker_id for w in admin.workers()] == ["local-1"]
         assert sorted(w.worker_id for w in admin.scale(2)) == ["local-1", "local-2"]
+
+
+def test_results_stream_resumes_after_a_disconnect_mid_job(acme):
+    job = acme.submit([chat(f"s{i}", f"streamed {i}", max_tokens=24) for i in range(6)])
+    stream = acme.results(job.job_id, follow=True)
+    first = [next(stream), next(stream)]
+    stream.close()  # the client goes away mid-job
+    rest = list(acme.results(job.job_id, offset=first[-1].seq + 1, follow=True))
+    seen = first + rest
+    assert [r.seq for r in seen] == list(range(6))
+    assert sorted(r.custom_id for r in seen) == sorted(f"s{i}" for i in range(6))
+    assert acme.job(job.job_id).state == "succeeded"
+
+
+def test_generate_past_its_deadline_is_deadline_exceeded(acme):
+    with pytest.raises(OrchardError) as err:
+        list(acme.generate(chat("", "slow", max_tokens=200), timeout_s=0.05))
+    assert err.value.code == "DEADLINE_EXCEEDED"
+    assert acme.health() == "SERVING"

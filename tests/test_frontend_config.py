@@ -1,0 +1,40 @@
+"""The run directory's config: defaults with fresh keys, and errors that name the key."""
+import pytest
+
+from cluster.config import load_config, write_default_config
+
+
+def test_default_config_has_fresh_keys_and_loopback(tmp_path):
+    path = write_default_config(tmp_path, tenants=("acme", "beta"), max_concurrent=3)
+    config = load_config(tmp_path)
+    assert config.tenants() == ["acme", "beta"]
+    assert config.key_for("acme").startswith("sk-acme-") and len(config.admin_keys) == 1
+    assert config.limits.max_concurrent == 3 and config.host == "127.0.0.1"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    write_default_config(tmp_path / "other")
+    assert load_config(tmp_path / "other").key_for("default") != config.key_for("acme")
+    assert write_default_config(tmp_path) == path  # an existing config is kept
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[limits]\nmax_concurrent = 0\n", "max_concurrent must be >= 1"),
+    ("[limits]\nmax_concurent = 2\n", "unknown key(s) max_concurent"),
+    ("[limits]\nrequest_timeout_s = \"soon\"\n", "request_timeout_s must be a float"),
+    ("[frontend]\nhost = \"0.0.0.0\"\n", "loopback"),
+    ("[[tenants]]\nname = \"a\"\napi_keys = []\n", "tenants[0].api_keys"),
+    ("[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\n[admin]\napi_keys = [\"k\"]\n",
+     "both a tenant key and an admin key"),
+    ("[cache\n", "not valid TOML"),
+])
+def test_bad_config_names_the_key(tmp_path, text, message):
+    (tmp_path / "orchard.toml").write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_config(tmp_path)
+    assert message in str(err.value)
+
+
+def test_missing_config_says_how_to_start(tmp_path):
+    with pytest.raises(FileNotFoundError, match="orchard up --run-dir"):
+        load_config(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="no tenant 'zed'"):
+        load_config(write_default_config(tmp_path).parent).key_for("zed")
