@@ -205,9 +205,11 @@ class RayBackend:
         return await self.workers()
 
     async def drain(self, worker_id: str) -> WorkerInfo:
+        """Drain ``worker_id``; returns it as it was when draining began."""
+        before = {i.worker_id: i for i in await self.workers()}
         worker = await self.pool.drain(worker_id)
-        infos = {i.worker_id: i for i in await self.workers()}
-        return infos.get(worker_id) or _info(worker, None, None)
+        info = before.get(worker_id) or _info(worker, None, None)
+        return WorkerInfo(**{**_fields(info), "state": worker.state})
 
     async def invalidate(self, namespace: Namespace | None, prefix_tokens: Sequence[int] | None
                          ) -> int:
@@ -238,10 +240,14 @@ class RayBackend:
             return None
 
 
+def _fields(obj) -> dict:
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+
+
 def _info(worker: PoolWorker, stats: WorkerStats | None, load) -> WorkerInfo:
     s = stats or WorkerStats(0, 0, 0, 0, 0, 0, 0, 0)
     return WorkerInfo(
-        worker_id=worker.worker_id, node=worker.hello.node_id if worker.hello else "",
+        worker_id=worker.worker_id, node=worker.hello.node if worker.hello else "",
         state=worker.state, running=worker.running,
         queued_tokens=load.queued_prefill_tokens if load else 0,
         cache_bytes=s.cache_bytes, cache_capacity_bytes=s.cache_capacity_bytes,

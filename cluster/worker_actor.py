@@ -56,6 +56,7 @@ class WorkerHello:
 
     worker_id: str
     node_id: str
+    node: str             # the node's address, as operators know it
     pid: int
     model_id: str
     revision: str
@@ -111,7 +112,7 @@ class EngineWorker:
                                             daemon=True)
             self._thread.start()
         engine = await self._call(self._open)
-        return WorkerHello(self._id, _node_id(), os.getpid(), engine.model_id, engine.revision,
+        return WorkerHello(self._id, _node_id(), _node_address(), os.getpid(), engine.model_id, engine.revision,
                            engine.vocab_size, engine.max_context, engine.config.block_size,
                            openblas_in_use())
 
@@ -262,6 +263,10 @@ def _settle(future: asyncio.Future, ok: bool, value) -> None:
 
 def _node_id() -> str:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+
+
+def _node_address() -> str:
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "local"
 
 
 def _fields(obj) -> dict:

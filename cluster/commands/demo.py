@@ -1,56 +1,144 @@
-"""``orchard demo``: a multi-turn chat on the embedded model, turn by turn cached vs computed.
+"""``orchard demo``: the main job, end to end on the embedded default.
 
-The embedded default model is forged on first use. Every turn sends the whole conversation
-again; the table shows how much of it the prefix store supplied and what that did to TTFT.
+Starts a local cluster (Ray, 2 worker actors with the forged model, the router, the gRPC
+frontend on loopback), submits the demo batch from ``examples/`` through the public API
+(conversations that share system prompts, several turns each), shows the job's progress,
+prints what the prefix caches did (requests, cached vs computed tokens, hit ratio, TTFT and
+TPOT medians, requests per worker) and stops the cluster. ``orchard chat`` is the
+single-engine view of the same reuse.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-SYSTEM = ("You are orchard's demo assistant. orchard serves language models from a cluster of "
-          "Apple Silicon Macs: a router hashes each prompt's token blocks and sends it to the "
-          "worker most likely to hold its cached prefix, and every worker keeps a prefix store "
-          "of key and value tensors with least-recently-used eviction and a time to live. ")
-QUESTIONS = (
-    "What is a prefix cache?",
-    "Why does the router hash blocks of tokens instead of whole prompts?",
-    "What happens when a cached block expires?",
-    "How are tenants kept apart?",
-    "What does the effective input multiplier measure?",
-    "Summarise the conversation so far.",
-)
+from cluster.config import default_run_dir
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DEMO_BATCH = EXAMPLES / "demo_batch.jsonl"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="multi-turn chat showing prefix reuse turn by turn")
-    p.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
-    p.add_argument("--turns", type=int, default=len(QUESTIONS))
-    p.add_argument("--max-tokens", type=int, default=32)
+    p = subparsers.add_parser("demo", help="the main job: a local cluster serves the demo batch")
+    p.add_argument("--batch", type=Path, default=DEMO_BATCH,
+                   help="an OpenAI Batch JSONL file (default: examples/demo_batch.jsonl)")
+    p.add_argument("--workers", type=int, default=2, help="worker actors (default 2)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="run directory (default: $ORCHARD_RUN_DIR or ./run)")
     p.set_defaults(func=run)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    requests: int
+    failed: int
+    retried: int
+    prompt_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    ttft_p50_s: float
+    tpot_p50_s: float
+    wall_s: float
+    per_worker: dict[str, int]
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def summarize(results, wall_s: float) -> Summary:
+    """What the cluster did for a job's results (``pb.Result``s)."""
+    ok = [r for r in results if r.ok]
+    return Summary(
+        requests=len(results), failed=len(results) - len(ok),
+        retried=sum(1 for r in ok if r.attempts > 1),
+        prompt_tokens=sum(r.usage.prompt_tokens for r in ok),
+        cached_tokens=sum(r.usage.cached_tokens for r in ok),
+        computed_tokens=sum(r.usage.computed_tokens for r in ok),
+        ttft_p50_s=statistics.median(r.ttft_s for r in ok) if ok else 0.0,
+        tpot_p50_s=statistics.median(r.tpot_s for r in ok) if ok else 0.0,
+        wall_s=wall_s,
+        per_worker=dict(sorted(collections.Counter(r.worker_id for r in ok).items())))
 
 
 def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.chat import ChatSession
-    from workers.engine import Engine
-    from workers.forge import ensure_default_model
-    from workers.messages import SamplingParams
+    from cluster.batchfile import parse_batch
+    from cluster.daemon import UpOptions
 
-    if not 1 <= args.turns <= len(QUESTIONS) or args.max_tokens < 1:
-        raise ValueError(f"--turns must be 1..{len(QUESTIONS)} and --max-tokens positive")
-    model = args.model or ensure_default_model()
-    engine = Engine.open(model)
-    print(f"orchard demo: model {engine.model_id} ({model}); the weights are random, so the "
-          f"replies are gibberish, but the cache behaviour is real")
-    chat = ChatSession(engine, "demo", SYSTEM * 6, SamplingParams(max_tokens=args.max_tokens))
-    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'computed':>9} {'written':>8} "
-          f"{'TTFT':>9}  outcome")
-    for turn, question in enumerate(QUESTIONS[: args.turns], start=1):
-        r = chat.say(question)
-        print(f"{turn:>4} {r.input_tokens:>7} {r.cached_tokens:>7} {r.computed_tokens:>9} "
-              f"{r.written_tokens:>8} {r.ttft_s * 1e3:>7.1f}ms  {r.lookup.outcome.value} "
-              f"({r.lookup.line()})")
-    s = engine.store.stats()
-    print(f"store: {s.ledger.blocks} blocks, {s.tensor_bytes / 2**20:.1f} MiB "
-          f"({s.tensor_bytes // max(1, s.ledger.tokens)} bytes per cached token)")
-    return 0
+    if not args.batch.exists():
+        raise FileNotFoundError(f"{args.batch} does not exist: pass --batch FILE.jsonl")
+    with args.batch.open() as f:
+        batch = parse_batch(f, name=str(args.batch))
+    options = UpOptions(args.run_dir or default_run_dir(), args.workers)
+    print(f"orchard demo: starting a local cluster with {options.workers} workers in "
+          f"{options.run_dir} (the model is forged on first use; the weights are random, so "
+          f"replies are gibberish, but the caching and routing are real)", flush=True)
+    summary = asyncio.run(_main(options, batch))
+    _print(summary, args.batch)
+    return 0 if summary.failed == 0 else 1
+
+
+async def _main(options, batch) -> Summary:
+    from cluster.daemon import run_cluster
+
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    started = time.monotonic()
+
+    def on_ready(state) -> None:
+        print(f"orchard demo: cluster up in {time.monotonic() - started:.0f} s: frontend "
+              f"{state.frontend}, {state.workers} workers", flush=True)
+        ready.set()
+
+    cluster = asyncio.create_task(run_cluster(options, stop, on_ready, stop_on_signals=True))
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait({cluster, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if cluster.done():
+        waiter.cancel()
+        cluster.result()  # raises what stopped the cluster from starting
+        raise RuntimeError("the cluster stopped before it was ready")
+    try:
+        return await asyncio.to_thread(_submit_and_wait, options.run_dir, batch.requests)
+    finally:
+        stop.set()
+        await cluster
+        print("orchard demo: cluster stopped", flush=True)
+
+
+def _submit_and_wait(run_dir: Path, requests) -> Summary:
+    from cluster.client import Client
+
+    with Client.from_run_dir(run_dir) as client:
+        started = time.monotonic()
+        job = client.submit(requests)
+        print(f"orchard demo: submitted {job.job_id} ({job.total} requests)", flush=True)
+        tty = sys.stdout.isatty()
+
+        def progress(status) -> None:
+            end = "\r" if tty and not status.finished else "\n"
+            print(f"  {status.state}: {status.done}/{status.total} done, {status.failed} failed, "
+                  f"{time.monotonic() - started:.1f} s", end=end, flush=True)
+        client.wait(job.job_id, on_progress=progress, poll_s=0.5)
+        wall_s = time.monotonic() - started
+        results = list(client.results(job.job_id))
+    return summarize(results, wall_s)
+
+
+def _print(s: Summary, batch: Path) -> None:
+    print(f"\norchard demo: {batch.name}")
+    print(f"  requests        {s.requests} ({s.failed} failed, {s.retried} retried)")
+    print(f"  prompt tokens   {s.prompt_tokens}")
+    print(f"  cached tokens   {s.cached_tokens}  (read from the workers' prefix stores)")
+    print(f"  computed tokens {s.computed_tokens}  (prefilled)")
+    print(f"  hit ratio       {s.hit_ratio:.1%}")
+    print(f"  TTFT median     {s.ttft_p50_s * 1e3:.1f} ms")
+    print(f"  TPOT median     {s.tpot_p50_s * 1e3:.1f} ms")
+    print(f"  wall time       {s.wall_s:.1f} s")
+    print("  per worker      " + ", ".join(f"{w}: {n}" for w, n in s.per_worker.items()))

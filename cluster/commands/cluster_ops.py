@@ -1,0 +1,156 @@
+"""``orchard up``, ``down``, ``scale``, ``drain``, ``workers``: running and operating a cluster.
+
+``up`` and ``down`` manage the serving process (``cluster.daemon``). ``scale``, ``drain`` and
+``workers`` act on a running cluster through the gRPC admin API (``cluster.client`` with an
+admin key from the run directory's ``orchard.toml``), so they work while jobs run and from any
+machine that can reach the frontend.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cluster.config import default_run_dir
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser("up", help="start a cluster: Ray, worker actors, router, frontend")
+    _run_dir(up)
+    up.add_argument("--workers", type=int, default=2, help="worker actors to start (default 2)")
+    up.add_argument("--address", default=None,
+                    help="join the Ray cluster at HOST:PORT instead of starting one locally")
+    up.add_argument("--detach", action="store_true",
+                    help="leave the cluster running in the background and return once ready")
+    up.add_argument("--cpus-per-worker", type=float, default=1.0,
+                    help="CPUs each worker actor reserves (sets its BLAS threads; default 1)")
+    up.add_argument("--workers-per-node", type=int, default=1,
+                    help="worker actors allowed on one node (default 1: one MLX worker per Mac)")
+    up.set_defaults(func=cmd_up)
+
+    down = subparsers.add_parser("down", help="stop the cluster started with `orchard up --detach`")
+    _run_dir(down)
+    down.set_defaults(func=cmd_down)
+
+    scale = subparsers.add_parser("scale", help="add or drain workers until N serve")
+    _admin_args(scale)
+    scale.add_argument("--workers", type=int, required=True)
+    scale.add_argument("--json", action="store_true")
+    scale.set_defaults(func=cmd_scale)
+
+    drain = subparsers.add_parser("drain", help="stop routing to a worker; it finishes and leaves")
+    _admin_args(drain)
+    drain.add_argument("worker", help="worker id, as `orchard workers` lists it")
+    drain.add_argument("--json", action="store_true")
+    drain.set_defaults(func=cmd_drain)
+
+    workers = subparsers.add_parser("workers", help="list workers: node, state, load, cache")
+    _admin_args(workers)
+    workers.add_argument("--json", action="store_true")
+    workers.set_defaults(func=cmd_workers)
+
+
+def _run_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="the cluster's run directory (default: $ORCHARD_RUN_DIR or ./run)")
+
+
+def _admin_args(parser: argparse.ArgumentParser) -> None:
+    _run_dir(parser)
+    parser.add_argument("--address", default=None, help="frontend host:port")
+    parser.add_argument("--api-key", default=None, help="an admin API key")
+
+
+def _options(args):
+    from cluster.bootstrap import Placement
+    from cluster.daemon import UpOptions
+
+    return UpOptions(args.run_dir or default_run_dir(), args.workers, args.address,
+                     Placement(args.cpus_per_worker, args.workers_per_node))
+
+
+def cmd_up(args) -> int:
+    from cluster import daemon
+
+    options = _options(args)
+    if args.detach:
+        state = daemon.spawn_detached(options)
+        print(f"orchard: cluster up in the background (pid {state.pid}): frontend "
+              f"{state.frontend}, {state.workers} worker(s), Ray {state.ray_address}; "
+              f"stop it with `orchard down --run-dir {options.run_dir}`")
+        return 0
+
+    def ready(state) -> None:
+        print(f"orchard: cluster up: frontend {state.frontend}, {state.workers} worker(s), "
+              f"Ray {state.ray_address}; Ctrl-C to stop", flush=True)
+    daemon.serve_until_stopped(options, ready)
+    print("orchard: cluster stopped", flush=True)
+    return 0
+
+
+def cmd_down(args) -> int:
+    from cluster import daemon
+
+    run_dir = args.run_dir or default_run_dir()
+    state = daemon.stop_detached(run_dir)
+    print(f"orchard: cluster stopped (pid {state.pid}, run dir {run_dir})")
+    return 0
+
+
+def _admin(args):
+    from cluster.client import Client
+
+    return Client.from_run_dir(args.run_dir, admin=True, api_key=args.api_key,
+                               address=args.address)
+
+
+def _call(fn):
+    from cluster.client import OrchardError
+
+    try:
+        return fn()
+    except OrchardError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def cmd_scale(args) -> int:
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    with _admin(args) as client:
+        workers = _call(lambda: client.scale(args.workers))
+    _print_workers(workers, args.json)
+    return 0
+
+
+def cmd_drain(args) -> int:
+    with _admin(args) as client:
+        worker = _call(lambda: client.drain(args.worker))
+    _print_workers([worker], args.json)
+    return 0
+
+
+def cmd_workers(args) -> int:
+    with _admin(args) as client:
+        workers = _call(client.workers)
+    _print_workers(workers, args.json)
+    return 0
+
+
+def worker_dict(w) -> dict:
+    return {"worker_id": w.worker_id, "node": w.node, "state": w.state, "running": w.running,
+            "queued_tokens": w.queued_tokens, "cache_bytes": w.cache_bytes,
+            "cache_capacity_bytes": w.cache_capacity_bytes, "cache_blocks": w.cache_blocks,
+            "hit_ratio": round(w.hit_ratio, 4), "requests_served": w.requests_served}
+
+
+def _print_workers(workers, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([worker_dict(w) for w in workers], indent=2))
+        return
+    print(f"{'worker':<8} {'node':<14} {'state':<9} {'running':>7} {'queued':>7} "
+          f"{'cache MiB':>9} {'blocks':>7} {'hit':>6} {'served':>7}")
+    for w in workers:
+        print(f"{w.worker_id:<8} {w.node[:12]:<14} {w.state:<9} {w.running:>7} "
+              f"{w.queued_tokens:>7} {w.cache_bytes / 2**20:>9.2f} {w.cache_blocks:>7} "
+              f"{w.hit_ratio:>6.1%} {w.requests_served:>7}", file=sys.stdout)
