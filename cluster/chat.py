@@ -7,6 +7,7 @@ worker will prefill. The tokenizer and template come from the model directory, t
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -20,6 +21,9 @@ class ChatTokenizer:
             raise FileNotFoundError(f"{path} has no tokenizer files: point [model] dir at an "
                                     "mlx-lm model directory")
         self._tok = AutoTokenizer.from_pretrained(str(path))
+        # A fast tokenizer is not safe to drive from two threads at once ("Already borrowed"):
+        # big jobs are tokenized off the event loop while Generate tokenizes on it.
+        self._lock = threading.Lock()
         if not getattr(self._tok, "chat_template", None):
             raise ValueError(f"{path}: the tokenizer has no chat template; "
                              "send token ids instead of messages")
@@ -34,14 +38,17 @@ class ChatTokenizer:
 
     def _apply(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool
                ) -> list[int]:
-        ids = self._tok.apply_chat_template(list(messages), tokenize=True, return_dict=False,
-                                            add_generation_prompt=add_generation_prompt)
+        with self._lock:
+            ids = self._tok.apply_chat_template(list(messages), tokenize=True, return_dict=False,
+                                                add_generation_prompt=add_generation_prompt)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers returning a batch
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
     def encode(self, text: str) -> list[int]:
-        return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
+        with self._lock:
+            return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self._tok.decode(list(token_ids))
+        with self._lock:
+            return self._tok.decode(list(token_ids))
