@@ -106,6 +106,7 @@ class Client:
     def __init__(self, address: str, api_key: str, timeout_s: float = 60.0):
         self._channel = grpc.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),  # big jobs are one SubmitJob message
             # server streams (results, generate) read on the calling thread: lower latency
             (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
         self._auth = (("authorization", f"Bearer {api_key}"),)
