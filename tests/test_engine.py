@@ -159,3 +159,30 @@ def test_model_directory_errors(tmp_path):
 def test_sliding_window_architecture_is_refused():
     with pytest.raises(ValueError, match="RotatingKVCache.*standard KVCache"):
         Engine.open(tiny_model("llama", sliding=True))
+
+
+def test_ttl_events_and_invalidation_through_the_engine():
+    class Clock:
+        now = 0.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, ttl_s=30), clock=clock)
+    prompt = prompt_of(40, seed=9)
+    first = run_one(eng, req(eng, prompt))
+    events = eng.store.drain_events()
+    assert len(events) == first.written_tokens // BS
+    assert {h.block for h in eng.store.holdings()} == {e.block for e in events}
+    clock.now = 20
+    assert run_one(eng, req(eng, prompt)).cached_tokens == 32
+    clock.now = 55  # 35 s after the last use
+    expired = run_one(eng, req(eng, prompt))
+    assert expired.cached_tokens == 0 and expired.lookup.outcome == LookupOutcome.MISS
+    assert eng.store.stats().ledger.expirations == len(events)
+    near = run_one(eng, req(eng, prompt[:20] + [7] + prompt[21:]))
+    assert near.lookup.outcome == LookupOutcome.NEAR_MISS
+    assert near.lookup.line() == "common=20 of 40" and near.cached_tokens == 16
+    assert eng.store.invalidate_prefix(eng.namespace("t"), prompt[:16]) > 0
+    assert run_one(eng, req(eng, prompt)).cached_tokens == 0

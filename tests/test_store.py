@@ -160,3 +160,18 @@ def test_capacity_exhaustion_stores_what_fits():
     store = make_store(blocks=2)
     assert put(store, list(range(1, 21))) == 8
     assert store.lookup(NS, list(range(1, 21))).report.outcome == LookupOutcome.PARTIAL
+
+
+def test_a_hash_collision_is_caught_by_the_token_check(monkeypatch):
+    import workers.store as store_module
+    from router.key import BlockHash
+
+    def colliding(tokens, block_size, namespace):  # every prompt's blocks hash alike
+        return [BlockHash(1000 + i) for i in range(len(tokens) // block_size)]
+
+    monkeypatch.setattr(store_module, "hash_blocks", colliding)
+    store = make_store()
+    put(store, list(range(1, 13)))
+    report = store.lookup(NS, list(range(1, 5)) + [60, 61, 62, 63, 64]).report
+    assert report.matched_tokens == 4  # block 0 really matches; block 1 only by hash
+    assert store.stats().hash_mismatches == 1
