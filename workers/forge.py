@@ -13,6 +13,7 @@ The embedded default lives in ``$ORCHARD_HOME/models/default`` (``ORCHARD_HOME``
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -91,10 +92,19 @@ def default_model_dir() -> Path:
 
 
 def ensure_default_model() -> Path:
-    """The embedded default model directory, forged on first use when missing."""
+    """The embedded default model directory, forged on first use when missing.
+
+    Several processes may ask at once (worker actors starting together): a lock file makes
+    one of them forge while the others wait and then find the model there.
+    """
     path = default_model_dir()
-    if not (path / "config.json").exists():
-        forge(path, ForgeSpec())
+    if (path / "config.json").exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / ".default.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (path / "config.json").exists():
+            forge(path, ForgeSpec())
     return path
 
 
