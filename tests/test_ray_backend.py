@@ -1,0 +1,188 @@
+"""RayBackend on a real embedded Ray cluster: routing on worker block events, a worker killed
+mid-request, scaling and draining while requests run, invalidation, placement errors.
+
+One cluster for the module (Ray takes seconds to start); the tests run in file order and
+each leaves the pool with at least two ready workers.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from cluster.backend import NoWorkersAvailable, UnknownWorker  # noqa: E402
+from cluster.ray_backend import RayBackend  # noqa: E402
+from cluster.ray_pool import NoRoom  # noqa: E402
+from router.key import Namespace, hash_blocks  # noqa: E402
+from tests.forged_models import tiny_model  # noqa: E402
+from workers.engine import EngineConfig  # noqa: E402
+from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 16
+
+
+class Loop:
+    """An event loop on a thread of its own, so sync tests can await the backend."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout_s: float = 180.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def submit(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    loop = Loop()
+    backend = RayBackend(tiny_model(), workers=2,
+                         engine=EngineConfig(block_size=BLOCK, max_batch=4))
+    loop.run(backend.start(), timeout_s=300)
+    yield backend, loop
+    loop.run(backend.close())
+    loop.close()
+
+
+def _request(backend: RayBackend, rid: str, prompt: tuple[int, ...], max_tokens: int = 4,
+             tenant: str = "t"):
+    info = backend.tokenizer_info()
+    ns = Namespace(tenant, info.model_id, info.revision)
+    return (GenerateRequest(rid, ns, prompt, SamplingParams(max_tokens=max_tokens)),
+            hash_blocks(prompt, BLOCK, ns))
+
+
+def _prompt(seed: int, shared: int = 96, own: int = 20) -> tuple[int, ...]:
+    system = tuple(100 + (i * 7) % 900 for i in range(shared))
+    return system + tuple(1000 + seed * 31 + i for i in range(own))
+
+
+def _generate(backend, loop, rid, prompt, max_tokens=4, tenant="t"):
+    return loop.run(backend.generate(*_request(backend, rid, prompt, max_tokens, tenant)))
+
+
+def test_workers_start_on_node_slots_with_openblas(cluster):
+    backend, loop = cluster
+    workers = loop.run(backend.workers())
+    assert [w.state for w in workers] == ["ready", "ready"]
+    for w in backend.pool.live():
+        assert w.hello.openblas, "the worker actor's process must load OpenBLAS before MLX"
+        assert w.hello.pid != os.getpid()
+    info = backend.tokenizer_info()
+    assert info.block_size == BLOCK and info.vocab_size > 0
+
+
+def test_block_events_reach_the_router_so_the_prefix_is_routed_home(cluster):
+    backend, loop = cluster
+    first = _generate(backend, loop, "events-0", _prompt(1))
+    assert first.result.cached_tokens == 0
+    time.sleep(0.5)  # the worker's event batch travels to the router actor
+    second = _generate(backend, loop, "events-1", _prompt(2))
+    assert second.worker_id == first.worker_id
+    assert second.decision.reason.value == "prefix_match"
+    assert second.decision.expected_cached_tokens >= 96 - BLOCK
+    assert second.result.cached_tokens == 96
+    stats = loop.run(backend.cache_stats())
+    assert stats.cached_tokens >= 96 and stats.cache_blocks > 0
+
+
+def test_other_tenant_never_hits(cluster):
+    backend, loop = cluster
+    out = _generate(backend, loop, "tenant-b", _prompt(3), tenant="other")
+    assert out.result.cached_tokens == 0
+
+
+def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
+    backend, loop = cluster
+    victim = backend.pool.ready()[0]
+    futures = [loop.submit(backend.generate(*_request(backend, f"kill-{i}", _prompt(40 + i),
+                                                       max_tokens=48)))
+               for i in range(6)]
+    deadline = time.monotonic() + 60
+    while victim.running == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert victim.running > 0, "no request reached the victim"
+    os.kill(victim.hello.pid, signal.SIGKILL)
+    outcomes = [f.result(180) for f in futures]
+    assert all(len(o.result.output_tokens) > 0 for o in outcomes)
+    retried = [o for o in outcomes if o.attempts > 1]
+    assert retried and all(o.worker_id != victim.worker_id for o in retried)
+    later = _generate(backend, loop, "after-kill", _prompt(50))
+    assert victim.worker_id not in {c.worker_id for c in later.decision.candidates}, \
+        "the router must forget a dead worker"
+    deadline = time.monotonic() + 120
+    while backend.pool.replaced < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert backend.pool.replaced >= 1
+    states = {w.worker_id: w.state for w in loop.run(backend.workers())}
+    assert states[victim.worker_id] == "dead"
+    assert sum(1 for s in states.values() if s == "ready") == 2
+
+
+def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
+    backend, loop = cluster
+    futures = [loop.submit(backend.generate(*_request(backend, f"scale-{i}", _prompt(60 + i),
+                                                       max_tokens=24)))
+               for i in range(8)]
+    grown = loop.run(backend.scale(3))
+    assert sum(1 for w in grown if w.state == "ready") == 3
+    busy = max(backend.pool.ready(), key=lambda w: w.running)
+    drained = loop.run(backend.drain(busy.worker_id))
+    assert drained.state == "draining"
+    outcomes = [f.result(180) for f in futures]
+    assert len(outcomes) == 8 and all(o.result.output_tokens for o in outcomes)
+    deadline = time.monotonic() + 30
+    while backend.pool.get(busy.worker_id) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert backend.pool.get(busy.worker_id) is None, "a drained worker leaves once idle"
+    after = _generate(backend, loop, "after-drain", _prompt(70))
+    assert busy.worker_id not in {c.worker_id for c in after.decision.candidates}
+    with pytest.raises(UnknownWorker):
+        loop.run(backend.drain("no-such-worker"))
+
+
+def test_invalidate_drops_a_tenants_blocks(cluster):
+    backend, loop = cluster
+    _generate(backend, loop, "inv-0", _prompt(80))
+    time.sleep(0.3)
+    info = backend.tokenizer_info()
+    removed = loop.run(backend.invalidate(Namespace("t", info.model_id, info.revision), None))
+    assert removed > 0
+    again = _generate(backend, loop, "inv-1", _prompt(81))
+    assert again.result.cached_tokens == 0
+
+
+def test_scaling_past_the_node_slots_says_how_to_fix_it(cluster):
+    backend, loop = cluster
+    with pytest.raises(NoRoom, match="add nodes"):
+        loop.run(backend.scale(1000))
+    with pytest.raises(ValueError, match=">= 1"):
+        loop.run(backend.scale(0))
+
+
+def test_bad_policy_is_refused():
+    with pytest.raises(ValueError, match="policy"):
+        RayBackend(tiny_model(), policy="random")
+
+
+def test_with_every_worker_drained_requests_are_unavailable(cluster):
+    backend, loop = cluster  # last: leaves no worker
+    for worker in backend.pool.ready():
+        loop.run(backend.drain(worker.worker_id))
+    with pytest.raises(NoWorkersAvailable):
+        _generate(backend, loop, "none-left", _prompt(90))
