@@ -89,6 +89,8 @@ class WorkerInfo:
     cache_blocks: int
     hit_ratio: float       # token-weighted: cached / input tokens served so far (0.0 if none)
     requests_served: int
+    evictions: int = 0     # blocks the worker's store evicted so far (capacity)
+    expirations: int = 0   # blocks the worker's store dropped after their TTL so far
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,8 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
     runner = JobRunner(store, backend, namespace, model.block_size, limits.max_concurrent,
                        limits.max_pending_per_tenant, limits.max_pending_total,
                        limits.request_timeout_s, tracing)
+    tenants = config.tenants()
+    tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
     auth = Authenticator(config.tenant_keys, config.admin_keys)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])

@@ -268,7 +268,8 @@ class LocalBackend:
             cache_bytes=stats.tensor_bytes, cache_capacity_bytes=stats.ledger.capacity_bytes,
             cache_blocks=stats.ledger.blocks,
             hit_ratio=w.cached_tokens / w.input_tokens if w.input_tokens else 0.0,
-            requests_served=w.served)
+            requests_served=w.served, evictions=stats.ledger.evictions,
+            expirations=stats.ledger.expirations)
 
     def _remove_dead(self, worker: _Worker) -> None:
         if self._workers.get(worker.worker_id) is worker:

@@ -19,7 +19,10 @@ and the cluster's capacity. Measured: the engine's cached / written counts.
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import logging
 import re
 import time
 from contextlib import contextmanager
@@ -30,6 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from opentelemetry.trace import Span
 
 from cluster import spans
+from cluster.telemetry_metrics import StoreGauges
 from cluster.telemetry import (Telemetry, extract_metadata, guarded, request_context,
                                settings_from_config, setup_telemetry)
 from router.attribution import Attribution, MissAttributor, RequestSeen
@@ -38,6 +42,8 @@ from router.cost import (CostComparison, PriceTable, load_price_table, TokenUsag
 from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
 from router.key import BlockHash, hash_blocks
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
+
+log = logging.getLogger("orchard.telemetry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +189,9 @@ class JobTracing:
     def __init__(self, observer: RequestObserver | None = None) -> None:
         self.observer = observer
         self._job_context: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._poller: asyncio.Task | None = None
+        self._backend: Any = None
+        self._stores: dict[str, StoreGauges] = {}
 
     @contextmanager
     def request(self, tenant: str, request_id: str, job_id: str, custom_id: str,
@@ -201,7 +210,42 @@ class JobTracing:
         with self.observer.request(info, extract_metadata(metadata)) as span:
             yield RequestTrace(self.observer, span, self.observer.context())
 
-    def close(self) -> None:
+    def watch(self, backend: Any, queue_depths: Callable[[], Mapping[str, int]],
+              interval_s: float = 5.0) -> None:
+        """Feed the store and queue gauges: poll ``backend.workers()`` every ``interval_s``
+        on the running event loop (metric callbacks run on the exporter's thread and read
+        the last snapshot); ``queue_depths`` gives the pending requests per tenant."""
+        if self.observer is None:
+            return
+        self.observer.tel.instruments.watch_queue(queue_depths)
+        self._backend = backend
+
+        async def poll() -> None:
+            while True:
+                await self._poll_workers()
+                await asyncio.sleep(interval_s)
+
+        self._poller = asyncio.get_running_loop().create_task(poll(), name="store-metrics")
+
+    async def _poll_workers(self) -> None:
+        try:
+            infos = await self._backend.workers()
+        except Exception:  # one failed poll must not stop the metrics
+            log.exception("polling the workers for store metrics failed")
+            return
+        instruments = self.observer.tel.instruments
+        for info in infos:
+            if info.worker_id not in self._stores:
+                instruments.watch_store(info.worker_id,
+                                        functools.partial(self._stores.get, info.worker_id))
+            self._stores[info.worker_id] = StoreGauges(info.cache_bytes, info.evictions,
+                                                       info.expirations)
+
+    async def aclose(self) -> None:
+        """Take a last store snapshot, then flush and stop telemetry."""
+        if self._poller is not None:
+            self._poller.cancel()
+            await self._poll_workers()
         if self.observer is not None:
             self.observer.tel.shutdown()
 

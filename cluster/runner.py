@@ -120,6 +120,10 @@ class JobRunner:
                              f"is {self._max_total}; retry later")
         self._pending[tenant] = mine + n
 
+    def pending(self) -> dict[str, int]:
+        """Requests accepted and not finished, per tenant (the queue depth)."""
+        return dict(self._pending)
+
     def release(self, tenant: str, n: int) -> None:
         left = self._pending.get(tenant, 0) - n
         if left < 0:
@@ -150,7 +154,7 @@ class JobRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._tracing.close()  # flush traces of the requests that finished
+        await self._tracing.aclose()  # flush traces of the requests that finished
 
     def cancel(self, job_id: str, tenant: str) -> JobRecord:
         """Cancel in the store, stop the job's task; its unstarted requests never run."""

@@ -47,6 +47,7 @@ class Instruments:
         self._tokens: dict[tuple[str, str], list[int]] = {}   # (worker, tenant) -> [input, cached]
         self._stores: dict[str, Callable[[], StoreGauges]] = {}
         self._queues: list[Callable[[], Mapping[str, int]]] = []
+        self._queue_tenants: set[str] = set()
         self._meter = meter
         if meter is None:
             return
@@ -122,5 +123,11 @@ class Instruments:
     def _observe_queues(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
             sources = list(self._queues)
-        return [Observation(depth, {"tenant": tenant})
-                for source in sources for tenant, depth in source().items()]
+        depths: dict[str, int] = {}
+        for source in sources:
+            for tenant, depth in source().items():
+                depths[tenant] = depths.get(tenant, 0) + depth
+        with self._lock:  # a tenant whose queue emptied reads 0, not nothing
+            self._queue_tenants.update(depths)
+            tenants = sorted(self._queue_tenants)
+        return [Observation(depths.get(t, 0), {"tenant": t}) for t in tenants]

@@ -74,3 +74,24 @@ def test_report_on_the_served_run(traced_run, capsys):
     assert job["requests"] == 3 and job["cached_tokens"] > 0
     assert job["forecast_multiplier"] is not None and job["measured_multiplier"] is not None
     assert abs(job["forecast_multiplier"] - job["measured_multiplier"]) <= 0.05
+
+
+def test_metrics_are_exported_under_the_run_dir(traced_run):
+    run_dir, *_ = traced_run
+    points = {}
+    for path in (run_dir / "metrics").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for rm in json.loads(line)["resourceMetrics"]:
+                for sm in rm["scopeMetrics"]:
+                    for m in sm["metrics"]:
+                        kind = next(k for k in ("sum", "gauge", "histogram") if k in m)
+                        points.setdefault(m["name"], []).extend(m[kind]["dataPoints"])
+    for name in ("orchard.cache.hit_ratio", "orchard.cache.cached_tokens",
+                 "gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
+                 "orchard.store.bytes", "orchard.store.evictions", "orchard.store.expirations",
+                 "orchard.queue.depth"):
+        assert points.get(name), f"{name} was not exported"
+    workers = {a["value"]["stringValue"] for p in points["orchard.store.bytes"]
+               for a in p["attributes"] if a["key"] == "worker"}
+    assert len(workers) == 2
+    assert max(int(p.get("asInt", 0)) for p in points["orchard.store.bytes"]) > 0
