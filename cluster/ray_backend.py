@@ -253,4 +253,4 @@ def _info(worker: PoolWorker, stats: WorkerStats | None, load) -> WorkerInfo:
         cache_bytes=s.cache_bytes, cache_capacity_bytes=s.cache_capacity_bytes,
         cache_blocks=s.cache_blocks,
         hit_ratio=s.cached_tokens / s.input_tokens if s.input_tokens else 0.0,
-        requests_served=s.requests_served)
+        requests_served=s.requests_served, evictions=s.evictions, expirations=s.expirations)

@@ -84,6 +84,8 @@ class WorkerStats:
     input_tokens: int
     cached_tokens: int
     requests_served: int
+    evictions: int = 0     # blocks the store evicted so far (capacity)
+    expirations: int = 0   # blocks the store dropped after their TTL so far
 
 
 class EngineWorker:
@@ -138,10 +140,12 @@ class EngineWorker:
         def read(engine: Engine) -> WorkerStats:
             s = engine.store.stats()
             return WorkerStats(len(self._sinks), s.tensor_bytes, s.ledger.capacity_bytes,
-                               s.ledger.blocks, s.ledger.stored_blocks, 0, 0, 0)
+                               s.ledger.blocks, s.ledger.stored_blocks, 0, 0, 0,
+                               s.ledger.evictions, s.ledger.expirations)
         s = await self._call(read)
         return WorkerStats(s.running, s.cache_bytes, s.cache_capacity_bytes, s.cache_blocks,
-                           s.stored_blocks, self._input_tokens, self._cached_tokens, self._served)
+                           s.stored_blocks, self._input_tokens, self._cached_tokens, self._served,
+                           s.evictions, s.expirations)
 
     async def invalidate(self, namespace: Namespace | None,
                          prefix_tokens: Sequence[int] | None) -> int:
