@@ -122,6 +122,11 @@ class StoredResult:
     attempts: int = 0
     worker_s: float = 0.0  # the worker's own time on the request (received -> finished)
     seq: int = -1      # assigned by the store when recorded
+    # Effective input multiplier forecast at routing time and measured (router.cost), and
+    # the miss cause (router.attribution); None / "" when not traced or a hit.
+    forecast_multiplier: float | None = None
+    measured_multiplier: float | None = None
+    miss_cause: str = ""
 
     def to_json(self) -> str:
         body = asdict(self)

@@ -20,6 +20,7 @@ and the cluster's capacity. Measured: the engine's cached / written counts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -174,6 +175,18 @@ class RequestTrace:
         self._observer.worker_done(request, result, self._observer.decode)
         return self._observer.finish(self._span, request, block_hashes, result,
                                      outcome.decision, outcome.attempts)
+
+
+def with_cost(result: Any, observed: Observed | None) -> Any:
+    """``result`` (a ``cluster.jobstore.StoredResult``) with the observed forecast and
+    measured M and miss cause, for the job record."""
+    if observed is None:
+        return result
+    cost, miss = observed.cost, observed.miss
+    return dataclasses.replace(
+        result, forecast_multiplier=cost.forecast_multiplier if cost else None,
+        measured_multiplier=cost.measured_multiplier if cost else None,
+        miss_cause=miss.cause.value if miss else "")
 
 
 def conversation_of(custom_id: str) -> tuple[str, int]:

@@ -25,7 +25,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
 from cluster.jobstore import JobRecord, JobStore, PendingRequest, StoredResult
-from cluster.observe import JobTracing, RequestTrace
+from cluster.observe import JobTracing, RequestTrace, with_cost
 from router.key import BlockHash, Namespace, hash_blocks
 from workers.messages import GenerateRequest
 
@@ -245,8 +245,8 @@ class JobRunner:
         except Exception as exc:  # a backend bug: recorded on the result and logged, not lost
             log.exception("request %s failed", pending.request_id)
             return error_of(pending, "INTERNAL", f"{type(exc).__name__}: {exc}")
-        trace.done(request, hashes, outcome)
-        return result_of(pending.index, pending.custom_id, outcome)
+        return with_cost(result_of(pending.index, pending.custom_id, outcome),
+                         trace.done(request, hashes, outcome))
 
     def _notify(self) -> None:
         asyncio.get_running_loop().create_task(self._notify_all())

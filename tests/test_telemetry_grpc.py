@@ -95,3 +95,18 @@ def test_metrics_are_exported_under_the_run_dir(traced_run):
                for a in p["attributes"] if a["key"] == "worker"}
     assert len(workers) == 2
     assert max(int(p.get("asInt", 0)) for p in points["orchard.store.bytes"]) > 0
+
+
+def test_the_job_record_carries_forecast_and_measured_multipliers(traced_run):
+    from cluster.jobstore import JobStore
+
+    run_dir, job_id, *_ = traced_run
+    store = JobStore(run_dir / "jobs.sqlite3", lambda: 0)
+    try:
+        results = store.results(job_id, 0, 10)
+    finally:
+        store.close()
+    assert len(results) == 3
+    assert all(r.forecast_multiplier is not None and r.measured_multiplier is not None
+               for r in results)
+    assert "first_sight" in {r.miss_cause for r in results}
