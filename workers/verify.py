@@ -15,6 +15,7 @@ alone; a prefix read back after its neighbours were evicted.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -97,7 +98,6 @@ class _Checker:
         self.counter = 0
 
     def engines(self, store_bytes: int | None = None) -> tuple[Engine, Engine]:
-        import time
         cfg = EngineConfig(block_size=self.block_size, store_bytes=store_bytes or self.store_bytes)
         ref = Engine(self.loaded, EngineConfig(block_size=self.block_size, use_store=False),
                      time.monotonic, time.time_ns)
