@@ -277,3 +277,30 @@ def test_generate_past_its_deadline_is_deadline_exceeded(acme):
         list(acme.generate(chat("", "slow", max_tokens=200), timeout_s=0.05))
     assert err.value.code == "DEADLINE_EXCEEDED"
     assert acme.health() == "SERVING"
+
+
+def test_with_every_worker_drained_jobs_wait_and_generate_is_unavailable(api, acme):
+    with api.client(admin=True) as admin:
+        for worker in admin.workers():
+            admin.drain(worker.worker_id)
+        assert admin.workers() == []
+        with pytest.raises(OrchardError) as err:
+            list(acme.generate(chat("", "anyone?")))
+        assert err.value.code == "UNAVAILABLE"
+        job = acme.submit([chat(f"w{i}", f"waiting {i}") for i in range(3)])
+        time.sleep(0.3)
+        assert acme.job(job.job_id).done == 0  # accepted, waiting for a worker
+        admin.scale(1)
+        done = acme.wait(job.job_id, poll_s=0.05, timeout_s=60)
+        assert (done.state, done.completed) == ("succeeded", 3)
+
+
+def test_invalidate_by_chat_prefix(api, acme):
+    run_job(acme, [chat("v1", "cache me")])
+    _, warm = run_job(acme, [chat("v2", "cache me")])
+    with api.client(admin=True) as admin:
+        removed = admin.invalidate("acme", messages=[{"role": "system", "content": SYSTEM}])
+        assert removed > 0
+    _, rerun = run_job(acme, [chat("v3", "cache me")])
+    # the system prompt's last full block and everything under it went; earlier blocks stay
+    assert rerun[0].usage.cached_tokens < warm[0].usage.cached_tokens - 16
