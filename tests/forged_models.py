@@ -12,7 +12,7 @@ from workers.forge import ForgeSpec, forge
 _ROOT = Path(tempfile.mkdtemp(prefix="orchard-models-"))
 atexit.register(shutil.rmtree, _ROOT, True)
 
-TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, max_context=1024)
+TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, max_context=2048)
 
 
 @functools.lru_cache(maxsize=None)

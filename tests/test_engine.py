@@ -126,7 +126,7 @@ def test_bad_requests_fail_alone(engine):
         (req(engine, [1, 32000]), "outside the vocabulary"),
         (req(engine, [-1]), "outside the vocabulary"),
         (req(engine, [1, 2], max_tokens=0), "max_tokens must be >= 1"),
-        (req(engine, prompt_of(1000, seed=7), max_tokens=100), "exceeds the model's context"),
+        (req(engine, prompt_of(2000, seed=7), max_tokens=100), "exceeds the model's context"),
         (GenerateRequest("ns", "tenant", (1, 2), SamplingParams(4)), "Namespace"),
         (req(engine, [1, 2], temperature=-1.0), "temperature"),
     ]

@@ -97,7 +97,7 @@ def _run(engine: Engine, prompt: list[int], turn: int, reply_tokens: int) -> Gen
                               SamplingParams(max_tokens=reply_tokens))
     (result,) = engine.generate([request])
     if not isinstance(result, GenerateResult):
-        raise RuntimeError(f"benchmark request failed: {result.error}")
+        raise ValueError(f"the benchmark cannot run on this model: {result.error}")
     return result
 
 
