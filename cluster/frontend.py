@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cluster.backend import Backend, ModelInfo
 from cluster.chat import ChatTokenizer
-from cluster.config import Config, load_config
+from cluster.config import ADDRESS_NAME, Config, load_config
 from cluster.edge import Authenticator
 from cluster.jobstore import JobStore
 from cluster.observe import frontend_tracing
@@ -55,6 +56,7 @@ class Frontend:
     runner: JobRunner
     health: health.HealthServicer
     address_path: Path
+    lock_fd: int  # holds the run directory's frontend.lock while serving
 
     @property
     def address(self) -> str:
@@ -68,6 +70,20 @@ class Frontend:
         self.store.close()
         if self.address_path.exists() and _owner_pid(self.address_path) == os.getpid():
             self.address_path.unlink()
+        os.close(self.lock_fd)  # releases the lock (a killed process releases it too)
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """Take ``run_dir/frontend.lock``: one frontend per job store, or jobs would run twice."""
+    fd = os.open(run_dir / "frontend.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        owner = _owner_pid(run_dir / ADDRESS_NAME)
+        raise ValueError(f"another frontend (pid {owner or 'unknown'}) is serving {run_dir}; "
+                         "stop it first, or use another --run-dir") from None
+    return fd
 
 
 def _owner_pid(path: Path) -> int | None:
@@ -87,6 +103,16 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> Frontend:
     """Start the frontend over a started ``backend``; returns once it accepts calls."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
+    lock_fd = lock_run_dir(config.run_dir)
+    try:
+        return await _serve_locked(config, backend, tokenizer, clock_ms, lock_fd)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+
+
+async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokenizer | None,
+                        clock_ms: Callable[[], int], lock_fd: int) -> Frontend:
     model = backend.tokenizer_info()
     tokenizer = tokenizer or await asyncio.to_thread(ChatTokenizer, model.model_dir)
     limits = config.limits
@@ -126,7 +152,7 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     config.address_path.write_text(json.dumps({"address": f"127.0.0.1:{port}",
                                                "pid": os.getpid()}))
-    return Frontend(server, port, store, runner, health_servicer, config.address_path)
+    return Frontend(server, port, store, runner, health_servicer, config.address_path, lock_fd)
 
 
 async def _main(run_dir: Path, workers: int) -> None:

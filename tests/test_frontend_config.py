@@ -38,3 +38,14 @@ def test_missing_config_says_how_to_start(tmp_path):
         load_config(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="no tenant 'zed'"):
         load_config(write_default_config(tmp_path).parent).key_for("zed")
+
+
+def test_one_frontend_per_run_directory(tmp_path):
+    from cluster.frontend import lock_run_dir
+    import os
+
+    fd = lock_run_dir(tmp_path)
+    with pytest.raises(ValueError, match="another frontend"):
+        lock_run_dir(tmp_path)
+    os.close(fd)
+    os.close(lock_run_dir(tmp_path))  # free again once the holder is gone
