@@ -175,7 +175,7 @@ class Engine:
         _, responses = self._batch.next()
         for r in responses:
             seq = self._running[r.uid]
-            added = seq.add(int(r.token), self._now_ns(), self._eos, self.tokenizer.decode)
+            added = seq.add(int(r.token), self._now_ns(), self._eos)
             deltas.append(TokenDelta(seq.request.request_id, int(r.token), added, r.logprobs))
             if r.finish_reason or seq.finish_reason:
                 finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
@@ -211,10 +211,11 @@ class Engine:
             report, cache = _no_store_report(len(prompt), self.config.ttl_s), None
         cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
         lookup_end = prefill_start = self._now_ns()
-        seq = Sequence(req, report, received_ns, lookup_start, lookup_end, prefill_start)
+        seq = Sequence(req, report, received_ns, lookup_start, lookup_end, prefill_start,
+                       detokenizer=self.tokenizer.detokenizer)
         sampler = make_sampler(req.sampling)
         token, logprobs = self._first_token(prompt[report.matched_tokens:], cache, sampler)
-        added = seq.add(token, self._now_ns(), self._eos, self.tokenizer.decode)
+        added = seq.add(token, self._now_ns(), self._eos)
         deltas.append(TokenDelta(req.request_id, token, added, logprobs))
         if self.config.use_store:  # after the first token: storing never delays it
             seq.written = self.store.write(req.namespace, prompt, cache)

@@ -6,7 +6,7 @@ batch produces into text, notices stop strings, and finally builds the ``Generat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p
@@ -66,9 +66,10 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = ""
+    detokenizer: Any = None  # mlx-lm's streaming detokenizer, one per sequence
+    _stopped_by_string: bool = False
 
-    def add(self, token: int, now_ns: int, eos: set[int], decode: Callable[[list[int]], str]
-            ) -> str:
+    def add(self, token: int, now_ns: int, eos: set[int]) -> str:
         """Take one token; return the text it adds. Sets ``finish_reason`` when it stops."""
         if not self.first_token_ns:
             self.first_token_ns = now_ns
@@ -76,21 +77,34 @@ class Sequence:
         self.emitted += 1
         if token in eos:
             self.finish_reason = "stop"
-            return ""
+            return self._flush()
         self.tokens.append(token)
-        text = decode(self.tokens)
-        added = text[len(self.text):] if text.startswith(self.text) else text
-        self.text = text
-        for stop in self.request.sampling.stop:
-            at = text.find(stop)
-            if at >= 0:
-                self.text = text[:at]
-                self.finish_reason = "stop"
-                added = ""
-                break
+        self.detokenizer.add_token(token)
+        added = self._append(self.detokenizer.last_segment)
         if not self.finish_reason and len(self.tokens) >= self.request.sampling.max_tokens:
             self.finish_reason = "length"
+            added += self._flush()
         return added
+
+    def _flush(self) -> str:
+        self.detokenizer.finalize()
+        return self._append(self.detokenizer.last_segment)
+
+    def _append(self, segment: str) -> str:
+        """Append decoded text, cutting it at the first stop string; return what is visible."""
+        if self.finish_reason == "stop" and self._stopped_by_string:
+            return ""
+        before = len(self.text)
+        self.text += segment
+        longest = max((len(s) for s in self.request.sampling.stop), default=0)
+        window = max(0, before - longest + 1)  # a stop string may straddle two segments
+        hits = [at for at in (self.text.find(s, window) for s in self.request.sampling.stop)
+                if at >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.finish_reason = "stop"
+            self._stopped_by_string = True
+        return self.text[before:]
 
     def result(self, worker_id: str) -> GenerateResult:
         produced = max(1, self.emitted)
