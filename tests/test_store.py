@@ -175,3 +175,19 @@ def test_a_hash_collision_is_caught_by_the_token_check(monkeypatch):
     report = store.lookup(NS, list(range(1, 5)) + [60, 61, 62, 63, 64]).report
     assert report.matched_tokens == 4  # block 0 really matches; block 1 only by hash
     assert store.stats().hash_mismatches == 1
+
+
+def test_blocks_hold_their_own_slices_not_the_cache_buffer():
+    import gc
+
+    store = make_store()
+    tokens = list(range(1, 4001))
+    cache = kv_for(tokens)  # per layer: 4,256 positions allocated, 4,000 used
+    mx.eval([c.keys for c in cache], [c.values for c in cache])
+    gc.collect()
+    before = mx.get_active_memory()
+    store.write(NS, tokens, cache)
+    gc.collect()
+    grown = mx.get_active_memory() - before
+    assert store.stats().tensor_bytes == 4000 * SHAPE.bytes_per_token
+    assert grown <= 1.1 * store.stats().tensor_bytes  # real memory, not only the bookkeeping
