@@ -165,6 +165,11 @@ class RequestTrace:
         self.context = context
         self.started_ns = time.time_ns()
 
+    def failed(self, code: str, message: str) -> None:
+        """The request ended without a result: mark its span as an error."""
+        if self._span is not None:
+            spans.record_failure(self._span, code, message)
+
     def done(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
              outcome: Any) -> Observed | None:
         """Record a finished ``cluster.backend.GenerateOutcome``; never raises."""

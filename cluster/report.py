@@ -167,7 +167,7 @@ def build_report(spans: Sequence[SpanRecord], job: str | None = None,
     rows = request_rows(spans)
     if job is not None:
         rows = [r for r in rows if r.job_id == job]
-        if not rows:
+        if not rows and not any(s.attributes.get(A.JOB_ID) == job for s in spans):
             raise ValueError(f"no requests of job {job!r} in these traces; "
                              f"run `orchard report` without --job to list the jobs")
     forecasts = job_forecasts(spans)
@@ -181,10 +181,15 @@ def build_report(spans: Sequence[SpanRecord], job: str | None = None,
         groups["windows"][f"{start}s-{start + window_s:g}s"].append(r)
     report: dict[str, Any] = {"requests": len(rows), "window_s": window_s,
                               "total": summarize("total", rows)}
+    failed: dict[str, int] = defaultdict(int)
+    for s in spans:
+        if s.attributes.get(A.SPAN_KIND) == "request" and A.ERROR_TYPE in s.attributes:
+            failed[str(s.attributes.get(A.JOB_ID, "")) or "(no job)"] += 1
     jobs = []
-    for key, members in groups["jobs"].items():
-        summary = summarize(key, members, forecasts.get(key))
+    for key in sorted(set(groups["jobs"]) | ({job} & set(failed) if job else set(failed))):
+        summary = summarize(key, groups["jobs"].get(key, []), forecasts.get(key))
         summary["job_id"] = summary.pop("key")
+        summary["failed_requests"] = failed.get(key, 0)
         jobs.append(summary)
     report["jobs"] = jobs
     report["tenants"] = [summarize(k, v) for k, v in groups["tenants"].items()]

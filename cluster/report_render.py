@@ -33,7 +33,8 @@ def _table(title: str, first: str, rows: Sequence[list[str]]) -> list[str]:
 
 
 def render_text(report: dict) -> str:
-    lines = [f"orchard report: {report['requests']} requests", ""]
+    lines = [f"orchard report: {report['requests']} requests"
+             + ("" if report["requests"] else " (no finished request spans in these traces)"), ""]
     lines += _table("Per job", "job", [_row(g["job_id"], g) for g in report["jobs"]])
     lines += _table("Per tenant", "tenant", [_row(g["key"], g) for g in report["tenants"]])
     lines += _table(f"Per {report['window_s']:g} s window", "window",
@@ -90,7 +91,11 @@ def render_plot(report: dict, path: str | Path) -> Path:
     left.set_xlabel("seconds since the first request")
     left.set_ylabel("effective input multiplier M")
     left.set_title("Forecast vs measured M")
-    left.legend(fontsize=8, loc="best")
+    if series:
+        left.legend(fontsize=8, loc="best")
+    else:
+        left.text(0.5, 0.5, "no finished requests", ha="center", va="center",
+                  transform=left.transAxes)
     causes = report["total"]["miss_causes"]
     if causes:
         names = list(causes)

@@ -228,7 +228,10 @@ class JobRunner:
             request = GenerateRequest(request_id=pending.request_id,
                                       namespace=self._namespace(tenant), prompt=pending.prompt,
                                       sampling=pending.sampling, trace_context=trace.context)
-            return await self._dispatch(request, pending, trace)
+            result = await self._dispatch(request, pending, trace)
+            if not result.ok:
+                trace.failed(result.error_code, result.error_message)
+            return result
 
     async def _dispatch(self, request: GenerateRequest, pending: PendingRequest,
                         trace: RequestTrace) -> StoredResult:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from cluster import telemetry_attrs as A
 from cluster.telemetry import Telemetry, guarded, request_context, span_context_link, start_span
@@ -152,6 +152,13 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
     tel.instruments.record_request(r.worker_id, str(tenant), r.lookup.outcome.value,
                                    r.input_tokens, r.cached_tokens, written,
                                    r.ttft_s, r.tpot_s)
+
+
+@guarded()
+def record_failure(span: Span, code: str, message: str) -> None:
+    """A request that failed (``code`` is its gRPC status name, e.g. UNAVAILABLE)."""
+    span.set_attribute(A.ERROR_TYPE, code)
+    span.set_status(Status(StatusCode.ERROR, f"{code}: {message}"))
 
 
 def _set_cost(span: Span, cost: CostComparison) -> None:

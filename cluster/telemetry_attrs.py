@@ -22,6 +22,7 @@ GEN_AI_CACHE_WRITE = "gen_ai.usage.cache_write.input_tokens"
 GEN_AI_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"  # older name, same value
 GEN_AI_TTFT_METRIC = "gen_ai.server.time_to_first_token"
 GEN_AI_TPOT_METRIC = "gen_ai.server.time_per_output_token"
+ERROR_TYPE = "error.type"                           # a failed request's gRPC status name
 PROVIDER = "orchard"
 
 # --- orchard -------------------------------------------------------------------------------

@@ -84,10 +84,13 @@ def test_template_drift_and_near_misses(recorded, capsys):
     assert drift[0]["diverged_at_block"] < drift[0]["previous_prompt_blocks"]
     near = report["near_misses"]
     assert near and near[0]["line"].startswith("common=")
-    # The stamped system prompt shares only the template's first tokens with the stored one.
+    # The stamped system prompt shares at most the template's first tokens with anything stored.
     drifted = next(n for n in near if n["request_id"] == "c2-2")
     assert drifted["common_prefix"] < 16 and drifted["cached_tokens"] == 0
-    assert "[turn 2]" in drifted["prompt_next"]
+    # Where the worker held the shared run, the decoded text around the divergence is there.
+    shown = [n for n in near if n["prompt_next"]]
+    assert shown and shown[0]["common_prefix"] > shown[0]["cached_tokens"]
+    assert shown[0]["text_before"] and shown[0]["stored_next"]
 
 
 def test_job_filter_text_and_plot(recorded, capsys, tmp_path):

@@ -219,3 +219,26 @@ def test_disabled_telemetry_records_nothing_and_runs():
     observed = run(observer, tel, "r1", prompt, None,
                    result("r1", 17, 0, 16, "w0", LookupOutcome.MISS))
     assert observed.miss.cause.value == "first_sight"
+
+
+def test_a_failed_request_is_an_error_span_and_counted_by_the_report(setup):
+    from cluster.observe import JobTracing
+    from cluster.otlp_json import SpanRecord
+    from cluster.report import build_report
+    from cluster.jobstore import PendingRequest
+
+    tel, exporter, _, observer, clock = setup
+    tracing = JobTracing(observer)
+    pending = PendingRequest("job-9", 0, "conv1-turn-0", SYSTEM, SamplingParams(4))
+    with tracing.request("acme", pending.request_id, pending.job_id, pending.custom_id,
+                         pending.sampling) as trace:
+        trace.failed("UNAVAILABLE", "no worker could take the request")
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code.name == "ERROR"
+    assert span.attributes[A.ERROR_TYPE] == "UNAVAILABLE"
+    assert span.attributes[A.GEN_AI_CONVERSATION] == "conv1" and span.attributes[A.TURN] == 0
+    record = SpanRecord(format(span.context.trace_id, "032x"), format(span.context.span_id, "016x"),
+                        "", span.name, span.start_time, span.end_time, dict(span.attributes),
+                        (), (), "svc")
+    report = build_report([record], job="job-9")
+    assert report["jobs"][0]["failed_requests"] == 1 and report["jobs"][0]["requests"] == 0
