@@ -56,11 +56,12 @@ class Frontend:
     runner: JobRunner
     health: health.HealthServicer
     address_path: Path
-    lock_fd: int  # holds the run directory's frontend.lock while serving
+    lock_fd: int
+    host: str = "127.0.0.1"  # holds the run directory's frontend.lock while serving
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving, then stop the runner (unfinished requests resume on the next start)."""
@@ -140,7 +141,8 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     reflection.enable_server_reflection(
         (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    port = server.add_insecure_port(f"{host}:{config.port}")
     if port == 0:
         raise ValueError(f"cannot bind {config.host}:{config.port}: the port is in use; set "
                          "[frontend] port = 0 to pick a free one")
@@ -150,9 +152,10 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
         log.info("resumed %d unfinished job(s): %s", len(resumed), ", ".join(resumed))
     for name in ("", *SERVICES):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    config.address_path.write_text(json.dumps({"address": f"127.0.0.1:{port}",
-                                               "pid": os.getpid()}))
-    return Frontend(server, port, store, runner, health_servicer, config.address_path, lock_fd)
+    frontend = Frontend(server, port, store, runner, health_servicer, config.address_path,
+                        lock_fd, config.host)
+    config.address_path.write_text(json.dumps({"address": frontend.address, "pid": os.getpid()}))
+    return frontend
 
 
 async def _main(run_dir: Path, workers: int) -> None:
