@@ -41,7 +41,7 @@ from router.attribution import Attribution, MissAttributor, RequestSeen
 from router.cost import (CostComparison, PriceTable, load_price_table, TokenUsage, compare, forecast_request,
                          measured_usage, total_usage)
 from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
-from router.key import BlockHash, hash_blocks
+from router.key import BlockHash, hash_blocks, reusable_tokens
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
 
 log = logging.getLogger("orchard.telemetry")
@@ -69,6 +69,7 @@ class RequestObserver:
         self._clock = clock
         self.decode = decode  # token ids -> text, for the text around a near miss
         self._prefill_s = 0.05  # running mean of lookup + prefill time, for job forecasts
+        self._modelled = self._realised = 0.0  # decayed sums: one-cache model vs realised reads
         self.attributor = MissAttributor(block_size, ttl_s, max_history_blocks)
 
     @contextmanager
@@ -102,6 +103,11 @@ class RequestObserver:
         """The recent mean time from a request's lookup to its first token."""
         return self._prefill_s
 
+    def realisation(self) -> float:
+        """The share of the one-cache model's reuse that routing realised recently (1.0
+        before any reuse was modelled): ``router.forecast.forecast_job``'s ``realisation``."""
+        return min(1.0, self._realised / self._modelled) if self._modelled > 0 else 1.0
+
     @guarded()
     def _conclude(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
                   result: GenerateResult, decision: Any) -> Observed:
@@ -111,7 +117,13 @@ class RequestObserver:
             cached_tokens=result.cached_tokens, written_tokens=result.written_tokens,
             candidate_matches=matches, block_hashes=block_hashes,
             engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS)
-        miss = self.attributor.observe(seen, self._clock())
+        now = self._clock()
+        # What the one-cache model would have read, before this request joins the history.
+        modelled = reusable_tokens(result.input_tokens,
+                                   len(self.attributor.held(block_hashes, now)), self.block_size)
+        self._modelled = 0.99 * self._modelled + modelled
+        self._realised = 0.99 * self._realised + min(result.cached_tokens, modelled)
+        miss = self.attributor.observe(seen, now)
         took_s = (result.timings.first_token_ns - result.timings.lookup_start_ns) / 1e9
         self._prefill_s = 0.9 * self._prefill_s + 0.1 * max(took_s, 0.0)
         if result.input_tokens == 0:
@@ -142,7 +154,7 @@ class RequestObserver:
     def forecast_job(self, plans: Sequence[PlannedRequest],
                      held: Mapping[BlockHash, float]) -> list[TokenUsage]:
         model = CacheModel(self.block_size, self.capacity_tokens, self.ttl_s)
-        return forecast_job(plans, held, model)
+        return forecast_job(plans, held, model, self.realisation())
 
     @guarded(default=())
     def submit_job(self, job_id: str, tenant: str, plans: Sequence[PlannedRequest],

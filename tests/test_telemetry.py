@@ -242,3 +242,23 @@ def test_a_failed_request_is_an_error_span_and_counted_by_the_report(setup):
                         (), (), "svc")
     report = build_report([record], job="job-9")
     assert report["jobs"][0]["failed_requests"] == 1 and report["jobs"][0]["requests"] == 0
+
+
+def test_job_forecast_uses_held_blocks_and_the_realised_share(setup):
+    tel, exporter, _, observer, clock = setup
+    prompt = SYSTEM + (5,)
+    chain = hash_blocks(prompt, BS, NS)
+    fresh_plans, held = observer.plan_job([chain], [17], [1], 1, 0.1)
+    assert held == {} and observer.forecast_job(fresh_plans, held)[0].cached_tokens == 0
+    run(observer, tel, "r1", prompt, decision("w1", Reason.COLD_HASH, 0, 17, {"w1": 0}),
+        result("r1", 17, 0, 16, "w1", LookupOutcome.MISS))
+    clock.now = 5.0
+    plans, held = observer.plan_job([chain], [17], [1], 1, 0.1)
+    assert set(held) == set(chain) and all(0 < left <= 300 for left in held.values())
+    assert observer.realisation() == 1.0
+    assert observer.forecast_job(plans, held)[0].cached_tokens == 16
+    # The next one went elsewhere and read nothing: routing realised none of the model's reuse.
+    run(observer, tel, "r2", prompt, decision("w0", Reason.LOAD_SPILL, 0, 17, {"w0": 0, "w1": 16}),
+        result("r2", 17, 0, 16, "w0", LookupOutcome.MISS))
+    assert observer.realisation() == 0.0
+    assert observer.forecast_job(plans, held)[0].cached_tokens == 0
