@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cluster.backend import Backend, ModelInfo
 from cluster.chat import ChatTokenizer
-from cluster.config import ADDRESS_NAME, Config, load_config
+from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
 from cluster.edge import Authenticator
 from cluster.jobstore import JobStore
 from cluster.observe import frontend_tracing
@@ -182,9 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         description="Run the gRPC frontend over in-process workers (LocalBackend, no Ray).")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--init", action="store_true",
+                        help="write a default orchard.toml (fresh keys) if the run dir has none")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(_main(args.run_dir, args.workers))
+    try:
+        if args.init:
+            write_default_config(args.run_dir)
+        asyncio.run(_main(args.run_dir, args.workers))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"orchard frontend: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
