@@ -88,27 +88,23 @@ class TracedCluster:
         if not traced:
             decision = self.router.route(namespace, hashes, len(turn.prompt))
             return Ran(self._generate(turn, namespace, decision, ()), Observed(None, None), 0.0)
-        spent = 0.0
         info = spans.RequestInfo(turn.request_id, turn.tenant, engine0.model_id, turn.job_id,
                                  turn.conversation, turn.turn, "text_completion", turn.max_tokens)
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         with self.observer.request(info) as span:
             context = self.observer.context()
-            spent += time.perf_counter() - t0
-            route_ns = time.time_ns()
+            work, route_ns = time.perf_counter(), time.time_ns()
             decision = self.router.route(namespace, hashes, len(turn.prompt))
-            t1 = time.perf_counter()
-            self.observer.routed(decision, route_ns)
-            spent += time.perf_counter() - t1
+            routed_ns = time.time_ns()
             result = self._generate(turn, namespace, decision, context)
-            t2 = time.perf_counter()
+            work = time.perf_counter() - work   # routing and generation: not telemetry
+            self.observer.routed(decision, route_ns, routed_ns)
             request = GenerateRequest(turn.request_id, namespace, turn.prompt,
                                       SamplingParams(turn.max_tokens), trace_context=context)
-            self.observer.worker_done(request, result, self.engines[decision.worker_id].tokenizer.decode)
+            decode = self.engines[decision.worker_id].tokenizer.decode
+            self.observer.worker_done(request, result, decode)
             observed = self.observer.finish(span, request, hashes, result, decision)
-            t3 = time.perf_counter()
-        spent += (t3 - t2) + (time.perf_counter() - t3)
-        return Ran(result, observed, spent)
+        return Ran(result, observed, time.perf_counter() - started - work)
 
     def _generate(self, turn: Turn, namespace, decision, context) -> GenerateResult:
         worker = decision.worker_id
