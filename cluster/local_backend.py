@@ -54,6 +54,7 @@ class _Worker:
     running: int = 0                # requests submitted and not finished (event-loop side)
     input_tokens: int = 0
     cached_tokens: int = 0
+    written_tokens: int = 0
     served: int = 0
 
 
@@ -175,6 +176,7 @@ class LocalBackend:
                     item, worker_s = item.result, item.worker_s
                     worker.input_tokens += item.input_tokens
                     worker.cached_tokens += item.cached_tokens
+                    worker.written_tokens += item.written_tokens
                     worker.served += 1
                     yield GenerateOutcome(item, decision, attempt, worker.worker_id, worker_s)
                     return
@@ -247,17 +249,15 @@ class LocalBackend:
 
     async def cache_stats(self) -> CacheStats:
         infos = await self.workers()
-        stats = await self._call(lambda: [w.engine.store.stats().ledger
-                                          for w in list(self._workers.values())])
         workers = list(self._workers.values())
         return CacheStats(
             workers=len(infos), cache_bytes=sum(i.cache_bytes for i in infos),
             cache_capacity_bytes=sum(i.cache_capacity_bytes for i in infos),
-            cache_blocks=sum(s.blocks for s in stats),
+            cache_blocks=sum(i.cache_blocks for i in infos),
             input_tokens=sum(w.input_tokens for w in workers),
             cached_tokens=sum(w.cached_tokens for w in workers),
             computed_tokens=sum(w.input_tokens - w.cached_tokens for w in workers),
-            written_tokens=sum(s.stored_blocks for s in stats) * self._engine_config.block_size)
+            written_tokens=sum(w.written_tokens for w in workers))
 
     # ---------------------------------------------------------- internals
 

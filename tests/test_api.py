@@ -127,6 +127,7 @@ def test_admin_workers_stats_and_invalidation(api, acme):
         assert {w.state for w in workers} == {"ready"} and len(workers) == 2
         stats = admin.cache_stats()
         assert stats.workers == 2 and stats.cached_tokens > 0 and stats.cache_blocks > 0
+        assert stats.written_tokens > 0 and stats.computed_tokens > 0
         # everything stored under the first two blocks goes; the first block stays
         assert admin.invalidate("acme", token_ids=prompt[:32]) == 3
         _, rerun = run_job(acme, [token_request("i2", prompt, 2)])
