@@ -88,7 +88,9 @@ class WorkerLoad:
     worker_id: str
     queued_prefill_tokens: int
     running_decodes: int
-    recent_prefill_tokens: float = 0.0  # prefill started there, decayed by its half-life
+    # Prefill sent there lately, decayed by ``balance_half_life_s``; in the units the router
+    # keeps it in: ``decide``'s ``recent_scale`` turns it into tokens.
+    recent_prefill_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,7 @@ def decide(
     loads: Sequence[WorkerLoad],
     seed: int,
     shared_blocks: int = 0,
+    recent_scale: float = 1.0,
 ) -> RoutingDecision:
     """Choose a worker among ``loads`` (the eligible workers) for one prompt.
 
@@ -139,7 +142,7 @@ def decide(
     best_match = by_match[-1]
     shared = max(by_match[-2] if len(by_match) > 1 else 0, min(shared_blocks * block_size, cap))
     least_recent = min(load.recent_prefill_tokens for load in loads)
-    balance = config.balance_weight
+    balance = config.balance_weight * recent_scale
     candidates = []
     for load, m in zip(loads, matched):
         load_tokens = round(load.queued_prefill_tokens + weight * load.running_decodes

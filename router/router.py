@@ -79,6 +79,7 @@ class Router:
         self._loads: dict[str, _Load] = {}
         self._tickets: dict[str, _Ticket] = {}
         self._epoch = clock()
+        self._views: dict[str, WorkerLoad] = {}  # eligible (not draining) workers' loads
         self.unknown_tickets = 0
 
     # ---- workers -------------------------------------------------------------------------
@@ -88,16 +89,19 @@ class Router:
             raise ValueError("worker_id must be a non-empty string")
         self._index.add_worker(worker_id)
         self._loads[worker_id] = _Load()
+        self._refresh(worker_id)
 
     def drain_worker(self, worker_id: str) -> None:
         """Send no new requests to ``worker_id``; in-flight ones finish normally."""
         self._load_of(worker_id).draining = True
+        self._views.pop(worker_id, None)
 
     def remove_worker(self, worker_id: str) -> None:
         """Forget ``worker_id`` (left, or dead) and everything it held, at once."""
         self._load_of(worker_id)
         self._index.remove_worker(worker_id)
         del self._loads[worker_id]
+        self._views.pop(worker_id, None)
         for rid in [r for r, t in self._tickets.items() if t.worker_id == worker_id]:
             del self._tickets[rid]
 
@@ -142,7 +146,8 @@ class Router:
                 f"{len(block_hashes)} blocks of {self.block_size} tokens do not fit in a "
                 f"{prompt_tokens}-token prompt: pass the hashes of full blocks only")
         now = self._clock()
-        loads = self._eligible(now)
+        recent_scale = self._decay(now)
+        loads = list(self._views.values())
         if not loads:
             why = "all workers are draining" if self._loads else "no workers are registered"
             raise NoWorkerAvailable(f"cannot route: {why}; add a worker or retry later")
@@ -152,7 +157,7 @@ class Router:
         self._shared.note(block_hashes, deepest)
         chain = block_hashes if block_hashes else (namespace.root(),)
         decision = decide(self.config, self.block_size, chain, prompt_tokens, matched,
-                          loads, self.seed, shared)
+                          loads, self.seed, shared, recent_scale)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision
@@ -169,6 +174,7 @@ class Router:
         load.queued_prefill_tokens += prefill
         load.recent_scaled += prefill / self._decay(self._clock())
         load.in_flight += 1
+        self._refresh(decision.worker_id)
 
     def prefilled(self, request_id: str) -> None:
         """The request produced its first token: its prefill is done, it now decodes."""
@@ -179,6 +185,7 @@ class Router:
         load = self._loads[ticket.worker_id]
         load.queued_prefill_tokens -= ticket.prefill_tokens
         load.running_decodes += 1
+        self._refresh(ticket.worker_id)
         ticket.decoding = True
 
     def finished(self, request_id: str) -> None:
@@ -193,11 +200,14 @@ class Router:
         else:
             load.queued_prefill_tokens -= ticket.prefill_tokens
         load.in_flight -= 1
+        self._refresh(ticket.worker_id)
 
-    def _eligible(self, now: float) -> list[WorkerLoad]:
-        decay = self._decay(now)
-        return [WorkerLoad(w, l.queued_prefill_tokens, l.running_decodes, l.recent_scaled * decay)
-                for w, l in self._loads.items() if not l.draining]
+    def _refresh(self, worker_id: str) -> None:
+        # One view per load change, not one per worker per decision: the hot path reuses them.
+        load = self._loads[worker_id]
+        if not load.draining:
+            self._views[worker_id] = WorkerLoad(worker_id, load.queued_prefill_tokens,
+                                                load.running_decodes, load.recent_scaled)
 
     def _decay(self, now: float) -> float:
         # Forward decay: adding x at time t stores x * 2**((t - epoch)/h); reading at ``now``
@@ -208,6 +218,8 @@ class Router:
             for load in self._loads.values():
                 load.recent_scaled *= shrink
             self._epoch = now
+            for worker_id in self._loads:
+                self._refresh(worker_id)
         return 2.0 ** (-(now - self._epoch) / half_life)
 
     def _load_of(self, worker_id: str) -> _Load:
