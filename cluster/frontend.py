@@ -36,7 +36,7 @@ from cluster.chat import ChatTokenizer
 from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
 from cluster.edge import Authenticator
 from cluster.jobstore import JobStore
-from cluster.observe import frontend_tracing
+from cluster.job_tracing import frontend_tracing
 from cluster.runner import JobRunner
 from cluster.servicer import GenerateServicer, JobsServicer
 from cluster.servicer_admin import AdminServicer

@@ -25,7 +25,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
 from cluster.jobstore import JobRecord, JobStore, PendingRequest, StoredResult
-from cluster.observe import JobTracing, RequestTrace, with_cost
+from cluster.job_tracing import JobTracing, RequestTrace, with_cost
 from router.key import BlockHash, Namespace, hash_blocks
 from workers.messages import GenerateRequest
 

@@ -222,7 +222,7 @@ def test_disabled_telemetry_records_nothing_and_runs():
 
 
 def test_a_failed_request_is_an_error_span_and_counted_by_the_report(setup):
-    from cluster.observe import JobTracing
+    from cluster.job_tracing import JobTracing
     from cluster.otlp_json import SpanRecord
     from cluster.report import build_report
     from cluster.jobstore import PendingRequest
