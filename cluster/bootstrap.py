@@ -112,6 +112,18 @@ def shutdown() -> None:
         ray.shutdown()
 
 
+def on_this_node() -> dict:
+    """``.options(...)`` pinning an actor to this process's node.
+
+    The router actor lives beside the frontend (on the head, for ``orchard up``): a worker
+    node that dies must never take the router with it.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_id = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+
+
 def nodes() -> list[NodeInfo]:
     """Every node Ray knows, with the worker slots it offers."""
     return [NodeInfo(node_id=n["NodeID"], address=n.get("NodeManagerAddress", ""),

@@ -91,7 +91,8 @@ class RayBackend:
                 bootstrap.join(self._address)
             else:
                 bootstrap.start_local(bootstrap.local_cpus(self._initial, self._placement))
-        self._router = RouterActor.remote(self._engine.block_size)
+        self._router = RouterActor.options(**bootstrap.on_this_node()).remote(
+            self._engine.block_size)
         self._pool = WorkerPool(self._model_dir, self._engine, self._placement, self._router,
                                 self._start_timeout_s)
         await self._pool.scale(self._initial)

@@ -56,6 +56,7 @@ def test_killing_a_worker_node_mid_job_loses_no_result(nodes, tmp_path):
         capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
+    print(report)
     # one worker on each worker node, none on the head (it offers no orchard_node slot)
     assert sorted(report["placed"].values()) == sorted(n.address for n in nodes.nodes[1:])
     assert report["killed_pids"] > 0 and report["victim_running"] > 0
