@@ -7,6 +7,9 @@ It fills a ``Router`` through its public interface (block events, as workers sen
 - ``route``: ``Router.route`` on the pre-hashed chain (index match, policy, pending entry);
 - ``total``: both, as the cluster pays them.
 
+Each is timed by the wall clock and by the thread's CPU clock: on a shared machine the wall
+clock also counts time the process spent descheduled, the CPU clock only the decision's work.
+
 Half of the prompts extend a stored chain (a partial hit on one or a few workers), half are
 new (cold). Loads are kept non-zero with ``started``/``finished``. Wall-clock, one process.
 """
@@ -35,6 +38,10 @@ class BenchResult:
     route_p99_us: float
     total_p50_us: float
     total_p99_us: float
+    route_cpu_p50_us: float  # thread CPU time: what the decision costs, without preemption
+    route_cpu_p99_us: float
+    total_cpu_p50_us: float
+    total_cpu_p99_us: float
 
 
 def _fill(router: Router, workers: list[str], blocks: int, block_size: int,
@@ -76,7 +83,8 @@ def run_decision_bench(workers: int = 32, indexed_blocks: int = 1_000_000,
     for w in ids:
         router.add_worker(w)
     stored = _fill(router, ids, indexed_blocks, block_size, prompt_tokens, rng, ns)
-    hash_us, route_us, total_us = [], [], []
+    hash_us, route_us, total_us, route_cpu, total_cpu = [], [], [], [], []
+    cpu = time.thread_time_ns
     for i in range(iterations):
         if stored and i % 2 == 0:
             base = stored[rng.randrange(len(stored))]
@@ -84,11 +92,13 @@ def run_decision_bench(workers: int = 32, indexed_blocks: int = 1_000_000,
             prompt = base[:keep] + _tokens(rng, prompt_tokens - keep)
         else:
             prompt = _tokens(rng, prompt_tokens)
-        t0 = time.perf_counter_ns()
+        c0, t0 = cpu(), time.perf_counter_ns()
         hashes = hash_blocks(prompt, block_size, ns)
-        t1 = time.perf_counter_ns()
+        c1, t1 = cpu(), time.perf_counter_ns()
         decision = router.route(ns, hashes, len(prompt))
-        t2 = time.perf_counter_ns()
+        c2, t2 = cpu(), time.perf_counter_ns()
+        route_cpu.append((c2 - c1) / 1000)
+        total_cpu.append((c2 - c0) / 1000)
         hash_us.append((t1 - t0) / 1000)
         route_us.append((t2 - t1) / 1000)
         total_us.append((t2 - t0) / 1000)
@@ -97,7 +107,8 @@ def run_decision_bench(workers: int = 32, indexed_blocks: int = 1_000_000,
             router.finished(str(i - 64))  # keep about 64 requests in flight
     return BenchResult(workers, router.indexed_blocks(), block_size,
                        prompt_tokens, iterations, _q(hash_us, .5), _q(hash_us, .99),
-                       _q(route_us, .5), _q(route_us, .99), _q(total_us, .5), _q(total_us, .99))
+                       _q(route_us, .5), _q(route_us, .99), _q(total_us, .5), _q(total_us, .99),
+                       _q(route_cpu, .5), _q(route_cpu, .99), _q(total_cpu, .5), _q(total_cpu, .99))
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:

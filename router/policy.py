@@ -113,7 +113,8 @@ class RoutingDecision:
 def rendezvous(key: BlockHash, workers: Sequence[str], seed: int) -> str:
     """Highest-random-weight choice of a worker for ``key`` (stable under churn)."""
     prefix = key.to_bytes(16, "little") + seed.to_bytes(8, "little", signed=True)
-    return max(workers, key=lambda w: (xxhash.xxh3_64_intdigest(prefix + w.encode()), w))
+    digest = xxhash.xxh3_64_intdigest
+    return max((digest(prefix + w.encode()), w) for w in workers)[1]
 
 
 def decide(
@@ -136,18 +137,24 @@ def decide(
     if not loads:
         raise NoWorkerAvailable("no worker is accepting requests: add a worker or retry")
     weight, cache_weight = config.decode_weight_tokens, config.cache_weight - 1.0
-    cap = max(0, prompt_tokens - 1)  # reusable_tokens, inlined: this loop is the hot path
-    matched = [min(matched_blocks.get(load.worker_id, 0) * block_size, cap) for load in loads]
+    cap = max(0, prompt_tokens - 1)  # reusable_tokens, inlined: this is the hot path
+    get = matched_blocks.get
+    matched = []
+    for load in loads:
+        m = get(load.worker_id, 0) * block_size
+        matched.append(m if m < cap else cap)
     by_match = sorted(matched)
     best_match = by_match[-1]
-    shared = max(by_match[-2] if len(by_match) > 1 else 0, min(shared_blocks * block_size, cap))
+    shared = by_match[-2] if len(by_match) > 1 else 0
+    shared = max(shared, min(shared_blocks * block_size, cap))
     least_recent = min(load.recent_prefill_tokens for load in loads)
     balance = config.balance_weight * recent_scale
     candidates = []
     for load, m in zip(loads, matched):
-        load_tokens = round(load.queued_prefill_tokens + weight * load.running_decodes
-                            + balance * (load.recent_prefill_tokens - least_recent))
-        score = load_tokens + prompt_tokens - m - cache_weight * max(0, m - shared)
+        load_tokens = int(load.queued_prefill_tokens + weight * load.running_decodes
+                          + balance * (load.recent_prefill_tokens - least_recent))
+        affinity = m - shared
+        score = load_tokens + prompt_tokens - m - (cache_weight * affinity if affinity > 0 else 0)
         candidates.append(Candidate(load.worker_id, m, load_tokens, score))
     if best_match > shared:
         chosen = min(candidates, key=_by_score)
