@@ -10,7 +10,7 @@ Call sites are one line each::
         ...result = worker.generate(req)...
         spans.record_outcome(tel, span, outcome_record)               # usage, cost, miss cause
 
-    # worker process, after the engine answered
+    # after the engine answered (the frontend does it from the result's Timings)
     spans.record_engine(tel, request, result, decode)                 # lookup / prefill / decode
 
     # frontend, per job at submission
@@ -31,8 +31,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from cluster import telemetry_attrs as A
-from cluster.telemetry import Telemetry, guarded, request_context, span_context_link, start_span
-from cluster.telemetry import context_of
+from cluster.telemetry import (Telemetry, context_of, guarded, request_context,
+                               span_context_link, start_span)
 from router.attribution import Attribution
 from router.cost import CostComparison, TokenUsage
 from workers.messages import GenerateRequest, GenerateResult, LookupReport
