@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
     from cluster.bench_api import register_bench  # `orchard bench api`: the gRPC path overhead
     register_bench(sub)
+    from cluster.bench_cluster import register_bench as register_cluster_bench
+    register_cluster_bench(sub)  # `orchard bench cluster`: routing vs round robin on Ray
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
