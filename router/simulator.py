@@ -41,7 +41,7 @@ class SimConfig:
     capacity_tokens: int = 1_000_000
     block_size: int = 512
     ttl_s: float = 3600.0
-    eviction: str = "lru"
+    eviction: str = "reuse"
     prefill_tps: float = 6000.0
     decode_tps: float = 30.0
     decode_share: float = 0.01
