@@ -141,3 +141,14 @@ def test_job_forecast_evicts_past_capacity():
     assert forecast_job(long_out, {}, model)[0] == TokenUsage(9, 0, 9)
     roomy = CacheModel(block_size=4, capacity_tokens=16, ttl_s=300)
     assert forecast_job(_plan([a, b, a], [0.0, 5.0, 10.0]), {}, roomy)[2] == TokenUsage(9, 8, 0)
+
+
+def test_job_forecast_realisation_moves_reads_to_writes():
+    a = list(range(9))
+    model = CacheModel(block_size=4, capacity_tokens=100, ttl_s=300)
+    plans = _plan([a, a], [0.0, 5.0])
+    assert forecast_job(plans, {}, model)[1] == TokenUsage(9, 8, 0)
+    # Half the modelled reuse realised: 4 tokens read, the other 4 computed and stored again.
+    assert forecast_job(plans, {}, model, realisation=0.5)[1] == TokenUsage(9, 4, 4)
+    with pytest.raises(ValueError, match="realisation"):
+        forecast_job(plans, {}, model, realisation=1.5)
