@@ -9,7 +9,8 @@ from router.simulator import SimConfig, ideal_hit_ratio, replay, simulate, to_re
 from router.sim_policies import POLICY_NAMES
 from router.trace import SynthShape, TraceRequest, load_trace, synthesize, write_trace
 
-SMALL = SynthShape(requests=400, rate_per_s=4.0, system_prompts=4)
+SMALL = SynthShape(requests=400, rate_per_s=4.0, system_prompts=2, system_blocks=(1,),
+                   new_conversation=0.3, turn_blocks=(2, 6), think_s=(5.0, 60.0))
 
 
 def line(ts: int, n_in: int, ids: list[int], n_out: int = 10) -> str:
@@ -56,7 +57,7 @@ def test_only_full_blocks_reach_the_workers_and_bigger_blocks_group_ids():
 
 def test_policies_side_by_side_on_a_small_trace(small_trace):
     trace = load_trace(small_trace)
-    config = SimConfig(workers=4, capacity_tokens=40_000, prefill_tps=4000.0)
+    config = SimConfig(workers=4, capacity_tokens=100_000, prefill_tps=4000.0)
     summary = simulate(trace, POLICY_NAMES, config, quiet=True)
     assert set(summary) >= {"ideal_hit_ratio", "policies"}
     rows = {r["name"]: r for r in summary["policies"]}
@@ -66,7 +67,7 @@ def test_policies_side_by_side_on_a_small_trace(small_trace):
                           "decision_p50_us", "decision_p99_us"}
         assert 0.0 <= r["hit_ratio"] <= summary["ideal_hit_ratio"]
         assert r["imbalance"] >= 1.0 and r["ttft_p99_s"] >= r["ttft_p50_s"] >= 0.0
-    assert rows["orchard"]["hit_ratio"] > rows["round_robin"]["hit_ratio"] + 0.02
+    assert rows["orchard"]["hit_ratio"] > rows["round_robin"]["hit_ratio"] + 0.2
     assert rows["consistent_hash"]["imbalance"] > rows["orchard"]["imbalance"]
 
 
