@@ -3,36 +3,44 @@
 Inputs per candidate worker (draining workers are never candidates):
 
 - ``matched_tokens``: tokens of the prompt it would not prefill (its matched full blocks,
-  held or just routed there, capped by ``reusable_tokens`` so the suffix is never empty);
-- ``load_tokens``: the work already ahead of a new request there, in prefill tokens:
-  ``queued_prefill_tokens + decode_weight_tokens x running_decodes``.
+  held or just routed there, capped so the suffix is never empty);
+- ``load_tokens``: the work ahead of a new request there, in prefill tokens:
+  ``queued_prefill + decode_weight_tokens x running_decodes
+  + balance_weight x (recent_prefill - least recent_prefill of any candidate)``,
+  where ``recent_prefill`` is the prefill sent there, decayed with ``balance_half_life_s``.
 
 Algorithm:
 
-1. ``cost(w) = load_tokens(w) + prompt_tokens - matched_tokens(w)``: the prefill work that
-   stands between the request and its first token on ``w`` (a TTFT proxy in tokens).
-2. The **home** worker. If some worker matches more than the prefix every candidate holds
-   (say a shared system prompt), home is the one matching most (lowest cost among equals):
-   reason ``prefix_match``. Otherwise the prefix is cold: home is the rendezvous-hash winner
-   of the chain up to the first block not held everywhere (``hashes[common]``), so a new
-   shared prefix lands on one worker: reason ``cold_hash``. Rendezvous (highest random weight)
-   moves only the keys of a worker that joins or leaves.
-3. **Spill.** If ``cost(home) - min cost > spill_tokens``, the request goes to the cheapest
-   worker instead (reason ``load_spill``; ``cold_spill`` for a cold prefix), ties broken by
-   more matched tokens then by worker id. The margin keeps affinity while the home's queue is
-   merely busy: every spill duplicates a prefix in a second cache and fragments the next
-   turns of a conversation, so it must buy a real TTFT gain.
+1. ``shared`` = the longest prefix that is not one worker's own: the second-best match, or
+   the prompt's known shared prefix (``router.sharing``: a prefix that different prompts
+   continue, like a system prompt), whichever is longer. ``affinity(w) = matched(w) - shared``
+   when positive: what only ``w`` holds, typically a conversation's history.
+2. ``score(w) = load_tokens(w) + prompt - matched(w) - (cache_weight - 1) x affinity(w)``:
+   the prefill between the request and its first token on ``w`` (a TTFT proxy), with the
+   tokens only ``w`` holds worth ``cache_weight`` tokens of queue each.
+3. If some worker has affinity, the lowest score wins: reason ``prefix_match`` when it is
+   the best-matching worker, ``load_spill`` when its queue pushed the request elsewhere.
+4. Otherwise the prompt is cold (nothing beyond a shared prefix is held): its home is the
+   rendezvous-hash winner of the chain up to its first unshared block, so a new prefix and
+   its siblings land on one worker (reason ``cold_hash``); if the home's score exceeds the
+   lowest by more than ``cold_spill_tokens``, the lowest wins (``cold_spill``). Rendezvous
+   (highest random weight) moves only the keys of a worker that joins or leaves.
 
 Defaults, chosen by replaying the Mooncake conversation trace and a synthetic trace of a
-different shape (see ``docs/benchmarks.md``, ``## Router``):
+different shape (figures in ``docs/benchmarks.md``, ``## Router``):
 
-- ``spill_tokens = 16384``: ~32 blocks, about one long prompt's prefill; a smaller margin
-  spills on ordinary queue noise and loses hits, a larger one lets one hot conversation's
-  worker build a queue that shows in TTFT p99.
-- ``cold_spill_tokens = 4096``: a cold prefix has nothing cached to lose, so it spills on a
-  smaller queue gap (pending entries still keep its siblings together).
-- ``decode_weight_tokens = 64``: a running decode slows chunked prefill slightly; it counts
-  as a small amount of prefill work.
+- ``cache_weight = 64``: a cached token of a conversation's own history is worth 64 tokens
+  of queue. Moving a conversation loses this turn's hit and duplicates its history in a
+  second cache, and every later turn follows the longer copy; measured hit ratio rises from
+  16 to 64 and is flat beyond, while TTFT p99 starts to grow past 64.
+- ``cold_spill_tokens = 4096`` (8 blocks of 512): a cold prompt has little to lose, so it
+  leaves its hash home as soon as that home is a few blocks of prefill busier; 0 and 16384
+  measured within noise, no spill at all doubled TTFT p99 and imbalance.
+- ``balance_weight = 0.25``, ``balance_half_life_s = 300``: a worker that did more prefill
+  in the last few minutes (about a cache lifetime at these rates) gets fewer cold prompts;
+  this keeps long-run imbalance near 1.0 even when the queues are empty (low load), where a
+  hot shared prefix would otherwise pull every new conversation to one worker.
+- ``decode_weight_tokens = 64``: a running decode slows chunked prefill slightly.
 
 Deterministic: ties break by worker id and the rendezvous hash is seeded.
 """
