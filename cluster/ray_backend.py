@@ -96,6 +96,7 @@ class RayBackend:
         self._pool = WorkerPool(self._model_dir, self._engine, self._placement, self._router,
                                 self._start_timeout_s)
         await self._pool.scale(self._initial)
+        self._pool.start_checks()
         hello = self._pool.first_hello
         self._info = ModelInfo(hello.model_id, hello.revision, hello.vocab_size,
                                hello.max_context, self._model_dir, hello.block_size)
@@ -197,8 +198,9 @@ class RayBackend:
     async def workers(self) -> list[WorkerInfo]:
         pool = self.pool
         loads = {s.worker_id: s for s in await self._router.workers.remote()}
-        stats = await asyncio.gather(*(self._stats(w) for w in pool.live()))
-        by_id = {w.worker_id: s for w, s in zip(pool.live(), stats)}
+        live = pool.live()
+        stats = await asyncio.gather(*(self._stats(w) for w in live))
+        by_id = {w.worker_id: s for w, s in zip(live, stats)}
         return [_info(w, by_id.get(w.worker_id), loads.get(w.worker_id)) for w in pool.known()]
 
     async def scale(self, n: int) -> list[WorkerInfo]:

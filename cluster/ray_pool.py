@@ -26,6 +26,8 @@ from workers.engine import EngineConfig
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0   # placing a worker and loading its model
+CHECK_EVERY_S = 2.0       # idle workers pinged, stale router views rebuilt
+PING_TIMEOUT_S = 10.0
 GONE_KEPT = 16            # dead workers still listed, for operators
 
 
@@ -119,6 +121,35 @@ class WorkerPool:
         ray.kill(worker.actor, no_restart=True)
         if self._replace_dead and was_serving:
             self._spawn(self._replace(worker.worker_id))
+
+    def start_checks(self) -> None:
+        """Watch the pool in the background (see ``check``) until ``close``."""
+        self._spawn(self._check_forever())
+
+    async def check(self) -> None:
+        """Ping idle workers (a dead one is noticed before a request lands on it) and rebuild
+        the router's view of any worker whose event batches had a gap."""
+        idle = [w for w in self.live() if w.running == 0]
+        pings = await asyncio.gather(
+            *(asyncio.wait_for(w.actor.ping.remote(), PING_TIMEOUT_S) for w in idle),
+            return_exceptions=True)
+        for worker, answer in zip(idle, pings):
+            if isinstance(answer, (ray.exceptions.RayActorError, asyncio.TimeoutError)):
+                self.died(worker, answer)
+        for worker_id in await self._router.stale_workers.remote():
+            worker = self._workers.get(worker_id)
+            if worker is not None and worker.state in ("ready", "draining"):
+                holdings = await worker.actor.holdings.remote()
+                await self._router.rebuild.remote(worker_id, holdings)
+                log.info("router view of %s rebuilt (%d blocks)", worker_id, len(holdings))
+
+    async def _check_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_EVERY_S)
+            try:
+                await self.check()
+            except ray.exceptions.RayError as exc:
+                log.warning("pool check failed: %s", exc)
 
     async def close(self) -> None:
         for task in list(self._tasks):

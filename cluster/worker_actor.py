@@ -44,6 +44,7 @@ from workers.messages import GenerateRequest, GenerateResult
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
+EXPIRE_EVERY_S = 1.0   # how often an idle engine drops expired blocks (and tells the router)
 
 
 class WorkerFailed(RuntimeError):
@@ -168,6 +169,10 @@ class EngineWorker:
         """Every block hash the store holds, for the router to rebuild its index."""
         return await self._call(lambda engine: [h.block for h in engine.store.holdings()])
 
+    async def ping(self) -> int:
+        """Liveness, answered by the actor's event loop (not the engine thread)."""
+        return os.getpid()
+
     async def close(self) -> None:
         if self._thread is not None:
             self._commands.put(None)
@@ -197,7 +202,9 @@ class EngineWorker:
                                                                      tuple(events))))
 
     def _run(self) -> None:
-        """The engine thread: commands when idle, one engine step at a time when busy."""
+        """The engine thread: commands when idle, one engine step at a time when busy, and
+        expired blocks dropped now and then (so the router hears of them)."""
+        expired_at = self._clock()
         while True:
             busy = self._engine is not None and self._engine.busy
             try:
@@ -210,6 +217,10 @@ class EngineWorker:
                 self._command(command)
             elif busy:
                 self._step(self._engine)
+            elif self._engine is not None and self._clock() - expired_at >= EXPIRE_EVERY_S:
+                expired_at = self._clock()
+                if self._engine.store.expire():
+                    self._publish(self._engine)
 
     def _command(self, command: tuple) -> None:
         if command[0] == "submit":

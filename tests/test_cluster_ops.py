@@ -1,0 +1,119 @@
+"""``orchard up/down/scale/drain/workers`` through the real command line.
+
+The fast tests check bad input without a cluster; the slow one starts a detached cluster
+(embedded Ray, two workers on a tiny forged model), scales and drains it while a job runs,
+and stops it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.bootstrap import NODE_RESOURCE, Placement
+from cluster.config import write_default_config
+from cluster.daemon import STATE_NAME, ClusterState, UpOptions
+from tests.forged_models import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def orchard(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cluster.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------ fast: no cluster
+
+
+def test_placement_takes_a_share_of_a_node_slot():
+    assert Placement().actor_options() == {"num_cpus": 1.0, "resources": {NODE_RESOURCE: 1.0}}
+    assert Placement(2.0, 4).actor_options()["resources"] == {NODE_RESOURCE: 0.25}
+    with pytest.raises(ValueError, match="CPUs reserved"):
+        Placement(cpus_per_worker=0)
+    with pytest.raises(ValueError, match="per node"):
+        Placement(workers_per_node=0)
+
+
+def test_bad_arguments_are_refused_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="--workers"):
+        UpOptions(tmp_path, workers=0)
+    down = orchard("down", "--run-dir", str(tmp_path))
+    assert down.returncode == 2 and "no cluster runs" in down.stderr
+    up = orchard("up", "--run-dir", str(tmp_path), "--workers", "0", "--detach")
+    assert up.returncode == 2 and "--workers must be >= 1" in up.stderr
+    workers = orchard("workers", "--run-dir", str(tmp_path))
+    assert workers.returncode == 2 and "is the cluster up" in workers.stderr
+
+
+def test_a_corrupt_state_file_names_itself(tmp_path):
+    (tmp_path / STATE_NAME).write_text("{not json")
+    with pytest.raises(ValueError, match=STATE_NAME):
+        ClusterState.read(tmp_path)
+
+
+def test_a_stale_state_file_does_not_block_down(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ClusterState(dead.pid, "127.0.0.1:1", "127.0.0.1:2", 1, time.time()).write(tmp_path)
+    down = orchard("down", "--run-dir", str(tmp_path))
+    assert down.returncode == 0, down.stderr
+    assert not (tmp_path / STATE_NAME).exists()
+
+
+# ------------------------------------------------------------ slow: a real cluster
+
+
+def _workers(run_dir: Path) -> list[dict]:
+    done = orchard("workers", "--run-dir", str(run_dir), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_up_scale_drain_down_while_a_job_runs(tmp_path):
+    from cluster.client import Client, token_request
+
+    run_dir = tmp_path / "run"
+    write_default_config(run_dir, model_dir=str(tiny_model()), max_concurrent=4)
+    up = orchard("up", "--run-dir", str(run_dir), "--workers", "2", "--detach", timeout=600)
+    assert up.returncode == 0, up.stderr + (run_dir / "cluster.log").read_text()[-3000:]
+    state = ClusterState.read(run_dir)
+    try:
+        again = orchard("up", "--run-dir", str(run_dir), "--detach")
+        assert again.returncode == 2 and "already runs" in again.stderr
+        assert [w["state"] for w in _workers(run_dir)] == ["ready", "ready"]
+
+        shared = list(range(200, 264))
+        with Client.from_run_dir(run_dir) as client:
+            job = client.submit([token_request(f"r{i}", shared + [300 + i] * 20, 32)
+                                 for i in range(16)])
+            scaled = orchard("scale", "--run-dir", str(run_dir), "--workers", "3", "--json")
+            assert scaled.returncode == 0, scaled.stderr
+            assert sum(w["state"] == "ready" for w in json.loads(scaled.stdout)) == 3
+            drained = orchard("drain", "w0", "--run-dir", str(run_dir), "--json")
+            assert drained.returncode == 0, drained.stderr
+            assert json.loads(drained.stdout)[0]["state"] == "draining"
+            final = client.wait(job.job_id, poll_s=0.2, timeout_s=300)
+            results = list(client.results(job.job_id))
+        assert final.completed == 16 and len(results) == 16 and all(r.ok for r in results)
+
+        deadline = time.monotonic() + 30
+        while any(w["worker_id"] == "w0" for w in _workers(run_dir)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        after = _workers(run_dir)
+        assert [w["worker_id"] for w in after] == ["w1", "w2"]
+        unknown = orchard("drain", "nope", "--run-dir", str(run_dir))
+        assert unknown.returncode == 2 and "NOT_FOUND" in unknown.stderr
+    finally:
+        down = orchard("down", "--run-dir", str(run_dir), timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not (run_dir / STATE_NAME).exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(state.pid, 0)
