@@ -99,13 +99,14 @@ def _replay(args: argparse.Namespace) -> int:
           f"{config.capacity_tokens} tokens, block {config.block_size}, eviction "
           f"{config.eviction}; ideal hit ratio {summary['ideal_hit_ratio']:.4f}")
     header = f"{'policy':<22}{'hit':>8}{'of ideal':>10}{'imbal':>8}{'ttft p50':>10}" \
-             f"{'ttft p99':>10}{'dec p50':>10}{'dec p99':>10}"
+             f"{'ttft p99':>10}{'dec p50':>10}{'dec p99':>10}{'cpu p50':>10}{'cpu p99':>10}"
     print(header)
     ideal = summary["ideal_hit_ratio"] or 1.0
     for r in summary["policies"]:
         print(f"{r['name']:<22}{r['hit_ratio']:>8.4f}{r['hit_ratio'] / ideal:>10.3f}"
               f"{r['imbalance']:>8.3f}{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
-              f"{r['decision_p50_us']:>8.1f}us{r['decision_p99_us']:>8.1f}us")
+              f"{r['decision_p50_us']:>8.1f}us{r['decision_p99_us']:>8.1f}us"
+              f"{r['decision_cpu_p50_us']:>8.1f}us{r['decision_cpu_p99_us']:>8.1f}us")
     return 0
 
 
