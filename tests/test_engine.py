@@ -186,3 +186,16 @@ def test_ttl_events_and_invalidation_through_the_engine():
     assert near.lookup.line() == "common=20 of 40" and near.cached_tokens == 16
     assert eng.store.invalidate_prefix(eng.namespace("t"), prompt[:16]) > 0
     assert run_one(eng, req(eng, prompt)).cached_tokens == 0
+
+
+def test_more_requests_than_the_batch_holds_all_finish_with_the_same_tokens():
+    small = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, max_batch=2))
+    shared = prompt_of(48, seed=12)
+    prompts = [shared + prompt_of(3 + 5 * i, seed=20 + i) for i in range(5)]
+    alone = [run_one(small, req(small, p, max_tokens=4 + i)).output_tokens
+             for i, p in enumerate(prompts)]
+    small.store.invalidate_namespace(small.namespace("t"))
+    results = small.generate([req(small, p, max_tokens=4 + i) for i, p in enumerate(prompts)])
+    assert [r.output_tokens for r in results] == alone
+    assert [len(r.output_tokens) for r in results] == [4, 5, 6, 7, 8]
+    assert sum(r.cached_tokens > 0 for r in results) >= 4  # the siblings reuse the first one's blocks
