@@ -12,8 +12,9 @@ The engine owns the store and an mlx-lm ``BatchGenerator``. A request goes throu
 Requests join and leave the decode batch between steps (continuous batching); several run at
 once. Prefill runs through the model body without the vocabulary projection, which only the
 last prompt token needs; the first token is sampled right there, so TTFT is prefill plus one
-projection, and the store's writes come after it. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
-cluster can draw lookup/prefill/decode spans: this module never imports OpenTelemetry.
+projection, and the store's writes come after it. Timings are ``now_ns`` stamps
+(``time.time_ns`` by default) so the cluster can draw lookup/prefill/decode spans: this
+module never imports OpenTelemetry.
 
 Bad input raises ``ValueError`` from ``submit`` with what to fix, and nothing is queued, so
 the other requests are untouched; ``generate`` turns such errors into ``RequestFailed``.
