@@ -20,7 +20,6 @@ from typing import Any, Iterator, Sequence
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -50,9 +49,67 @@ class _JsonLines:
         self._lock = threading.Lock()
 
     def append(self, message: Any) -> None:
-        line = json.dumps(_hex_ids(MessageToDict(message)), separators=(",", ":"))
+        """A protobuf OTLP request, converted to OTLP/JSON."""
+        self.write(_hex_ids(MessageToDict(message)))
+
+    def write(self, request: dict[str, Any]) -> None:
+        line = json.dumps(request, separators=(",", ":"))
         with self._lock, open(self.path, "a", encoding="utf-8") as out:
             out.write(line + "\n")
+
+
+def _any(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, (list, tuple)):
+        return {"arrayValue": {"values": [_any(v) for v in value]}}
+    return {"stringValue": str(value)}
+
+
+def _attrs(attributes: Any) -> list[dict[str, Any]]:
+    return [{"key": k, "value": _any(v)} for k, v in (attributes or {}).items()]
+
+
+def _span(span: ReadableSpan) -> dict[str, Any]:
+    ctx = span.context
+    out: dict[str, Any] = {
+        "traceId": format(ctx.trace_id, "032x"), "spanId": format(ctx.span_id, "016x"),
+        "name": span.name, "kind": span.kind.value + 1,  # OTLP numbers kinds from 1
+        "startTimeUnixNano": str(span.start_time), "endTimeUnixNano": str(span.end_time),
+        "attributes": _attrs(span.attributes),
+        "status": {"code": span.status.status_code.value}}
+    if span.parent is not None:
+        out["parentSpanId"] = format(span.parent.span_id, "016x")
+    if span.status.description:
+        out["status"]["message"] = span.status.description
+    if span.events:
+        out["events"] = [{"timeUnixNano": str(e.timestamp), "name": e.name,
+                          "attributes": _attrs(e.attributes)} for e in span.events]
+    if span.links:
+        out["links"] = [{"traceId": format(ln.context.trace_id, "032x"),
+                         "spanId": format(ln.context.span_id, "016x"),
+                         "attributes": _attrs(ln.attributes)} for ln in span.links]
+    return out
+
+
+def encode_spans_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """An ``ExportTraceServiceRequest`` in OTLP/JSON, built directly (several times faster
+    than encoding protobuf and converting it)."""
+    by_resource: dict[int, tuple[Any, dict[tuple[str, str], list]]] = {}
+    for span in spans:
+        resource, scopes = by_resource.setdefault(id(span.resource), (span.resource, {}))
+        scope = span.instrumentation_scope
+        key = (scope.name, scope.version or "") if scope else ("", "")
+        scopes.setdefault(key, []).append(_span(span))
+    return {"resourceSpans": [
+        {"resource": {"attributes": _attrs(resource.attributes if resource else {})},
+         "scopeSpans": [{"scope": {"name": name, "version": version}, "spans": rows}
+                        for (name, version), rows in scopes.items()]}
+        for resource, scopes in by_resource.values()]}
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -66,7 +123,7 @@ class JsonLinesSpanExporter(SpanExporter):
         return self._out.path
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self._out.append(encode_spans(spans))
+        self._out.write(encode_spans_json(spans))
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
