@@ -129,3 +129,24 @@ def test_otlp_grpc_exporter_sends_to_a_collector(tmp_path):
     finally:
         server.stop(0)
     assert {"chat tiny", "child"} <= _span_names(service.received)
+
+
+def test_direct_json_encoding_matches_the_protobuf_mapping(tmp_path):
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from cluster.otlp_json import _hex_ids, _spans_of, encode_spans_json
+
+    memory = InMemorySpanExporter()
+    tel = setup_telemetry(TelemetrySettings("svc", tmp_path, "none"), SimpleSpanProcessor(memory))
+    with spans.request_span(tel, spans.RequestInfo("r1", "acme", "tiny", job_id="j1")) as span:
+        span.add_event("orchard.route.candidate", {"orchard.candidate.score": 1.5})
+        span.set_attribute("orchard.prompt.block_hashes", ["00ff", "0a0b"])
+        span.set_attribute("orchard.cache.hit", True)
+    finished = memory.get_finished_spans()
+    direct = list(_spans_of(json.loads(json.dumps(encode_spans_json(finished)))))
+    mapped = list(_spans_of(_hex_ids(MessageToDict(encode_spans(finished)))))
+    assert direct == mapped and len(direct) == 1
+    assert direct[0].attributes["orchard.prompt.block_hashes"] == ["00ff", "0a0b"]
