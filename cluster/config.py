@@ -11,7 +11,7 @@ running cluster owns: this config, the job store, the frontend's address file, t
     api_keys = ["..."]           # needed by Admin calls (workers, scale, drain, invalidate)
 
     [limits]
-    max_requests_per_job = 1000  # a bigger job is refused (INVALID_ARGUMENT): split it
+    max_requests_per_job = 1000  # a bigger job is refused (RESOURCE_EXHAUSTED): split it
     max_pending_per_tenant = 4000   # requests accepted but not finished, per tenant
     max_pending_total = 16000       # ... over all tenants (beyond either: RESOURCE_EXHAUSTED)
     max_concurrent = 8           # requests in flight to the backend at once

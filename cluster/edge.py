@@ -10,6 +10,7 @@ turn into gRPC statuses; below the edge, code raises plain domain errors:
     UnknownWorker          NOT_FOUND
     JobFinished            FAILED_PRECONDITION  e.g. cancelling a finished job
     Overloaded             RESOURCE_EXHAUSTED   backpressure: retry later
+    LimitExceeded          RESOURCE_EXHAUSTED   a job over the size limit: split it
     NoWorkersAvailable     UNAVAILABLE
     TimeoutError           DEADLINE_EXCEEDED
 
@@ -27,6 +28,7 @@ import grpc
 from cluster.backend import NoWorkersAvailable, UnknownWorker
 from cluster.jobstore import JobFinished, JobNotFound
 from cluster.runner import Overloaded
+from cluster.validate import LimitExceeded
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ STATUS = (
     (UnknownWorker, grpc.StatusCode.NOT_FOUND),
     (JobFinished, grpc.StatusCode.FAILED_PRECONDITION),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NoWorkersAvailable, grpc.StatusCode.UNAVAILABLE),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),

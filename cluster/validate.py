@@ -3,7 +3,7 @@
 Turns protobuf requests into the job store's ``NewRequest`` (token ids + ``SamplingParams``).
 Every problem raises ``FieldError``, a ``ValueError`` whose message starts with the field's
 path (``requests[3].messages[1].content: ...``) and says what to do; the servicer maps it to
-``INVALID_ARGUMENT``. Nothing here touches the job store or the backend.
+``INVALID_ARGUMENT`` (``LimitExceeded``, a job over the size limit, to ``RESOURCE_EXHAUSTED``). Nothing here touches the job store or the backend.
 """
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class LimitExceeded(FieldError):
+    """Well-formed input over a configured size limit (``RESOURCE_EXHAUSTED`` at the edge,
+    as gRPC itself answers an oversized message)."""
 
 
 def content_text(value, field: str) -> str:
@@ -119,8 +124,8 @@ def job_requests(requests: Sequence[pb.Request], max_requests: int, model: Model
     if not requests:
         raise FieldError("requests", "empty job; a job needs at least one request")
     if len(requests) > max_requests:
-        raise FieldError("requests", f"{len(requests)} requests exceed the limit of "
-                         f"{max_requests} per job; split the job")
+        raise LimitExceeded("requests", f"{len(requests)} requests exceed the limit of "
+                            f"{max_requests} per job; split the job")
     seen: dict[str, int] = {}
     out = []
     for i, request in enumerate(requests):

@@ -157,7 +157,6 @@ def messages(*msgs, max_tokens=2):
 
 BAD_JOBS = {
     "empty job": ([], "requests"),
-    "above the size limit": ([tokens([1, 2], 1)] * 17, "limit of 16"),
     "empty message list": ([messages()], "requests[0].messages"),
     "unknown role": ([messages({"role": "wizard", "content": "hi"})], "messages[0].role"),
     "non-string content": ([messages({"role": "user", "content": 5})], "messages[0].content"),
@@ -190,6 +189,13 @@ def test_duplicate_custom_ids(acme):
         acme.submit([tokens([1, 2]), tokens([3, 4])])
     assert err.value.code == "INVALID_ARGUMENT"
     assert "requests[1].custom_id" in err.value.message and "duplicate" in err.value.message
+
+
+def test_a_job_above_the_size_limit_is_resource_exhausted(acme):
+    with pytest.raises(OrchardError) as err:
+        acme.submit([tokens([1, 2], 1)] * 17)  # 17 > max_requests_per_job = 16
+    assert err.value.code == "RESOURCE_EXHAUSTED"
+    assert err.value.message.startswith("requests:") and "limit of 16" in err.value.message
 
 
 def test_backpressure_is_resource_exhausted(acme):
