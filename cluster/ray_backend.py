@@ -10,7 +10,7 @@
 If worker ``w`` dies under the request (its actor or its node is gone, or its engine broke),
 the pool removes it from the router at once (its blocks are forgotten) and starts a
 replacement in the background, and the request is routed again, up to ``MAX_ATTEMPTS``
-workers. ``generate`` can always retry (it hands back only the final result); ``stream``
+workers. ```generate`` can always retry (it hands back only the final result); ``stream``
 retries only until its first chunk has gone out, since chunks already sent cannot be taken
 back. Scaling and draining act on the live pool (``cluster.ray_pool``).
 
@@ -21,6 +21,7 @@ through ``cluster.bootstrap``; ``close`` stops what it started.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from pathlib import Path
@@ -126,49 +127,63 @@ class RayBackend:
 
     async def generate(self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
                        ) -> GenerateOutcome:
-        async for item in self._run(request, block_hashes, retry_after_output=True):
-            if isinstance(item, GenerateOutcome):
+        async with contextlib.aclosing(self._run(request, block_hashes, streaming=False)) as run:
+            async for item in run:
                 return item
         raise RuntimeError(f"request {request.request_id}: ended without a result")
 
     async def stream(self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
                      ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
-        async for item in self._run(request, block_hashes, retry_after_output=False):
-            yield item
+        async with contextlib.aclosing(self._run(request, block_hashes, streaming=True)) as run:
+            async for item in run:
+                yield item
 
     async def _run(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-                   retry_after_output: bool) -> AsyncIterator[TokenChunk | GenerateOutcome]:
+                   streaming: bool) -> AsyncIterator[TokenChunk | GenerateOutcome]:
+        """Attempts on one worker after another until one finishes the request.
+
+        Not streaming, the worker answers once (one Ray round trip); streaming, each chunk is
+        an object of a Ray streaming generator. The worker itself tells the router when the
+        prefill is done (``routed``), so that costs the caller no round trip.
+        """
         rid = request.request_id
         for attempt in range(1, MAX_ATTEMPTS + 1):
             decision, worker = await self._place(request, block_hashes)
+            routed = decision is not None
             worker.running += 1
             sent = False
             try:
-                async for item in worker.actor.generate.options(
-                        num_returns="streaming").remote(request):
-                    item = await item
+                if not streaming:
+                    done = await worker.actor.run.remote(request, routed)
+                    yield self._outcome(done, decision, attempt, worker)
+                    return
+                async for ref in worker.actor.generate.options(
+                        num_returns="streaming").remote(request, routed):
+                    item = await ref
                     if isinstance(item, WorkerDone):
-                        yield GenerateOutcome(item.result, decision, attempt, worker.worker_id,
-                                              worker_s=item.worker_s)
+                        yield self._outcome(item, decision, attempt, worker)
                         return
-                    if not sent and self._router is not None and decision is not None:
-                        self._router.prefilled.remote(rid)
                     sent = True
-                    if not retry_after_output:
-                        yield item
+                    yield item
                 raise RuntimeError(f"worker {worker.worker_id}: stream of {rid} ended early")
             except (ray.exceptions.RayActorError, WorkerFailed) as exc:
                 self.pool.died(worker, exc)
-                if (sent and not retry_after_output) or attempt == MAX_ATTEMPTS:
+                if sent or attempt == MAX_ATTEMPTS:
                     raise NoWorkersAvailable(
                         f"request {rid}: worker {worker.worker_id} died under it "
                         f"(attempt {attempt}); retry the request") from None
                 log.info("request %s: retrying after worker %s died", rid, worker.worker_id)
             finally:
                 worker.running -= 1
-                if decision is not None:
+                if routed:
                     self._router.finished.remote(rid)
                 self.pool.retire_if_drained(worker)
+
+    @staticmethod
+    def _outcome(done: WorkerDone, decision, attempt: int, worker: PoolWorker
+                 ) -> GenerateOutcome:
+        return GenerateOutcome(done.result, decision, attempt, worker.worker_id,
+                               worker_s=done.worker_s)
 
     async def _place(self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
                      ) -> tuple[object, PoolWorker]:

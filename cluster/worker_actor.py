@@ -8,8 +8,8 @@ actor's event loop only hands it work and relays what comes back::
     ────────────────                           ─────────────
     generate(request) ─ submit ──────────────► engine.submit(request)
       yields TokenChunk ◄────── deltas ──────┤ loop: engine.step() while busy
-      yields WorkerDone ◄────── finished ────┤
-                                             └► router.apply_events.remote(msgpack batch)
+      yields WorkerDone ◄────── finished ────┤   first token ─► router.prefilled.remote
+      (run: WorkerDone only)                 └► router.apply_events.remote(msgpack batch)
     stats / invalidate / holdings ── call ───► run on the engine thread
 
 After every step the store's new block events go to the router actor as one msgpack-encoded
@@ -102,6 +102,7 @@ class EngineWorker:
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, Callable[[object], None]] = {}  # engine thread only
         self._seq = 0                                           # engine thread only
+        self._unprefilled: set[str] = set()  # engine thread only: routed, no token yet
         self._engine: Engine | None = None
         self._thread: threading.Thread | None = None
         self._input_tokens = 0
@@ -119,23 +120,34 @@ class EngineWorker:
                            engine.vocab_size, engine.max_context, engine.config.block_size,
                            openblas_in_use())
 
-    async def generate(self, request: GenerateRequest
+    async def generate(self, request: GenerateRequest, routed: bool = False
                        ) -> AsyncIterator[TokenChunk | WorkerDone]:
-        """Run ``request``: its ``TokenChunk``s, then one ``WorkerDone``."""
+        """Run ``request``: its ``TokenChunk``s, then one ``WorkerDone``.
+
+        ``routed``: the router placed it, so tell the router when its prefill is done.
+        """
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
-        self._commands.put(("submit", request,
+        self._commands.put(("submit", request, routed,
                             lambda item: loop.call_soon_threadsafe(items.put_nowait, item)))
         while True:
             item = await items.get()
             if isinstance(item, BaseException):
                 raise item
-            yield item
             if isinstance(item, WorkerDone):
                 self._input_tokens += item.result.input_tokens
                 self._cached_tokens += item.result.cached_tokens
                 self._served += 1
+                yield item
                 return
+            yield item
+
+    async def run(self, request: GenerateRequest, routed: bool = False) -> WorkerDone:
+        """``generate`` answered once, with the finished request only."""
+        async for item in self.generate(request, routed):
+            if isinstance(item, WorkerDone):
+                return item
+        raise WorkerFailed(f"worker {self._id}: {request.request_id} ended without a result")
 
     async def stats(self) -> WorkerStats:
         def read(engine: Engine) -> WorkerStats:
@@ -224,7 +236,7 @@ class EngineWorker:
 
     def _command(self, command: tuple) -> None:
         if command[0] == "submit":
-            _, request, sink = command
+            _, request, routed, sink = command
             if self._engine is None:
                 sink(WorkerFailed(f"worker {self._id} has no engine (not started, or broken)"))
                 return
@@ -234,6 +246,8 @@ class EngineWorker:
                 sink(exc)
                 return
             self._sinks[request.request_id] = sink
+            if routed and self._router is not None:
+                self._unprefilled.add(request.request_id)
         else:
             _, fn, settle = command
             try:
@@ -254,9 +268,13 @@ class EngineWorker:
             for sink in self._sinks.values():
                 sink(WorkerFailed(f"worker {self._id} failed: {exc!r}"))
             self._sinks.clear()
+            self._unprefilled.clear()
             return
         self._publish(engine)
         for delta in out.deltas:
+            if delta.request_id in self._unprefilled:
+                self._unprefilled.discard(delta.request_id)
+                self._router.prefilled.remote(delta.request_id)
             sink = self._sinks.get(delta.request_id)
             if sink is not None:
                 sink(TokenChunk(delta.request_id, (delta.token,), delta.text))

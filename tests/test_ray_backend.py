@@ -16,7 +16,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from cluster.backend import NoWorkersAvailable, UnknownWorker  # noqa: E402
+from cluster.backend import (GenerateOutcome, NoWorkersAvailable, TokenChunk,  # noqa: E402
+                             UnknownWorker)
 from cluster.ray_backend import RayBackend  # noqa: E402
 from cluster.ray_pool import NoRoom  # noqa: E402
 from router.key import Namespace, hash_blocks  # noqa: E402
@@ -99,6 +100,19 @@ def test_block_events_reach_the_router_so_the_prefix_is_routed_home(cluster):
     assert second.result.cached_tokens == 96
     stats = loop.run(backend.cache_stats())
     assert stats.cached_tokens >= 96 and stats.cache_blocks > 0
+
+
+def test_stream_yields_every_token_then_the_outcome(cluster):
+    backend, loop = cluster
+
+    async def collect():
+        return [item async for item in backend.stream(*_request(backend, "stream-0",
+                                                                 _prompt(4), max_tokens=6))]
+    items = loop.run(collect())
+    chunks, outcome = items[:-1], items[-1]
+    assert isinstance(outcome, GenerateOutcome) and outcome.attempts == 1
+    assert all(isinstance(c, TokenChunk) for c in chunks)
+    assert tuple(t for c in chunks for t in c.token_ids) == outcome.result.output_tokens
 
 
 def test_other_tenant_never_hits(cluster):
