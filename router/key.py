@@ -75,11 +75,14 @@ def hash_blocks(
     raw = _token_bytes(token_ids)
     width = block_size * 4
     hashes: list[BlockHash] = []
-    parent = namespace.root()
+    parent: int = namespace.root()
     digest = xxhash.xxh3_128_intdigest
+    append = hashes.append
+    # BlockHash is a NewType (the identity at run time): not calling it per block keeps this
+    # loop at one digest per block; the values are exactly ``block_hash``'s.
     for start in range(0, len(raw) - width + 1, width):
-        parent = BlockHash(digest(parent.to_bytes(_HASH_BYTES, "little") + raw[start : start + width]))
-        hashes.append(parent)
+        parent = digest(parent.to_bytes(_HASH_BYTES, "little") + raw[start : start + width])
+        append(parent)  # type: ignore[arg-type]
     return hashes
 
 
