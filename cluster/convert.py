@@ -27,7 +27,7 @@ def job_to_pb(job: JobRecord) -> pb.Job:
 
 def result_to_pb(r: StoredResult, model: str) -> pb.Result:
     return pb.Result(
-        seq=r.seq, index=r.index, custom_id=r.custom_id, request_id=r.request_id, ok=r.ok,
+        seq=r.seq or 0, index=r.index, custom_id=r.custom_id, request_id=r.request_id, ok=r.ok,
         error_code=r.error_code, error_message=r.error_message, text=r.text,
         output_tokens=r.output_tokens, finish_reason=r.finish_reason,
         usage=pb.Usage(prompt_tokens=r.prompt_tokens, completion_tokens=len(r.output_tokens),

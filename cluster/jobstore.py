@@ -121,7 +121,7 @@ class StoredResult:
     tpot_s: float = 0.0
     attempts: int = 0
     worker_s: float = 0.0  # the worker's own time on the request (received -> finished)
-    seq: int = -1      # assigned by the store when recorded
+    seq: int | None = None  # position in the job's result stream, assigned when recorded
     # Effective input multiplier forecast at routing time and measured (router.cost), and
     # the miss cause (router.attribution); None / "" when not traced or a hit.
     forecast_multiplier: float | None = None
