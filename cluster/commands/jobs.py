@@ -48,8 +48,9 @@ def submit(args) -> int:
             job = client.submit(batch.requests)
         except OrchardError as exc:
             raise ValueError(f"{path}: {exc.code}: {batch.line_of(exc.message)}") from None
-        if not args.json:
-            print(f"submitted {job.job_id}: {job.total} requests", file=sys.stderr)
+        # stderr, so that --json output stays one object; the id is known even if the wait
+        # is interrupted (the job keeps running: `orchard results JOB` later)
+        print(f"submitted {job.job_id}: {job.total} requests", file=sys.stderr)
         if args.wait:
             started = time.monotonic()
             tty = sys.stderr.isatty()
