@@ -87,6 +87,10 @@ def render_plot(report: dict, path: str | Path) -> Path:
                 ys.append(num / den)
         if xs:
             left.step(xs, ys, where="post", lw=2, ls=style, label=label)
+    for job in report["jobs"][:5]:  # each job's forecast at submission, where traced
+        if job["forecast_multiplier"] is not None and job["requests"]:
+            left.axhline(job["forecast_multiplier"], color="tab:green", lw=1, ls="-.",
+                         label=f"job {job['job_id'][-8:]}: forecast at submission")
     left.axhline(1.0, color="grey", lw=0.8, ls=":")
     left.set_xlabel("seconds since the first request")
     left.set_ylabel("effective input multiplier M")
