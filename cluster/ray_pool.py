@@ -93,9 +93,11 @@ class WorkerPool:
         if worker is None:
             known = ", ".join(self._workers) or "none"
             raise UnknownWorker(f"worker_id: no worker {worker_id!r}; known: {known}")
-        if worker.state in ("ready", "starting"):
+        if worker.state == "ready":
             worker.state = "draining"
             await self._router.drain_worker.remote(worker_id)
+        elif worker.state == "starting":
+            worker.state = "draining"  # the router has not heard of it yet
         self.retire_if_drained(worker)
         return worker
 
@@ -186,6 +188,8 @@ class WorkerPool:
         if worker.state == "starting":
             await self._router.add_worker.remote(worker_id)
             worker.state = "ready"
+        else:  # drained while it was starting: it leaves without serving
+            self.retire_if_drained(worker)
         return worker
 
     async def _check_room(self, missing: int) -> None:

@@ -170,10 +170,13 @@ class NetnsCluster:
     # ------------------------------------------------------------ teardown
 
     def destroy(self) -> None:
+        """Kill every process of every node, then remove the namespaces; idempotent."""
         for node in reversed(self.nodes):
-            _kill_netns(node.netns)
-            if node.process is not None:
-                node.process.wait(timeout=10)
+            deadline = time.monotonic() + 15
+            while _kill_netns(node.netns) and time.monotonic() < deadline:
+                time.sleep(0.2)  # a dying raylet may still be forking workers: again
+            if node.process is not None and node.process.poll() is None:
+                node.process.kill()
             subprocess.run(["ip", "netns", "del", node.netns], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.hub], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
@@ -199,12 +202,22 @@ def _kill_netns(netns: str) -> int:
     pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
     killed = 0
     for pid in (int(p) for p in pids.stdout.split()):
+        if _zombie(pid):
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
             killed += 1
         except ProcessLookupError:
             pass
     return killed
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 if __name__ == "__main__":
