@@ -1,0 +1,58 @@
+"""``orchard cache`` and ``orchard invalidate`` against a real frontend."""
+import json
+
+import pytest
+
+from cluster.cli import main
+from cluster.client import token_request
+from forged_models import tiny_model
+from frontend_harness import running_frontend
+
+CONFIG = """
+[[tenants]]
+name = "acme"
+api_keys = ["key-acme"]
+
+[admin]
+api_keys = ["key-admin"]
+"""
+
+
+@pytest.fixture(scope="module")
+def frontend(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(CONFIG)
+    with running_frontend(run_dir, tiny_model(), workers=1) as harness:
+        yield harness
+
+
+def admin(frontend, *args, key="key-admin"):
+    return main([*args, "--address", frontend.address, "--api-key", key])
+
+
+def test_cache_stats_and_invalidation(frontend, capsys):
+    prompt = list(range(500, 564))
+    with frontend.client("acme") as client:
+        job = client.wait(client.submit([token_request("a", prompt, 2)]).job_id, poll_s=0.05)
+        assert job.completed == 1
+    assert admin(frontend, "cache", "--json") == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["workers"] == 1 and stats["cache_blocks"] >= 4 and stats["input_tokens"] == 64
+    tokens = ",".join(str(t) for t in prompt[:32])
+    assert admin(frontend, "invalidate", "--tenant", "acme", "--prefix-tokens", tokens) == 0
+    assert "removed 3 cached blocks" in capsys.readouterr().out
+    assert admin(frontend, "invalidate", "--tenant", "acme") == 0
+    assert "removed 1 cached blocks" in capsys.readouterr().out
+
+
+def test_bad_invalidation_arguments(frontend, tmp_path, capsys):
+    assert admin(frontend, "invalidate", "--tenant", "nobody") == 1
+    assert "INVALID_ARGUMENT: tenant: unknown tenant 'nobody'" in capsys.readouterr().err
+    assert admin(frontend, "invalidate", "--tenant", "acme", "--prefix-tokens", "1,x") == 2
+    assert "comma-separated integers" in capsys.readouterr().err
+    bad = tmp_path / "m.json"
+    bad.write_text("{oops")
+    assert admin(frontend, "invalidate", "--tenant", "acme", "--prefix-messages", str(bad)) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    assert admin(frontend, "cache", key="key-acme") == 1
+    assert "PERMISSION_DENIED" in capsys.readouterr().err
