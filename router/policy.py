@@ -155,33 +155,33 @@ def decide(
     best_match = by_match[-1]
     shared = by_match[-2] if len(by_match) > 1 else 0
     shared = max(shared, min(shared_blocks * block_size, cap))
-    least_recent = min(load.recent_prefill_tokens for load in loads)
+    least_recent = min(map(_recent, loads))
     balance = config.balance_weight * recent_scale
     candidates = []
+    cheapest, cheapest_key = None, None
     for load, m in zip(loads, matched):
         load_tokens = int(load.queued_prefill_tokens + weight * load.running_decodes
                           + balance * (load.recent_prefill_tokens - least_recent))
         affinity = m - shared
         score = load_tokens + prompt_tokens - m - (cache_weight * affinity if affinity > 0 else 0)
-        candidates.append(Candidate(load.worker_id, m, load_tokens, score))
+        candidate = Candidate(load.worker_id, m, load_tokens, score)
+        candidates.append(candidate)
+        key = (score, -m, load.worker_id)  # lowest score; then more matched; then by id
+        if cheapest_key is None or key < cheapest_key:
+            cheapest, cheapest_key = candidate, key
     if best_match > shared:
-        chosen = min(candidates, key=_by_score)
+        chosen = cheapest
         reason = Reason.PREFIX_MATCH if chosen.matched_tokens == best_match else Reason.LOAD_SPILL
     else:
         key = hashes[min(-(-shared // block_size), len(hashes) - 1)]
         home_id = rendezvous(key, [c.worker_id for c in candidates], seed)
         chosen = next(c for c in candidates if c.worker_id == home_id)
         reason = Reason.COLD_HASH
-        cheapest = min(candidates, key=_by_score)
         if chosen.score - cheapest.score > config.cold_spill_tokens:
             chosen, reason = cheapest, Reason.COLD_SPILL
     return RoutingDecision(chosen.worker_id, reason, chosen.matched_tokens, prompt_tokens,
                            tuple(candidates))
 
 
-def _by_score(c: Candidate) -> tuple[float, int, str]:
-    return (c.score, -c.matched_tokens, c.worker_id)
-
-
-def _by_load(c: Candidate) -> tuple[int, str]:
-    return (c.load_tokens, c.worker_id)
+def _recent(load: WorkerLoad) -> float:
+    return load.recent_prefill_tokens
