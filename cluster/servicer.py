@@ -40,16 +40,18 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
-        args = (request.requests, self._max_requests, self._model, self._render)
-        if len(request.requests) <= INLINE_VALIDATION:
-            new = validate.job_requests(*args)
-        else:  # tokenizing a big job must not stall the other calls on the event loop
-            new = await asyncio.to_thread(validate.job_requests, *args)
-        self._runner.admit(tenant, len(new))
+        n = len(request.requests)
+        validate.check_job_size(n, self._max_requests)
+        self._runner.admit(tenant, n)  # before tokenizing: an overloaded cluster does no work
         try:
+            args = (request.requests, self._max_requests, self._model, self._render)
+            if n <= INLINE_VALIDATION:
+                new = validate.job_requests(*args)
+            else:  # tokenizing a big job must not stall the other calls on the event loop
+                new = await asyncio.to_thread(validate.job_requests, *args)
             job = self._store.create_job(tenant, self._model.model_id, new)
         except BaseException:
-            self._runner.release(tenant, len(new))
+            self._runner.release(tenant, n)
             raise
         with attached(extract_metadata(context.invocation_metadata())):
             self._runner.launch(job)  # the job's span joins the caller's trace, if any

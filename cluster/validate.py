@@ -118,14 +118,19 @@ def new_request(request: pb.Request, field: str, model: ModelInfo, render: Rende
     return NewRequest(custom_id=request.custom_id, prompt=prompt, sampling=sampling)
 
 
+def check_job_size(n: int, max_requests: int) -> None:
+    """The cheap check, done before admission and tokenization."""
+    if n == 0:
+        raise FieldError("requests", "empty job; a job needs at least one request")
+    if n > max_requests:
+        raise LimitExceeded("requests", f"{n} requests exceed the limit of {max_requests} "
+                            "per job; split the job")
+
+
 def job_requests(requests: Sequence[pb.Request], max_requests: int, model: ModelInfo,
                  render: Render) -> list[NewRequest]:
     """Validate a whole job; the first problem found raises, naming its request and field."""
-    if not requests:
-        raise FieldError("requests", "empty job; a job needs at least one request")
-    if len(requests) > max_requests:
-        raise LimitExceeded("requests", f"{len(requests)} requests exceed the limit of "
-                            f"{max_requests} per job; split the job")
+    check_job_size(len(requests), max_requests)
     seen: dict[str, int] = {}
     out = []
     for i, request in enumerate(requests):
