@@ -112,9 +112,9 @@ class GenerateServicer(pb_grpc.GenerateServicer):
     @grpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
         tenant = self._auth.tenant(context)
-        new = validate.new_request(request.request, "request", self._model, self._render)
-        self._runner.admit(tenant, 1)
+        self._runner.admit(tenant, 1)  # before tokenizing: an overloaded cluster does no work
         try:
+            new = validate.new_request(request.request, "request", self._model, self._render)
             request_id = f"gen-{secrets.token_hex(8)}"
             with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
                                               context.invocation_metadata()) as trace:
