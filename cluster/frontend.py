@@ -135,7 +135,8 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     pb_grpc.add_GenerateServicer_to_server(
         GenerateServicer(auth, backend, runner, model, tokenizer.render), server)
     pb_grpc.add_AdminServicer_to_server(
-        AdminServicer(auth, backend, model, tokenizer.render_prefix, config.tenants(), namespace),
+        AdminServicer(auth, backend, model, tokenizer.render_prefix, config.tenants(), namespace,
+                      tracing.invalidated),
         server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

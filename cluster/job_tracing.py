@@ -142,6 +142,12 @@ class JobTracing:
             self._stores[info.worker_id] = StoreGauges(info.cache_bytes, info.evictions,
                                                        info.expirations)
 
+    def invalidated(self, tenant: str) -> None:
+        """An operator invalidated ``tenant``'s cached prefixes: later misses on blocks used
+        before now are attributed to the invalidation."""
+        if self.observer is not None:
+            self.observer.attributor.invalidated(tenant, self.observer.now())
+
     async def aclose(self) -> None:
         """Take a last store snapshot, then flush and stop telemetry."""
         if self._poller is not None:

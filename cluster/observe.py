@@ -95,6 +95,9 @@ class RequestObserver:
         """The recent mean time from a request's lookup to its first token."""
         return self._prefill_s
 
+    def now(self) -> float:
+        return self._clock()
+
     def realisation(self) -> float:
         """The share of the one-cache model's reuse that routing realised recently (1.0
         before any reuse was modelled): ``router.forecast.forecast_job``'s ``realisation``."""

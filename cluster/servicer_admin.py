@@ -19,13 +19,15 @@ from router.key import Namespace
 class AdminServicer(pb_grpc.AdminServicer):
     def __init__(self, auth: Authenticator, backend: Backend, model: ModelInfo,
                  render_prefix: validate.Render, tenants: list[str],
-                 namespace: Callable[[str], Namespace]):
+                 namespace: Callable[[str], Namespace],
+                 on_invalidated: Callable[[str], None] | None = None):
         self._auth = auth
         self._backend = backend
         self._model = model
         self._render_prefix = render_prefix  # chat template without the generation prompt
         self._tenants = tenants
         self._namespace = namespace
+        self._on_invalidated = on_invalidated  # miss attribution learns of the invalidation
 
     @grpc_errors
     async def ListWorkers(self, request, context) -> pb.ListWorkersResponse:
@@ -63,6 +65,8 @@ class AdminServicer(pb_grpc.AdminServicer):
             prefix = validate.check_token_ids(request.tokens.ids, "tokens.ids",
                                               self._model.vocab_size)
         removed = await self._backend.invalidate(self._namespace(request.tenant), prefix)
+        if removed and self._on_invalidated is not None:
+            self._on_invalidated(request.tenant)
         return pb.InvalidateResponse(blocks_removed=removed)
 
     @grpc_errors

@@ -15,7 +15,7 @@ checked in this order::
                            router's candidates), or by this history still holds b2 and
                            was not a candidate (draining, say)
     3. ttl_expired         the chosen worker (or the last one) used b2 ``ttl_s`` or more ago
-    4. invalidated         b2 was invalidated on that worker after its last use
+    4. invalidated         the tenant's blocks were invalidated after b2's last use
     5. evicted             b2 was used there less than ``ttl_s`` ago and is gone: capacity
     6. tenant_boundary     the same tokens were seen under another tenant's namespace
     7. near_miss           a stored sequence shares the prompt's run and diverges inside or
@@ -96,11 +96,12 @@ class MissAttributor:
         self._used: _Bounded = _Bounded(max_blocks)      # block -> {worker: last use}
         self._tenants: _Bounded = _Bounded(max_blocks)   # tenant-free block -> {tenants}
         self._child: _Bounded = _Bounded(max_blocks)     # parent block -> first child seen
-        self._invalidated: dict[str, float] = {}         # worker -> time of last invalidation
+        self._invalidated: dict[str, float] = {}         # tenant -> time of last invalidation
 
-    def invalidated(self, worker: str, now: float) -> None:
-        """Record that ``worker`` dropped cached blocks by invalidation at ``now``."""
-        self._invalidated[worker] = now
+    def invalidated(self, tenant: str, now: float) -> None:
+        """Record that ``tenant``'s cached blocks were invalidated at ``now`` (on every
+        worker, as the admin API does)."""
+        self._invalidated[tenant] = now
 
     def forget_worker(self, worker: str) -> None:
         for users in self._used.values():
@@ -150,7 +151,7 @@ class MissAttributor:
         if last is not None:
             if now - last >= self.ttl_s:
                 return Attribution(MissCause.TTL_EXPIRED, computed)
-            if self._invalidated.get(seen.worker, -math.inf) >= last:
+            if self._invalidated.get(seen.namespace.tenant, -math.inf) >= last:
                 return Attribution(MissCause.INVALIDATED, computed)
             return Attribution(MissCause.EVICTED, computed)
         tenants = self._tenants.get(neutral[k], set())

@@ -47,8 +47,10 @@ def test_ttl_expired_versus_evicted(attr):
 def test_invalidated(attr):
     prompt = SYSTEM + [1]
     attr.observe(seen(prompt), 0.0)
-    attr.invalidated("w0", 5.0)
-    assert attr.observe(seen(prompt), 10.0).cause is MissCause.INVALIDATED
+    attr.invalidated("beta", 5.0)              # another tenant's blocks: not ours
+    assert attr.observe(seen(prompt), 10.0).cause is MissCause.EVICTED
+    attr.invalidated("acme", 15.0)
+    assert attr.observe(seen(prompt), 20.0).cause is MissCause.INVALIDATED
 
 
 def test_routed_elsewhere_names_the_holder(attr):
