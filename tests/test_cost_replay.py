@@ -35,3 +35,20 @@ def test_windows_are_forecast_without_their_own_outcomes(result):
 def test_empty_trace_is_refused():
     with pytest.raises(ValueError, match="empty"):
         forecast_replay([], SimConfig())
+
+
+def test_bench_forecast_command_on_a_trace_file(tmp_path, capsys):
+    import json
+
+    from cluster.cli import main
+    from router.trace import write_trace
+
+    path = tmp_path / "small.jsonl"
+    write_trace(synthesize(SynthShape(requests=300, rate_per_s=2.0), seed=3), path)
+    assert main(["bench", "forecast", "--trace", str(path), "--workers", "2",
+                 "--capacity-tokens", "100000", "--window", "60", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests"] == 300 and out["workers"] == 2
+    assert out["forecast_error"] == abs(out["forecast_multiplier"] - out["measured_multiplier"])
+    assert main(["bench", "forecast"]) == 2
+    assert "--demo FILE.jsonl" in capsys.readouterr().err

@@ -262,3 +262,13 @@ def test_job_forecast_uses_held_blocks_and_the_realised_share(setup):
         result("r2", 17, 0, 16, "w0", LookupOutcome.MISS))
     assert observer.realisation() == 0.0
     assert observer.forecast_job(plans, held)[0].cached_tokens == 0
+
+
+@pytest.mark.parametrize("custom_id, expected", [
+    ("conv00-turn01", ("conv00", 1)), ("c1-turn-3", ("c1", 3)), ("c2_turn2", ("c2", 2)),
+    ("chat-7-t4", ("chat-7", 4)), ("support:12", ("support", 12)),
+    ("request-17", ("", 0)), ("", ("", 0))])
+def test_conversation_and_turn_from_custom_ids(custom_id, expected):
+    from cluster.job_tracing import conversation_of
+
+    assert conversation_of(custom_id) == expected
