@@ -126,6 +126,7 @@ class EngineWorker:
 
         ``routed``: the router placed it, so tell the router when its prefill is done.
         """
+        self._check_started()
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         self._commands.put(("submit", request, routed,
@@ -194,12 +195,17 @@ class EngineWorker:
     # ---------------------------------------------------------------- internals
 
     async def _call(self, fn: Callable[[Engine], object]):
+        self._check_started()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._commands.put(("call", fn,
                             lambda ok, value: loop.call_soon_threadsafe(_settle, future, ok,
                                                                         value)))
         return await future
+
+    def _check_started(self) -> None:
+        if self._thread is None:
+            raise RuntimeError(f"worker {self._id} is not started: call start() first")
 
     def _open(self, engine: Engine | None) -> Engine:
         if self._engine is None:

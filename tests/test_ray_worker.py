@@ -1,0 +1,91 @@
+"""The worker actor's plain class, ``EngineWorker``, without Ray: a real engine on its thread,
+block events delivered (msgpack-encoded) to a real ``Router`` through a handle-shaped shim."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cluster.backend import TokenChunk
+from cluster.worker_actor import EngineWorker, WorkerDone
+from router.key import Namespace, hash_blocks
+from router.router import Router
+from tests.forged_models import tiny_model
+from workers.engine import EngineConfig
+from workers.messages import GenerateRequest, SamplingParams
+
+BLOCK = 16
+
+
+class _Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):  # what a Ray actor handle's method offers; runs in place here
+        return self.fn(*args)
+
+
+class RouterHandle:
+    """The shape of ``RouterActor``'s handle, calling a real ``Router`` directly."""
+
+    def __init__(self, router: Router) -> None:
+        self.apply_events = _Method(router.apply_events)
+        self.prefilled = _Method(router.prefilled)
+
+
+def _request(worker_ns: Namespace, rid: str, prompt: tuple[int, ...], max_tokens: int = 4):
+    return GenerateRequest(rid, worker_ns, prompt, SamplingParams(max_tokens=max_tokens))
+
+
+def test_engine_worker_runs_streams_publishes_and_invalidates():
+    async def scenario():
+        router = Router(BLOCK)
+        router.add_worker("w7")
+        worker = EngineWorker("w7", str(tiny_model()), EngineConfig(block_size=BLOCK),
+                              RouterHandle(router))
+        hello = await worker.start()
+        assert hello.worker_id == "w7" and hello.block_size == BLOCK and hello.openblas
+        ns = Namespace("t", hello.model_id, hello.revision)
+        prompt = tuple(range(20, 84))
+
+        decision = router.route(ns, hash_blocks(prompt, BLOCK, ns), len(prompt))
+        router.started("a", decision)
+        items = [i async for i in worker.generate(_request(ns, "a", prompt, 5), routed=True)]
+        assert all(isinstance(i, TokenChunk) for i in items[:-1])
+        assert isinstance(items[-1], WorkerDone) and len(items) == 6
+        router.finished("a")
+        assert items[-1].worker_s > 0
+
+        # the store's block events reached the router: the prefix is routed home, matched
+        again = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
+        assert again.worker_id == "w7" and again.expected_cached_tokens == len(prompt)
+        done = await worker.run(_request(ns, "b", prompt + (5,)))
+        assert done.result.cached_tokens == len(prompt)
+
+        stats = await worker.stats()
+        assert stats.requests_served == 2 and stats.cached_tokens == len(prompt)
+        assert stats.cache_blocks == len(await worker.holdings()) > 0
+        assert await worker.ping() > 0
+
+        with pytest.raises(ValueError, match="vocabulary"):
+            await worker.run(_request(ns, "bad", (10**9,)))
+        with pytest.raises(ValueError, match="namespace"):
+            await worker.invalidate(None, None)
+        assert await worker.invalidate(Namespace("nobody", "x"), None) == 0
+        removed = await worker.invalidate(ns, None)
+        assert removed > 0 and await worker.holdings() == []
+        after = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
+        assert after.expected_cached_tokens == 0, "invalidation reaches the router"
+        await worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_calls_before_start_fail_cleanly():
+    async def scenario():
+        worker = EngineWorker("w0", str(tiny_model()), EngineConfig(block_size=BLOCK))
+        with pytest.raises(RuntimeError, match="start"):
+            await asyncio.wait_for(worker.stats(), 5)
+        with pytest.raises(RuntimeError, match="start"):
+            await asyncio.wait_for(worker.run(_request(Namespace("t", "m"), "x", (1, 2))), 5)
+    asyncio.run(scenario())
