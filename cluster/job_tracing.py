@@ -189,7 +189,7 @@ def frontend_tracing(config: Any, model: Any, workers: int,
     """The frontend's ``JobTracing`` from ``cluster.config.Config`` and the served
     ``cluster.backend.ModelInfo``; telemetry ``exporter = "none"`` still attributes and prices."""
     tel = setup_telemetry(settings_from_config(config, "orchard-frontend"))
-    prices = load_price_table(getattr(config.telemetry, "prices", "") or None)
+    prices = load_price_table(config.telemetry.prices or None)
     capacity = max(1, workers) * config.cache.capacity_bytes // kv_bytes_per_token(model.model_dir)
     return JobTracing(RequestObserver(tel, prices, model.model_id, model.block_size,
                                       config.cache.ttl_s, capacity, decode=decode))

@@ -172,7 +172,7 @@ def settings_from_config(config: Any, service: str) -> TelemetrySettings:
     tel = config.telemetry
     return TelemetrySettings(service=service, run_dir=Path(config.run_dir),
                              exporter=tel.exporter, endpoint=tel.endpoint,
-                             protocol=getattr(tel, "protocol", "http"))
+                             protocol=tel.protocol)
 
 
 # --- W3C trace context -------------------------------------------------------------------

@@ -150,3 +150,24 @@ def test_direct_json_encoding_matches_the_protobuf_mapping(tmp_path):
     mapped = list(_spans_of(_hex_ids(MessageToDict(encode_spans(finished)))))
     assert direct == mapped and len(direct) == 1
     assert direct[0].attributes["orchard.prompt.block_hashes"] == ["00ff", "0a0b"]
+
+
+def test_telemetry_settings_come_from_the_cluster_config(tmp_path):
+    from cluster.config import load_config
+    from cluster.telemetry import settings_from_config
+
+    prices = tmp_path / "prices.toml"
+    prices.write_text('version = "v2"\n[default]\ncache_read = 0.05\n')
+    (tmp_path / "orchard.toml").write_text(
+        '[[tenants]]\nname = "acme"\napi_keys = ["k"]\n'
+        f'[telemetry]\nexporter = "otlp"\nendpoint = "127.0.0.1:4317"\nprotocol = "grpc"\n'
+        f'prices = "{prices}"\n')
+    config = load_config(tmp_path)
+    settings = settings_from_config(config, "orchard-frontend")
+    assert (settings.exporter, settings.endpoint, settings.protocol) == ("otlp", "127.0.0.1:4317",
+                                                                        "grpc")
+    assert settings.run_dir == tmp_path and settings.service == "orchard-frontend"
+    (tmp_path / "orchard.toml").write_text('[telemetry]\nexporter = "otlp"\nprotocol = "udp"\n'
+                                           'endpoint = "x"\n')
+    with pytest.raises(ValueError, match="protocol"):
+        settings_from_config(load_config(tmp_path), "orchard-frontend")
