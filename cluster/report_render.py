@@ -35,7 +35,9 @@ def _table(title: str, first: str, rows: Sequence[list[str]]) -> list[str]:
 def render_text(report: dict) -> str:
     lines = [f"orchard report: {report['requests']} requests"
              + ("" if report["requests"] else " (no finished request spans in these traces)"), ""]
-    lines += _table("Per job", "job", [_row(g["job_id"], g) for g in report["jobs"]])
+    lines += _table("Per job", "job", [
+        _row(g["job_id"] + (f" ({g['failed_requests']} failed)" if g["failed_requests"] else ""),
+             g) for g in report["jobs"]])
     lines += _table("Per tenant", "tenant", [_row(g["key"], g) for g in report["tenants"]])
     lines += _table(f"Per {report['window_s']:g} s window", "window",
                     [_row(g["key"], g) for g in report["windows"]])
