@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -36,6 +37,7 @@ from router.key import BlockHash, hash_blocks
 from workers.messages import GenerateRequest
 
 log = logging.getLogger("orchard.telemetry")
+MAX_JOB_CONTEXTS = 10_000
 
 
 class RequestTrace:
@@ -89,7 +91,8 @@ class JobTracing:
 
     def __init__(self, observer: RequestObserver | None = None) -> None:
         self.observer = observer
-        self._job_context: dict[str, tuple[tuple[str, str], ...]] = {}
+        # job id -> its span's context, for the requests' links (recent jobs only)
+        self._job_context: OrderedDict[str, tuple[tuple[str, str], ...]] = OrderedDict()
         self._poller: asyncio.Task | None = None
         self._backend: Any = None
         self._stores: dict[str, StoreGauges] = {}
@@ -173,6 +176,8 @@ class JobTracing:
         plans, held = obs.plan_job(chains, [len(p.prompt) for p in pending],
                                    [p.sampling.max_tokens for p in pending], 1, obs.prefill_s())
         self._job_context[job_id] = obs.submit_job(job_id, tenant, plans, held)
+        while len(self._job_context) > MAX_JOB_CONTEXTS:
+            self._job_context.popitem(last=False)
 
 
 def kv_bytes_per_token(model_dir: str | Path) -> int:
