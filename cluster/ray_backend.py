@@ -87,11 +87,13 @@ class RayBackend:
         if self._pool is not None:
             return
         if not ray.is_initialized():
-            self._started_ray = True
+            # ray.init blocks for seconds: off the event loop, which may be serving already
             if self._address:
-                bootstrap.join(self._address)
+                await asyncio.to_thread(bootstrap.join, self._address)
             else:
-                bootstrap.start_local(bootstrap.local_cpus(self._initial, self._placement))
+                await asyncio.to_thread(bootstrap.start_local,
+                                        bootstrap.local_cpus(self._initial, self._placement))
+            self._started_ray = True
         self._router = RouterActor.options(**bootstrap.on_this_node()).remote(
             self._engine.block_size)
         self._pool = WorkerPool(self._model_dir, self._engine, self._placement, self._router,
