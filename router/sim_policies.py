@@ -49,6 +49,16 @@ class SimRequest:
     hashes: tuple[BlockHash, ...]  # full blocks only
 
 
+@dataclass(slots=True)
+class _Open:
+    """A request a baseline has sent and not yet seen finish."""
+
+    worker: str
+    prefill: int
+    blocks: int
+    decoding: bool = False
+
+
 class SimPolicy:
     """Base: per-worker in-flight, queued prefill tokens and running KV blocks, by request."""
 
@@ -61,10 +71,11 @@ class SimPolicy:
         self.in_flight = {w: 0 for w in self.workers}
         self.prefill = {w: 0 for w in self.workers}
         self.kv_blocks = {w: 0 for w in self.workers}
-        self._open: dict[int, tuple[str, int, int, bool]] = {}
+        self._open: dict[int, _Open] = {}
         self.reasons: dict[str, int] = {}  # why each request went where (orchard only)
 
     def choose(self, req: SimRequest, now: float) -> str:
+        """The worker for ``req`` arriving at ``now`` (each policy defines it)."""
         raise NotImplementedError
 
     def expected_cached(self, req: SimRequest, worker: str) -> int:
@@ -76,22 +87,22 @@ class SimPolicy:
     def started(self, req: SimRequest, worker: str, now: float) -> None:
         prefill = req.input_length - self.expected_cached(req, worker)
         blocks = -(-req.input_length // self.block_size)
-        self._open[req.rid] = (worker, prefill, blocks, False)
+        self._open[req.rid] = _Open(worker, prefill, blocks)
         self.in_flight[worker] += 1
         self.prefill[worker] += prefill
         self.kv_blocks[worker] += blocks
 
     def prefilled(self, rid: int) -> None:
-        worker, prefill, blocks, _ = self._open[rid]
-        self.prefill[worker] -= prefill
-        self._open[rid] = (worker, prefill, blocks, True)
+        entry = self._open[rid]
+        self.prefill[entry.worker] -= entry.prefill
+        entry.decoding = True
 
     def finished(self, rid: int) -> None:
-        worker, prefill, blocks, done = self._open.pop(rid)
-        if not done:
-            self.prefill[worker] -= prefill
-        self.in_flight[worker] -= 1
-        self.kv_blocks[worker] -= blocks
+        entry = self._open.pop(rid)
+        if not entry.decoding:
+            self.prefill[entry.worker] -= entry.prefill
+        self.in_flight[entry.worker] -= 1
+        self.kv_blocks[entry.worker] -= entry.blocks
 
 
 class OrchardPolicy(SimPolicy):
