@@ -6,9 +6,10 @@ A job is forecast at submission from three things:
   once that earlier request has been prefilled (siblings running at the same time both
   compute a new shared prefix, and only the first stores it);
 * what the cluster holds now (the router's index), each block with the TTL it has left;
-* the store's TTL and the cluster's capacity in tokens (LRU eviction past it).
+* the store's TTL, eviction policy and the cluster's capacity in tokens.
 
-The cluster is modelled as one LRU cache of the summed capacity: cache-aware routing sends a
+The cluster is modelled as one cache of the summed capacity, kept by the stores' own
+``BlockLedger`` (same eviction policy, TTL from last use): cache-aware routing sends a
 prefix to the worker that holds it, so the union of the workers' stores is what a request
 can reuse. Time is modelled by the arrival pattern: each planned request starts at
 ``arrival_s`` and its blocks are stored ``service_s`` later. ``batch_arrivals`` gives the
@@ -26,12 +27,12 @@ The output is a ``TokenUsage`` per request (``router.cost``), priced like the me
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from router.cost import TokenUsage
-from router.key import BlockHash, reusable_tokens
+from router.key import BlockHash, Namespace, reusable_tokens
+from router.ledger import BlockLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class CacheModel:
     block_size: int
     capacity_tokens: int     # summed over the workers that will serve the job
     ttl_s: float
-    refresh_on_hit: bool = True  # a hit restarts the block's TTL
+    eviction: str = "lru"    # the stores' policy (``router.ledger.EVICTION_POLICIES``)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.capacity_tokens < 0 or self.ttl_s <= 0:
@@ -65,41 +66,36 @@ def batch_arrivals(n: int, concurrency: int, request_s: float) -> list[float]:
     return [(i // concurrency) * request_s for i in range(n)]
 
 
-class _LruTtlCache:
-    """Block accounting only: block -> expiry time, in LRU order."""
+class _Cache:
+    """The one-cache model: a ``BlockLedger`` (the stores' own accounting, so the same
+    eviction policy and TTL-from-last-use rules) on the forecast's own clock."""
 
-    def __init__(self, model: CacheModel) -> None:
-        self._model = model
-        self._expiry: OrderedDict[BlockHash, float] = OrderedDict()
+    _NS = Namespace("forecast", "forecast")
 
-    def matched_blocks(self, chain: Sequence[BlockHash], now: float) -> int:
-        matched = 0
-        for block in chain:
-            expiry = self._expiry.get(block)
-            if expiry is None:
-                break
-            if expiry <= now:
-                del self._expiry[block]
-                break
-            matched += 1
-        for block in chain[:matched]:
-            self._expiry.move_to_end(block)
-            if self._model.refresh_on_hit:
-                self._expiry[block] = now + self._model.ttl_s
-        return matched
+    def __init__(self, model: CacheModel, held: Mapping[BlockHash, float]) -> None:
+        self.now = 0.0
+        self._block_size = model.block_size
+        self._ledger = BlockLedger(model.capacity_tokens, model.ttl_s, lambda: self.now,
+                                   bytes_per_token=1, policy=model.eviction)
+        self._root = self._NS.root()
+        # Held blocks enter oldest first, each as last used ``ttl - left`` seconds ago.
+        for block, left in sorted(held.items(), key=lambda kv: kv[1]):
+            if left > 0:
+                self.now = left - model.ttl_s
+                self._ledger.insert([block], model.block_size, self._NS.label(), self._root)
+        self.now = 0.0
+
+    def match(self, chain: Sequence[BlockHash], now: float) -> int:
+        self.now = now
+        return self._ledger.match(chain)
 
     def holds(self, block: BlockHash, now: float) -> bool:
-        expiry = self._expiry.get(block)
-        return expiry is not None and expiry > now
+        self.now = now
+        return self._ledger.peek([block]) == 1
 
-    def store(self, blocks: Sequence[BlockHash], now: float, ttl_s: float | None = None) -> None:
-        ttl = self._model.ttl_s if ttl_s is None else ttl_s
-        for block in blocks:
-            self._expiry[block] = now + ttl
-            self._expiry.move_to_end(block)
-        limit = self._model.capacity_tokens // self._model.block_size
-        while len(self._expiry) > limit:
-            self._expiry.popitem(last=False)
+    def store(self, chain: Sequence[BlockHash], now: float) -> None:
+        self.now = now
+        self._ledger.insert(chain, self._block_size, self._NS.label(), self._root)
 
 
 def _tail_written(req: PlannedRequest, block_size: int) -> int:
@@ -124,10 +120,7 @@ def forecast_job(
     """
     if not 0.0 <= realisation <= 1.0:
         raise ValueError(f"realisation must be in [0, 1], got {realisation}")
-    cache = _LruTtlCache(model)
-    for block, ttl_left in held.items():
-        if ttl_left > 0:
-            cache.store([block], 0.0, ttl_left)
+    cache = _Cache(model, held)
     # Heap of (time, kind, order, index): kind 0 = store (writes first), 1 = lookup.
     events: list[tuple[float, int, int, int]] = [
         (req.arrival_s, 1, i, i) for i, req in enumerate(plan)]
@@ -138,14 +131,13 @@ def forecast_job(
     while events:
         now, kind, order, index = heapq.heappop(events)
         if kind == 0:
-            blocks = to_write.pop(index)
-            cache.store(blocks, now)
-            pending.difference_update(blocks)
+            cache.store(plan[index].block_hashes, now)  # the whole chain, as a worker does
+            pending.difference_update(to_write.pop(index))
             continue
         req = plan[index]
         if req.input_tokens <= 0:
             raise ValueError(f"planned request {index} has no input tokens; drop empty prompts")
-        matched = cache.matched_blocks(req.block_hashes, now)
+        matched = cache.match(req.block_hashes, now)
         new = [b for b in req.block_hashes[matched:]
                if b not in pending and not cache.holds(b, now)]
         pending.update(new)

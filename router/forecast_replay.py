@@ -7,7 +7,8 @@ would know then and nothing later:
 * the window's own block chains and arrival times;
 * what the cluster holds: the blocks earlier requests read or wrote (their measured
   outcomes), with the TTL they have left;
-* the store's TTL and the cluster's total capacity (one LRU cache of the summed capacity);
+* the store's TTL, eviction policy and the cluster's total capacity (one cache of the
+  summed capacity, kept by the stores' own ``BlockLedger``);
 * ``realisation``: the share of that one-cache model's reuse that routing realised in the
   earlier windows (1.0 for the first), since a real cluster spreads prefixes over workers.
 
@@ -109,7 +110,8 @@ def forecast_replay(trace: Sequence[TraceRequest], config: SimConfig, policy: st
     requests = to_requests(trace, config.block_size)
     measured = _measure(trace, config, policy, requests)
     arrivals = [t.arrival_s for t in trace]
-    model = CacheModel(config.block_size, config.workers * config.capacity_tokens, config.ttl_s)
+    model = CacheModel(config.block_size, config.workers * config.capacity_tokens, config.ttl_s,
+                       config.eviction)
     windows: dict[int, list[int]] = {}
     for i, t in enumerate(trace):
         windows.setdefault(int(t.arrival_s // window_s), []).append(i)
