@@ -152,8 +152,11 @@ class Client:
 
     # ---------------------------------------------------------------- jobs
 
-    def submit(self, requests: Sequence[pb.Request]) -> JobStatus:
-        job = _call(self._jobs.SubmitJob, pb.SubmitJobRequest(requests=list(requests)),
+    def submit(self, requests: Sequence[pb.Request], idempotency_key: str = "") -> JobStatus:
+        """Submit a job. With ``idempotency_key``, calling again after a lost answer returns
+        the same job rather than a second one."""
+        request = pb.SubmitJobRequest(requests=list(requests), idempotency_key=idempotency_key)
+        job = _call(self._jobs.SubmitJob, request,
                     metadata=self._metadata, timeout=self._timeout_s)
         return JobStatus.from_pb(job)
 

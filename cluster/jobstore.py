@@ -6,6 +6,7 @@ each result. Three tables::
     jobs      job_id ─┬─ tenant, state, total, model, created/finished times
     requests  (job_id, idx) ─ custom_id (unique per job), prompt token ids, sampling params
     results   (job_id, seq) ─ idx (unique per job), the result as JSON
+    job_keys  (tenant, idempotency_key) ─ job_id: a retried submission finds its first job
 
 Exactly once: a result is inserted with ``UNIQUE(job_id, idx)``, so a request that runs again
 after a crash (its result was not committed yet) yields one stored result, never two; its
@@ -38,6 +39,9 @@ CREATE TABLE IF NOT EXISTS requests (
     job_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
     prompt TEXT NOT NULL, sampling TEXT NOT NULL,
     PRIMARY KEY (job_id, idx), UNIQUE (job_id, custom_id));
+CREATE TABLE IF NOT EXISTS job_keys (
+    tenant TEXT NOT NULL, idempotency_key TEXT NOT NULL, job_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, idempotency_key));
 CREATE TABLE IF NOT EXISTS results (
     job_id TEXT NOT NULL, seq INTEGER NOT NULL, idx INTEGER NOT NULL, ok INTEGER NOT NULL,
     body TEXT NOT NULL, PRIMARY KEY (job_id, seq), UNIQUE (job_id, idx));
@@ -156,6 +160,20 @@ class JobStore:
 
     def create_job(self, tenant: str, model: str, requests: Sequence[NewRequest]) -> JobRecord:
         """Persist a job and all its requests in one fsynced transaction."""
+        job, _ = self.submit(tenant, model, requests)
+        return job
+
+    def submit(self, tenant: str, model: str, requests: Sequence[NewRequest],
+               idempotency_key: str = "") -> tuple[JobRecord, bool]:
+        """Persist a job unless ``idempotency_key`` already names one of ``tenant``'s jobs.
+
+        Returns the job and whether it was created now: a client that retries a submission
+        whose answer it lost gets the first job back, and nothing runs twice.
+        """
+        if idempotency_key:
+            existing = self.find_job(tenant, idempotency_key)
+            if existing is not None:
+                return existing, False
         if not requests:
             raise ValueError("requests: a job needs at least one request")
         job_id = f"job-{secrets.token_hex(8)}"
@@ -168,9 +186,18 @@ class JobStore:
                 self._db.execute("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, 0)",
                                  (job_id, tenant, JobState.QUEUED.value, len(rows), model, now))
                 self._db.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?)", rows)
+                if idempotency_key:
+                    self._db.execute("INSERT INTO job_keys VALUES (?, ?, ?)",
+                                     (tenant, idempotency_key, job_id))
         finally:
             self._db.execute("PRAGMA synchronous=NORMAL")
-        return self.get_job(job_id)
+        return self.get_job(job_id), True
+
+    def find_job(self, tenant: str, idempotency_key: str) -> JobRecord | None:
+        row = self._db.execute(
+            "SELECT job_id FROM job_keys WHERE tenant = ? AND idempotency_key = ?",
+            (tenant, idempotency_key)).fetchone()
+        return None if row is None else self.get_job(row[0])
 
     def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord:
         row = self._db.execute(

@@ -40,6 +40,9 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
+        key = validate.idempotency_key(request.idempotency_key)
+        if key and (existing := self._store.find_job(tenant, key)) is not None:
+            return job_to_pb(existing)  # a retried submission: the first one's job
         n = len(request.requests)
         validate.check_job_size(n, self._max_requests)
         self._runner.admit(tenant, n)  # before tokenizing: an overloaded cluster does no work
@@ -49,10 +52,13 @@ class JobsServicer(pb_grpc.JobsServicer):
                 new = validate.job_requests(*args)
             else:  # tokenizing a big job must not stall the other calls on the event loop
                 new = await asyncio.to_thread(validate.job_requests, *args)
-            job = self._store.create_job(tenant, self._model.model_id, new)
+            job, created = self._store.submit(tenant, self._model.model_id, new, key)
         except BaseException:
             self._runner.release(tenant, n)
             raise
+        if not created:  # the same key arrived twice while this one was tokenizing
+            self._runner.release(tenant, n)
+            return job_to_pb(job)
         with attached(extract_metadata(context.invocation_metadata())):
             self._runner.launch(job)  # the job's span joins the caller's trace, if any
         return job_to_pb(job)

@@ -118,6 +118,12 @@ def new_request(request: pb.Request, field: str, model: ModelInfo, render: Rende
     return NewRequest(custom_id=request.custom_id, prompt=prompt, sampling=sampling)
 
 
+def idempotency_key(key: str) -> str:
+    if len(key) > 256:
+        raise FieldError("idempotency_key", f"{len(key)} characters; use at most 256")
+    return key
+
+
 def check_job_size(n: int, max_requests: int) -> None:
     """The cheap check, done before admission and tokenization."""
     if n == 0:

@@ -313,3 +313,16 @@ def test_invalidate_by_chat_prefix(api, acme):
     _, rerun = run_job(acme, [chat("v3", "cache me")])
     # the system prompt's last full block and everything under it went; earlier blocks stay
     assert rerun[0].usage.cached_tokens < warm[0].usage.cached_tokens - 16
+
+
+def test_a_retried_submission_with_its_idempotency_key_runs_once(acme):
+    requests = [chat(f"k{i}", f"idempotent {i}") for i in range(2)]
+    first = acme.submit(requests, idempotency_key="batch-2026-11-29")
+    again = acme.submit(requests, idempotency_key="batch-2026-11-29")
+    assert again.job_id == first.job_id
+    assert [j.job_id for j in acme.jobs()].count(first.job_id) == 1
+    assert acme.wait(first.job_id, poll_s=0.05, timeout_s=60).completed == 2
+    assert acme.submit(requests, idempotency_key="another").job_id != first.job_id
+    with pytest.raises(OrchardError) as err:
+        acme.submit(requests, idempotency_key="x" * 257)
+    assert err.value.code == "INVALID_ARGUMENT" and "idempotency_key" in err.value.message

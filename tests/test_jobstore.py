@@ -95,3 +95,19 @@ def test_duplicate_custom_id_is_refused(store):
     with pytest.raises(sqlite3.IntegrityError):
         store.create_job("acme", "m", [reqs[0], reqs[0]])
     assert store.list_jobs("acme") == []  # nothing half-written
+
+
+def test_idempotency_key_returns_the_first_job(tmp_path):
+    path = tmp_path / "jobs.sqlite3"
+    store = JobStore(path, Clock())
+    first, created = store.submit("acme", "m", make_requests(2), idempotency_key="k1")
+    assert created
+    again, created = store.submit("acme", "m", make_requests(3), idempotency_key="k1")
+    assert (again, created) == (first, False)
+    other, created = store.submit("beta", "m", make_requests(1), idempotency_key="k1")
+    assert created and other.job_id != first.job_id  # keys are per tenant
+    store.close()
+    reopened = JobStore(path, Clock())  # survives a restart
+    assert reopened.find_job("acme", "k1") == first
+    assert reopened.find_job("acme", "k2") is None
+    reopened.close()

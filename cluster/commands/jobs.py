@@ -45,7 +45,7 @@ def submit(args) -> int:
         batch = parse_batch(f, name=str(path))
     with _client(args) as client:
         try:
-            job = client.submit(batch.requests)
+            job = client.submit(batch.requests, idempotency_key=args.idempotency_key)
         except OrchardError as exc:
             raise ValueError(f"{path}: {exc.code}: {batch.line_of(exc.message)}") from None
         # stderr, so that --json output stays one object; the id is known even if the wait
@@ -115,6 +115,8 @@ def register(subparsers) -> None:
     p.add_argument("file", metavar="FILE.jsonl")
     p.add_argument("--wait", action="store_true", help="show progress until the job finishes")
     p.add_argument("--json", action="store_true", help="print the job id, state and counts")
+    p.add_argument("--idempotency-key", default="", metavar="KEY",
+                   help="submitting again with the same KEY returns the first job, not a new one")
     _connect_args(p)
     p.set_defaults(func=_rpc_errors(submit))
 

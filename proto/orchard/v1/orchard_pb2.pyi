@@ -144,10 +144,12 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., total: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("requests",)
+    __slots__ = ("requests", "idempotency_key")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[Request]
-    def __init__(self, requests: _Optional[_Iterable[_Union[Request, _Mapping]]] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, requests: _Optional[_Iterable[_Union[Request, _Mapping]]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
