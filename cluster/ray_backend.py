@@ -205,9 +205,8 @@ class RayBackend:
             worker = self.pool.get(decision.worker_id)
             if worker is not None and worker.state == "ready":
                 return decision, worker
-            # The router had not yet heard that this worker left: tell it again, reroute.
+            # Left between the router's choice and now (its removal is on its way): reroute.
             self._router.finished.remote(request.request_id)
-            self._router.remove_worker.remote(decision.worker_id)
         raise NoWorkersAvailable(f"request {request.request_id}: no ready worker found")
 
     # ---------------------------------------------------------------- admin

@@ -38,6 +38,7 @@ class PoolWorker:
     hello: WorkerHello | None = None
     state: str = "starting"      # "starting" | "ready" | "draining" | "dead"
     running: int = 0             # requests in flight (event-loop side)
+    in_router: bool = False      # added to the router (once ready)
 
 
 class NoRoom(ValueError):
@@ -106,7 +107,7 @@ class WorkerPool:
         if worker.state == "draining" and worker.running == 0 \
                 and self._workers.get(worker.worker_id) is worker:
             del self._workers[worker.worker_id]
-            self._router.remove_worker.remote(worker.worker_id)
+            self._forget(worker)
             self._spawn(self._stop(worker))
 
     def died(self, worker: PoolWorker, why: BaseException) -> None:
@@ -119,7 +120,7 @@ class WorkerPool:
         worker.state = "dead"
         del self._workers[worker.worker_id]
         self._gone.append(worker)
-        self._router.remove_worker.remote(worker.worker_id)
+        self._forget(worker)
         ray.kill(worker.actor, no_restart=True)
         if self._replace_dead and was_serving:
             self._spawn(self._replace(worker.worker_id))
@@ -187,6 +188,7 @@ class WorkerPool:
         self.first_hello = self.first_hello or hello
         if worker.state == "starting":
             await self._router.add_worker.remote(worker_id)
+            worker.in_router = True
             worker.state = "ready"
         else:  # drained while it was starting: it leaves without serving
             self.retire_if_drained(worker)
@@ -213,6 +215,13 @@ class WorkerPool:
             return
         self.replaced += 1
         log.info("worker %s replaces dead worker %s", worker.worker_id, dead_id)
+
+    def _forget(self, worker: PoolWorker) -> None:
+        """The router drops the worker and every block it held (fire and forget: calls from
+        this process reach the router actor in order, before any later routing call)."""
+        if worker.in_router:
+            worker.in_router = False
+            self._router.remove_worker.remote(worker.worker_id)
 
     async def _stop(self, worker: PoolWorker) -> None:
         try:
