@@ -148,6 +148,20 @@ def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     assert sum(1 for s in states.values() if s == "ready") == 2
 
 
+def test_an_idle_worker_that_dies_is_noticed_and_replaced_without_a_request(cluster):
+    backend, loop = cluster
+    victim = backend.pool.ready()[-1]
+    replaced = backend.pool.replaced
+    os.kill(victim.hello.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while backend.pool.replaced == replaced and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert backend.pool.replaced == replaced + 1
+    states = {w.worker_id: w.state for w in loop.run(backend.workers())}
+    assert states[victim.worker_id] == "dead"
+    assert sum(1 for s in states.values() if s == "ready") == 2
+
+
 def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
     backend, loop = cluster
     futures = [loop.submit(backend.generate(*_request(backend, f"scale-{i}", _prompt(60 + i),
