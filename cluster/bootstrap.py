@@ -87,10 +87,11 @@ def start_local(num_cpus: int | None = None, slots: int = LOCAL_SLOTS,
 
 
 def join(address: str) -> str:
-    """Connect this process to a running Ray cluster at ``address`` (``HOST:PORT``)."""
-    if not address or ":" not in address:
+    """Connect this process to a running Ray cluster at ``address`` (``HOST:PORT``, or
+    ``auto``: the one ``ray start`` began on this machine)."""
+    if not address or (":" not in address and address != "auto"):
         raise ValueError(f"--address must be HOST:PORT of a Ray head (e.g. 10.0.0.1:6379), "
-                         f"got {address!r}")
+                         f"or 'auto' for the Ray started on this machine; got {address!r}")
     if ray.is_initialized():
         return _gcs_address()
     try:
