@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import xxhash
 
@@ -109,13 +109,55 @@ class Candidate:
     score: float  # cost in prefill tokens ahead of the first token; lower is better
 
 
+class CandidateRows(Sequence[Candidate]):
+    """A decision's candidates, kept as plain rows and read as ``Candidate`` records.
+
+    Every decision carries all its candidates, but most decisions are never inspected one
+    candidate at a time; a row costs a tenth of a frozen record to make (at 32 workers that
+    is a third of a decision). Immutable; iterating or indexing yields ``Candidate``s.
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: tuple[tuple[str, int, int, float], ...]) -> None:
+        object.__setattr__(self, "_rows", rows)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("CandidateRows is immutable")
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(Candidate(*row) for row in self._rows[i])
+        return Candidate(*self._rows[i])
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return (Candidate(*row) for row in self._rows)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (CandidateRows, tuple)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._rows)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def __reduce__(self):
+        return (CandidateRows, (self._rows,))
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingDecision:
     worker_id: str
     reason: Reason
     expected_cached_tokens: int
     prompt_tokens: int
-    candidates: tuple[Candidate, ...]
+    candidates: Sequence[Candidate]  # a tuple, or the compact ``CandidateRows``
 
 
 def rendezvous(key: BlockHash, workers: Sequence[str], seed: int) -> str:
@@ -157,30 +199,31 @@ def decide(
     shared = max(shared, min(shared_blocks * block_size, cap))
     least_recent = min(map(_recent, loads))
     balance = config.balance_weight * recent_scale
-    candidates = []
+    rows = []
     cheapest, cheapest_key = None, None
     for load, m in zip(loads, matched):
         load_tokens = int(load.queued_prefill_tokens + weight * load.running_decodes
                           + balance * (load.recent_prefill_tokens - least_recent))
         affinity = m - shared
         score = load_tokens + prompt_tokens - m - (cache_weight * affinity if affinity > 0 else 0)
-        candidate = Candidate(load.worker_id, m, load_tokens, score)
-        candidates.append(candidate)
+        row = (load.worker_id, m, load_tokens, score)
+        rows.append(row)
         key = (score, -m, load.worker_id)  # lowest score; then more matched; then by id
         if cheapest_key is None or key < cheapest_key:
-            cheapest, cheapest_key = candidate, key
+            cheapest, cheapest_key = row, key
     if best_match > shared:
         chosen = cheapest
-        reason = Reason.PREFIX_MATCH if chosen.matched_tokens == best_match else Reason.LOAD_SPILL
+        reason = Reason.PREFIX_MATCH if chosen[1] == best_match else Reason.LOAD_SPILL
     else:
         key = hashes[min(-(-shared // block_size), len(hashes) - 1)]
-        home_id = rendezvous(key, [c.worker_id for c in candidates], seed)
-        chosen = next(c for c in candidates if c.worker_id == home_id)
+        home_id = rendezvous(key, [load.worker_id for load in loads], seed)
+        chosen = next(row for row in rows if row[0] == home_id)
         reason = Reason.COLD_HASH
-        if chosen.score - cheapest.score > config.cold_spill_tokens:
+        if chosen[3] - cheapest[3] > config.cold_spill_tokens:
             chosen, reason = cheapest, Reason.COLD_SPILL
-    return RoutingDecision(chosen.worker_id, reason, chosen.matched_tokens, prompt_tokens,
-                           tuple(candidates))
+    worker_id, matched_tokens, _, _ = chosen
+    return RoutingDecision(worker_id, reason, matched_tokens, prompt_tokens,
+                           CandidateRows(tuple(rows)))
 
 
 def _recent(load: WorkerLoad) -> float:

@@ -193,3 +193,21 @@ def test_short_prompts_and_bad_input():
         PolicyConfig(cache_weight=-1)
     with pytest.raises(ValueError, match="already in the index"):
         router.add_worker("a")
+
+
+def test_candidates_read_as_records_compare_and_pickle():
+    import pickle
+
+    from router.policy import Candidate
+
+    router, _ = make_router("a", "b")
+    store_on(router, "a", prompt(1, 2))
+    decision = route(router, prompt(1, 3))
+    records = tuple(decision.candidates)
+    assert all(isinstance(c, Candidate) for c in records) and len(decision.candidates) == 2
+    assert decision.candidates[0] == records[0] and decision.candidates[-1:] == records[-1:]
+    assert decision.candidates == records
+    again = pickle.loads(pickle.dumps(decision))
+    assert again == decision and tuple(again.candidates) == records
+    with pytest.raises(AttributeError):
+        decision.candidates._rows = ()  # noqa: SLF001 - immutability is the point
