@@ -2,15 +2,15 @@
 
     frontend ─► RayBackend.generate(request, block_hashes)
                  ├─ router actor: route_and_start ─► RoutingDecision (worker w)
-                 ├─ worker actor w: generate (streamed) ─► TokenChunk ... WorkerDone
-                 │      first chunk ─► router.prefilled      (fire and forget)
-                 │      block events ─► router.apply_events  (sent by the worker itself)
-                 └─ router.finished ─► GenerateOutcome(result, decision, attempts, w)
+                 ├─ worker actor w: run ─► WorkerDone        (stream: generate, streamed:
+                 │      first token ─► router.prefilled        TokenChunk ... WorkerDone)
+                 │      block events ─► router.apply_events    (both sent by the worker)
+                 └─ router.finished (fire and forget) ─► GenerateOutcome(result, decision, ...)
 
 If worker ``w`` dies under the request (its actor or its node is gone, or its engine broke),
 the pool removes it from the router at once (its blocks are forgotten) and starts a
 replacement in the background, and the request is routed again, up to ``MAX_ATTEMPTS``
-workers. ```generate`` can always retry (it hands back only the final result); ``stream``
+workers. ``generate`` can always retry (it hands back only the final result); ``stream``
 retries only until its first chunk has gone out, since chunks already sent cannot be taken
 back. Scaling and draining act on the live pool (``cluster.ray_pool``).
 
