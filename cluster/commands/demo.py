@@ -104,8 +104,14 @@ async def _main(options, batch) -> Summary:
         waiter.cancel()
         cluster.result()  # raises what stopped the cluster from starting
         raise RuntimeError("the cluster stopped before it was ready")
+    from cluster.client import OrchardError
+
     try:
         return await asyncio.to_thread(_submit_and_wait, options.run_dir, batch.requests)
+    except OrchardError:
+        if stop.is_set():  # Ctrl-C stopped the cluster under the job
+            raise KeyboardInterrupt from None
+        raise
     finally:
         stop.set()
         await cluster
