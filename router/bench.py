@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from router.events import BlockStored, EventBatch
-from router.key import BlockHash, Namespace, hash_blocks
+from router.key import Namespace, hash_blocks
 from router.router import Router
 
 
