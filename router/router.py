@@ -1,7 +1,9 @@
 """``Router``: the plain class the cluster routes with (the Ray actor in ``router.actor`` wraps it).
 
 It owns the worker set (live or draining), the load each worker carries as the router
-accounts it, and the ``PrefixIndex``; the choice itself is ``router.policy.decide``.
+accounts it (queued prefill, running decodes, and recent prefill decayed over
+``balance_half_life_s``), the ``PrefixIndex`` (who holds what) and the ``SharedPrefixes``
+(which prefixes many prompts continue); the choice itself is ``router.policy.decide``.
 
 Life of a request, as the cluster drives it::
 
@@ -25,8 +27,8 @@ from typing import Callable, Iterable, Sequence
 from router.events import EventBatch, decode_batch
 from router.index import DEFAULT_MAX_BLOCKS, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
 from router.key import BlockHash, Namespace
-from router.sharing import SharedPrefixes
 from router.policy import NoWorkerAvailable, PolicyConfig, RoutingDecision, WorkerLoad, decide
+from router.sharing import SharedPrefixes
 
 
 @dataclass(frozen=True, slots=True)
