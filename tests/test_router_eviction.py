@@ -57,3 +57,33 @@ def test_reuse_evicts_leaves_before_their_parents():
 def test_unknown_policy_names_the_choices():
     with pytest.raises(ValueError, match="lru, reuse"):
         ledger("lfu", Clock())
+
+
+@pytest.mark.parametrize("policy", ["lru", "reuse"])
+def test_random_workload_keeps_capacity_and_the_prefix_property(policy):
+    import random
+
+    rng = random.Random(11)
+    clock = Clock()
+    led = BlockLedger(capacity_bytes=40, ttl_s=50.0, clock=clock, bytes_per_token=1,
+                      policy=policy)
+    chains = [[BlockHash(1000 * c + i) for i in range(1, 9)] for c in range(12)]
+    parent_of = {}
+    for chain in chains:
+        for parent, block in zip([ROOT] + chain[:-1], chain):
+            parent_of[block] = parent
+    for step in range(3000):
+        clock.now += rng.choice((0.1, 0.5, 2.0))
+        chain = rng.choice(chains)[: rng.randint(1, 8)]
+        if rng.random() < 0.5:
+            led.match(chain)
+        else:
+            led.insert(chain, 2, "ns", ROOT)
+        held = [b for b in parent_of if b in led]
+        assert led.used_bytes <= 40
+        assert all(parent_of[b] == ROOT or parent_of[b] in led for b in held), step
+    stats = led.stats()
+    assert stats.evictions > 0 and stats.hit_blocks > 0
+    clock.now += 100.0  # past the TTL: everything expires, whatever the policy
+    led.expire()
+    assert len(led) == 0
