@@ -59,6 +59,8 @@ class SimConfig:
             raise ValueError(f"--block-size must be positive, got {self.block_size}")
         if self.prefill_tps <= 0 or self.decode_tps <= 0:
             raise ValueError("--prefill-tps and --decode-tps must be positive tokens/s")
+        if self.ttl_s <= 0:
+            raise ValueError(f"--ttl-s must be positive seconds, got {self.ttl_s}")
 
 
 @dataclass(frozen=True, slots=True)
