@@ -71,6 +71,11 @@ class GenerateOutcome:
     # writes included. 0.0 when the backend does not measure it (then the engine's
     # received -> last token stamps stand in).
     worker_s: float = 0.0
+    # Spans another process drew for this request (``cluster.telemetry``): the router actor
+    # its routing span, the worker actor its lookup / prefill / decode spans. The frontend
+    # draws only the ones no other process did.
+    route_traced: bool = False
+    worker_traced: bool = False
 
     def worker_time_s(self) -> float:
         t = self.result.timings

@@ -61,8 +61,11 @@ class RequestTrace:
         if self._observer is None or self._span is None:
             return None
         result = outcome.result
-        self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
-        self._observer.worker_done(request, result, self._observer.decode)
+        # Spans the router and worker actors drew in their own processes are not drawn twice.
+        if outcome.decision is not None and not outcome.route_traced:
+            self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
+        if not outcome.worker_traced:
+            self._observer.worker_done(request, result, self._observer.decode)
         return self._observer.finish(self._span, request, block_hashes, result,
                                      outcome.decision, outcome.attempts)
 

@@ -14,6 +14,11 @@ workers. ``generate`` can always retry (it hands back only the final result); ``
 retries only until its first chunk has gone out, since chunks already sent cannot be taken
 back. Scaling and draining act on the live pool (``cluster.ray_pool``).
 
+Given ``TelemetrySettings`` (``from_config`` narrows them from the cluster config) the router
+actor and every worker actor set up telemetry in their own processes and draw their own spans
+under the context ``GenerateRequest.trace_context`` carries (``cluster.router_actor``,
+``cluster.worker_actor``); the outcome says so, and the frontend does not draw them again.
+
 ``policy="round_robin"`` skips the router and cycles through ready workers: the baseline of
 ``orchard bench cluster``. Ray is started (embedded, loopback only) or joined by ``start``
 through ``cluster.bootstrap``; ``close`` stops what it started.
@@ -34,8 +39,9 @@ from cluster.backend import (CacheStats, GenerateOutcome, ModelInfo, NoWorkersAv
                              TokenChunk, WorkerInfo)
 from cluster.bootstrap import Placement
 from cluster.ray_pool import PoolWorker, WorkerPool
+from cluster.router_actor import TracedRouterActor
+from cluster.telemetry import TelemetrySettings, settings_from_config
 from cluster.worker_actor import WorkerDone, WorkerFailed, WorkerStats
-from router.actor import RouterActor
 from router.key import BlockHash, Namespace
 from router.policy import NoWorkerAvailable
 from workers.engine import EngineConfig
@@ -45,6 +51,7 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
 STATS_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 10.0
 POLICIES = ("orchard", "round_robin")
 
 
@@ -52,7 +59,8 @@ class RayBackend:
     def __init__(self, model_dir: Path | str, workers: int = 1,
                  engine: EngineConfig | None = None, placement: Placement = Placement(),
                  address: str | None = None, policy: str = "orchard",
-                 start_timeout_s: float = 300.0) -> None:
+                 start_timeout_s: float = 300.0,
+                 telemetry: TelemetrySettings | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if policy not in POLICIES:
@@ -64,6 +72,8 @@ class RayBackend:
         self._address = address
         self._policy = policy
         self._start_timeout_s = start_timeout_s
+        self._telemetry = telemetry  # each actor sets up its own process's from it
+        self._route_traced = False   # the router actor draws the routing spans
         self._router = None
         self._pool: WorkerPool | None = None
         self._info: ModelInfo | None = None
@@ -79,7 +89,8 @@ class RayBackend:
         model_dir = config.model_dir or str(ensure_default_model())
         engine = EngineConfig(block_size=config.cache.block_size, ttl_s=config.cache.ttl_s,
                               store_bytes=config.cache.capacity_bytes)
-        return cls(model_dir, workers, engine, placement, address, policy)
+        return cls(model_dir, workers, engine, placement, address, policy,
+                   telemetry=settings_from_config(config, "orchard"))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -94,10 +105,11 @@ class RayBackend:
                 await asyncio.to_thread(bootstrap.start_local,
                                         bootstrap.local_cpus(self._initial, self._placement))
             self._started_ray = True
-        self._router = RouterActor.options(**bootstrap.on_this_node()).remote(
-            self._engine.block_size)
+        self._router = TracedRouterActor.options(**bootstrap.on_this_node()).remote(
+            self._engine.block_size, self._telemetry)
+        self._route_traced = await self._router.tracing.remote()
         self._pool = WorkerPool(self._model_dir, self._engine, self._placement, self._router,
-                                self._start_timeout_s)
+                                self._start_timeout_s, telemetry=self._telemetry)
         await self._pool.scale(self._initial)
         self._pool.start_checks()
         hello = self._pool.first_hello
@@ -108,6 +120,10 @@ class RayBackend:
         if self._pool is None:
             return
         await self._pool.close()
+        try:  # spans the router drew but has not exported yet
+            await asyncio.wait_for(self._router.flush.remote(), CLOSE_TIMEOUT_S)
+        except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
+            log.info("router telemetry not flushed: %s", exc)
         ray.kill(self._router, no_restart=True)
         self._pool = None
         if self._started_ray:
@@ -181,11 +197,12 @@ class RayBackend:
                     self._router.finished.remote(rid)
                 self.pool.retire_if_drained(worker)
 
-    @staticmethod
-    def _outcome(done: WorkerDone, decision, attempt: int, worker: PoolWorker
+    def _outcome(self, done: WorkerDone, decision, attempt: int, worker: PoolWorker
                  ) -> GenerateOutcome:
         return GenerateOutcome(done.result, decision, attempt, worker.worker_id,
-                               worker_s=done.worker_s)
+                               worker_s=done.worker_s,
+                               route_traced=decision is not None and self._route_traced,
+                               worker_traced=done.traced)
 
     async def _place(self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
                      ) -> tuple[object, PoolWorker]:
@@ -199,7 +216,7 @@ class RayBackend:
             try:
                 decision = await self._router.route_and_start.remote(
                     request.request_id, request.namespace, list(block_hashes),
-                    len(request.prompt))
+                    len(request.prompt), request.trace_context)
             except NoWorkerAvailable as exc:
                 raise NoWorkersAvailable(str(exc)) from None
             worker = self.pool.get(decision.worker_id)

@@ -20,6 +20,7 @@ import ray
 
 from cluster.backend import UnknownWorker
 from cluster.bootstrap import NODE_RESOURCE, Placement
+from cluster.telemetry import TelemetrySettings
 from cluster.worker_actor import WorkerActor, WorkerHello
 from workers.engine import EngineConfig
 
@@ -47,13 +48,15 @@ class NoRoom(ValueError):
 
 class WorkerPool:
     def __init__(self, model_dir: str, engine: EngineConfig, placement: Placement, router,
-                 start_timeout_s: float = START_TIMEOUT_S, replace_dead: bool = True) -> None:
+                 start_timeout_s: float = START_TIMEOUT_S, replace_dead: bool = True,
+                 telemetry: TelemetrySettings | None = None) -> None:
         self._model_dir = model_dir
         self._engine = engine
         self._placement = placement
         self._router = router
         self._start_timeout_s = start_timeout_s
         self._replace_dead = replace_dead
+        self._telemetry = telemetry  # each worker sets up its process's telemetry from it
         self._workers: dict[str, PoolWorker] = {}
         self._gone: collections.deque[PoolWorker] = collections.deque(maxlen=GONE_KEPT)
         self._next_id = 0
@@ -158,8 +161,8 @@ class WorkerPool:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for worker in list(self._workers.values()):
-            ray.kill(worker.actor, no_restart=True)
+        # Closed, not just killed: each worker flushes the spans it has not exported yet.
+        await asyncio.gather(*(self._stop(w) for w in list(self._workers.values())))
         self._workers.clear()
 
     # --------------------------------------------------------------- internals
@@ -168,7 +171,7 @@ class WorkerPool:
         worker_id = f"w{self._next_id}"
         self._next_id += 1
         actor = WorkerActor.options(**self._placement.actor_options(), name=None).remote(
-            worker_id, self._model_dir, self._engine, self._router)
+            worker_id, self._model_dir, self._engine, self._router, telemetry=self._telemetry)
         worker = self._workers[worker_id] = PoolWorker(worker_id, actor)
         try:
             hello = await asyncio.wait_for(actor.start.remote(), self._start_timeout_s)

@@ -10,7 +10,10 @@ Call sites are one line each::
         ...result = worker.generate(req)...
         spans.record_outcome(tel, span, outcome_record)               # usage, cost, miss cause
 
-    # after the engine answered (the frontend does it from the result's Timings)
+    # router actor, per decision, under the context the routing call carried
+    spans.record_routing(tel, decision, start_ns, end_ns, request.trace_context)
+
+    # worker actor (or the frontend, for a backend that does not), from the result's Timings
     spans.record_engine(tel, request, result, decode)                 # lookup / prefill / decode
 
     # frontend, per job at submission
@@ -112,9 +115,12 @@ def _text(value: object) -> str:
 
 @guarded()
 def record_routing(tel: Telemetry, decision: RoutingDecision, start_ns: int,
-                   end_ns: int | None = None) -> None:
-    """The routing span, a child of the current span; one event per candidate."""
-    span = tel.tracer.start_span("orchard.route", start_time=start_ns,
+                   end_ns: int | None = None,
+                   trace_context: Sequence[tuple[str, str]] | None = None) -> None:
+    """The routing span, a child of the current span (or of the context carried in
+    ``trace_context``, in the router actor); one event per candidate."""
+    parent = context_of(trace_context) if trace_context is not None else None
+    span = tel.tracer.start_span("orchard.route", context=parent, start_time=start_ns,
                                  attributes={A.SPAN_KIND: "route"})
     span.set_attributes({
         A.ROUTE_WORKER: decision.worker_id, A.ROUTE_REASON: _text(decision.reason),
@@ -214,10 +220,11 @@ def _lookup_attributes(request: GenerateRequest, lookup: LookupReport,
     return attrs
 
 
-@guarded()
+@guarded(default=False)
 def record_engine(tel: Telemetry, request: GenerateRequest, result: GenerateResult,
-                  decode: Callable[[Sequence[int]], str] | None = None) -> None:
-    """The worker's spans, placed from the engine's ``Timings``, under the request's context.
+                  decode: Callable[[Sequence[int]], str] | None = None) -> bool:
+    """The worker's spans, placed from the engine's ``Timings``, under the request's context;
+    True once drawn (False when drawing them failed).
 
     ``decode`` (token ids -> text) adds the decoded text around a near miss's divergence.
     """
@@ -241,3 +248,4 @@ def record_engine(tel: Telemetry, request: GenerateRequest, result: GenerateResu
                                      attributes={A.SPAN_KIND: kind, **attrs})
         span.end(end_time=max(start, end))
     worker.end(end_time=max(t.received_ns, t.finished_ns))
+    return True

@@ -1,14 +1,16 @@
 """orchard's OpenTelemetry: tracer and meter setup, attribute names, context propagation, spans.
 
 This is the one module that sets OpenTelemetry up (from the cluster config's ``[telemetry]``
-table) and names attributes. Every process (frontend, router, worker actors) calls
-``setup_telemetry`` once and passes the returned ``Telemetry`` to whoever emits spans.
+table) and names attributes. Every process (frontend, router actor, worker actors) calls
+``setup_telemetry`` once, with its own ``TelemetrySettings`` narrowed from the cluster config
+(service ``orchard-frontend``, ``orchard-router`` or ``orchard-worker``; a worker adds its id
+and node as resource attributes), and passes the returned ``Telemetry`` to whoever emits spans.
 
-One request is one trace::
+One request is one trace, each span drawn by the process that did the work::
 
     chat <model>                 frontend: gen_ai.* usage, tenant, job, cost, miss cause
-    ├── orchard.route            router decision: candidates (events), choice, reason
-    └── orchard.worker.generate  worker process, child of the context carried in the request
+    ├── orchard.route            router actor: candidates (events), choice, reason
+    └── orchard.worker.generate  worker actor, child of the context carried in the request
         ├── orchard.cache.lookup     hit / partial / near_miss / miss, divergence, age, TTL
         ├── orchard.prefill          computed tokens
         └── orchard.decode           output tokens
@@ -16,18 +18,26 @@ One request is one trace::
 
 Context crosses gRPC as W3C ``traceparent`` metadata (``inject_metadata`` /
 ``extract_metadata``) and Ray calls inside ``GenerateRequest.trace_context``
-(``request_context`` / ``context_of``). The worker's spans are built after the fact from the
-engine's ``Timings`` (``workers`` never imports OpenTelemetry).
+(``request_context`` / ``context_of``). The routing span is drawn in the router actor, where
+the decision is made, as a child of the context the ``route_and_start`` call carries: its
+duration is the decision itself, not the Ray hops around it, and a rerouted request shows each
+decision. The worker draws its spans from the engine's ``Timings`` when a request finishes
+(``workers`` never imports OpenTelemetry). ``cluster.backend.GenerateOutcome`` says which spans
+were drawn remotely, so the frontend draws only what no other process did: on the in-process
+``LocalBackend`` (one process) and the round-robin baseline (no router) the frontend draws them.
 
 Exporters: ``exporter = "file"`` (default) writes OTLP/JSON lines under ``RUN_DIR/traces/`` and
-``RUN_DIR/metrics/``; ``"otlp"`` sends to ``endpoint`` over ``protocol`` ``"http"`` (OTLP/HTTP
-protobuf, e.g. ``http://127.0.0.1:4318``) or ``"grpc"`` (e.g. ``127.0.0.1:4317``); ``"none"``
-records nothing. A tracing failure is logged once per call site and never fails a request.
+``RUN_DIR/metrics/``, one file per process (``<service>-<pid>.jsonl``); ``"otlp"`` sends to
+``endpoint`` over ``protocol`` ``"http"`` (OTLP/HTTP protobuf, e.g. ``http://127.0.0.1:4318``)
+or ``"grpc"`` (e.g. ``127.0.0.1:4317``); ``"none"`` records nothing. A tracing failure is
+logged once per call site and never fails a request, in every process.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +55,7 @@ from opentelemetry.trace import Link, Span, SpanKind
 
 from cluster.otlp_json import JsonLinesMetricExporter, JsonLinesSpanExporter
 from cluster.telemetry_attrs import *  # noqa: F401,F403  (the names, re-exported)
-from cluster.telemetry_attrs import SPAN_KIND
+from cluster.telemetry_attrs import HOST_NAME, NODE_ADDRESS, NODE_ID, SPAN_KIND
 from cluster.telemetry_metrics import Instruments
 
 log = logging.getLogger("orchard.telemetry")
@@ -53,18 +63,22 @@ T = TypeVar("T")
 
 EXPORTERS = ("file", "otlp", "none")
 PROTOCOLS = ("http", "grpc")
+SERVICE_FRONTEND = "orchard-frontend"
+SERVICE_ROUTER = "orchard-router"
+SERVICE_WORKER = "orchard-worker"
 
 
 @dataclass(frozen=True, slots=True)
 class TelemetrySettings:
     """What ``setup_telemetry`` needs, narrowed from the cluster config."""
 
-    service: str                 # e.g. "orchard-frontend", "orchard-worker-w0"
+    service: str                 # "orchard-frontend", "orchard-router" or "orchard-worker"
     run_dir: Path
     exporter: str = "file"
     endpoint: str = ""
     protocol: str = "http"
     metric_interval_s: float = 10.0
+    resource: tuple[tuple[str, str], ...] = ()   # extra resource attributes (worker id, node)
 
     def __post_init__(self) -> None:
         if self.exporter not in EXPORTERS:
@@ -127,6 +141,11 @@ class Telemetry:
     def disabled(cls) -> Telemetry:
         return cls(None, None)
 
+    @property
+    def enabled(self) -> bool:
+        """Whether spans are recorded (an exporter is set up)."""
+        return self._tracer_provider is not None
+
     @guarded()
     def flush(self) -> None:
         if self._tracer_provider:
@@ -151,7 +170,8 @@ def setup_telemetry(
     configured exporters (tests pass the SDK's in-memory ones)."""
     if settings.exporter == "none" and span_processor is None:
         return Telemetry.disabled()
-    resource = Resource.create({"service.name": settings.service, "service.namespace": "orchard"})
+    resource = Resource.create({"service.name": settings.service, "service.namespace": "orchard",
+                                **dict(settings.resource)})
     if span_processor is None or metric_reader is None:
         if settings.exporter == "otlp":
             span_exporter, metric_exporter = _otlp_exporters(settings)
@@ -165,6 +185,31 @@ def setup_telemetry(
     tracer_provider.add_span_processor(span_processor)
     meter_provider = MeterProvider(resource=resource, metric_readers=[metric_reader])
     return Telemetry(tracer_provider, meter_provider)
+
+
+def process_settings(settings: TelemetrySettings | None, service: str,
+                     resource: Sequence[tuple[str, str]], node_address: str,
+                     node_id: str) -> TelemetrySettings | None:
+    """The cluster's settings as one actor process's: its service name, and its own resource
+    attributes plus the node it runs on."""
+    if settings is None:
+        return None
+    resource = (*settings.resource, *resource, (NODE_ADDRESS, node_address),
+                (NODE_ID, node_id), (HOST_NAME, socket.gethostname()))
+    return dataclasses.replace(settings, service=service, resource=resource)
+
+
+def process_telemetry(settings: TelemetrySettings | None) -> Telemetry:
+    """``setup_telemetry`` for a process that must serve whatever happens (a Ray actor): a
+    failure is logged and the process runs untraced; ``None`` settings: untraced."""
+    if settings is None:
+        return Telemetry.disabled()
+    try:
+        return setup_telemetry(settings)
+    except Exception:  # a tracing failure must never stop a worker or the router
+        log.exception("telemetry setup for %s failed; it runs without tracing",
+                      settings.service)
+        return Telemetry.disabled()
 
 
 def settings_from_config(config: Any, service: str) -> TelemetrySettings:

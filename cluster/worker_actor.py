@@ -9,13 +9,18 @@ actor's event loop only hands it work and relays what comes back::
     generate(request) ─ submit ──────────────► engine.submit(request)
       yields TokenChunk ◄────── deltas ──────┤ loop: engine.step() while busy
       yields WorkerDone ◄────── finished ────┤   first token ─► router.prefilled.remote
-      (run: WorkerDone only)                 └► router.apply_events.remote(msgpack batch)
+      (run: WorkerDone only)                 ├► router.apply_events.remote(msgpack batch)
+                                             └► finished: its spans (lookup, prefill, decode)
     stats / invalidate / holdings ── call ───► run on the engine thread
 
 After every step the store's new block events go to the router actor as one msgpack-encoded
 ``EventBatch`` with a per-worker sequence number (fire and forget: the router notices a gap
-and asks for ``holdings`` to rebuild). Worker-side spans are drawn by the caller from the
-result's ``Timings``; this module stays free of telemetry.
+and asks for ``holdings`` to rebuild).
+
+Given ``TelemetrySettings`` the worker sets up its process's telemetry on ``start`` (service
+``orchard-worker``, its id and node as resource attributes) and draws each finished request's
+spans from the result's ``Timings`` under the context the request carried
+(``cluster.spans.record_engine``); ``WorkerDone.traced`` tells the caller not to draw them again.
 
 The module imports ``workers`` first, so the actor's process loads OpenBLAS before MLX.
 """
@@ -34,7 +39,11 @@ from typing import AsyncIterator, Callable, Sequence
 
 import ray
 
+from cluster import spans
+from cluster import telemetry_attrs as A
 from cluster.backend import TokenChunk
+from cluster.telemetry import (SERVICE_WORKER, Telemetry, TelemetrySettings, process_settings,
+                               process_telemetry)
 from router.events import EventBatch, encode_batch
 from router.key import BlockHash, Namespace
 from workers.blas import openblas_in_use
@@ -73,6 +82,7 @@ class WorkerDone:
 
     result: GenerateResult
     worker_s: float
+    traced: bool = False   # the worker drew the request's spans (lookup, prefill, decode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +103,8 @@ class EngineWorker:
     """One engine on its own thread, fed by async callers; block events go to ``router``."""
 
     def __init__(self, worker_id: str, model_dir: str, config: EngineConfig, router=None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 telemetry: TelemetrySettings | None = None) -> None:
         self._id = worker_id
         self._model_dir = model_dir
         self._config = EngineConfig(**{**_fields(config), "worker_id": worker_id})
@@ -101,6 +112,9 @@ class EngineWorker:
         self._clock = clock
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, Callable[[object], None]] = {}  # engine thread only
+        self._requests: dict[str, GenerateRequest] = {}        # engine thread only
+        self._settings = telemetry
+        self._tel: Telemetry | None = None
         self._seq = 0                                           # engine thread only
         self._unprefilled: set[str] = set()  # engine thread only: routed, no token yet
         self._engine: Engine | None = None
@@ -111,6 +125,10 @@ class EngineWorker:
 
     async def start(self) -> WorkerHello:
         """Load the model on the engine thread; idempotent."""
+        if self._tel is None:
+            self._tel = process_telemetry(process_settings(
+                self._settings, SERVICE_WORKER, ((A.WORKER, self._id),), _node_address(),
+                _node_id()))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=f"engine-{self._id}",
                                             daemon=True)
@@ -187,10 +205,14 @@ class EngineWorker:
         return os.getpid()
 
     async def close(self) -> None:
+        """Stop the engine thread, then flush and stop telemetry (spans not yet exported)."""
         if self._thread is not None:
             self._commands.put(None)
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        if self._tel is not None:
+            await asyncio.to_thread(self._tel.shutdown)
+            self._tel = None
 
     # ---------------------------------------------------------------- internals
 
@@ -202,6 +224,14 @@ class EngineWorker:
                             lambda ok, value: loop.call_soon_threadsafe(_settle, future, ok,
                                                                         value)))
         return await future
+
+    def _traced(self, engine: Engine, result: GenerateResult) -> bool:
+        """Draw a finished request's spans (engine thread); False when they were not."""
+        request = self._requests.pop(result.request_id, None)
+        if request is None or self._tel is None or not self._tel.enabled:
+            return False
+        return spans.record_engine(self._tel, request, result,
+                                   lambda ids: engine.tokenizer.decode(list(ids)))
 
     def _check_started(self) -> None:
         if self._thread is None:
@@ -252,6 +282,7 @@ class EngineWorker:
                 sink(exc)
                 return
             self._sinks[request.request_id] = sink
+            self._requests[request.request_id] = request
             if routed and self._router is not None:
                 self._unprefilled.add(request.request_id)
         else:
@@ -274,6 +305,7 @@ class EngineWorker:
             for sink in self._sinks.values():
                 sink(WorkerFailed(f"worker {self._id} failed: {exc!r}"))
             self._sinks.clear()
+            self._requests.clear()
             self._unprefilled.clear()
             return
         self._publish(engine)
@@ -286,9 +318,10 @@ class EngineWorker:
                 sink(TokenChunk(delta.request_id, (delta.token,), delta.text))
         done_ns = time.time_ns()
         for result in out.finished:
+            traced = self._traced(engine, result)
             sink = self._sinks.pop(result.request_id, None)
             if sink is not None:
-                sink(WorkerDone(result, (done_ns - result.timings.received_ns) / 1e9))
+                sink(WorkerDone(result, (done_ns - result.timings.received_ns) / 1e9, traced))
 
 
 def _settle(future: asyncio.Future, ok: bool, value) -> None:

@@ -1,0 +1,139 @@
+"""One trace per request across processes, on a real ``RayBackend``: the frontend draws the
+request span, the router actor its routing span, the worker actor its lookup / prefill /
+decode spans, each process into its own JSON-lines file under RUN_DIR/traces/, and
+``orchard report`` reads them back as one run."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from cluster import telemetry_attrs as A  # noqa: E402
+from cluster.job_tracing import JobTracing  # noqa: E402
+from cluster.observe import RequestObserver  # noqa: E402
+from cluster.otlp_json import read_spans  # noqa: E402
+from cluster.ray_backend import RayBackend  # noqa: E402
+from cluster.report import build_report, request_rows  # noqa: E402
+from cluster.telemetry import SERVICE_FRONTEND, TelemetrySettings, setup_telemetry  # noqa: E402
+from router.cost import load_price_table  # noqa: E402
+from router.key import Namespace, hash_blocks  # noqa: E402
+from tests.forged_models import tiny_model  # noqa: E402
+from tests.test_ray_backend import Loop, _prompt  # noqa: E402
+from workers.engine import EngineConfig  # noqa: E402
+from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 16
+WORKER_SPANS = ("orchard.worker.generate", "orchard.cache.lookup", "orchard.prefill",
+                "orchard.decode")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A traced run: three requests of job j1 through two Ray workers; the backend and the
+    frontend's telemetry closed (everything flushed) before the test reads the files."""
+    run_dir = tmp_path_factory.mktemp("run")
+    loop = Loop()
+    backend = RayBackend(tiny_model(), workers=2, engine=EngineConfig(block_size=BLOCK),
+                         telemetry=TelemetrySettings("orchard", run_dir))
+    try:
+        loop.run(backend.start(), timeout_s=300)
+        info = backend.tokenizer_info()
+        tel = setup_telemetry(TelemetrySettings(SERVICE_FRONTEND, run_dir))
+        tracing = JobTracing(RequestObserver(tel, load_price_table(None), info.model_id, BLOCK,
+                                             300.0, 1_000_000))
+        ns = Namespace("t", info.model_id, info.revision)
+
+        async def one(rid: str, prompt: tuple[int, ...]):
+            hashes = hash_blocks(prompt, BLOCK, ns)
+            sampling = SamplingParams(max_tokens=3)
+            with tracing.request("t", rid, "j1", rid, sampling) as trace:
+                request = GenerateRequest(rid, ns, prompt, sampling,
+                                          trace_context=trace.context)
+                outcome = await backend.generate(request, hashes)
+                trace.done(request, hashes, outcome)
+            return outcome
+
+        outcomes = {"r0": loop.run(one("r0", _prompt(1)))}
+        time.sleep(0.5)  # the worker's block events reach the router: r1, r2 go home
+        for rid, seed in (("r1", 2), ("r2", 3)):
+            outcomes[rid] = loop.run(one(rid, _prompt(seed)))
+        loop.run(tracing.aclose())
+    finally:
+        loop.run(backend.close())
+        loop.close()
+    return run_dir, outcomes
+
+
+def test_each_request_is_one_trace_joined_across_processes(run):
+    run_dir, outcomes = run
+    files = sorted(p.name for p in (run_dir / "traces").glob("*.jsonl"))
+    by_service = Counter(name.rsplit("-", 1)[0] for name in files)
+    assert by_service["orchard-frontend"] == 1 and by_service["orchard-router"] == 1
+    assert 1 <= by_service["orchard-worker"] <= 2      # a file per worker process
+    assert not any(name.endswith(f"-{os.getpid()}.jsonl") for name in files
+                   if not name.startswith("orchard-frontend"))
+
+    read = read_spans(run_dir / "traces")
+    assert read.bad_lines == 0
+    roots = {s.attributes[A.REQUEST_ID]: s for s in read.spans
+             if s.attributes.get(A.SPAN_KIND) == "request"}
+    assert set(roots) == set(outcomes)
+    assert len({r.trace_id for r in roots.values()}) == 3
+    for rid, outcome in outcomes.items():
+        assert outcome.route_traced and outcome.worker_traced
+        root = roots[rid]
+        in_trace = {s.name: s for s in read.spans if s.trace_id == root.trace_id}
+        names = Counter(s.name for s in read.spans if s.trace_id == root.trace_id)
+        assert set(names.values()) == {1}, f"{rid}: a span drawn twice: {names}"
+        assert root.service == "orchard-frontend" and root.parent_span_id == ""
+        route = in_trace["orchard.route"]
+        assert route.service == "orchard-router" and route.parent_span_id == root.span_id
+        assert route.attributes[A.ROUTE_WORKER] == outcome.worker_id
+        work = in_trace["orchard.worker.generate"]
+        assert work.service == "orchard-worker" and work.parent_span_id == root.span_id
+        assert work.attributes[A.WORKER] == outcome.worker_id
+        for name in WORKER_SPANS[1:]:
+            assert in_trace[name].service == "orchard-worker"
+            assert in_trace[name].parent_span_id == work.span_id
+        assert in_trace["orchard.cache.lookup"].attributes[A.CACHE_MATCHED] == \
+            outcome.result.cached_tokens
+
+
+def test_the_report_reads_the_whole_run(run):
+    run_dir, outcomes = run
+    spans = read_spans(run_dir / "traces").spans
+    rows = {r.request_id: r for r in request_rows(spans)}
+    assert set(rows) == set(outcomes)
+    for rid, outcome in outcomes.items():
+        assert rows[rid].lookup[A.CACHE_MATCHED] == outcome.result.cached_tokens
+        assert rows[rid].worker == outcome.worker_id
+    assert outcomes["r1"].result.cached_tokens == 96   # the shared system prefix, reused
+    job = build_report(spans)["jobs"][0]
+    results = [o.result for o in outcomes.values()]
+    assert job["job_id"] == "j1" and job["requests"] == 3
+    assert job["input_tokens"] == sum(r.input_tokens for r in results)
+    assert job["cached_tokens"] == sum(r.cached_tokens for r in results)
+    assert job["measured_multiplier"] is not None and job["forecast_multiplier"] is not None
+
+
+def test_each_process_names_itself_in_its_resource(run):
+    run_dir, outcomes = run
+    resources = {}
+    for path in (run_dir / "traces").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                attrs = {a["key"]: next(iter(a["value"].values()))
+                         for a in rs["resource"]["attributes"]}
+                resources.setdefault(attrs["service.name"], []).append(attrs)
+    assert set(resources) == {"orchard-frontend", "orchard-router", "orchard-worker"}
+    workers = {r[A.WORKER] for r in resources["orchard-worker"]}
+    assert {o.worker_id for o in outcomes.values()} <= workers
+    for attrs in resources["orchard-worker"] + resources["orchard-router"]:
+        assert attrs[A.NODE_ADDRESS] and attrs[A.NODE_ID] and attrs[A.HOST_NAME]
