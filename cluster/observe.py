@@ -12,8 +12,9 @@ The job runner reaches it through ``cluster.job_tracing.JobTracing``; a request 
 
     job_context = observer.submit_job(job_id, tenant, plans, held)   # at submission
 
-Worker-side spans (lookup, prefill, decode) are drawn here from the engine's ``Timings``
-under the context the request carried, so the worker processes stay free of telemetry.
+Worker-side spans (lookup, prefill, decode) and the routing span are drawn here only when
+no other process drew them (``GenerateOutcome.worker_traced`` / ``route_traced``): for the
+in-process ``LocalBackend``; on Ray the router and worker actors draw their own.
 
 Forecast per request: the router's ``expected_cached_tokens`` at routing time
 (``router.cost.forecast_request``). Forecast per job: ``router.forecast.forecast_job`` over

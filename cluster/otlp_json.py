@@ -1,10 +1,11 @@
 """OTLP JSON lines on disk: the default trace and metric exporters, and the reader for reports.
 
-Each export call appends one line to ``DIR/<service>-<pid>.jsonl``: an OTLP
+Each export call appends one line to ``DIR/<service>-<host>-<pid>.jsonl``: an OTLP
 ``ExportTraceServiceRequest`` (or ``ExportMetricsServiceRequest``) in the OTLP/JSON encoding
 (lowerCamelCase keys, trace and span ids as hex). One file per process, so processes never
-interleave writes; any OTLP/JSON tool reads the lines, and ``read_spans`` reads them back as
-flat ``SpanRecord``s for ``orchard report``.
+interleave writes, and files from several machines copied into one directory never clash;
+any OTLP/JSON tool reads the lines, and ``read_spans`` reads them back as flat
+``SpanRecord``s for ``orchard report``.
 
 A line that does not parse (a process killed mid-write) is skipped and counted, never fatal.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +43,15 @@ def _hex_ids(node: Any) -> Any:
     return node
 
 
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "orchard"
+
+
 class _JsonLines:
     def __init__(self, directory: Path, service: str) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in service) or "orchard"
-        self.path = directory / f"{safe}-{os.getpid()}.jsonl"
+        host = _safe(socket.gethostname())
+        self.path = directory / f"{_safe(service)}-{host}-{os.getpid()}.jsonl"
         self._lock = threading.Lock()
 
     def append(self, message: Any) -> None:

@@ -27,7 +27,8 @@ were drawn remotely, so the frontend draws only what no other process did: on th
 ``LocalBackend`` (one process) and the round-robin baseline (no router) the frontend draws them.
 
 Exporters: ``exporter = "file"`` (default) writes OTLP/JSON lines under ``RUN_DIR/traces/`` and
-``RUN_DIR/metrics/``, one file per process (``<service>-<pid>.jsonl``); ``"otlp"`` sends to
+``RUN_DIR/metrics/``, one file per process (``<service>-<host>-<pid>.jsonl``; a worker on
+another machine writes under the same path on its own disk); ``"otlp"`` sends to
 ``endpoint`` over ``protocol`` ``"http"`` (OTLP/HTTP protobuf, e.g. ``http://127.0.0.1:4318``)
 or ``"grpc"`` (e.g. ``127.0.0.1:4317``); ``"none"`` records nothing. A tracing failure is
 logged once per call site and never fails a request, in every process.

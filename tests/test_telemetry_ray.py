@@ -74,7 +74,9 @@ def run(tmp_path_factory):
 def test_each_request_is_one_trace_joined_across_processes(run):
     run_dir, outcomes = run
     files = sorted(p.name for p in (run_dir / "traces").glob("*.jsonl"))
-    by_service = Counter(name.rsplit("-", 1)[0] for name in files)
+    by_service = Counter(service for name in files
+                         for service in ("orchard-frontend", "orchard-router", "orchard-worker")
+                         if name.startswith(service + "-"))
     assert by_service["orchard-frontend"] == 1 and by_service["orchard-router"] == 1
     assert 1 <= by_service["orchard-worker"] <= 2      # a file per worker process
     assert not any(name.endswith(f"-{os.getpid()}.jsonl") for name in files
