@@ -228,8 +228,9 @@ class EngineWorker:
     def _traced(self, engine: Engine, result: GenerateResult) -> bool:
         """Draw a finished request's spans (engine thread); False when they were not."""
         request = self._requests.pop(result.request_id, None)
-        if request is None or self._tel is None or not self._tel.enabled:
-            return False
+        if request is None or not request.trace_context or self._tel is None \
+                or not self._tel.enabled:
+            return False  # an untraced request draws no orphan trace
         return spans.record_engine(self._tel, request, result,
                                    lambda ids: engine.tokenizer.decode(list(ids)))
 

@@ -106,3 +106,26 @@ def test_a_router_whose_telemetry_fails_logs_once_and_still_routes(tmp_path, cap
     assert not tracing and decision.worker_id == "w0"
     failures = [r for r in caplog.records if "telemetry setup" in r.getMessage()]
     assert len(failures) == 1 and "orchard-router" in failures[0].getMessage()
+
+
+def test_a_worker_whose_telemetry_fails_logs_once_and_still_serves(tmp_path, caplog):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the run directory should be")
+
+    async def scenario():
+        worker = EngineWorker("w1", str(tiny_model()), EngineConfig(block_size=BLOCK),
+                              telemetry=TelemetrySettings("orchard", blocked))
+        hello = await worker.start()
+        ns = Namespace("t", hello.model_id, hello.revision)
+        carried = (("traceparent", "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"),)
+        done = await worker.run(GenerateRequest("r1", ns, tuple(range(30, 60)),
+                                                SamplingParams(max_tokens=2),
+                                                trace_context=carried))
+        await worker.close()
+        return done
+
+    with caplog.at_level(logging.ERROR, logger="orchard.telemetry"):
+        done = asyncio.run(scenario())
+    assert len(done.result.output_tokens) == 2 and not done.traced   # the frontend draws them
+    failures = [r for r in caplog.records if "telemetry setup" in r.getMessage()]
+    assert len(failures) == 1 and "orchard-worker" in failures[0].getMessage()
