@@ -4,7 +4,8 @@ import pytest
 from router.events import EventBatch, encode_batch
 from router.key import Namespace, hash_blocks
 from router.ledger import BlockLedger
-from router.policy import NoWorkerAvailable, PolicyConfig, Reason
+from router.policy import (NoWorkerAvailable, PolicyConfig, Reason, WorkerLoad, decide,
+                           rendezvous)
 from router.router import Router
 
 NS = Namespace("acme", "tiny")
@@ -113,6 +114,46 @@ def test_a_burst_on_a_new_prefix_lands_together_before_any_event():
     siblings = [route(router, prompt(5, 8)[: 8 * BS] + [1, 2, 3]) for _ in range(3)]
     assert {d.worker_id for d in siblings} == {first.worker_id}
     assert all(d.reason is Reason.PREFIX_MATCH for d in siblings)
+
+
+def test_new_conversations_on_a_known_shared_prefix_spread_by_load():
+    # Every worker holds the system prompt S; each new conversation adds 3 blocks of its own.
+    # Nobody will share those, so a busier hash home is left as soon as waiting there costs
+    # more than the conversation's own prefill (53 tokens), not cold_spill_tokens (4096).
+    workers = ("a", "b", "c", "d")
+    router, _ = make_router(*workers, balance_weight=0.0)
+    system = prompt(9, 4, tail=0)
+    for seq, w in enumerate(workers):
+        store_on(router, w, system, seq)
+    placed = {w: 0 for w in workers}
+    for conv in range(20):
+        tokens = system + prompt(conv, 3)
+        decision = route(router, tokens)
+        assert decision.expected_cached_tokens == 4 * BS
+        assert decision.reason in (Reason.COLD_HASH, Reason.COLD_SPILL)
+        router.started(f"r{conv}", decision)
+        placed[decision.worker_id] += 1
+    assert max(placed.values()) - min(placed.values()) <= 2, placed  # by hash alone: 9 and 3
+
+
+def test_a_cold_prompt_takes_the_less_busy_of_its_two_hash_homes():
+    workers = [f"w{i}" for i in range(6)]
+    hashes = hash_blocks(prompt(4, 10), BS, NS)
+    first, second = rendezvous(hashes[0], workers, 7, choices=2)
+    assert rendezvous(hashes[0], workers, 7) == [first]
+
+    def cold(queued: dict[str, int], elsewhere: int = 400):
+        loads = [WorkerLoad(w, queued.get(w, elsewhere), 0) for w in workers]
+        return decide(PolicyConfig(), BS, hashes, 10 * BS + 5, {}, loads, 7)
+
+    assert cold({}, elsewhere=1000).worker_id == first  # a tie keeps the first
+    decision = cold({first: 1000, second: 500})
+    assert (decision.worker_id, decision.reason) == (second, Reason.COLD_HASH)
+    # Waiting 100 tokens longer than elsewhere is within the prompt's own 165-token prefill;
+    # 500 longer is not.
+    decision = cold({first: 1000, second: 500}, elsewhere=0)
+    assert (decision.worker_id, decision.reason) == (min(set(workers) - {first, second}),
+                                                     Reason.COLD_SPILL)
 
 
 def test_cold_placement_is_deterministic_per_seed_and_spreads():
