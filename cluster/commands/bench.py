@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_bench(sub)
     from cluster.bench_cluster import register_bench as register_cluster_bench
     register_cluster_bench(sub)  # `orchard bench cluster`: routing vs round robin on Ray
+    from cluster.span_bench import register_bench as register_span_bench
+    register_span_bench(sub)  # `orchard bench spans`: span cost in the router and workers
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
