@@ -23,7 +23,8 @@ from typing import Sequence
 import ray
 
 from cluster import spans
-from cluster.telemetry import SERVICE_ROUTER, TelemetrySettings, process_settings, process_telemetry
+from cluster.telemetry import (SERVICE_ROUTER, TelemetrySettings, process_settings,
+                               process_telemetry)
 from router.actor import AsyncRouter
 from router.key import BlockHash, Namespace
 from router.policy import PolicyConfig, RoutingDecision

@@ -96,7 +96,8 @@ def bench_spans(model_dir: Path, calls: int = 2000, workers: int = 4) -> dict:
     per = {k: (w / calls, c / calls) for k, (w, c) in router.items()}
     return {"model": str(model_dir), "calls": calls, "workers": workers,
             "worker_spans_wall_s": worker[0] / calls, "worker_spans_cpu_s": worker[1] / calls,
-            "route_untraced_wall_s": per["untraced"][0], "route_untraced_cpu_s": per["untraced"][1],
+            "route_untraced_wall_s": per["untraced"][0],
+            "route_untraced_cpu_s": per["untraced"][1],
             "route_traced_wall_s": per["traced"][0], "route_traced_cpu_s": per["traced"][1]}
 
 
