@@ -79,6 +79,7 @@ class RayBackend:
         self._info: ModelInfo | None = None
         self._rr = itertools.count()
         self._started_ray = False
+        self._router_lock = asyncio.Lock()
 
     @classmethod
     def from_config(cls, config, workers: int = 1, address: str | None = None,
@@ -105,9 +106,7 @@ class RayBackend:
                 await asyncio.to_thread(bootstrap.start_local,
                                         bootstrap.local_cpus(self._initial, self._placement))
             self._started_ray = True
-        self._router = TracedRouterActor.options(**bootstrap.on_this_node()).remote(
-            self._engine.block_size, self._telemetry)
-        self._route_traced = await self._router.tracing.remote()
+        await self._start_router()
         self._pool = WorkerPool(self._model_dir, self._engine, self._placement, self._router,
                                 self._start_timeout_s, telemetry=self._telemetry)
         await self._pool.scale(self._initial)
@@ -115,6 +114,24 @@ class RayBackend:
         hello = self._pool.first_hello
         self._info = ModelInfo(hello.model_id, hello.revision, hello.vocab_size,
                                hello.max_context, self._model_dir, hello.block_size)
+
+    async def _start_router(self) -> None:
+        self._router = TracedRouterActor.options(**bootstrap.on_this_node()).remote(
+            self._engine.block_size, self._telemetry)
+        self._route_traced = await self._router.tracing.remote()
+
+    async def _recover_router(self, lost) -> None:
+        """The router actor died: start a new one and rebuild its index from the workers.
+
+        Requests that find the router gone wait here for one recovery (``lost`` is the actor
+        they saw fail; a caller that arrives after the recovery finds a new one and returns).
+        """
+        async with self._router_lock:
+            if self._router is not lost:
+                return
+            log.warning("router actor lost: starting a new one, rebuilding from the workers")
+            await self._start_router()
+            await self.pool.attach_router(self._router)
 
     async def close(self) -> None:
         if self._pool is None:
@@ -213,12 +230,16 @@ class RayBackend:
                 raise NoWorkersAvailable("no ready worker: scale up or wait for a restart")
             return None, ready[next(self._rr) % len(ready)]
         for _ in range(MAX_ATTEMPTS):
+            router = self._router
             try:
-                decision = await self._router.route_and_start.remote(
+                decision = await router.route_and_start.remote(
                     request.request_id, request.namespace, list(block_hashes),
                     len(request.prompt), request.trace_context)
             except NoWorkerAvailable as exc:
                 raise NoWorkersAvailable(str(exc)) from None
+            except ray.exceptions.RayActorError:
+                await self._recover_router(router)
+                continue
             worker = self.pool.get(decision.worker_id)
             if worker is not None and worker.state == "ready":
                 return decision, worker

@@ -113,6 +113,28 @@ class WorkerPool:
             self._forget(worker)
             self._spawn(self._stop(worker))
 
+    async def attach_router(self, router) -> None:
+        """Hand every live worker to a new router actor (the old one is gone).
+
+        Each worker first points its block events at the new router, then is added to it
+        (drained again if it was draining) and its index rebuilt from the worker's holdings,
+        so the new router knows what the old one knew without a restart of any worker.
+        """
+        self._router = router
+        for worker in self.live():
+            try:
+                await worker.actor.set_router.remote(router)
+                await router.add_worker.remote(worker.worker_id)
+                if worker.state == "draining":
+                    await router.drain_worker.remote(worker.worker_id)
+                holdings = await worker.actor.holdings.remote()
+                await router.rebuild.remote(worker.worker_id, holdings)
+                worker.in_router = True
+                log.info("worker %s handed to the new router (%d blocks)",
+                         worker.worker_id, len(holdings))
+            except ray.exceptions.RayActorError as exc:
+                self.died(worker, exc)
+
     def died(self, worker: PoolWorker, why: BaseException) -> None:
         """``worker`` failed under a request: forget it now, replace it in the background."""
         if self._workers.get(worker.worker_id) is not worker:

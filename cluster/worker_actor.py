@@ -238,6 +238,10 @@ class EngineWorker:
         if self._thread is None:
             raise RuntimeError(f"worker {self._id} is not started: call start() first")
 
+    async def set_router(self, router) -> None:
+        """Send block events to ``router`` from now on (the router actor was restarted)."""
+        self._router = router
+
     def _open(self, engine: Engine | None) -> Engine:
         if self._engine is None:
             self._engine = Engine.open(self._model_dir, self._config, clock=self._clock)

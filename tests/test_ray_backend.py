@@ -121,6 +121,43 @@ def test_other_tenant_never_hits(cluster):
     assert out.result.cached_tokens == 0
 
 
+def _processes():
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    yield int(entry), f.read()
+            except OSError:
+                continue
+
+
+def _router_pid() -> int:
+    """The router actor's process, found by the title Ray gives it (``ray::TracedRouter``)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pids = [pid for pid, cmdline in _processes() if cmdline.startswith(b"ray::TracedRouter")]
+        if len(pids) == 1:
+            return pids[0]
+        time.sleep(0.2)
+    raise AssertionError(f"expected one router actor process, found {pids}")
+
+
+def test_a_restarted_router_rebuilds_its_index_from_the_workers(cluster):
+    backend, loop = cluster
+    home = _generate(backend, loop, "router-0", _prompt(60, shared=128))
+    time.sleep(0.5)  # the block events reach the router
+    old_pid = _router_pid()
+    os.kill(old_pid, signal.SIGKILL)
+    after = _generate(backend, loop, "router-1", _prompt(61, shared=128))
+    assert _router_pid() != old_pid
+    assert after.worker_id == home.worker_id, "the new router must know who holds the prefix"
+    assert after.decision.reason.value == "prefix_match"
+    assert after.decision.expected_cached_tokens >= 128 - BLOCK
+    assert after.result.cached_tokens == 128
+    assert {c.worker_id for c in after.decision.candidates} == \
+        {w.worker_id for w in backend.pool.ready()}
+
+
 def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     backend, loop = cluster
     victim = backend.pool.ready()[0]
