@@ -1,7 +1,8 @@
 """The ``orchard`` command line: discovers the subcommand modules in ``cluster.commands``.
 
 Errors meant for the user (``ValueError`` and ``FileNotFoundError`` carrying a message that
-says what to fix) print as ``orchard: error: ...`` with exit status 2, never a traceback.
+says what to fix) print as ``orchard: error: ...`` with exit status 2, never a traceback; an
+error status from a running cluster's API (``OrchardError``) prints the same way, status 1.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pkgutil
 import sys
 
 from cluster import commands
+from cluster.client import OrchardError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"orchard: error: {exc}", file=sys.stderr)
         return 2
+    except OrchardError as exc:
+        print(f"orchard: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("orchard: interrupted", file=sys.stderr)
         return 130

@@ -6,25 +6,14 @@ the run directory's config).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from cluster.client import Client, OrchardError
+from cluster.client import Client
 
 
 def _admin(args) -> Client:
     return Client.from_run_dir(args.run_dir, admin=True, api_key=args.api_key,
                                address=args.address)
-
-
-def _rpc_errors(func):
-    def run(args) -> int:
-        try:
-            return func(args)
-        except OrchardError as exc:
-            print(f"orchard: error: {exc}", file=sys.stderr)
-            return 1
-    return run
 
 
 def cache(args) -> int:
@@ -81,7 +70,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("cache", help="cluster prefix-cache statistics")
     p.add_argument("--json", action="store_true")
     _connect_args(p)
-    p.set_defaults(func=_rpc_errors(cache))
+    p.set_defaults(func=cache)
 
     p = subparsers.add_parser("invalidate",
                               help="drop a tenant's cached prefixes (all, or under a prefix)")
@@ -91,4 +80,4 @@ def register(subparsers) -> None:
     group.add_argument("--prefix-messages", metavar="FILE.json",
                        help="a JSON list of chat messages: drop what is cached under them")
     _connect_args(p)
-    p.set_defaults(func=_rpc_errors(invalidate))
+    p.set_defaults(func=invalidate)

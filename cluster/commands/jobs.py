@@ -100,16 +100,6 @@ def cancel(args) -> int:
     return 0
 
 
-def _rpc_errors(func):
-    def run(args) -> int:
-        try:
-            return func(args)
-        except OrchardError as exc:
-            print(f"orchard: error: {exc}", file=sys.stderr)
-            return 1
-    return run
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser("submit", help="submit an OpenAI Batch JSONL file as a job")
     p.add_argument("file", metavar="FILE.jsonl")
@@ -118,22 +108,22 @@ def register(subparsers) -> None:
     p.add_argument("--idempotency-key", default="", metavar="KEY",
                    help="submitting again with the same KEY returns the first job, not a new one")
     _connect_args(p)
-    p.set_defaults(func=_rpc_errors(submit))
+    p.set_defaults(func=submit)
 
     p = subparsers.add_parser("results", help="write a job's results (OpenAI Batch output)")
     p.add_argument("job", metavar="JOB")
     p.add_argument("--out", default=None, help="write to FILE instead of stdout")
     p.add_argument("--wait", action="store_true", help="wait for the job to finish")
     _connect_args(p)
-    p.set_defaults(func=_rpc_errors(results))
+    p.set_defaults(func=results)
 
     p = subparsers.add_parser("jobs", help="list this tenant's jobs, newest first")
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
     _connect_args(p)
-    p.set_defaults(func=_rpc_errors(jobs))
+    p.set_defaults(func=jobs)
 
     p = subparsers.add_parser("cancel", help="cancel a queued or running job")
     p.add_argument("job", metavar="JOB")
     _connect_args(p)
-    p.set_defaults(func=_rpc_errors(cancel))
+    p.set_defaults(func=cancel)
