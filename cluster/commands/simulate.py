@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-weight", type=float, default=_DEFAULTS.cache_weight,
                    help="orchard: prefill tokens of queue one cached token is worth")
     p.add_argument("--cold-spill-tokens", type=int, default=_DEFAULTS.cold_spill_tokens,
-                   help="orchard: queue gap that moves a cold prefix off its hash home")
+                   help="orchard: most queue gap a cold prompt waits at its hash home "
+                        "(less for a prompt whose own new prefill is shorter)")
     p.add_argument("--balance-weight", type=float, default=_DEFAULTS.balance_weight,
                    help="orchard: weight of recent prefill work above the least-worked worker")
     p.add_argument("--bench-workers", type=int, default=32)
