@@ -21,6 +21,7 @@ running cluster owns: this config, the job store, the frontend's address file, t
     block_size = 16
     ttl_s = 300.0
     capacity_bytes = 1073741824  # per worker
+    eviction = "reuse"           # "reuse" keeps reused blocks longer; "lru" is plain LRU
 
     [model]
     dir = ""                     # an mlx-lm model directory; "" means the embedded default
@@ -46,6 +47,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from router.ledger import EVICTION_POLICIES
+
 CONFIG_NAME = "orchard.toml"
 ADDRESS_NAME = "frontend.json"
 
@@ -64,6 +67,7 @@ class CacheConfig:
     block_size: int = 16
     ttl_s: float = 300.0
     capacity_bytes: int = 1 << 30
+    eviction: str = "reuse"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +196,9 @@ def _check(config: Config, path: Path) -> None:
         raise ValueError(f"{path}: [limits] request_timeout_s must be > 0")
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
+    if config.cache.eviction not in EVICTION_POLICIES:
+        raise ValueError(f"{path}: [cache] eviction must be one of "
+                         f"{', '.join(EVICTION_POLICIES)}, got {config.cache.eviction!r}")
     if set(config.tenant_keys) & config.admin_keys:
         raise ValueError(f"{path}: a key may not be both a tenant key and an admin key")
 
@@ -210,8 +217,21 @@ def write_default_config(run_dir: Path | str, tenants: tuple[str, ...] = ("defau
                   f'api_keys = ["sk-{name}-{secrets.token_urlsafe(18)}"]', ""]
     lines += ["[admin]", f'api_keys = ["sk-admin-{secrets.token_urlsafe(18)}"]', ""]
     lines += ["[limits]", *(f"{k} = {v!r}" for k, v in limits.items()), ""]
+    cache = CacheConfig()
+    lines += ["[cache]", f"block_size = {cache.block_size}", f"ttl_s = {cache.ttl_s}",
+              f"capacity_bytes = {cache.capacity_bytes}  # per worker",
+              f'eviction = "{cache.eviction}"  # "lru": plain LRU', ""]
     lines += ["[model]", f'dir = "{model_dir}"', ""]
     lines += ["[frontend]", 'host = "127.0.0.1"', "port = 0", ""]
     path.write_text("\n".join(lines))
     path.chmod(0o600)
     return path
+
+
+def engine_config(config: Config):
+    """The ``workers`` engine settings this cluster config narrows to (one per worker)."""
+    from workers.engine import EngineConfig  # mlx is imported only where engines run
+
+    cache = config.cache
+    return EngineConfig(block_size=cache.block_size, ttl_s=cache.ttl_s,
+                        store_bytes=cache.capacity_bytes, eviction=cache.eviction)

@@ -29,6 +29,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend import (CacheStats, GenerateOutcome, ModelInfo, NoWorkersAvailable,
                              TokenChunk, UnknownWorker, WorkerInfo)
+from cluster.config import engine_config
 from router.events import EventBatch
 from router.key import BlockHash, Namespace
 from router.policy import NoWorkerAvailable
@@ -97,8 +98,7 @@ class LocalBackend:
         from workers.forge import ensure_default_model
 
         model_dir = config.model_dir or str(ensure_default_model())
-        engine = EngineConfig(block_size=config.cache.block_size, ttl_s=config.cache.ttl_s,
-                              store_bytes=config.cache.capacity_bytes)
+        engine = engine_config(config)
         return cls(model_dir, workers=workers, engine=engine)
 
     # ------------------------------------------------------------ lifecycle

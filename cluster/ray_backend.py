@@ -35,6 +35,7 @@ from typing import AsyncIterator, Sequence
 import ray
 
 from cluster import bootstrap
+from cluster.config import engine_config
 from cluster.backend import (CacheStats, GenerateOutcome, ModelInfo, NoWorkersAvailable,
                              TokenChunk, WorkerInfo)
 from cluster.bootstrap import Placement
@@ -88,8 +89,7 @@ class RayBackend:
         from workers.forge import ensure_default_model
 
         model_dir = config.model_dir or str(ensure_default_model())
-        engine = EngineConfig(block_size=config.cache.block_size, ttl_s=config.cache.ttl_s,
-                              store_bytes=config.cache.capacity_bytes)
+        engine = engine_config(config)
         return cls(model_dir, workers, engine, placement, address, policy,
                    telemetry=settings_from_config(config, "orchard"))
 

@@ -1,7 +1,7 @@
 """The run directory's config: defaults with fresh keys, and errors that name the key."""
 import pytest
 
-from cluster.config import load_config, write_default_config
+from cluster.config import engine_config, load_config, write_default_config
 
 
 def test_default_config_has_fresh_keys_and_loopback(tmp_path):
@@ -25,6 +25,7 @@ def test_default_config_has_fresh_keys_and_loopback(tmp_path):
     ("[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\n[admin]\napi_keys = [\"k\"]\n",
      "both a tenant key and an admin key"),
     ("[cache\n", "not valid TOML"),
+    ("[cache]\neviction = \"fifo\"\n", "eviction must be one of lru, reuse"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, message):
     (tmp_path / "orchard.toml").write_text(text)
@@ -49,3 +50,12 @@ def test_one_frontend_per_run_directory(tmp_path):
         lock_run_dir(tmp_path)
     os.close(fd)
     os.close(lock_run_dir(tmp_path))  # free again once the holder is gone
+
+
+def test_cache_settings_narrow_to_the_engine_config(tmp_path):
+    write_default_config(tmp_path)
+    default = engine_config(load_config(tmp_path))
+    assert default.eviction == "reuse" and default.block_size == 16
+    toml = tmp_path / "orchard.toml"
+    toml.write_text(toml.read_text().replace('eviction = "reuse"', 'eviction = "lru"'))
+    assert engine_config(load_config(tmp_path)).eviction == "lru"

@@ -42,6 +42,7 @@ class EngineConfig:
     block_size: int = 16
     store_bytes: int = 1 << 30
     ttl_s: float = 300.0
+    eviction: str = "reuse"   # the store's eviction policy: "reuse" or plain "lru"
     use_store: bool = True     # False: every request computes its whole prompt
     max_batch: int = 8         # requests decoding at once
     prefill_chunk: int = 2048  # tokens per prefill forward pass
@@ -71,7 +72,7 @@ class Engine:
         self.config = config
         self._now_ns = now_ns
         self.store = PrefixStore(loaded.kv_shape, config.block_size, config.store_bytes,
-                                 config.ttl_s, clock)
+                                 config.ttl_s, clock, config.eviction)
         self._eos = set(loaded.tokenizer.eos_token_ids)
         self._stops = StopSequences([[e] for e in sorted(self._eos)])
         self._batch = BatchGenerator(loaded.model, completion_batch_size=config.max_batch,

@@ -81,7 +81,7 @@ class PrefixStore:
     """Deduplicated per-block K/V storage with LRU/TTL/invalidation from ``BlockLedger``."""
 
     def __init__(self, shape: KVShape, block_size: int, capacity_bytes: int, ttl_s: float,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], eviction: str = "lru") -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.shape = shape
@@ -90,7 +90,7 @@ class PrefixStore:
         self._tensor_bytes = 0
         self._mismatches = 0
         self.ledger = BlockLedger(capacity_bytes, ttl_s, clock, shape.bytes_per_token,
-                                  on_remove=self._drop)
+                                  policy=eviction, on_remove=self._drop)
 
     # ---- lookup --------------------------------------------------------------------------
 
