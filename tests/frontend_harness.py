@@ -18,6 +18,17 @@ from cluster.local_backend import LocalBackend
 from workers.engine import EngineConfig
 
 
+# One tenant (acme) and an admin key: the config most API tests run under.
+ACME_CONFIG = """
+[[tenants]]
+name = "acme"
+api_keys = ["key-acme"]
+
+[admin]
+api_keys = ["key-admin"]
+"""
+
+
 @dataclass
 class Harness:
     config: Config

@@ -6,16 +6,7 @@ import pytest
 from cluster.cli import main
 from cluster.client import token_request
 from forged_models import tiny_model
-from frontend_harness import running_frontend
-
-CONFIG = """
-[[tenants]]
-name = "acme"
-api_keys = ["key-acme"]
-
-[admin]
-api_keys = ["key-admin"]
-"""
+from frontend_harness import ACME_CONFIG as CONFIG, running_frontend
 
 
 @pytest.fixture(scope="module")

@@ -8,20 +8,11 @@ import pytest
 from cluster.batchfile import parse_batch
 from cluster.cli import main
 from forged_models import tiny_model
-from frontend_harness import running_frontend
+from frontend_harness import ACME_CONFIG as CONFIG, running_frontend
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import make_batch  # noqa: E402
-
-CONFIG = """
-[[tenants]]
-name = "acme"
-api_keys = ["key-acme"]
-
-[admin]
-api_keys = ["key-admin"]
-"""
 
 
 def line(custom_id, messages, **body):
