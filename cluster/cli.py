@@ -12,7 +12,7 @@ import pkgutil
 import sys
 
 from cluster import commands
-from cluster.client import OrchardError
+from cluster.api.client import OrchardError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,10 +11,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.client import Client
+from cluster.api.client import Client
 from cluster.config import Config, load_config
-from cluster.frontend import Frontend, serve
-from cluster.local_backend import LocalBackend
+from cluster.api.frontend import Frontend, serve
+from cluster.backend.local import LocalBackend
 from workers.engine import EngineConfig
 
 

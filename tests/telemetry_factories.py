@@ -5,7 +5,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from cluster.telemetry import Telemetry, TelemetrySettings, setup_telemetry
+from cluster.telemetry.setup import Telemetry, TelemetrySettings, setup_telemetry
 from router.policy import Candidate, Reason, RoutingDecision
 from workers.messages import GenerateResult, LookupOutcome, LookupReport, Timings
 

@@ -7,8 +7,8 @@ import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 
-from cluster.batchfile import output_lines
-from cluster.client import Client, OrchardError, chat_request, token_request
+from cluster.api.batchfile import output_lines
+from cluster.api.client import Client, OrchardError, chat_request, token_request
 from forged_models import tiny_model
 from frontend_harness import running_frontend
 from proto.orchard.v1 import orchard_pb2 as pb

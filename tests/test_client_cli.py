@@ -4,7 +4,7 @@ import json
 import pytest
 
 from cluster.cli import main
-from cluster.client import token_request
+from cluster.api.client import token_request
 from forged_models import tiny_model
 from frontend_harness import ACME_CONFIG as CONFIG, running_frontend
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.bootstrap import NODE_RESOURCE, Placement
+from cluster.backend.bootstrap import NODE_RESOURCE, Placement
 from cluster.config import write_default_config
-from cluster.daemon import STATE_NAME, ClusterState, UpOptions
+from cluster.backend.daemon import STATE_NAME, ClusterState, UpOptions
 from tests.forged_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def _workers(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_up_scale_drain_down_while_a_job_runs(tmp_path):
-    from cluster.client import Client, token_request
+    from cluster.api.client import Client, token_request
 
     run_dir = tmp_path / "run"
     write_default_config(run_dir, model_dir=str(tiny_model()), max_concurrent=4)

@@ -42,7 +42,7 @@ def test_missing_config_says_how_to_start(tmp_path):
 
 
 def test_one_frontend_per_run_directory(tmp_path):
-    from cluster.frontend import lock_run_dir
+    from cluster.api.frontend import lock_run_dir
     import os
 
     fd = lock_run_dir(tmp_path)

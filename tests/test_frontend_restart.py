@@ -1,6 +1,6 @@
 """Durability: SIGKILL the frontend mid-job, start it again, every result arrives exactly once.
 
-The frontend is a real subprocess (``python -m cluster.frontend``); the job is submitted and
+The frontend is a real subprocess (``python -m cluster.api.frontend``); the job is submitted and
 read back with the real ``orchard`` command line.
 """
 import json
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.client import Client
-from cluster.jobstore import JobStore
+from cluster.api.client import Client
+from cluster.jobs.store import JobStore
 from forged_models import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def write_batch(path: Path) -> None:
 
 def start_frontend(run_dir: Path) -> subprocess.Popen:
     (run_dir / "frontend.json").unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "cluster.frontend", "--run-dir", str(run_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir", str(run_dir),
                              "--workers", "1"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=open(run_dir / "frontend.log", "ab"))
     deadline = time.monotonic() + 120

@@ -1,8 +1,8 @@
 """Admission (backpressure) in the job runner: per tenant and over all tenants."""
 import pytest
 
-from cluster.jobstore import JobStore
-from cluster.runner import JobRunner, Overloaded
+from cluster.jobs.store import JobStore
+from cluster.jobs.runner import JobRunner, Overloaded
 from router.key import Namespace
 
 

@@ -1,6 +1,6 @@
 """The frontend tokenizes exactly as the worker's engine renders the chat template."""
 import workers  # noqa: F401
-from cluster.chat import ChatTokenizer
+from cluster.api.chat import ChatTokenizer
 from forged_models import tiny_model
 from workers.engine import Engine
 

@@ -1,7 +1,7 @@
 """The job store: jobs persist, results are recorded exactly once, state follows results."""
 import pytest
 
-from cluster.jobstore import (JobFinished, JobNotFound, JobState, JobStore, NewRequest,
+from cluster.jobs.store import (JobFinished, JobNotFound, JobState, JobStore, NewRequest,
                               StoredResult)
 from workers.messages import SamplingParams
 

@@ -16,10 +16,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from cluster.backend import (GenerateOutcome, NoWorkersAvailable, TokenChunk,  # noqa: E402
+from cluster.backend.protocol import (GenerateOutcome, NoWorkersAvailable, TokenChunk,  # noqa: E402
                              UnknownWorker)
-from cluster.ray_backend import RayBackend  # noqa: E402
-from cluster.ray_pool import NoRoom  # noqa: E402
+from cluster.backend.ray_backend import RayBackend  # noqa: E402
+from cluster.backend.ray_pool import NoRoom  # noqa: E402
 from router.key import Namespace, hash_blocks  # noqa: E402
 from tests.forged_models import tiny_model  # noqa: E402
 from workers.engine import EngineConfig  # noqa: E402

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from cluster.backend import TokenChunk
-from cluster.worker_actor import EngineWorker, WorkerDone
+from cluster.backend.protocol import TokenChunk
+from cluster.backend.worker_actor import EngineWorker, WorkerDone
 from router.key import Namespace, hash_blocks
 from router.router import Router
 from tests.forged_models import tiny_model

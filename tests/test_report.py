@@ -6,8 +6,8 @@ import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
 from cluster.cli import main
-from cluster.telemetry import TelemetrySettings, setup_telemetry
-from cluster.traced_cluster import TracedCluster, Turn
+from cluster.telemetry.setup import TelemetrySettings, setup_telemetry
+from cluster.backend.traced_cluster import TracedCluster, Turn
 from router.key import hash_blocks
 from tests.forged_models import tiny_model
 

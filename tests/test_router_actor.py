@@ -15,7 +15,7 @@ NS = Namespace("acme", "tiny")
 def ray_local():
     import ray
 
-    from cluster.bootstrap import start_local
+    from cluster.backend.bootstrap import start_local
 
     start_local(num_cpus=1)  # loopback only
     yield ray

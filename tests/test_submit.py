@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.batchfile import parse_batch
+from cluster.api.batchfile import parse_batch
 from cluster.cli import main
 from forged_models import tiny_model
 from frontend_harness import ACME_CONFIG as CONFIG, running_frontend

@@ -4,11 +4,11 @@ import logging
 
 import pytest
 
-from cluster import spans
-from cluster import telemetry_attrs as A
-from cluster.observe import RequestObserver
-from cluster.telemetry_metrics import StoreGauges
-from cluster.telemetry import Telemetry, context_of, extract_metadata, inject_metadata
+from cluster.telemetry import spans
+from cluster.telemetry import attrs as A
+from cluster.telemetry.observe import RequestObserver
+from cluster.telemetry.metrics import StoreGauges
+from cluster.telemetry.setup import Telemetry, context_of, extract_metadata, inject_metadata
 from router.cost import PriceTable
 from router.key import Namespace, hash_blocks
 from router.policy import Reason
@@ -222,10 +222,10 @@ def test_disabled_telemetry_records_nothing_and_runs():
 
 
 def test_a_failed_request_is_an_error_span_and_counted_by_the_report(setup):
-    from cluster.job_tracing import JobTracing
-    from cluster.otlp_json import SpanRecord
-    from cluster.report import build_report
-    from cluster.jobstore import PendingRequest
+    from cluster.telemetry.job_tracing import JobTracing
+    from cluster.telemetry.otlp_json import SpanRecord
+    from cluster.report.build import build_report
+    from cluster.jobs.store import PendingRequest
 
     tel, exporter, _, observer, clock = setup
     tracing = JobTracing(observer)
@@ -269,6 +269,6 @@ def test_job_forecast_uses_held_blocks_and_the_realised_share(setup):
     ("chat-7-t4", ("chat-7", 4)), ("support:12", ("support", 12)),
     ("request-17", ("", 0)), ("", ("", 0))])
 def test_conversation_and_turn_from_custom_ids(custom_id, expected):
-    from cluster.job_tracing import conversation_of
+    from cluster.telemetry.job_tracing import conversation_of
 
     assert conversation_of(custom_id) == expected

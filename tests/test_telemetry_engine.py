@@ -5,8 +5,8 @@ import random
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
-from cluster import telemetry_attrs as A
-from cluster.traced_cluster import TracedCluster, Turn
+from cluster.telemetry import attrs as A
+from cluster.backend.traced_cluster import TracedCluster, Turn
 from telemetry_factories import in_memory
 from tests.forged_models import tiny_model
 

@@ -9,10 +9,10 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from cluster import spans
-from cluster import telemetry_attrs as A
-from cluster.otlp_json import read_spans
-from cluster.telemetry import TelemetrySettings, setup_telemetry
+from cluster.telemetry import spans
+from cluster.telemetry import attrs as A
+from cluster.telemetry.otlp_json import read_spans
+from cluster.telemetry.setup import TelemetrySettings, setup_telemetry
 
 
 def emit_one(tel):
@@ -137,7 +137,7 @@ def test_direct_json_encoding_matches_the_protobuf_mapping(tmp_path):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from cluster.otlp_json import _hex_ids, _spans_of, encode_spans_json
+    from cluster.telemetry.otlp_json import _hex_ids, _spans_of, encode_spans_json
 
     memory = InMemorySpanExporter()
     tel = setup_telemetry(TelemetrySettings("svc", tmp_path, "none"), SimpleSpanProcessor(memory))
@@ -154,7 +154,7 @@ def test_direct_json_encoding_matches_the_protobuf_mapping(tmp_path):
 
 def test_telemetry_settings_come_from_the_cluster_config(tmp_path):
     from cluster.config import load_config
-    from cluster.telemetry import settings_from_config
+    from cluster.telemetry.setup import settings_from_config
 
     prices = tmp_path / "prices.toml"
     prices.write_text('version = "v2"\n[default]\ncache_read = 0.05\n')

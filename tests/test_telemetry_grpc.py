@@ -6,9 +6,9 @@ import json
 import pytest
 
 from cluster.cli import main
-from cluster.client import Client, chat_request
-from cluster.otlp_json import read_spans
-from cluster.telemetry import TelemetrySettings, setup_telemetry
+from cluster.api.client import Client, chat_request
+from cluster.telemetry.otlp_json import read_spans
+from cluster.telemetry.setup import TelemetrySettings, setup_telemetry
 from forged_models import tiny_model
 from frontend_harness import running_frontend
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -98,7 +98,7 @@ def test_metrics_are_exported_under_the_run_dir(traced_run):
 
 
 def test_the_job_record_carries_forecast_and_measured_multipliers(traced_run):
-    from cluster.jobstore import JobStore
+    from cluster.jobs.store import JobStore
 
     run_dir, job_id, *_ = traced_run
     store = JobStore(run_dir / "jobs.sqlite3", lambda: 0)

@@ -8,12 +8,12 @@ import logging
 
 from opentelemetry import trace
 
-from cluster import telemetry_attrs as A
-from cluster.otlp_json import read_spans
-from cluster.router_actor import TracedRouter
-from cluster.telemetry import (SERVICE_FRONTEND, TelemetrySettings, request_context,
+from cluster.telemetry import attrs as A
+from cluster.telemetry.otlp_json import read_spans
+from cluster.backend.router_actor import TracedRouter
+from cluster.telemetry.setup import (SERVICE_FRONTEND, TelemetrySettings, request_context,
                                setup_telemetry)
-from cluster.worker_actor import EngineWorker, WorkerDone
+from cluster.backend.worker_actor import EngineWorker, WorkerDone
 from router.key import Namespace, hash_blocks
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig

@@ -13,13 +13,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from cluster import telemetry_attrs as A  # noqa: E402
-from cluster.job_tracing import JobTracing  # noqa: E402
-from cluster.observe import RequestObserver  # noqa: E402
-from cluster.otlp_json import read_spans  # noqa: E402
-from cluster.ray_backend import RayBackend  # noqa: E402
-from cluster.report import build_report, request_rows  # noqa: E402
-from cluster.telemetry import SERVICE_FRONTEND, TelemetrySettings, setup_telemetry  # noqa: E402
+from cluster.telemetry import attrs as A  # noqa: E402
+from cluster.telemetry.job_tracing import JobTracing  # noqa: E402
+from cluster.telemetry.observe import RequestObserver  # noqa: E402
+from cluster.telemetry.otlp_json import read_spans  # noqa: E402
+from cluster.backend.ray_backend import RayBackend  # noqa: E402
+from cluster.report.build import build_report, request_rows  # noqa: E402
+from cluster.telemetry.setup import SERVICE_FRONTEND, TelemetrySettings, setup_telemetry  # noqa: E402
 from router.cost import load_price_table  # noqa: E402
 from router.key import Namespace, hash_blocks  # noqa: E402
 from tests.forged_models import tiny_model  # noqa: E402

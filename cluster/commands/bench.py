@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cluster.telemetry_bench import add_parsers as add_telemetry_benches
+from cluster.bench.telemetry import add_parsers as add_telemetry_benches
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,11 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=engine)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
-    from cluster.bench_api import register_bench  # `orchard bench api`: the gRPC path overhead
+    from cluster.bench.api import register_bench  # `orchard bench api`: the gRPC path overhead
     register_bench(sub)
-    from cluster.bench_cluster import register_bench as register_cluster_bench
+    from cluster.bench.cluster import register_bench as register_cluster_bench
     register_cluster_bench(sub)  # `orchard bench cluster`: routing vs round robin on Ray
-    from cluster.span_bench import register_bench as register_span_bench
+    from cluster.bench.spans import register_bench as register_span_bench
     register_span_bench(sub)  # `orchard bench spans`: span cost in the router and workers
     p.set_defaults(func=lambda args: p.print_help() or 2)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cluster.client import Client
+from cluster.api.client import Client
 
 
 def _admin(args) -> Client:

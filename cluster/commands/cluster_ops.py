@@ -1,7 +1,7 @@
 """``orchard up``, ``down``, ``scale``, ``drain``, ``workers``: running and operating a cluster.
 
-``up`` and ``down`` manage the serving process (``cluster.daemon``). ``scale``, ``drain`` and
-``workers`` act on a running cluster through the gRPC admin API (``cluster.client`` with an
+``up`` and ``down`` manage the serving process (``cluster.backend.daemon``). ``scale``, ``drain`` and
+``workers`` act on a running cluster through the gRPC admin API (``cluster.api.client`` with an
 admin key from the run directory's ``orchard.toml``), so they work while jobs run and from any
 machine that can reach the frontend.
 """
@@ -63,15 +63,15 @@ def _admin_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args):
-    from cluster.bootstrap import Placement
-    from cluster.daemon import UpOptions
+    from cluster.backend.bootstrap import Placement
+    from cluster.backend.daemon import UpOptions
 
     return UpOptions(args.run_dir or default_run_dir(), args.workers, args.address,
                      Placement(args.cpus_per_worker, args.workers_per_node))
 
 
 def cmd_up(args) -> int:
-    from cluster import daemon
+    from cluster.backend import daemon
 
     options = _options(args)
     if args.detach:
@@ -90,7 +90,7 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from cluster import daemon
+    from cluster.backend import daemon
 
     run_dir = args.run_dir or default_run_dir()
     state = daemon.stop_detached(run_dir)
@@ -99,14 +99,14 @@ def cmd_down(args) -> int:
 
 
 def _admin(args):
-    from cluster.client import Client
+    from cluster.api.client import Client
 
     return Client.from_run_dir(args.run_dir, admin=True, api_key=args.api_key,
                                address=args.address)
 
 
 def _call(fn):
-    from cluster.client import OrchardError
+    from cluster.api.client import OrchardError
 
     try:
         return fn()

@@ -69,8 +69,8 @@ def summarize(results, wall_s: float) -> Summary:
 
 def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from cluster.batchfile import parse_batch
-    from cluster.daemon import UpOptions
+    from cluster.api.batchfile import parse_batch
+    from cluster.backend.daemon import UpOptions
 
     if not args.batch.exists():
         raise FileNotFoundError(f"{args.batch} does not exist: pass --batch FILE.jsonl")
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(options, batch) -> Summary:
-    from cluster.daemon import run_cluster
+    from cluster.backend.daemon import run_cluster
 
     stop = asyncio.Event()
     ready = asyncio.Event()
@@ -104,7 +104,7 @@ async def _main(options, batch) -> Summary:
         waiter.cancel()
         cluster.result()  # raises what stopped the cluster from starting
         raise RuntimeError("the cluster stopped before it was ready")
-    from cluster.client import OrchardError
+    from cluster.api.client import OrchardError
 
     try:
         return await asyncio.to_thread(_submit_and_wait, options.run_dir, batch.requests)
@@ -119,7 +119,7 @@ async def _main(options, batch) -> Summary:
 
 
 def _submit_and_wait(run_dir: Path, requests) -> Summary:
-    from cluster.client import Client
+    from cluster.api.client import Client
 
     with Client.from_run_dir(run_dir) as client:
         started = time.monotonic()

@@ -1,6 +1,6 @@
 """``orchard submit``, ``orchard results``, ``orchard jobs``, ``orchard cancel``: batch jobs.
 
-They talk to a running frontend through ``cluster.client``: the address comes from
+They talk to a running frontend through ``cluster.api.client``: the address comes from
 ``--address``, ``$ORCHARD_ADDRESS`` or the run directory's ``frontend.json``; the API key from
 ``--api-key``, ``$ORCHARD_API_KEY`` or the run directory's ``orchard.toml`` (``--tenant``).
 """
@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.batchfile import output_lines, parse_batch
-from cluster.client import Client, JobStatus, OrchardError
+from cluster.api.batchfile import output_lines, parse_batch
+from cluster.api.client import Client, JobStatus, OrchardError
 
 
 def _connect_args(parser: argparse.ArgumentParser) -> None:

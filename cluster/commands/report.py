@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from cluster.config import default_run_dir
-from cluster.otlp_json import read_spans
-from cluster.report import build_report
-from cluster.report_render import render_plot, render_text
+from cluster.telemetry.otlp_json import read_spans
+from cluster.report.build import build_report
+from cluster.report.render import render_plot, render_text
 
 
 def _traces_dir(args) -> Path:

@@ -1,0 +1,142 @@
+"""The OpenAI Batch file formats, for ``orchard submit`` and ``orchard results``.
+
+Input, one JSON object per line (blank lines are skipped)::
+
+    {"custom_id": "conv1-turn1", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": "...", "messages": [{"role": "user", "content": "Hi"}],
+              "max_tokens": 32, "temperature": 0}}
+
+``max_completion_tokens`` is accepted for ``max_tokens`` (default ``DEFAULT_MAX_TOKENS``);
+``top_p``, ``seed`` and ``stop`` are honoured; ``model`` is informational (a cluster serves one
+model). Structural problems name the line here; field values (roles, content, token limits)
+are checked by the server, and ``line_of`` turns its ``requests[i]`` back into the line.
+
+Output, one line per request in submission order, as OpenAI writes it, with
+``usage.prompt_tokens_details.cached_tokens``; failed requests carry ``error`` instead of
+``response``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from cluster.api.client import chat_request
+from proto.orchard.v1 import orchard_pb2 as pb
+
+URL = "/v1/chat/completions"
+DEFAULT_MAX_TOKENS = 128
+_SAMPLING_KEYS = ("temperature", "top_p", "seed")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    requests: list[pb.Request]
+    lines: list[int]       # 1-based line number of each request
+
+    def line_of(self, message: str) -> str:
+        """Rewrite a server message's leading ``requests[i]`` as ``line N``."""
+        match = re.match(r"requests\[(\d+)\]\.?", message)
+        if not match or int(match.group(1)) >= len(self.lines):
+            return message
+        rest = message[match.end():]
+        return f"line {self.lines[int(match.group(1))]}: {rest}"
+
+
+def _bad(name: str, lineno: int, what: str) -> ValueError:
+    return ValueError(f"{name}:{lineno}: {what}")
+
+
+def _sampling(body: dict, name: str, lineno: int) -> dict:
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise _bad(name, lineno, f"body.max_tokens must be an integer, got {max_tokens!r}")
+    params: dict = {"max_tokens": max_tokens}
+    for key in _SAMPLING_KEYS:
+        if key in body and body[key] is not None:
+            value = body[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise _bad(name, lineno, f"body.{key} must be a number, got {value!r}")
+            params[key] = value
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise _bad(name, lineno, "body.stop must be a string or a list of strings")
+        params["stop"] = stops
+    return params
+
+
+def parse_line(text: str, name: str, lineno: int) -> pb.Request:
+    try:
+        line = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _bad(name, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(line, dict):
+        raise _bad(name, lineno, "each line must be a JSON object")
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise _bad(name, lineno, "custom_id must be a non-empty string")
+    if line.get("method", "POST") != "POST":
+        raise _bad(name, lineno, f"method must be POST, got {line.get('method')!r}")
+    if line.get("url", URL) != URL:
+        raise _bad(name, lineno, f"url must be {URL}, got {line.get('url')!r}")
+    body = line.get("body")
+    if not isinstance(body, dict):
+        raise _bad(name, lineno, "body must be an object with messages")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise _bad(name, lineno, "body.messages must be a list of {role, content} objects")
+    seed = body.get("seed")
+    if isinstance(seed, int) and seed < 0:
+        raise _bad(name, lineno, f"body.seed must be >= 0, got {seed}")
+    return chat_request(custom_id, messages, **_sampling(body, name, lineno))
+
+
+def parse_batch(lines: Iterable[str], name: str = "input") -> Batch:
+    """Parse an OpenAI Batch input file; ``ValueError`` naming ``name:line`` on bad input."""
+    requests, numbers = [], []
+    for lineno, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        requests.append(parse_line(text, name, lineno))
+        numbers.append(lineno)
+    if not requests:
+        raise ValueError(f"{name}: no requests (the file is empty)")
+    return Batch(requests, numbers)
+
+
+def output_line(result: pb.Result, created_s: int) -> str:
+    """One OpenAI Batch output line for ``result``."""
+    line: dict = {"id": f"batch_req_{result.request_id}", "custom_id": result.custom_id}
+    if not result.ok:
+        line["response"] = None
+        line["error"] = {"code": result.error_code, "message": result.error_message}
+        return json.dumps(line)
+    usage = result.usage
+    line["response"] = {
+        "status_code": 200,
+        "request_id": result.request_id,
+        "body": {
+            "id": f"chatcmpl-{result.request_id}",
+            "object": "chat.completion",
+            "created": created_s,
+            "model": result.model,
+            "choices": [{"index": 0, "finish_reason": result.finish_reason,
+                         "message": {"role": "assistant", "content": result.text}}],
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            },
+        },
+    }
+    line["error"] = None
+    return json.dumps(line)
+
+
+def output_lines(results: Iterable[pb.Result], created_s: int) -> list[str]:
+    """Output lines in submission order."""
+    return [output_line(r, created_s) for r in sorted(results, key=lambda r: r.index)]

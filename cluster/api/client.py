@@ -1,0 +1,257 @@
+"""A Python client for orchard's gRPC API (blocking; one channel per ``Client``).
+
+    from cluster.api.client import Client, chat_request
+    with Client.from_run_dir("run") as client:          # address and a tenant key from the run dir
+        job = client.submit([chat_request("q1", [{"role": "user", "content": "Hi"}], 32)])
+        job = client.wait(job.job_id, on_progress=print)
+        for result in client.results(job.job_id):
+            print(result.custom_id, result.text, result.usage.cached_tokens)
+
+Jobs come back as ``JobStatus``; results and workers as the orchard.v1 messages. A failed call
+raises ``OrchardError`` carrying the gRPC status name and the server's message (which names
+the offending field).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import grpc
+import grpc.experimental  # ChannelOptions
+from google.protobuf import json_format, struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cluster.config import default_run_dir, load_config
+from cluster.api.convert import STATE_NAMES
+from cluster.telemetry.setup import inject_metadata
+from proto.orchard.v1 import orchard_pb2 as pb
+from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
+
+
+class OrchardError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    job_id: str
+    tenant: str
+    state: str          # "queued" | "running" | "succeeded" | "cancelled"
+    total: int
+    completed: int
+    failed: int
+    cancelled: int
+    model: str
+    created_unix_ms: int
+    finished_unix_ms: int
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("succeeded", "cancelled")
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed
+
+    @classmethod
+    def from_pb(cls, job: pb.Job) -> JobStatus:
+        return cls(job.job_id, job.tenant, STATE_NAMES.get(job.state, "unknown"), job.total,
+                   job.completed, job.failed, job.cancelled, job.model, job.created_unix_ms,
+                   job.finished_unix_ms)
+
+
+def sampling(max_tokens: int, temperature: float = 0.0, top_p: float | None = None,
+             seed: int = 0, stop: Sequence[str] = ()) -> pb.SamplingParams:
+    params = pb.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
+                               stop=list(stop))
+    if top_p is not None:
+        params.top_p = top_p
+    return params
+
+
+def content_value(content: Any) -> struct_pb2.Value:
+    """Any JSON value as ``google.protobuf.Value`` (the server checks that it is text)."""
+    return json_format.ParseDict(content, struct_pb2.Value())
+
+
+def chat_request(custom_id: str, messages: Sequence[dict[str, Any]], max_tokens: int,
+                 **params: Any) -> pb.Request:
+    chat = [pb.ChatMessage(role=str(m.get("role", "")), content=content_value(m.get("content")))
+            for m in messages]
+    return pb.Request(custom_id=custom_id, messages=pb.Messages(messages=chat),
+                      sampling=sampling(max_tokens, **params))
+
+
+def token_request(custom_id: str, token_ids: Sequence[int], max_tokens: int,
+                  **params: Any) -> pb.Request:
+    return pb.Request(custom_id=custom_id, tokens=pb.TokenIds(ids=list(token_ids)),
+                      sampling=sampling(max_tokens, **params))
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except grpc.RpcError as exc:
+        raise OrchardError(exc.code().name, exc.details() or "") from None
+
+
+class Client:
+    def __init__(self, address: str, api_key: str, timeout_s: float = 60.0):
+        self._channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),  # big jobs are one SubmitJob message
+            # server streams (results, generate) read on the calling thread: lower latency
+            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
+        self._auth = (("authorization", f"Bearer {api_key}"),)
+        self._timeout_s = timeout_s
+        self._jobs = pb_grpc.JobsStub(self._channel)
+        self._generate = pb_grpc.GenerateStub(self._channel)
+        self._admin = pb_grpc.AdminStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    @property
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The API key, and the caller's trace context (W3C ``traceparent``) when it has one."""
+        return self._auth + tuple(inject_metadata())
+
+    @classmethod
+    def from_run_dir(cls, run_dir: Path | str | None = None, tenant: str | None = None,
+                     admin: bool = False, api_key: str | None = None,
+                     address: str | None = None) -> Client:
+        """Find the frontend (``frontend.json``) and a key (``orchard.toml``) in a run dir."""
+        run_dir = Path(run_dir) if run_dir else default_run_dir()
+        address = address or os.environ.get("ORCHARD_ADDRESS") or frontend_address(run_dir)
+        api_key = api_key or os.environ.get("ORCHARD_API_KEY")
+        if not api_key:
+            config = load_config(run_dir)
+            if admin:
+                api_key = sorted(config.admin_keys)[0] if config.admin_keys else None
+            else:
+                names = config.tenants()
+                api_key = config.key_for(tenant or (names[0] if names else "default"))
+            if not api_key:
+                raise ValueError(f"no {'admin' if admin else 'tenant'} key in {run_dir}: "
+                                 "pass --api-key or set ORCHARD_API_KEY")
+        return cls(address, api_key)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- jobs
+
+    def submit(self, requests: Sequence[pb.Request], idempotency_key: str = "") -> JobStatus:
+        """Submit a job. With ``idempotency_key``, calling again after a lost answer returns
+        the same job rather than a second one."""
+        request = pb.SubmitJobRequest(requests=list(requests), idempotency_key=idempotency_key)
+        job = _call(self._jobs.SubmitJob, request,
+                    metadata=self._metadata, timeout=self._timeout_s)
+        return JobStatus.from_pb(job)
+
+    def job(self, job_id: str) -> JobStatus:
+        return JobStatus.from_pb(_call(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id),
+                                       metadata=self._metadata, timeout=self._timeout_s))
+
+    def jobs(self, limit: int = 50) -> list[JobStatus]:
+        reply = _call(self._jobs.ListJobs, pb.ListJobsRequest(limit=limit),
+                      metadata=self._metadata, timeout=self._timeout_s)
+        return [JobStatus.from_pb(j) for j in reply.jobs]
+
+    def cancel(self, job_id: str) -> JobStatus:
+        return JobStatus.from_pb(_call(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id),
+                                       metadata=self._metadata, timeout=self._timeout_s))
+
+    def results(self, job_id: str, offset: int = 0, follow: bool = False,
+                timeout_s: float | None = None) -> Iterator[pb.Result]:
+        """The job's results from ``offset`` on; with ``follow``, until the job finishes."""
+        stream = self._jobs.StreamResults(
+            pb.StreamResultsRequest(job_id=job_id, offset=offset, follow=follow),
+            metadata=self._metadata, timeout=timeout_s)
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise OrchardError(exc.code().name, exc.details() or "") from None
+
+    def wait(self, job_id: str, on_progress: Callable[[JobStatus], None] | None = None,
+             poll_s: float = 0.5, timeout_s: float | None = None) -> JobStatus:
+        """Poll until the job finishes, calling ``on_progress`` whenever its counts change."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last = None
+        while True:
+            job = self.job(job_id)
+            if on_progress and (last is None or (job.state, job.done) != (last.state, last.done)):
+                on_progress(job)
+            if job.finished:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.state} after {timeout_s} s")
+            last = job
+            time.sleep(poll_s)
+
+    # ------------------------------------------------------------- generate
+
+    def generate(self, request: pb.Request, timeout_s: float | None = None
+                 ) -> Iterator[pb.GenerateResponse]:
+        """Stream one request: ``delta`` events, then one ``result`` event."""
+        stream = self._generate.Generate(pb.GenerateRequest(request=request),
+                                         metadata=self._metadata, timeout=timeout_s)
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise OrchardError(exc.code().name, exc.details() or "") from None
+
+    # ---------------------------------------------------------------- admin
+
+    def workers(self) -> list[pb.Worker]:
+        return list(_call(self._admin.ListWorkers, pb.ListWorkersRequest(),
+                          metadata=self._metadata, timeout=self._timeout_s).workers)
+
+    def scale(self, workers: int, timeout_s: float = 600.0) -> list[pb.Worker]:
+        return list(_call(self._admin.Scale, pb.ScaleRequest(workers=workers),
+                          metadata=self._metadata, timeout=timeout_s).workers)
+
+    def drain(self, worker_id: str) -> pb.Worker:
+        return _call(self._admin.Drain, pb.DrainRequest(worker_id=worker_id),
+                     metadata=self._metadata, timeout=self._timeout_s)
+
+    def invalidate(self, tenant: str, messages: Sequence[dict[str, Any]] | None = None,
+                   token_ids: Sequence[int] | None = None) -> int:
+        request = pb.InvalidateRequest(tenant=tenant)
+        if messages is not None:
+            request.messages.CopyFrom(chat_request("", messages, 1).messages)
+        elif token_ids is not None:
+            request.tokens.CopyFrom(pb.TokenIds(ids=list(token_ids)))
+        return _call(self._admin.Invalidate, request, metadata=self._metadata,
+                     timeout=self._timeout_s).blocks_removed
+
+    def cache_stats(self) -> pb.CacheStats:
+        return _call(self._admin.GetCacheStats, pb.CacheStatsRequest(),
+                     metadata=self._metadata, timeout=self._timeout_s)
+
+    def health(self, service: str = "") -> str:
+        reply = _call(self._health.Check, health_pb2.HealthCheckRequest(service=service),
+                      timeout=self._timeout_s)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def frontend_address(run_dir: Path) -> str:
+    path = run_dir / "frontend.json"
+    try:
+        return json.loads(path.read_text())["address"]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist: is the cluster up? Start it with "
+                                f"`orchard up --run-dir {run_dir}` or pass --address") from None
+    except (ValueError, KeyError):
+        raise ValueError(f"{path} is not a frontend address file; pass --address") from None

@@ -1,0 +1,136 @@
+"""The gRPC edge: who is calling, and which status each domain error becomes.
+
+Every servicer method is wrapped by ``grpc_errors``, the one place where Python exceptions
+turn into gRPC statuses; below the edge, code raises plain domain errors:
+
+    Unauthenticated        UNAUTHENTICATED      missing or unknown API key
+    PermissionDenied       PERMISSION_DENIED    a tenant key on an admin call
+    ValueError             INVALID_ARGUMENT     bad input (messages name the field)
+    JobNotFound            NOT_FOUND
+    UnknownWorker          NOT_FOUND
+    JobFinished            FAILED_PRECONDITION  e.g. cancelling a finished job
+    Overloaded             RESOURCE_EXHAUSTED   backpressure: retry later
+    LimitExceeded          RESOURCE_EXHAUSTED   a job over the size limit: split it
+    NoWorkersAvailable     UNAVAILABLE
+    TimeoutError           DEADLINE_EXCEEDED
+
+Anything else is a bug: logged with its traceback, answered ``INTERNAL``, and the server keeps
+serving.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+import grpc
+
+from cluster.backend.protocol import NoWorkersAvailable, UnknownWorker
+from cluster.jobs.store import JobFinished, JobNotFound
+from cluster.jobs.runner import Overloaded
+from cluster.api.validate import LimitExceeded
+
+log = logging.getLogger(__name__)
+
+
+class Unauthenticated(Exception):
+    pass
+
+
+class PermissionDenied(Exception):
+    pass
+
+
+STATUS = (
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (JobNotFound, grpc.StatusCode.NOT_FOUND),
+    (UnknownWorker, grpc.StatusCode.NOT_FOUND),
+    (JobFinished, grpc.StatusCode.FAILED_PRECONDITION),
+    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (NoWorkersAvailable, grpc.StatusCode.UNAVAILABLE),
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
+)
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode | None:
+    for kind, code in STATUS:
+        if isinstance(exc, kind):
+            return code
+    return None
+
+
+def _message(exc: BaseException) -> str:
+    text = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
+    return text or type(exc).__name__
+
+
+async def _abort(context, exc: Exception, method: str):
+    code = status_of(exc)
+    if code is None:
+        log.exception("%s failed", method)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+    await context.abort(code, _message(exc))
+
+
+def grpc_errors(method):
+    """Map domain exceptions raised by a servicer method (unary or streaming) to statuses."""
+    name = method.__qualname__
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def streaming(self, request, context):
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await _abort(context, exc, name)
+        return streaming
+
+    @functools.wraps(method)
+    async def unary(self, request, context):
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc, name)
+    return unary
+
+
+class Authenticator:
+    """API keys from the config: ``authorization: Bearer <key>`` metadata on every call."""
+
+    def __init__(self, tenant_keys: dict[str, str], admin_keys: frozenset[str]):
+        self._tenant_keys = dict(tenant_keys)
+        self._admin_keys = admin_keys
+
+    @staticmethod
+    def _key(context) -> str:
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                scheme, _, token = value.partition(" ")
+                return token.strip() if scheme.lower() == "bearer" else value.strip()
+        raise Unauthenticated("authorization: missing; send 'authorization: Bearer <api key>' "
+                              "metadata")
+
+    def tenant(self, context) -> str:
+        key = self._key(context)
+        if key in self._tenant_keys:
+            return self._tenant_keys[key]
+        if key in self._admin_keys:
+            raise PermissionDenied("authorization: an admin key cannot submit work; use a "
+                                   "tenant's API key")
+        raise Unauthenticated("authorization: unknown API key")
+
+    def admin(self, context) -> None:
+        key = self._key(context)
+        if key in self._admin_keys:
+            return
+        if key in self._tenant_keys:
+            raise PermissionDenied("authorization: admin calls need an admin key, not a "
+                                   "tenant's API key")
+        raise Unauthenticated("authorization: unknown API key")

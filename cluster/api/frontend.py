@@ -1,0 +1,202 @@
+"""The gRPC frontend: one ``grpc.aio`` server on loopback serving orchard.v1 over a Backend.
+
+    serve(config, backend) ─► Frontend(server, port)       (backend already started)
+        Jobs, Generate      tenant API keys       cluster.api.servicer
+        Admin               admin keys            cluster.api.servicer_admin
+        grpc.health.v1      no key                standard health checking
+        reflection          no key                standard server reflection
+
+``serve`` opens the job store in the run directory, resumes its unfinished jobs, binds, and
+writes ``frontend.json`` (address and pid) there so that clients on this machine find it.
+``orchard up`` calls it with a RayBackend; tests and ``python -m cluster.api.frontend`` with a
+``LocalBackend``. ``Frontend.stop`` stops serving, then the job runner; the backend belongs to
+the caller.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cluster.backend.protocol import Backend, ModelInfo
+from cluster.api.chat import ChatTokenizer
+from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
+from cluster.api.edge import Authenticator
+from cluster.jobs.store import JobStore
+from cluster.telemetry.job_tracing import frontend_tracing
+from cluster.jobs.runner import JobRunner
+from cluster.api.servicer import GenerateServicer, JobsServicer
+from cluster.api.servicer_admin import AdminServicer
+from proto.orchard.v1 import orchard_pb2 as pb
+from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
+from router.key import Namespace
+
+log = logging.getLogger(__name__)
+
+SERVICES = tuple(f"orchard.v1.{name}" for name in pb.DESCRIPTOR.services_by_name)
+
+
+@dataclass(slots=True)
+class Frontend:
+    server: grpc.aio.Server
+    port: int
+    store: JobStore
+    runner: JobRunner
+    health: health.HealthServicer
+    address_path: Path
+    lock_fd: int
+    host: str = "127.0.0.1"  # holds the run directory's frontend.lock while serving
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving, then stop the runner (unfinished requests resume on the next start)."""
+        self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+        await self.runner.close()
+        self.store.close()
+        if self.address_path.exists() and _owner_pid(self.address_path) == os.getpid():
+            self.address_path.unlink()
+        os.close(self.lock_fd)  # releases the lock (a killed process releases it too)
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """Take ``run_dir/frontend.lock``: one frontend per job store, or jobs would run twice."""
+    fd = os.open(run_dir / "frontend.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        owner = _owner_pid(run_dir / ADDRESS_NAME)
+        raise ValueError(f"another frontend (pid {owner or 'unknown'}) is serving {run_dir}; "
+                         "stop it first, or use another --run-dir") from None
+    return fd
+
+
+def _owner_pid(path: Path) -> int | None:
+    try:
+        return int(json.loads(path.read_text()).get("pid", 0))
+    except (OSError, ValueError):
+        return None
+
+
+def namespace_for(model: ModelInfo) -> Callable[[str], Namespace]:
+    def namespace(tenant: str) -> Namespace:
+        return Namespace(tenant=tenant, model=model.model_id, revision=model.revision)
+    return namespace
+
+
+async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | None = None,
+                clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> Frontend:
+    """Start the frontend over a started ``backend``; returns once it accepts calls."""
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    lock_fd = lock_run_dir(config.run_dir)
+    try:
+        return await _serve_locked(config, backend, tokenizer, clock_ms, lock_fd)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+
+
+async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokenizer | None,
+                        clock_ms: Callable[[], int], lock_fd: int) -> Frontend:
+    model = backend.tokenizer_info()
+    tokenizer = tokenizer or await asyncio.to_thread(ChatTokenizer, model.model_dir)
+    limits = config.limits
+    namespace = namespace_for(model)
+    store = JobStore(config.db_path, clock_ms)
+    tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode)
+    runner = JobRunner(store, backend, namespace, model.block_size, limits.max_concurrent,
+                       limits.max_pending_per_tenant, limits.max_pending_total,
+                       limits.request_timeout_s, tracing)
+    tenants = config.tenants()
+    tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
+    auth = Authenticator(config.tenant_keys, config.admin_keys)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
+                                      ("grpc.so_reuseport", 0)])
+    pb_grpc.add_JobsServicer_to_server(
+        JobsServicer(auth, store, runner, model, tokenizer.render, limits.max_requests_per_job),
+        server)
+    pb_grpc.add_GenerateServicer_to_server(
+        GenerateServicer(auth, backend, runner, model, tokenizer.render), server)
+    pb_grpc.add_AdminServicer_to_server(
+        AdminServicer(auth, backend, model, tokenizer.render_prefix, config.tenants(), namespace,
+                      tracing.invalidated),
+        server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    port = server.add_insecure_port(f"{host}:{config.port}")
+    if port == 0:
+        raise ValueError(f"cannot bind {config.host}:{config.port}: the port is in use; set "
+                         "[frontend] port = 0 to pick a free one")
+    await server.start()
+    resumed = runner.resume()
+    if resumed:
+        log.info("resumed %d unfinished job(s): %s", len(resumed), ", ".join(resumed))
+    for name in ("", *SERVICES):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    frontend = Frontend(server, port, store, runner, health_servicer, config.address_path,
+                        lock_fd, config.host)
+    config.address_path.write_text(json.dumps({"address": frontend.address, "pid": os.getpid()}))
+    return frontend
+
+
+async def _main(run_dir: Path, workers: int) -> None:
+    import workers as _blas  # noqa: F401  (OpenBLAS before mlx)
+    from cluster.backend.local import LocalBackend
+
+    config = load_config(run_dir)
+    backend = LocalBackend.from_config(config, workers=workers)
+    await backend.start()
+    frontend = await serve(config, backend)
+    print(f"orchard frontend listening on {frontend.address}", flush=True)
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopped.set)
+    await stopped.wait()
+    await frontend.stop()
+    await backend.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m cluster.api.frontend",
+        description="Run the gRPC frontend over in-process workers (LocalBackend, no Ray).")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--init", action="store_true",
+                        help="write a default orchard.toml (fresh keys) if the run dir has none")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        if args.init:
+            write_default_config(args.run_dir)
+        asyncio.run(_main(args.run_dir, args.workers))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"orchard frontend: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""The tenant-facing servicers: ``orchard.v1.Jobs`` and ``orchard.v1.Generate``.
+
+Each method authenticates (the API key names the tenant), validates and tokenizes
+(``cluster.api.validate``), then hands over: jobs to the job store and the ``JobRunner``, single
+requests straight to the backend through ``dispatch_stream``. Errors are domain exceptions,
+mapped to statuses by ``cluster.api.edge.grpc_errors``.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+
+from cluster.api import validate
+from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
+from cluster.api.convert import job_to_pb, result_to_pb
+from cluster.api.edge import Authenticator, grpc_errors
+from cluster.jobs.store import JobStore
+from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
+from cluster.telemetry.setup import attached, extract_metadata
+from proto.orchard.v1 import orchard_pb2 as pb
+from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
+from workers.messages import GenerateRequest
+
+RESULT_PAGE = 500
+INLINE_VALIDATION = 16  # jobs up to this many requests are tokenized on the event loop
+FOLLOW_POLL_S = 1.0
+
+
+class JobsServicer(pb_grpc.JobsServicer):
+    def __init__(self, auth: Authenticator, store: JobStore, runner: JobRunner,
+                 model: ModelInfo, render: validate.Render, max_requests_per_job: int):
+        self._auth = auth
+        self._store = store
+        self._runner = runner
+        self._model = model
+        self._render = render
+        self._max_requests = max_requests_per_job
+
+    @grpc_errors
+    async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
+        tenant = self._auth.tenant(context)
+        key = validate.idempotency_key(request.idempotency_key)
+        if key and (existing := self._store.find_job(tenant, key)) is not None:
+            return job_to_pb(existing)  # a retried submission: the first one's job
+        n = len(request.requests)
+        validate.check_job_size(n, self._max_requests)
+        self._runner.admit(tenant, n)  # before tokenizing: an overloaded cluster does no work
+        try:
+            args = (request.requests, self._max_requests, self._model, self._render)
+            if n <= INLINE_VALIDATION:
+                new = validate.job_requests(*args)
+            else:  # tokenizing a big job must not stall the other calls on the event loop
+                new = await asyncio.to_thread(validate.job_requests, *args)
+            job, created = self._store.submit(tenant, self._model.model_id, new, key)
+        except BaseException:
+            self._runner.release(tenant, n)
+            raise
+        if not created:  # the same key arrived twice while this one was tokenizing
+            self._runner.release(tenant, n)
+            return job_to_pb(job)
+        with attached(extract_metadata(context.invocation_metadata())):
+            self._runner.launch(job)  # the job's span joins the caller's trace, if any
+        return job_to_pb(job)
+
+    @grpc_errors
+    async def GetJob(self, request: pb.GetJobRequest, context) -> pb.Job:
+        tenant = self._auth.tenant(context)
+        return job_to_pb(self._store.get_job(_job_id(request.job_id), tenant))
+
+    @grpc_errors
+    async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
+        tenant = self._auth.tenant(context)
+        if request.limit < 0:
+            raise validate.FieldError("limit", f"must be >= 0, got {request.limit}")
+        jobs = self._store.list_jobs(tenant, min(request.limit or 50, 1000))
+        return pb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs])
+
+    @grpc_errors
+    async def CancelJob(self, request: pb.CancelJobRequest, context) -> pb.Job:
+        tenant = self._auth.tenant(context)
+        return job_to_pb(self._runner.cancel(_job_id(request.job_id), tenant))
+
+    @grpc_errors
+    async def StreamResults(self, request: pb.StreamResultsRequest, context):
+        tenant = self._auth.tenant(context)
+        job_id = _job_id(request.job_id)
+        self._store.get_job(job_id, tenant)  # NOT_FOUND before streaming anything
+        if request.offset < 0:
+            raise validate.FieldError("offset", f"must be >= 0, got {request.offset}")
+        offset = request.offset
+        while True:
+            batch = self._store.results(job_id, offset, RESULT_PAGE)
+            for result in batch:
+                yield result_to_pb(result, self._model.model_id)
+                offset = result.seq + 1
+            if batch:
+                continue
+            if self._store.get_job(job_id).state.finished:
+                # The last result commits with the state change: one more read catches it.
+                if not self._store.results(job_id, offset, 1):
+                    return
+                continue
+            if not request.follow:
+                return
+            await self._runner.wait_changed(FOLLOW_POLL_S)
+
+
+class GenerateServicer(pb_grpc.GenerateServicer):
+    def __init__(self, auth: Authenticator, backend: Backend, runner: JobRunner,
+                 model: ModelInfo, render: validate.Render):
+        self._auth = auth
+        self._backend = backend
+        self._runner = runner
+        self._model = model
+        self._render = render
+
+    @grpc_errors
+    async def Generate(self, request: pb.GenerateRequest, context):
+        tenant = self._auth.tenant(context)
+        self._runner.admit(tenant, 1)  # before tokenizing: an overloaded cluster does no work
+        try:
+            new = validate.new_request(request.request, "request", self._model, self._render)
+            request_id = f"gen-{secrets.token_hex(8)}"
+            with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
+                                              context.invocation_metadata()) as trace:
+                generate = GenerateRequest(request_id=request_id,
+                                           namespace=self._runner.namespace(tenant),
+                                           prompt=new.prompt, sampling=new.sampling,
+                                           trace_context=trace.context)
+                remaining = context.time_remaining()
+                timeout_s = min(self._runner.timeout_s,
+                                math.inf if remaining is None else max(remaining, 0.001))
+                hashes = self._runner.block_hashes(tenant, new.prompt)
+                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
+                    if isinstance(item, GenerateOutcome):
+                        stored = result_of(0, new.custom_id, item)
+                        try:  # the caller gets its result first; the trace is finished after
+                            yield pb.GenerateResponse(
+                                result=result_to_pb(stored, self._model.model_id))
+                        finally:
+                            trace.done(generate, hashes, item)
+                    else:
+                        yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
+                                                                      text=item.text))
+        finally:
+            self._runner.release(tenant, 1)
+
+
+def _job_id(job_id: str) -> str:
+    if not job_id:
+        raise validate.FieldError("job_id", "required")
+    return job_id

@@ -1,0 +1,75 @@
+"""The operator-facing servicer, ``orchard.v1.Admin``: workers, scaling, draining, invalidation.
+
+Every call needs an admin key. The work is the backend's; this module validates, converts and
+maps errors (``cluster.api.edge``).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from cluster.api import validate
+from cluster.backend.protocol import Backend, ModelInfo
+from cluster.api.convert import stats_to_pb, worker_to_pb
+from cluster.api.edge import Authenticator, grpc_errors
+from proto.orchard.v1 import orchard_pb2 as pb
+from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
+from router.key import Namespace
+
+
+class AdminServicer(pb_grpc.AdminServicer):
+    def __init__(self, auth: Authenticator, backend: Backend, model: ModelInfo,
+                 render_prefix: validate.Render, tenants: list[str],
+                 namespace: Callable[[str], Namespace],
+                 on_invalidated: Callable[[str], None] | None = None):
+        self._auth = auth
+        self._backend = backend
+        self._model = model
+        self._render_prefix = render_prefix  # chat template without the generation prompt
+        self._tenants = tenants
+        self._namespace = namespace
+        self._on_invalidated = on_invalidated  # miss attribution learns of the invalidation
+
+    @grpc_errors
+    async def ListWorkers(self, request, context) -> pb.ListWorkersResponse:
+        self._auth.admin(context)
+        return pb.ListWorkersResponse(
+            workers=[worker_to_pb(w) for w in await self._backend.workers()])
+
+    @grpc_errors
+    async def Scale(self, request: pb.ScaleRequest, context) -> pb.ListWorkersResponse:
+        self._auth.admin(context)
+        if request.workers < 1:
+            raise validate.FieldError("workers", f"must be >= 1, got {request.workers}")
+        workers = await self._backend.scale(request.workers)
+        return pb.ListWorkersResponse(workers=[worker_to_pb(w) for w in workers])
+
+    @grpc_errors
+    async def Drain(self, request: pb.DrainRequest, context) -> pb.Worker:
+        self._auth.admin(context)
+        if not request.worker_id:
+            raise validate.FieldError("worker_id", "required")
+        return worker_to_pb(await self._backend.drain(request.worker_id))
+
+    @grpc_errors
+    async def Invalidate(self, request: pb.InvalidateRequest, context) -> pb.InvalidateResponse:
+        self._auth.admin(context)
+        if request.tenant not in self._tenants:
+            raise validate.FieldError("tenant", f"unknown tenant {request.tenant!r}; known: "
+                                      f"{', '.join(self._tenants) or 'none'}")
+        prefix: tuple[int, ...] | None = None
+        kind = request.WhichOneof("prefix")
+        if kind == "messages":
+            prefix = tuple(self._render_prefix(validate.messages_to_dicts(request.messages.messages,
+                                                                   "messages")))
+        elif kind == "tokens":
+            prefix = validate.check_token_ids(request.tokens.ids, "tokens.ids",
+                                              self._model.vocab_size)
+        removed = await self._backend.invalidate(self._namespace(request.tenant), prefix)
+        if removed and self._on_invalidated is not None:
+            self._on_invalidated(request.tenant)
+        return pb.InvalidateResponse(blocks_removed=removed)
+
+    @grpc_errors
+    async def GetCacheStats(self, request, context) -> pb.CacheStats:
+        self._auth.admin(context)
+        return stats_to_pb(await self._backend.cache_stats())

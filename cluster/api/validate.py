@@ -1,0 +1,151 @@
+"""Validation of incoming requests: every field checked, tokenized, before anything runs.
+
+Turns protobuf requests into the job store's ``NewRequest`` (token ids + ``SamplingParams``).
+Every problem raises ``FieldError``, a ``ValueError`` whose message starts with the field's
+path (``requests[3].messages[1].content: ...``) and says what to do; the servicer maps it to
+``INVALID_ARGUMENT`` (``LimitExceeded``, a job over the size limit, to ``RESOURCE_EXHAUSTED``). Nothing here touches the job store or the backend.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from cluster.backend.protocol import ModelInfo
+from cluster.jobs.store import NewRequest
+from proto.orchard.v1 import orchard_pb2 as pb
+from workers.messages import SamplingParams
+
+ROLES = ("system", "user", "assistant", "tool")
+
+Render = Callable[[Sequence[dict[str, str]]], list[int]]
+
+
+class FieldError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class LimitExceeded(FieldError):
+    """Well-formed input over a configured size limit (``RESOURCE_EXHAUSTED`` at the edge,
+    as gRPC itself answers an oversized message)."""
+
+
+def content_text(value, field: str) -> str:
+    """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "list_value":
+        parts = []
+        for i, part in enumerate(value.list_value.values):
+            fields = part.struct_value.fields if part.WhichOneof("kind") == "struct_value" else {}
+            text = fields.get("text")
+            if (fields.get("type") is None or fields["type"].string_value != "text"
+                    or text is None or text.WhichOneof("kind") != "string_value"):
+                raise FieldError(f"{field}[{i}]", 'a content part must be {"type": "text", '
+                                 '"text": "..."}')
+            parts.append(text.string_value)
+        return "".join(parts)
+    shown = {"number_value": "a number", "bool_value": "a boolean", "struct_value": "an object",
+             "null_value": "null", None: "missing"}[kind]
+    raise FieldError(field, f"must be a string (or a list of text parts), got {shown}")
+
+
+def messages_to_dicts(messages: Sequence[pb.ChatMessage], field: str) -> list[dict[str, str]]:
+    if not messages:
+        raise FieldError(field, "empty message list; give at least one message")
+    out = []
+    for i, message in enumerate(messages):
+        if message.role not in ROLES:
+            raise FieldError(f"{field}[{i}].role",
+                             f"unknown role {message.role!r}; use one of {', '.join(ROLES)}")
+        out.append({"role": message.role,
+                    "content": content_text(message.content, f"{field}[{i}].content")})
+    return out
+
+
+def check_token_ids(ids: Sequence[int], field: str, vocab_size: int) -> tuple[int, ...]:
+    if not ids:
+        raise FieldError(field, "empty token list; give at least one token id")
+    for j, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise FieldError(f"{field}[{j}]", f"token id {token} is outside the vocabulary "
+                             f"[0, {vocab_size})")
+    return tuple(int(t) for t in ids)
+
+
+def prompt_tokens(request: pb.Request, field: str, model: ModelInfo, render: Render
+                  ) -> tuple[int, ...]:
+    kind = request.WhichOneof("prompt")
+    if kind == "messages":
+        ids = render(messages_to_dicts(request.messages.messages, f"{field}.messages"))
+        return check_token_ids(ids, f"{field}.messages (rendered)", model.vocab_size)
+    if kind == "tokens":
+        return check_token_ids(request.tokens.ids, f"{field}.tokens.ids", model.vocab_size)
+    raise FieldError(f"{field}.prompt", "missing: set messages or tokens")
+
+
+def sampling_params(request: pb.Request, field: str, prompt_len: int, model: ModelInfo
+                    ) -> SamplingParams:
+    s = request.sampling
+    context = model.max_context
+    if s.max_tokens < 1:
+        raise FieldError(f"{field}.sampling.max_tokens", f"must be >= 1, got {s.max_tokens}")
+    if prompt_len >= context:
+        raise FieldError(f"{field}.prompt", f"{prompt_len} tokens reach the model's context of "
+                         f"{context}; shorten the prompt")
+    if prompt_len + s.max_tokens > context:
+        raise FieldError(f"{field}.sampling.max_tokens",
+                         f"{s.max_tokens} plus the {prompt_len}-token prompt exceeds the model's "
+                         f"context of {context}; use at most {context - prompt_len}")
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        raise FieldError(f"{field}.sampling.temperature", f"must be >= 0, got {s.temperature}")
+    top_p = s.top_p if s.HasField("top_p") else 1.0
+    if not 0 < top_p <= 1:
+        raise FieldError(f"{field}.sampling.top_p", f"must be in (0, 1], got {top_p}")
+    for i, stop in enumerate(s.stop):
+        if not stop:
+            raise FieldError(f"{field}.sampling.stop[{i}]", "stop strings must not be empty")
+    return SamplingParams(max_tokens=s.max_tokens, temperature=float(s.temperature),
+                          top_p=float(top_p), seed=int(s.seed), stop=tuple(s.stop))
+
+
+def new_request(request: pb.Request, field: str, model: ModelInfo, render: Render
+                ) -> NewRequest:
+    prompt = prompt_tokens(request, field, model, render)
+    sampling = sampling_params(request, field, len(prompt), model)
+    return NewRequest(custom_id=request.custom_id, prompt=prompt, sampling=sampling)
+
+
+def idempotency_key(key: str) -> str:
+    if len(key) > 256:
+        raise FieldError("idempotency_key", f"{len(key)} characters; use at most 256")
+    return key
+
+
+def check_job_size(n: int, max_requests: int) -> None:
+    """The cheap check, done before admission and tokenization."""
+    if n == 0:
+        raise FieldError("requests", "empty job; a job needs at least one request")
+    if n > max_requests:
+        raise LimitExceeded("requests", f"{n} requests exceed the limit of {max_requests} "
+                            "per job; split the job")
+
+
+def job_requests(requests: Sequence[pb.Request], max_requests: int, model: ModelInfo,
+                 render: Render) -> list[NewRequest]:
+    """Validate a whole job; the first problem found raises, naming its request and field."""
+    check_job_size(len(requests), max_requests)
+    seen: dict[str, int] = {}
+    out = []
+    for i, request in enumerate(requests):
+        field = f"requests[{i}]"
+        if not request.custom_id:
+            raise FieldError(f"{field}.custom_id", "required: give every request a unique id")
+        if request.custom_id in seen:
+            raise FieldError(f"{field}.custom_id", f"duplicate {request.custom_id!r} (first at "
+                             f"requests[{seen[request.custom_id]}]); custom ids must be unique")
+        seen[request.custom_id] = i
+        out.append(new_request(request, field, model, render))
+    return out

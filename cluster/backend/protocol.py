@@ -1,0 +1,156 @@
+"""The Backend protocol: what the gRPC frontend needs from whatever runs the model.
+
+The frontend (``cluster.api.frontend``) owns the public edge: auth, validation, tokenization, the
+job store. Everything behind it — routing, workers, retries — is a ``Backend``:
+
+    frontend ──► Backend.generate(request, block_hashes) ──► router ──► worker engine
+                                                              │
+              ◄── GenerateOutcome(result, decision, attempts) ◄┘
+
+Two implementations exist: ``cluster.backend.local.LocalBackend`` (in-process engines and the
+real router, no Ray; used by fast tests and as the reference) and ``cluster.backend.ray_backend``'s
+``RayBackend`` (worker actors across Ray nodes). Everything crossing the protocol is a frozen,
+slotted dataclass; the router's ``RoutingDecision`` travels back inside ``GenerateOutcome`` so
+that traces can carry it.
+
+Errors: ``NoWorkersAvailable`` when no worker can take a request (the frontend answers
+``UNAVAILABLE``); ``ValueError`` for bad input the frontend did not catch (``INVALID_ARGUMENT``);
+``UnknownWorker`` for an admin call naming a worker that does not exist (``NOT_FOUND``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Protocol, Sequence, runtime_checkable
+
+from router.key import BlockHash, Namespace
+from workers.messages import GenerateRequest, GenerateResult
+
+
+class NoWorkersAvailable(RuntimeError):
+    """No live, non-draining worker can take the request; the caller may retry later."""
+
+
+class UnknownWorker(LookupError):
+    """An admin call named a worker id the backend does not know."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the frontend needs to validate and tokenize: the served model, as loaded."""
+
+    model_id: str          # namespace model id, e.g. the model directory's name
+    revision: str          # weights revision (part of the cache namespace)
+    vocab_size: int
+    max_context: int       # prompt + output tokens may not exceed this
+    model_dir: str         # local mlx-lm model directory: tokenizer and chat template live here
+    block_size: int        # tokens per cache block, one value per cluster
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """Tokens produced since the previous chunk of a streamed request."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateOutcome:
+    """A finished request, with how it was placed.
+
+    ``decision`` is the router's ``RoutingDecision`` for the attempt that succeeded (typed
+    loosely here so that this module does not depend on the router's policy module).
+    """
+
+    result: GenerateResult
+    decision: Any
+    attempts: int          # 1 unless a worker died and the request was retried elsewhere
+    worker_id: str
+    # The worker's own wall time on the request: received -> result handed back, cache
+    # writes included. 0.0 when the backend does not measure it (then the engine's
+    # received -> last token stamps stand in).
+    worker_s: float = 0.0
+    # Spans another process drew for this request (``cluster.telemetry.setup``): the router actor
+    # its routing span, the worker actor its lookup / prefill / decode spans. The frontend
+    # draws only the ones no other process did.
+    route_traced: bool = False
+    worker_traced: bool = False
+
+    def worker_time_s(self) -> float:
+        t = self.result.timings
+        return self.worker_s or (t.finished_ns - t.received_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    worker_id: str
+    node: str
+    state: str             # "starting" | "ready" | "draining" | "dead"
+    running: int           # requests in flight on the worker
+    queued_tokens: int     # prefill tokens waiting on the worker
+    cache_bytes: int
+    cache_capacity_bytes: int
+    cache_blocks: int
+    hit_ratio: float       # token-weighted: cached / input tokens served so far (0.0 if none)
+    requests_served: int
+    evictions: int = 0     # blocks the worker's store evicted so far (capacity)
+    expirations: int = 0   # blocks the worker's store dropped after their TTL so far
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Cluster-wide prefix cache statistics (sums over live workers)."""
+
+    workers: int
+    cache_bytes: int
+    cache_capacity_bytes: int
+    cache_blocks: int
+    input_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    written_tokens: int
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
+
+
+@runtime_checkable
+class Backend(Protocol):
+    async def start(self) -> None:
+        """Bring workers up; returns once at least one can serve."""
+
+    async def close(self) -> None:
+        """Stop workers and release resources; idempotent."""
+
+    def tokenizer_info(self) -> ModelInfo:
+        """The served model; valid after ``start``."""
+
+    async def generate(
+        self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
+    ) -> GenerateOutcome:
+        """Route, run on the chosen worker, retry elsewhere if that worker dies."""
+
+    def stream(
+        self, request: GenerateRequest, block_hashes: Sequence[BlockHash]
+    ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
+        """Like ``generate`` but yields ``TokenChunk``s, then the ``GenerateOutcome`` last."""
+
+    async def workers(self) -> list[WorkerInfo]:
+        """Every known worker, draining and dead ones included."""
+
+    async def scale(self, n: int) -> list[WorkerInfo]:
+        """Add or drain-and-remove workers until ``n`` serve; returns the new list."""
+
+    async def drain(self, worker_id: str) -> WorkerInfo:
+        """Stop routing to ``worker_id``; it finishes what it has, then leaves."""
+
+    async def invalidate(
+        self, namespace: Namespace | None, prefix_tokens: Sequence[int] | None
+    ) -> int:
+        """Drop cached blocks of a namespace, or of a prompt prefix (within ``namespace``
+        when given, in every namespace otherwise); returns the number of blocks removed."""
+
+    async def cache_stats(self) -> CacheStats:
+        """Sums over live workers."""

@@ -1,0 +1,261 @@
+"""The worker pool behind ``RayBackend``: worker actors' lives, from start to drain or death.
+
+    scale(n) ─► start:  WorkerActor on a node slot ─► start() loads the model ─► router.add
+    drain(w) ─► router.drain_worker (no new requests) ─► last request done ─► retire:
+                router.remove_worker (its blocks forgotten) ─► actor stopped
+    died(w)  ─► router.remove_worker at once ─► actor killed ─► a replacement is started
+                in the background when a slot is free (else the worker is just removed)
+
+The pool owns the worker table; ``RayBackend`` asks it for workers and reports deaths. All
+Ray calls are awaited (never ``ray.get``) so nothing here blocks the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass
+
+import ray
+
+from cluster.backend.protocol import UnknownWorker
+from cluster.backend.bootstrap import NODE_RESOURCE, Placement
+from cluster.telemetry.setup import TelemetrySettings
+from cluster.backend.worker_actor import WorkerActor, WorkerHello
+from workers.engine import EngineConfig
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 300.0   # placing a worker and loading its model
+CHECK_EVERY_S = 2.0       # idle workers pinged, stale router views rebuilt
+PING_TIMEOUT_S = 10.0
+GONE_KEPT = 16            # dead workers still listed, for operators
+
+
+@dataclass(slots=True)
+class PoolWorker:
+    worker_id: str
+    actor: ray.actor.ActorHandle
+    hello: WorkerHello | None = None
+    state: str = "starting"      # "starting" | "ready" | "draining" | "dead"
+    running: int = 0             # requests in flight (event-loop side)
+    in_router: bool = False      # added to the router (once ready)
+
+
+class NoRoom(ValueError):
+    """No node has a free ``orchard_node`` slot (or CPUs) for another worker."""
+
+
+class WorkerPool:
+    def __init__(self, model_dir: str, engine: EngineConfig, placement: Placement, router,
+                 start_timeout_s: float = START_TIMEOUT_S, replace_dead: bool = True,
+                 telemetry: TelemetrySettings | None = None) -> None:
+        self._model_dir = model_dir
+        self._engine = engine
+        self._placement = placement
+        self._router = router
+        self._start_timeout_s = start_timeout_s
+        self._replace_dead = replace_dead
+        self._telemetry = telemetry  # each worker sets up its process's telemetry from it
+        self._workers: dict[str, PoolWorker] = {}
+        self._gone: collections.deque[PoolWorker] = collections.deque(maxlen=GONE_KEPT)
+        self._next_id = 0
+        self._tasks: set[asyncio.Task] = set()
+        self.first_hello: WorkerHello | None = None
+        self.replaced = 0
+
+    # ---------------------------------------------------------------- queries
+
+    def get(self, worker_id: str) -> PoolWorker | None:
+        return self._workers.get(worker_id)
+
+    def known(self) -> list[PoolWorker]:
+        return [*self._workers.values(), *self._gone]
+
+    def live(self) -> list[PoolWorker]:
+        return [w for w in self._workers.values() if w.state in ("ready", "draining")]
+
+    def ready(self) -> list[PoolWorker]:
+        return [w for w in self._workers.values() if w.state == "ready"]
+
+    # ---------------------------------------------------------------- changes
+
+    async def scale(self, n: int) -> None:
+        """Start or drain workers until ``n`` are ready (or starting)."""
+        if n < 1:
+            raise ValueError(f"workers: must be >= 1, got {n}")
+        serving = [w for w in self._workers.values() if w.state in ("ready", "starting")]
+        for worker in reversed(serving[n:]):
+            await self.drain(worker.worker_id)
+        missing = n - len(serving)
+        if missing > 0:
+            await self._check_room(missing)
+            await asyncio.gather(*(self._start_one() for _ in range(missing)))
+
+    async def drain(self, worker_id: str) -> PoolWorker:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            known = ", ".join(self._workers) or "none"
+            raise UnknownWorker(f"worker_id: no worker {worker_id!r}; known: {known}")
+        if worker.state == "ready":
+            worker.state = "draining"
+            await self._router.drain_worker.remote(worker_id)
+        elif worker.state == "starting":
+            worker.state = "draining"  # the router has not heard of it yet
+        self.retire_if_drained(worker)
+        return worker
+
+    def retire_if_drained(self, worker: PoolWorker) -> None:
+        """A draining worker with nothing in flight leaves: the router forgets its blocks."""
+        if worker.state == "draining" and worker.running == 0 \
+                and self._workers.get(worker.worker_id) is worker:
+            del self._workers[worker.worker_id]
+            self._forget(worker)
+            self._spawn(self._stop(worker))
+
+    async def attach_router(self, router) -> None:
+        """Hand every live worker to a new router actor (the old one is gone).
+
+        Each worker first points its block events at the new router, then is added to it
+        (drained again if it was draining) and its index rebuilt from the worker's holdings,
+        so the new router knows what the old one knew without a restart of any worker.
+        """
+        self._router = router
+        for worker in self.live():
+            try:
+                await worker.actor.set_router.remote(router)
+                await router.add_worker.remote(worker.worker_id)
+                if worker.state == "draining":
+                    await router.drain_worker.remote(worker.worker_id)
+                holdings = await worker.actor.holdings.remote()
+                await router.rebuild.remote(worker.worker_id, holdings)
+                worker.in_router = True
+                log.info("worker %s handed to the new router (%d blocks)",
+                         worker.worker_id, len(holdings))
+            except ray.exceptions.RayActorError as exc:
+                self.died(worker, exc)
+
+    def died(self, worker: PoolWorker, why: BaseException) -> None:
+        """``worker`` failed under a request: forget it now, replace it in the background."""
+        if self._workers.get(worker.worker_id) is not worker:
+            return
+        log.warning("worker %s died (%s): removing it, its requests go elsewhere",
+                    worker.worker_id, why)
+        was_serving = worker.state == "ready"
+        worker.state = "dead"
+        del self._workers[worker.worker_id]
+        self._gone.append(worker)
+        self._forget(worker)
+        ray.kill(worker.actor, no_restart=True)
+        if self._replace_dead and was_serving:
+            self._spawn(self._replace(worker.worker_id))
+
+    def start_checks(self) -> None:
+        """Watch the pool in the background (see ``check``) until ``close``."""
+        self._spawn(self._check_forever())
+
+    async def check(self) -> None:
+        """Ping idle workers (a dead one is noticed before a request lands on it) and rebuild
+        the router's view of any worker whose event batches had a gap."""
+        idle = [w for w in self.live() if w.running == 0]
+        pings = await asyncio.gather(
+            *(asyncio.wait_for(w.actor.ping.remote(), PING_TIMEOUT_S) for w in idle),
+            return_exceptions=True)
+        for worker, answer in zip(idle, pings):
+            if isinstance(answer, (ray.exceptions.RayActorError, asyncio.TimeoutError)):
+                self.died(worker, answer)
+        for worker_id in await self._router.stale_workers.remote():
+            worker = self._workers.get(worker_id)
+            if worker is not None and worker.state in ("ready", "draining"):
+                holdings = await worker.actor.holdings.remote()
+                await self._router.rebuild.remote(worker_id, holdings)
+                log.info("router view of %s rebuilt (%d blocks)", worker_id, len(holdings))
+
+    async def _check_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_EVERY_S)
+            try:
+                await self.check()
+            except ray.exceptions.RayError as exc:
+                log.warning("pool check failed: %s", exc)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Closed, not just killed: each worker flushes the spans it has not exported yet.
+        await asyncio.gather(*(self._stop(w) for w in list(self._workers.values())))
+        self._workers.clear()
+
+    # --------------------------------------------------------------- internals
+
+    async def _start_one(self) -> PoolWorker:
+        worker_id = f"w{self._next_id}"
+        self._next_id += 1
+        actor = WorkerActor.options(**self._placement.actor_options(), name=None).remote(
+            worker_id, self._model_dir, self._engine, self._router, telemetry=self._telemetry)
+        worker = self._workers[worker_id] = PoolWorker(worker_id, actor)
+        try:
+            hello = await asyncio.wait_for(actor.start.remote(), self._start_timeout_s)
+        except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
+            self._workers.pop(worker_id, None)
+            ray.kill(actor, no_restart=True)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise NoRoom(f"worker {worker_id} did not start within "
+                             f"{self._start_timeout_s:.0f} s: no node with a free "
+                             f"{NODE_RESOURCE!r} slot and {self._placement.cpus_per_worker} "
+                             "CPUs? add a node or raise workers per node") from None
+            raise RuntimeError(f"worker {worker_id} failed to start: {exc}") from exc
+        if not hello.openblas:
+            log.warning("worker %s runs MLX without OpenBLAS (slow): install "
+                        "libopenblas0-pthread on node %s", worker_id, hello.node_id)
+        worker.hello = hello
+        self.first_hello = self.first_hello or hello
+        if worker.state == "starting":
+            await self._router.add_worker.remote(worker_id)
+            worker.in_router = True
+            worker.state = "ready"
+        else:  # drained while it was starting: it leaves without serving
+            self.retire_if_drained(worker)
+        return worker
+
+    async def _check_room(self, missing: int) -> None:
+        """Fail fast, with the fix, when the cluster has no slots for ``missing`` workers."""
+        need = missing * self._placement.actor_options()["resources"][NODE_RESOURCE]
+        total = (await asyncio.to_thread(ray.cluster_resources)).get(NODE_RESOURCE, 0.0)
+        used = len([w for w in self._workers.values() if w.state != "dead"]) * (
+            self._placement.actor_options()["resources"][NODE_RESOURCE])
+        if used + need > total + 1e-6:
+            raise NoRoom(
+                f"workers: no room for {missing} more worker(s): the cluster offers "
+                f"{total:g} {NODE_RESOURCE!r} slot(s), {used:g} in use, each worker takes "
+                f"{need / missing:g}; add nodes (infra/README.md) or raise workers per node")
+
+    async def _replace(self, dead_id: str) -> None:
+        try:
+            await self._check_room(1)
+            worker = await self._start_one()
+        except (NoRoom, RuntimeError) as exc:
+            log.warning("worker %s not replaced: %s", dead_id, exc)
+            return
+        self.replaced += 1
+        log.info("worker %s replaces dead worker %s", worker.worker_id, dead_id)
+
+    def _forget(self, worker: PoolWorker) -> None:
+        """The router drops the worker and every block it held (fire and forget: calls from
+        this process reach the router actor in order, before any later routing call)."""
+        if worker.in_router:
+            worker.in_router = False
+            self._router.remove_worker.remote(worker.worker_id)
+
+    async def _stop(self, worker: PoolWorker) -> None:
+        try:
+            await asyncio.wait_for(worker.actor.close.remote(), 10.0)
+        except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
+            log.info("worker %s did not close cleanly: %s", worker.worker_id, exc)
+        ray.kill(worker.actor, no_restart=True)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

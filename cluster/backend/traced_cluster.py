@@ -1,0 +1,133 @@
+"""A traced in-process cluster: real engines and the real router, observed like the frontend does.
+
+``TracedCluster`` runs requests one at a time through ``router.router.Router`` and one
+``workers.engine.Engine`` per worker (each with its own prefix store), feeding the stores'
+block events back to the router after every request, and records every request through a
+``RequestObserver`` exactly as the job runner does. It is what ``orchard bench telemetry``
+measures, and what the telemetry tests drive to get traces that come from the real engine
+and router rather than from hand-written results.
+
+The clock is injected and shared by the engines' stores, the router and the observer, so a
+test can step past a TTL.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from cluster.telemetry import spans
+from cluster.telemetry.observe import Observed, RequestObserver
+from cluster.telemetry.setup import Telemetry
+from router.cost import PriceTable, TokenUsage
+from router.events import EventBatch
+from router.key import hash_blocks
+from router.router import Router
+from workers.engine import Engine, EngineConfig
+from workers.messages import GenerateRequest, GenerateResult, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One request of a workload: token ids, or chat messages rendered by the model."""
+
+    request_id: str
+    tenant: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    job_id: str = ""
+    conversation: str = ""
+    turn: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    result: GenerateResult
+    observed: Observed
+    telemetry_s: float   # wall time spent in telemetry calls for this request
+
+
+class TracedCluster:
+    def __init__(self, model_dir: Path | str, workers: int, tel: Telemetry, *,
+                 block_size: int = 16, ttl_s: float = 300.0, store_bytes: int = 1 << 28,
+                 clock: Callable[[], float] = time.monotonic,
+                 prices: PriceTable = PriceTable()) -> None:
+        if workers <= 0:
+            raise ValueError(f"workers must be positive, got {workers}")
+        self.tel = tel
+        self.engines = {
+            f"w{i}": Engine.open(model_dir, EngineConfig(block_size=block_size,
+                                                         store_bytes=store_bytes, ttl_s=ttl_s,
+                                                         worker_id=f"w{i}"), clock=clock)
+            for i in range(workers)}
+        self.router = Router(block_size, clock=clock)
+        for worker in self.engines:
+            self.router.add_worker(worker)
+        first = next(iter(self.engines.values()))
+        bytes_per_token = first.store.stats().bytes_per_token
+        self.observer = RequestObserver(tel, prices, first.model_id, block_size, ttl_s,
+                                        workers * store_bytes // bytes_per_token, clock)
+        self._seq = {w: 0 for w in self.engines}
+
+    @property
+    def block_size(self) -> int:
+        return self.router.block_size
+
+    def engine(self) -> Engine:
+        return next(iter(self.engines.values()))
+
+    def render(self, messages: Sequence[dict[str, str]]) -> tuple[int, ...]:
+        return tuple(self.engine().render_chat(messages))
+
+    def run(self, turn: Turn, traced: bool = True) -> Ran:
+        """Route, generate and observe one request (``traced=False``: no telemetry at all)."""
+        engine0 = self.engine()
+        namespace = engine0.namespace(turn.tenant)
+        hashes = hash_blocks(turn.prompt, self.block_size, namespace)
+        if not traced:
+            decision = self.router.route(namespace, hashes, len(turn.prompt))
+            return Ran(self._generate(turn, namespace, decision, ()), Observed(None, None), 0.0)
+        info = spans.RequestInfo(turn.request_id, turn.tenant, engine0.model_id, turn.job_id,
+                                 turn.conversation, turn.turn, "text_completion", turn.max_tokens)
+        started = time.perf_counter()
+        with self.observer.request(info) as span:
+            context = self.observer.context()
+            work, route_ns = time.perf_counter(), time.time_ns()
+            decision = self.router.route(namespace, hashes, len(turn.prompt))
+            routed_ns = time.time_ns()
+            result = self._generate(turn, namespace, decision, context)
+            work = time.perf_counter() - work   # routing and generation: not telemetry
+            self.observer.routed(decision, route_ns, routed_ns)
+            request = GenerateRequest(turn.request_id, namespace, turn.prompt,
+                                      SamplingParams(turn.max_tokens), trace_context=context)
+            decode = self.engines[decision.worker_id].tokenizer.decode
+            self.observer.worker_done(request, result, decode)
+            observed = self.observer.finish(span, request, hashes, result, decision)
+        return Ran(result, observed, time.perf_counter() - started - work)
+
+    def _generate(self, turn: Turn, namespace, decision, context) -> GenerateResult:
+        worker = decision.worker_id
+        engine = self.engines[worker]
+        request = GenerateRequest(turn.request_id, namespace, turn.prompt,
+                                  SamplingParams(turn.max_tokens), trace_context=context)
+        self.router.started(turn.request_id, decision)
+        try:
+            (result,) = engine.generate([request])
+        finally:
+            self.router.finished(turn.request_id)
+        events = tuple(engine.store.drain_events())
+        self._seq[worker] += 1
+        self.router.apply_events(EventBatch(worker, self._seq[worker], events))
+        if not isinstance(result, GenerateResult):
+            raise ValueError(f"request {turn.request_id} failed: {result.error}")
+        return result
+
+    def forecast(self, turns: Sequence[Turn], concurrency: int = 1,
+                 request_s: float = 1.0) -> list[TokenUsage]:
+        """The job-level forecast of ``turns`` (as one job) from what the cluster holds now."""
+        engine0 = self.engine()
+        chains = [hash_blocks(t.prompt, self.block_size, engine0.namespace(t.tenant)) for t in turns]
+        plans, held = self.observer.plan_job(chains, [len(t.prompt) for t in turns],
+                                             [t.max_tokens for t in turns], concurrency, request_s)
+        return self.observer.forecast_job(plans, held)

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``orchard bench``: each prints measured figures."""

@@ -1,0 +1,207 @@
+"""``orchard bench api``: the path overhead per request, model compute excluded.
+
+For each request, sent one at a time so that nothing queues behind another::
+
+    overhead = wall time at the client (call -> result received) - the worker's own time
+
+where the worker's own time is ``worker_s`` on the result (the engine's stamps, request
+received -> last token). What remains is the whole path around the model: gRPC both ways,
+auth, validation, tokenization, block hashing, routing, the hand-off to the worker and back,
+and, on the job path, the job store (an fsynced job insert, the result insert) and the result
+stream. Three paths are measured:
+
+- ``generate``: the ``Generate`` RPC (one request, streamed back);
+- ``batch``: one job of ``--requests`` requests whose results are followed as they arrive;
+  with the frontend running one request at a time, each request's overhead is the gap between
+  its result and the previous one at the client, less its worker time (the first request's
+  gap starts at submission, so the job's fsynced acceptance is counted once, as it is paid);
+- ``job_single``: ``SubmitJob`` with a single request, then ``StreamResults(follow)`` until its
+  result: the worst case, one job acceptance (fsync) and two RPCs per request.
+
+By default a frontend over in-process workers (``python -m cluster.api.frontend``, no Ray) is
+started as a separate process on the embedded model; ``--address`` and ``--api-key`` measure a
+running cluster instead (with Ray in the path when it was started by ``orchard up``).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+from cluster.api.client import Client, chat_request
+
+TARGET_P50_MS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class PathFigures:
+    path: str
+    requests: int
+    overhead_p50_ms: float
+    overhead_p99_ms: float
+    overhead_mean_ms: float
+    wall_p50_ms: float
+    worker_p50_ms: float
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _figures(path: str, walls: list[float], workers: list[float]) -> PathFigures:
+    overhead = [(w - k) * 1e3 for w, k in zip(walls, workers)]
+    return PathFigures(path, len(walls), _percentile(overhead, 0.5), _percentile(overhead, 0.99),
+                       statistics.fmean(overhead), _percentile(walls, 0.5) * 1e3,
+                       _percentile(workers, 0.5) * 1e3)
+
+
+def _request(i: int, prompt_words: int):
+    # Distinct prompts so every request is routed and hashed like new traffic.
+    text = f"request {i}: " + " ".join(f"word{j}" for j in range(prompt_words))
+    return chat_request(f"bench-{i}", [{"role": "user", "content": text}], max_tokens=1)
+
+
+def measure_generate(client: Client, n: int, prompt_words: int, offset: int = 0
+                     ) -> tuple[list[float], list[float]]:
+    walls, workers = [], []
+    for i in range(offset, offset + n):
+        start = time.perf_counter()
+        result, received = None, 0.0
+        for event in client.generate(_request(i, prompt_words)):
+            if event.WhichOneof("event") == "result":
+                result, received = event.result, time.perf_counter()
+        walls.append(received - start)
+        if result is None or not result.ok:
+            raise RuntimeError(f"request {i} failed: {result}")
+        workers.append(result.worker_s)
+    return walls, workers
+
+
+def measure_batch(client: Client, n: int, prompt_words: int, offset: int = 0
+                  ) -> tuple[list[float], list[float]]:
+    """Gaps between consecutive results of one job (the first from submission)."""
+    start = time.perf_counter()
+    job = client.submit([_request(i, prompt_words) for i in range(offset, offset + n)])
+    walls, workers, last = [], [], start
+    for result in client.results(job.job_id, follow=True):
+        now = time.perf_counter()
+        if not result.ok:
+            raise RuntimeError(f"request {result.custom_id} failed: {result.error_message}")
+        walls.append(now - last)
+        workers.append(result.worker_s)
+        last = now
+    if len(walls) != n:
+        raise RuntimeError(f"job {job.job_id} returned {len(walls)} of {n} results")
+    return walls, workers
+
+
+def measure_job(client: Client, n: int, prompt_words: int, offset: int = 0
+                ) -> tuple[list[float], list[float]]:
+    walls, workers = [], []
+    for i in range(offset, offset + n):
+        start = time.perf_counter()
+        job = client.submit([_request(i, prompt_words)])
+        (result,) = list(client.results(job.job_id, follow=True))
+        walls.append(time.perf_counter() - start)
+        if not result.ok:
+            raise RuntimeError(f"request {i} failed: {result.error_message}")
+        workers.append(result.worker_s)
+    return walls, workers
+
+
+@contextmanager
+def local_frontend(model_dir: str | None, telemetry: str = "file") -> Iterator[Client]:
+    """A frontend subprocess over one in-process worker, in a fresh run directory."""
+    from cluster.config import load_config, write_default_config
+
+    with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
+        run_dir = Path(tmp)
+        write_default_config(run_dir, model_dir=model_dir or "", max_pending_per_tenant=100000,
+                             max_pending_total=100000, max_concurrent=1)
+        with (run_dir / "orchard.toml").open("a") as f:
+            f.write(f'[telemetry]\nexporter = "{telemetry}"\n')
+        log = open(run_dir / "frontend.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir", tmp,
+                                 "--workers", "1"], stdout=log, stderr=log,
+                                cwd=Path(__file__).resolve().parent.parent)
+        try:
+            deadline = time.monotonic() + 300
+            while not (run_dir / "frontend.json").exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the frontend did not start: "
+                                       + (run_dir / "frontend.log").read_text()[-2000:])
+                time.sleep(0.1)
+            config = load_config(run_dir)
+            with Client.from_run_dir(run_dir, api_key=config.key_for("default")) as client:
+                yield client
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+
+def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bool
+        ) -> list[PathFigures]:
+    measure_generate(client, warmup, prompt_words, offset=0)
+    measure_job(client, warmup, prompt_words, offset=warmup)
+    base = 2 * warmup
+    figures = [_figures("generate", *measure_generate(client, requests, prompt_words, base))]
+    if batch:  # needs a frontend running one request at a time (the local one does)
+        base += requests
+        figures.append(_figures("batch", *measure_batch(client, requests, prompt_words, base)))
+    base += requests
+    figures.append(_figures("job_single", *measure_job(client, requests, prompt_words, base)))
+    return figures
+
+
+def bench_api(args) -> int:
+    if args.requests < 1 or args.warmup < 0 or args.prompt_words < 1:
+        raise ValueError("--requests and --prompt-words must be >= 1, --warmup >= 0")
+    if bool(args.address) != bool(args.api_key):
+        raise ValueError("--address and --api-key go together (a running cluster's frontend "
+                         "and a tenant key)")
+    if args.address:
+        with Client(args.address, args.api_key) as client:
+            figures = run(client, args.requests, args.warmup, args.prompt_words, batch=False)
+    else:
+        import workers  # noqa: F401  (OpenBLAS before mlx, for forging the default model)
+        from workers.forge import ensure_default_model
+
+        model_dir = args.model or str(ensure_default_model())
+        with local_frontend(model_dir, args.telemetry) as client:
+            figures = run(client, args.requests, args.warmup, args.prompt_words, batch=True)
+    if args.json:
+        print(json.dumps({"target_p50_ms": TARGET_P50_MS,
+                          "paths": [asdict(f) for f in figures]}, indent=2))
+        return 0
+    print(f"path overhead per request (wall - worker time), {args.requests} sequential "
+          f"requests, max_tokens=1, target p50 <= {TARGET_P50_MS:g} ms")
+    print(f"{'path':<11} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'wall p50':>9} "
+          f"{'worker p50':>11}")
+    for f in figures:
+        print(f"{f.path:<11} {f.overhead_p50_ms:>8.2f} {f.overhead_p99_ms:>8.2f} "
+              f"{f.overhead_mean_ms:>8.2f} {f.wall_p50_ms:>9.2f} {f.worker_p50_ms:>11.2f}")
+    return 0
+
+
+def register_bench(sub) -> None:
+    """Add ``api`` to the ``orchard bench`` subcommands."""
+    p = sub.add_parser("api", help="path overhead per request (gRPC + router + job store)")
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--prompt-words", type=int, default=40)
+    p.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
+    p.add_argument("--address", help="measure a running frontend instead (host:port)")
+    p.add_argument("--api-key", help="a tenant key of that frontend")
+    p.add_argument("--telemetry", choices=("file", "none"), default="file",
+                   help="the local frontend's trace exporter (default: file, as `orchard up`)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=bench_api)

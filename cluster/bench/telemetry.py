@@ -1,0 +1,272 @@
+"""Telemetry benchmarks: ``orchard bench telemetry`` and ``orchard bench forecast``.
+
+``telemetry``: tracing overhead per request on the embedded model. The same chat workload
+(conversations sharing a system prompt, several turns each) runs through a ``TracedCluster``
+(real engines and router) with tracing on (the default exporter: OTLP JSON lines, batched)
+and through a twin cluster with tracing off, request by request (see ``bench_overhead``);
+the overhead is given as wall and CPU time ratios, and, measured directly, as the time spent
+in telemetry calls plus the export thread's CPU time over an untraced request.
+
+``forecast``: job-level forecast error ``|forecast M - measured M|``.
+``--demo FILE``: the batch runs through the real frontend over ``LocalBackend`` (gRPC, job
+runner, router, engines); the forecast is the job's at submission, the measured ``M`` comes
+from the traces, both read back by ``orchard report``'s code. ``--trace FILE``: a Mooncake
+trace replayed through the simulator (``router.forecast_replay``).
+"""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from cluster.telemetry.setup import Telemetry, TelemetrySettings, setup_telemetry
+
+SYSTEM = ("You are orchard's support assistant. Answer questions about deliveries, storage, "
+          "customs paperwork and invoices briefly and exactly, and ask for an order number "
+          "when a question needs one. ") * 3
+
+
+def _workload(cluster, conversations: int, turns: int, max_tokens: int) -> list:
+    from cluster.backend.traced_cluster import Turn
+
+    out = []
+    for c in range(conversations):
+        history = [{"role": "system", "content": SYSTEM}]
+        for t in range(turns):
+            history.append({"role": "user", "content": f"Conversation {c}, question {t}: "
+                                                       f"where is order {1000 + 7 * c + t}?"})
+            out.append(Turn(f"c{c}-t{t}", "bench", cluster.render(history), max_tokens,
+                            "bench-job", f"c{c}", t))
+            history.append({"role": "assistant", "content": f"Order {1000 + 7 * c + t} is "
+                                                            f"at the Rotterdam depot."})
+    # Interleave conversations as a batch would arrive: turn 0 of all, then turn 1, ...
+    return sorted(out, key=lambda turn: (turn.turn, turn.conversation))
+
+
+class _TimedExporter(SpanExporter):
+    """Counts the CPU time the background export thread spends writing spans."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def export(self, spans):
+        started = time.thread_time()
+        try:
+            return self.inner.export(spans)
+        finally:
+            self.seconds += time.thread_time() - started
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def _timed(run) -> tuple[float, float, object]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    ran = run()
+    return time.perf_counter() - wall, time.process_time() - cpu, ran
+
+
+def bench_overhead(model_dir: Path, workers: int = 2, conversations: int = 6, turns: int = 4,
+                   max_tokens: int = 16, repeats: int = 3) -> dict:
+    """Paired runs: two clusters (tracing on, tracing off) get the same requests in the same
+    order, one request each in turn (alternating which goes first), so both see the same
+    cache states and the same background load; ``repeats`` passes on fresh clusters."""
+    from cluster.telemetry.otlp_json import JsonLinesSpanExporter
+    from cluster.backend.traced_cluster import TracedCluster
+
+    if min(workers, conversations, turns, max_tokens, repeats) < 1 or conversations * turns < 2:
+        raise ValueError("workers, conversations, turns, max tokens and repeats must be "
+                         "positive, with at least two requests")
+    sums = {"on_wall": 0.0, "off_wall": 0.0, "on_cpu": 0.0, "off_cpu": 0.0,
+            "inside": 0.0, "export": 0.0}
+    ratios: list[float] = []
+    n = 0
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="orchard-bench-") as run_dir:
+            exporter = _TimedExporter(JsonLinesSpanExporter(Path(run_dir) / "traces", "bench"))
+            tel = setup_telemetry(TelemetrySettings("orchard-bench", Path(run_dir)),
+                                  span_processor=BatchSpanProcessor(exporter))
+            traced = TracedCluster(model_dir, workers, tel)
+            plain = TracedCluster(model_dir, workers, Telemetry.disabled())
+            work = _workload(traced, conversations, turns, max_tokens)
+            traced.run(work[0])                 # warm-up: MLX compiles kernels on first use
+            plain.run(work[0], traced=False)
+            for i, turn in enumerate(work[1:]):
+                first_on = i % 2 == 0
+                a = _timed(lambda: traced.run(turn)) if first_on else None
+                b = _timed(lambda: plain.run(turn, traced=False))
+                a = a or _timed(lambda: traced.run(turn))
+                sums["on_wall"] += a[0]
+                sums["on_cpu"] += a[1]
+                sums["inside"] += a[2].telemetry_s
+                sums["off_wall"] += b[0]
+                sums["off_cpu"] += b[1]
+                ratios.append(a[0] / b[0])
+                n += 1
+            tel.shutdown()
+            sums["export"] += exporter.seconds
+    per = {k: v / n for k, v in sums.items()}
+    return {"model": str(model_dir), "workers": workers, "requests": n, "repeats": repeats,
+            "traced_s_per_request": per["on_wall"], "untraced_s_per_request": per["off_wall"],
+            "overhead_wall": per["on_wall"] / per["off_wall"] - 1.0,
+            "overhead_wall_median_pair": statistics.median(ratios) - 1.0,
+            "overhead_cpu": per["on_cpu"] / per["off_cpu"] - 1.0,
+            "telemetry_s_per_request": per["inside"] + per["export"],
+            "telemetry_share": (per["inside"] + per["export"]) / per["off_wall"],
+            "inside_calls_s_per_request": per["inside"],
+            "export_s_per_request": per["export"]}
+
+
+def _serve_and_submit(run_dir: Path, model_dir: Path, workers: int, batch_path: Path) -> str:
+    """Run the batch through a real frontend over LocalBackend; returns the job id."""
+    from cluster.api.batchfile import parse_batch
+    from cluster.api.client import Client
+    from cluster.config import load_config, write_default_config
+    from cluster.api.frontend import serve
+    from cluster.backend.local import LocalBackend
+
+    write_default_config(run_dir, model_dir=str(model_dir))
+    config = load_config(run_dir)
+    with open(batch_path) as lines:
+        batch = parse_batch(lines, name=str(batch_path))
+    box: dict = {}
+
+    async def main() -> None:
+        backend = LocalBackend.from_config(config, workers=workers)
+        await backend.start()
+        frontend = await serve(config, backend)
+        try:
+            def submit() -> None:
+                with Client(frontend.address, config.key_for("default")) as client:
+                    job = client.submit(batch.requests)
+                    box["job"] = client.wait(job.job_id, poll_s=0.1, timeout_s=1800)
+            await asyncio.to_thread(submit)
+        finally:
+            await frontend.stop()
+            await backend.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),))
+    thread.start()
+    thread.join()
+    if "job" not in box:
+        raise RuntimeError("the demo batch did not finish; see the log above")
+    if box["job"].failed:
+        raise RuntimeError(f"{box['job'].failed} requests of the demo batch failed")
+    return box["job"].job_id
+
+
+def bench_demo_forecast(batch_path: Path, model_dir: Path, workers: int = 2) -> dict:
+    """Job forecast at submission against the measured M of the served demo batch."""
+    from cluster.telemetry.otlp_json import read_spans
+    from cluster.report.build import build_report
+
+    with tempfile.TemporaryDirectory(prefix="orchard-demo-") as tmp:
+        run_dir = Path(tmp)
+        job_id = _serve_and_submit(run_dir, model_dir, workers, batch_path)
+        report = build_report(read_spans(run_dir / "traces").spans, job=job_id)
+    (job,) = report["jobs"]
+    return {"batch": str(batch_path), "workers": workers, "job_id": job_id,
+            "requests": job["requests"], "input_tokens": job["input_tokens"],
+            "cached_tokens": job["cached_tokens"], "written_tokens": job["written_tokens"],
+            "forecast_multiplier": job["forecast_multiplier"],
+            "measured_multiplier": job["measured_multiplier"],
+            "forecast_error": abs(job["forecast_error"]),
+            "routing_time_forecast_multiplier": job["request_forecast_multiplier"],
+            "miss_causes": job["miss_causes"]}
+
+
+def bench_trace_forecast(trace_path: Path, workers: int, capacity_tokens: int,
+                         block_size: int, window_s: float) -> dict:
+    from router.forecast_replay import forecast_replay
+    from router.simulator import SimConfig
+    from router.trace import load_trace
+
+    config = SimConfig(workers=workers, capacity_tokens=capacity_tokens, block_size=block_size)
+    result = forecast_replay(load_trace(trace_path), config, window_s=window_s).as_json()
+    result.update(trace=str(trace_path), workers=workers, capacity_tokens=capacity_tokens,
+                  block_size=block_size, window_s=window_s)
+    return result
+
+
+def _print(result: dict, as_json: bool, lines: list[str]) -> int:
+    import json
+
+    print(json.dumps(result, indent=2) if as_json else "\n".join(lines))
+    return 0
+
+
+def telemetry_command(args) -> int:
+    import workers  # noqa: F401  (OpenBLAS before mlx)
+    from workers.forge import ensure_default_model
+
+    r = bench_overhead(Path(args.model) if args.model else ensure_default_model(), args.workers,
+                       args.conversations, args.turns, args.max_tokens, args.repeats)
+    return _print(r, args.json, [
+        f"model {r['model']}, {r['workers']} workers, {r['requests']} paired requests "
+        f"({r['repeats']} passes)",
+        f"traced   {r['traced_s_per_request'] * 1e3:8.2f} ms/request",
+        f"untraced {r['untraced_s_per_request'] * 1e3:8.2f} ms/request",
+        f"overhead wall {r['overhead_wall'] * 100:+.2f}% (median pair "
+        f"{r['overhead_wall_median_pair'] * 100:+.2f}%), CPU {r['overhead_cpu'] * 100:+.2f}%",
+        f"telemetry work {r['telemetry_s_per_request'] * 1e3:.3f} ms/request (calls "
+        f"{r['inside_calls_s_per_request'] * 1e3:.3f}, export "
+        f"{r['export_s_per_request'] * 1e3:.3f}) = {r['telemetry_share'] * 100:.2f}% of an "
+        f"untraced request (target <= 3%)"])
+
+
+def forecast_command(args) -> int:
+    if (args.trace is None) == (args.demo is None):
+        raise ValueError("give --demo FILE.jsonl (a batch) or --trace FILE (a Mooncake trace)")
+    if args.demo is not None:
+        import workers  # noqa: F401  (OpenBLAS before mlx)
+        from workers.forge import ensure_default_model
+
+        r = bench_demo_forecast(Path(args.demo),
+                                Path(args.model) if args.model else ensure_default_model(),
+                                args.workers or 2)
+        return _print(r, args.json, [
+            f"{r['batch']}: {r['requests']} requests on {r['workers']} workers, "
+            f"{r['cached_tokens']}/{r['input_tokens']} input tokens cached",
+            f"forecast M {r['forecast_multiplier']:.4f} (at submission), "
+            f"measured M {r['measured_multiplier']:.4f}",
+            f"|error| {r['forecast_error']:.4f} (target <= 0.05)"])
+    r = bench_trace_forecast(Path(args.trace), args.workers or 8, args.capacity_tokens,
+                             args.block_size, args.window)
+    return _print(r, args.json, [
+        f"{r['trace']}: {r['requests']} requests, {r['workers']} workers x "
+        f"{r['capacity_tokens']} tokens, policy {r['policy']}, jobs of {r['window_s']:g} s",
+        f"forecast M {r['forecast_multiplier']:.4f}, measured M {r['measured_multiplier']:.4f}, "
+        f"|error| {r['forecast_error']:.4f} (target <= 0.05); worst window "
+        f"{r['window_error_max']:.4f}",
+        f"hit ratio forecast {r['forecast_hit_ratio']:.4f}, measured "
+        f"{r['measured_hit_ratio']:.4f}"])
+
+
+def add_parsers(sub) -> None:
+    """``orchard bench telemetry`` and ``orchard bench forecast`` (called by bench.py)."""
+    t = sub.add_parser("telemetry", help="tracing overhead per request on the embedded model")
+    t.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
+    t.add_argument("--workers", type=int, default=2)
+    t.add_argument("--conversations", type=int, default=6)
+    t.add_argument("--turns", type=int, default=4)
+    t.add_argument("--max-tokens", type=int, default=16)
+    t.add_argument("--repeats", type=int, default=3)
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=telemetry_command)
+    f = sub.add_parser("forecast", help="job forecast M against measured M")
+    f.add_argument("--demo", help="an OpenAI Batch JSONL file run through a local frontend")
+    f.add_argument("--trace", help="a Mooncake trace replayed through the simulator")
+    f.add_argument("--model", help="mlx-lm model directory for --demo (default: embedded)")
+    f.add_argument("--workers", type=int, default=None, help="2 for --demo, 8 for --trace")
+    f.add_argument("--capacity-tokens", type=int, default=1_000_000)
+    f.add_argument("--block-size", type=int, default=512)
+    f.add_argument("--window", type=float, default=600.0,
+                   help="--trace: seconds of arrivals per job (600)")
+    f.add_argument("--json", action="store_true", help="print one JSON object")
+    f.set_defaults(func=forecast_command)

@@ -1,0 +1,259 @@
+"""The job runner: runs every accepted request once, through the backend, into the job store.
+
+It owns admission (backpressure) and execution; the job store owns the state:
+
+    SubmitJob ─► admit(tenant, n) ─► store.create_job ─► runner.launch(job)
+                                                          │ one task per job; requests share
+                                                          ▼ a semaphore of max_concurrent slots
+                     dispatch(backend, request, hashes, timeout) ─► store.record_result
+
+Backpressure: requests accepted but without a result are counted per tenant and in total; an
+``admit`` beyond ``max_pending_per_tenant`` or ``max_pending_total`` raises ``Overloaded``
+(``RESOURCE_EXHAUSTED`` at the edge). On start the counts and the unfinished jobs come back from
+the store, so a restarted frontend resumes where it stopped: requests without a result run
+(again), and the store keeps one result per request.
+
+A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
+``NoWorkersAvailable`` is retried with backoff until the request's deadline, then recorded as
+``UNAVAILABLE``; a deadline as ``DEADLINE_EXCEEDED``; a ``ValueError`` as ``INVALID_ARGUMENT``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, Callable, Sequence
+
+from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
+from cluster.jobs.store import JobRecord, JobStore, PendingRequest, StoredResult
+from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
+from router.key import BlockHash, Namespace, hash_blocks
+from workers.messages import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class Overloaded(RuntimeError):
+    """Too many requests pending: the caller should retry later."""
+
+
+async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+                   timeout_s: float) -> GenerateOutcome:
+    """Run one request on the backend within ``timeout_s``: the one call per request.
+
+    ``NoWorkersAvailable`` is retried with backoff while time remains (workers may be scaling
+    or restarting); ``TimeoutError`` when the deadline passes.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    attempt = 0
+    while True:
+        try:
+            return await asyncio.wait_for(backend.generate(request, block_hashes),
+                                          max(deadline - loop.time(), 0.001))
+        except NoWorkersAvailable:
+            pause = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+            if loop.time() + pause >= deadline:
+                raise
+            attempt += 1
+            await asyncio.sleep(pause)
+
+
+async def dispatch_stream(backend: Backend, request: GenerateRequest,
+                          block_hashes: Sequence[BlockHash], timeout_s: float
+                          ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
+    """Stream one request from the backend within ``timeout_s`` (``TimeoutError`` after it)."""
+    async with asyncio.timeout(timeout_s):
+        async for item in backend.stream(request, block_hashes):
+            yield item
+
+
+def result_of(index: int, custom_id: str, outcome: GenerateOutcome) -> StoredResult:
+    r = outcome.result
+    return StoredResult(
+        index=index, custom_id=custom_id, request_id=r.request_id, ok=True,
+        text=r.text, output_tokens=tuple(r.output_tokens), finish_reason=r.finish_reason,
+        prompt_tokens=r.input_tokens, cached_tokens=r.cached_tokens,
+        computed_tokens=r.computed_tokens, written_tokens=r.written_tokens,
+        worker_id=outcome.worker_id or r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s,
+        attempts=outcome.attempts,
+        worker_s=outcome.worker_time_s())
+
+
+def error_of(pending: PendingRequest, code: str, message: str) -> StoredResult:
+    return StoredResult(index=pending.index, custom_id=pending.custom_id,
+                        request_id=pending.request_id, ok=False, error_code=code,
+                        error_message=message)
+
+
+class JobRunner:
+    def __init__(self, store: JobStore, backend: Backend, namespace: Callable[[str], Namespace],
+                 block_size: int, max_concurrent: int, max_pending_per_tenant: int,
+                 max_pending_total: int, request_timeout_s: float,
+                 tracing: JobTracing | None = None):
+        self._store = store
+        self._backend = backend
+        self._namespace = namespace
+        self._block_size = block_size
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._max_tenant = max_pending_per_tenant
+        self._max_total = max_pending_total
+        self._timeout_s = request_timeout_s
+        self._pending: dict[str, int] = {}
+        self._jobs: dict[str, asyncio.Task] = {}
+        self._running: dict[str, set[asyncio.Task]] = {}  # job id -> its requests in flight
+        self._changed = asyncio.Condition()
+        self._tracing = tracing or JobTracing()  # traces, cost forecast, miss causes
+
+    # ------------------------------------------------------------ admission
+
+    def admit(self, tenant: str, n: int) -> None:
+        """Count ``n`` more pending requests for ``tenant``, or raise ``Overloaded``."""
+        mine = self._pending.get(tenant, 0)
+        total = sum(self._pending.values())
+        if mine + n > self._max_tenant:
+            raise Overloaded(f"requests: tenant {tenant!r} has {mine} requests pending and the "
+                             f"limit is {self._max_tenant}; wait for jobs to finish and retry")
+        if total + n > self._max_total:
+            raise Overloaded(f"requests: the cluster has {total} requests pending and the limit "
+                             f"is {self._max_total}; retry later")
+        self._pending[tenant] = mine + n
+
+    def pending(self) -> dict[str, int]:
+        """Requests accepted and not finished, per tenant (the queue depth)."""
+        return dict(self._pending)
+
+    def release(self, tenant: str, n: int) -> None:
+        left = self._pending.get(tenant, 0) - n
+        if left < 0:
+            raise RuntimeError(f"pending count for {tenant!r} went negative ({left})")
+        if left:
+            self._pending[tenant] = left
+        else:
+            self._pending.pop(tenant, None)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def resume(self) -> list[str]:
+        """Count and relaunch the store's unfinished jobs (after a restart)."""
+        self._pending = self._store.pending_by_tenant()
+        jobs = self._store.unfinished_jobs()
+        for job in jobs:
+            self.launch(job)
+        return [job.job_id for job in jobs]
+
+    def launch(self, job: JobRecord) -> None:
+        if self._tracing.observer is not None:
+            self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant),
+                                       self._store.pending_requests(job.job_id))
+        self._jobs[job.job_id] = asyncio.create_task(self._run_job(job), name=job.job_id)
+
+    async def close(self) -> None:
+        tasks = list(self._jobs.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tracing.aclose()  # flush traces of the requests that finished
+
+    def cancel(self, job_id: str, tenant: str) -> JobRecord:
+        """Cancel in the store, stop the job's task; its unstarted requests never run."""
+        job = self._store.cancel(job_id, tenant)
+        task = self._jobs.pop(job_id, None)
+        if task is not None:
+            task.cancel()
+        for request_task in self._running.pop(job_id, set()):
+            request_task.cancel()  # synchronously: none of them records a result after this
+        self.release(tenant, job.cancelled)
+        self._notify()
+        return job
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Return when any job made progress, or after ``timeout_s``."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+            except TimeoutError:
+                pass
+
+    def namespace(self, tenant: str) -> Namespace:
+        return self._namespace(tenant)
+
+    def block_hashes(self, tenant: str, prompt: Sequence[int]) -> list[BlockHash]:
+        return hash_blocks(prompt, self._block_size, self._namespace(tenant))
+
+    @property
+    def tracing(self) -> JobTracing:
+        return self._tracing
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    # ------------------------------------------------------------ execution
+
+    async def _run_job(self, job: JobRecord) -> None:
+        self._store.mark_running(job.job_id)
+        running = self._running.setdefault(job.job_id, set())
+        try:
+            for pending in self._store.pending_requests(job.job_id):
+                await self._slots.acquire()
+                task = asyncio.create_task(self._run_one(job.tenant, pending))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
+        except asyncio.CancelledError:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
+        finally:
+            if self._jobs.get(job.job_id) is asyncio.current_task():
+                del self._jobs[job.job_id]
+                self._running.pop(job.job_id, None)
+
+    async def _run_one(self, tenant: str, pending: PendingRequest) -> None:
+        try:
+            result = await self._execute(tenant, pending)
+        finally:
+            self._slots.release()
+        if self._store.record_result(pending.job_id, result) is not None:
+            self.release(tenant, 1)
+        self._notify()
+
+    async def _execute(self, tenant: str, pending: PendingRequest) -> StoredResult:
+        with self._tracing.request(tenant, pending.request_id, pending.job_id, pending.custom_id,
+                                   pending.sampling) as trace:
+            request = GenerateRequest(request_id=pending.request_id,
+                                      namespace=self._namespace(tenant), prompt=pending.prompt,
+                                      sampling=pending.sampling, trace_context=trace.context)
+            result = await self._dispatch(request, pending, trace)
+            if not result.ok:
+                trace.failed(result.error_code, result.error_message)
+            return result
+
+    async def _dispatch(self, request: GenerateRequest, pending: PendingRequest,
+                        trace: RequestTrace) -> StoredResult:
+        hashes = self.block_hashes(request.namespace.tenant, pending.prompt)
+        try:
+            outcome = await dispatch(self._backend, request, hashes, self._timeout_s)
+        except NoWorkersAvailable as exc:
+            return error_of(pending, "UNAVAILABLE", f"no worker could take the request: {exc}")
+        except TimeoutError:
+            return error_of(pending, "DEADLINE_EXCEEDED",
+                            f"the request ran longer than {self._timeout_s:g} s")
+        except ValueError as exc:
+            return error_of(pending, "INVALID_ARGUMENT", str(exc))
+        except Exception as exc:  # a backend bug: recorded on the result and logged, not lost
+            log.exception("request %s failed", pending.request_id)
+            return error_of(pending, "INTERNAL", f"{type(exc).__name__}: {exc}")
+        return with_cost(result_of(pending.index, pending.custom_id, outcome),
+                         trace.done(request, hashes, outcome))
+
+    def _notify(self) -> None:
+        asyncio.get_running_loop().create_task(self._notify_all())
+
+    async def _notify_all(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()

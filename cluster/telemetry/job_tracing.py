@@ -1,0 +1,203 @@
+"""What the job runner and the gRPC servicer call to trace requests and forecast jobs.
+
+``JobTracing`` wraps the frontend's ``cluster.telemetry.observe.RequestObserver`` (or nothing: then
+every call is a no-op and nothing is traced)::
+
+    with tracing.request(tenant, request_id, job_id, custom_id, sampling, metadata) as trace:
+        request = GenerateRequest(..., trace_context=trace.context)
+        outcome = await dispatch(...)
+        observed = trace.done(request, hashes, outcome)      # or trace.failed(code, message)
+    tracing.job_launched(job_id, tenant, namespace, pending)  # the job's forecast and span
+    tracing.watch(backend, queue_depths)                      # store and queue gauges
+
+``frontend_tracing`` builds it from the cluster config and the served model.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import logging
+import re
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from opentelemetry.trace import Span
+
+from cluster.telemetry import spans
+from cluster.telemetry.observe import Observed, RequestObserver
+from cluster.telemetry.setup import extract_metadata, guarded, settings_from_config, setup_telemetry
+from cluster.telemetry.metrics import StoreGauges
+from router.cost import load_price_table
+from router.key import BlockHash, hash_blocks
+from workers.messages import GenerateRequest
+
+log = logging.getLogger("orchard.telemetry")
+MAX_JOB_CONTEXTS = 10_000
+
+
+class RequestTrace:
+    """One request's tracing as the job runner holds it (see ``JobTracing.request``)."""
+
+    def __init__(self, observer: RequestObserver | None, span: Span | None,
+                 context: tuple[tuple[str, str], ...]) -> None:
+        self._observer = observer
+        self._span = span
+        self.context = context
+        self.started_ns = time.time_ns()
+
+    def failed(self, code: str, message: str) -> None:
+        """The request ended without a result: mark its span as an error."""
+        if self._span is not None:
+            spans.record_failure(self._span, code, message)
+
+    def done(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+             outcome: Any) -> Observed | None:
+        """Record a finished ``cluster.backend.protocol.GenerateOutcome``; never raises."""
+        if self._observer is None or self._span is None:
+            return None
+        result = outcome.result
+        # Spans the router and worker actors drew in their own processes are not drawn twice.
+        if outcome.decision is not None and not outcome.route_traced:
+            self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
+        if not outcome.worker_traced:
+            self._observer.worker_done(request, result, self._observer.decode)
+        return self._observer.finish(self._span, request, block_hashes, result,
+                                     outcome.decision, outcome.attempts)
+
+
+def with_cost(result: Any, observed: Observed | None) -> Any:
+    """``result`` (a ``cluster.jobs.store.StoredResult``) with the observed forecast and
+    measured M and miss cause, for the job record."""
+    if observed is None:
+        return result
+    cost, miss = observed.cost, observed.miss
+    return dataclasses.replace(
+        result, forecast_multiplier=cost.forecast_multiplier if cost else None,
+        measured_multiplier=cost.measured_multiplier if cost else None,
+        miss_cause=miss.cause.value if miss else "")
+
+
+def conversation_of(custom_id: str) -> tuple[str, int]:
+    """A batch request's conversation and turn from its ``custom_id``, when it says so:
+    ``NAME-turn-3``, ``NAME-turn3``, ``NAME-t3`` or ``NAME:3``; else ``("", 0)``."""
+    match = re.fullmatch(r"(.+?)(?:[-_:]turn[-_]?|[-_]t|:)(\d+)", custom_id)
+    return (match.group(1), int(match.group(2))) if match else ("", 0)
+
+
+class JobTracing:
+    """What ``cluster.jobs.runner.JobRunner`` calls: a no-op when built without an observer."""
+
+    def __init__(self, observer: RequestObserver | None = None) -> None:
+        self.observer = observer
+        # job id -> its span's context, for the requests' links (recent jobs only)
+        self._job_context: OrderedDict[str, tuple[tuple[str, str], ...]] = OrderedDict()
+        self._poller: asyncio.Task | None = None
+        self._backend: Any = None
+        self._stores: dict[str, StoreGauges] = {}
+
+    @contextmanager
+    def request(self, tenant: str, request_id: str, job_id: str, custom_id: str,
+                sampling: Any, metadata: Sequence[tuple[str, Any]] | None = None
+                ) -> Iterator[RequestTrace]:
+        """Around one request's run: its root span (a child of the caller's context when
+        gRPC ``metadata`` carries one, else the root of a new trace linked to its job)."""
+        if self.observer is None:
+            yield RequestTrace(None, None, ())
+            return
+        conversation, turn = conversation_of(custom_id)
+        info = spans.RequestInfo(
+            request_id, tenant, self.observer.model, job_id, conversation, turn,
+            "text_completion", sampling.max_tokens, sampling.temperature,
+            self._job_context.get(job_id, ()))
+        with self.observer.request(info, extract_metadata(metadata)) as span:
+            yield RequestTrace(self.observer, span, self.observer.context())
+
+    def watch(self, backend: Any, queue_depths: Callable[[], Mapping[str, int]],
+              interval_s: float = 5.0) -> None:
+        """Feed the store and queue gauges: poll ``backend.workers()`` every ``interval_s``
+        on the running event loop (metric callbacks run on the exporter's thread and read
+        the last snapshot); ``queue_depths`` gives the pending requests per tenant."""
+        if self.observer is None:
+            return
+        self.observer.tel.instruments.watch_queue(queue_depths)
+        self._backend = backend
+
+        async def poll() -> None:
+            while True:
+                await self._poll_workers()
+                await asyncio.sleep(interval_s)
+
+        self._poller = asyncio.get_running_loop().create_task(poll(), name="store-metrics")
+
+    async def _poll_workers(self) -> None:
+        try:
+            infos = await self._backend.workers()
+        except Exception:  # one failed poll must not stop the metrics
+            log.exception("polling the workers for store metrics failed")
+            return
+        instruments = self.observer.tel.instruments
+        for info in infos:
+            if info.worker_id not in self._stores:
+                instruments.watch_store(info.worker_id,
+                                        functools.partial(self._stores.get, info.worker_id))
+            self._stores[info.worker_id] = StoreGauges(info.cache_bytes, info.evictions,
+                                                       info.expirations)
+
+    def invalidated(self, tenant: str) -> None:
+        """An operator invalidated ``tenant``'s cached prefixes: later misses on blocks used
+        before now are attributed to the invalidation."""
+        if self.observer is not None:
+            self.observer.attributor.invalidated(tenant, self.observer.now())
+
+    async def aclose(self) -> None:
+        """Take a last store snapshot, then flush and stop telemetry."""
+        if self._poller is not None:
+            self._poller.cancel()
+            await self._poll_workers()
+        if self.observer is not None:
+            self.observer.tel.shutdown()
+
+    @guarded()
+    def job_launched(self, job_id: str, tenant: str, namespace: Any,
+                     pending: Sequence[Any]) -> None:
+        """Forecast a job about to run (its pending requests) and record its span.
+
+        A worker admits one request at a time (lookup, prefill, store its blocks, then the
+        next), and the router sends a prefix's requests to the worker that holds or was just
+        sent it, so the job is modelled in admission order: each request sees the blocks of
+        those before it once their prefill is done.
+        """
+        if self.observer is None or not pending:
+            return
+        obs = self.observer
+        chains = [hash_blocks(p.prompt, obs.block_size, namespace) for p in pending]
+        plans, held = obs.plan_job(chains, [len(p.prompt) for p in pending],
+                                   [p.sampling.max_tokens for p in pending], 1, obs.prefill_s())
+        self._job_context[job_id] = obs.submit_job(job_id, tenant, plans, held)
+        while len(self._job_context) > MAX_JOB_CONTEXTS:
+            self._job_context.popitem(last=False)
+
+
+def kv_bytes_per_token(model_dir: str | Path) -> int:
+    """K/V bytes one token takes in the store: 2 x layers x kv_heads x head_dim x 4 (float32)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    kv_heads = int(config.get("num_key_value_heads", heads))
+    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * 4
+
+
+def frontend_tracing(config: Any, model: Any, workers: int,
+                     decode: Callable[[Sequence[int]], str] | None) -> JobTracing:
+    """The frontend's ``JobTracing`` from ``cluster.config.Config`` and the served
+    ``cluster.backend.protocol.ModelInfo``; telemetry ``exporter = "none"`` still attributes and prices."""
+    tel = setup_telemetry(settings_from_config(config, "orchard-frontend"))
+    prices = load_price_table(config.telemetry.prices or None)
+    capacity = max(1, workers) * config.cache.capacity_bytes // kv_bytes_per_token(model.model_dir)
+    return JobTracing(RequestObserver(tel, prices, model.model_id, model.block_size,
+                                      config.cache.ttl_s, capacity, decode=decode))

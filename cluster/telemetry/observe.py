@@ -1,0 +1,163 @@
+"""The frontend's observer: turns each finished request into cost, a miss cause, and spans.
+
+``RequestObserver`` owns the frontend's ``MissAttributor`` and prices with one price table.
+The job runner reaches it through ``cluster.telemetry.job_tracing.JobTracing``; a request goes::
+
+    with observer.request(info) as span:                   # root span, current in the block
+        request = GenerateRequest(..., trace_context=observer.context())
+        outcome = await dispatch(backend, request, hashes, timeout)
+        observer.routed(outcome.decision, started_ns, outcome.result.timings.received_ns)
+        observer.worker_done(request, outcome.result, tokenizer.decode)
+        observer.finish(span, request, hashes, outcome.result, outcome.decision, outcome.attempts)
+
+    job_context = observer.submit_job(job_id, tenant, plans, held)   # at submission
+
+Worker-side spans (lookup, prefill, decode) and the routing span are drawn here only when
+no other process drew them (``GenerateOutcome.worker_traced`` / ``route_traced``): for the
+in-process ``LocalBackend``; on Ray the router and worker actors draw their own.
+
+Forecast per request: the router's ``expected_cached_tokens`` at routing time
+(``router.cost.forecast_request``). Forecast per job: ``router.forecast.forecast_job`` over
+the job's own chains, what the cluster holds (blocks the router's index matched), the TTL
+and the cluster's capacity. Measured: the engine's cached / written counts.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from opentelemetry.trace import Span
+
+from cluster.telemetry import spans
+from cluster.telemetry.setup import Telemetry, guarded, request_context
+from router.attribution import Attribution, MissAttributor, RequestSeen
+from router.cost import (CostComparison, PriceTable, TokenUsage, compare, forecast_request,
+                         measured_usage, total_usage)
+from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
+from router.key import BlockHash, reusable_tokens
+from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the observer concluded about one request (also kept with the job's result)."""
+
+    cost: CostComparison | None
+    miss: Attribution | None
+
+
+class RequestObserver:
+    def __init__(self, tel: Telemetry, prices: PriceTable, model: str, block_size: int,
+                 ttl_s: float, capacity_tokens: int, clock: Callable[[], float] = time.time,
+                 max_history_blocks: int = 1_000_000,
+                 decode: Callable[[Sequence[int]], str] | None = None) -> None:
+        self.tel = tel
+        self.prices = prices
+        self.model = model
+        self.block_size = block_size
+        self.ttl_s = ttl_s
+        self.capacity_tokens = capacity_tokens
+        self._clock = clock
+        self.decode = decode  # token ids -> text, for the text around a near miss
+        self._prefill_s = 0.05  # running mean of lookup + prefill time, for job forecasts
+        self._modelled = self._realised = 0.0  # decayed sums: one-cache model vs realised reads
+        self.attributor = MissAttributor(block_size, ttl_s, max_history_blocks)
+
+    @contextmanager
+    def request(self, info: spans.RequestInfo, parent: Any = None) -> Iterator[Span]:
+        with spans.request_span(self.tel, info, parent) as span:
+            yield span
+
+    def context(self) -> tuple[tuple[str, str], ...]:
+        """The current span's context, for ``GenerateRequest.trace_context``."""
+        return request_context()
+
+    def routed(self, decision: Any, start_ns: int, end_ns: int | None = None) -> None:
+        """The routing span, a child of the current request span."""
+        spans.record_routing(self.tel, decision, start_ns, end_ns)
+
+    def worker_done(self, request: GenerateRequest, result: GenerateResult,
+                    decode: Callable[[Sequence[int]], str] | None = None) -> None:
+        """The worker's spans from the engine's timings, under the request's context."""
+        spans.record_engine(self.tel, request, result, decode)
+
+    def finish(self, span: Span, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+               result: GenerateResult, decision: Any, attempts: int = 1) -> Observed:
+        """Attribute, price and record one finished request; never raises."""
+        observed = self._conclude(request, block_hashes, result, decision) or Observed(None, None)
+        spans.record_outcome(self.tel, span, spans.OutcomeRecord(
+            result=result, block_size=self.block_size, block_hashes=block_hashes,
+            cost=observed.cost, miss=observed.miss, attempts=attempts))
+        return observed
+
+    def prefill_s(self) -> float:
+        """The recent mean time from a request's lookup to its first token."""
+        return self._prefill_s
+
+    def now(self) -> float:
+        return self._clock()
+
+    def realisation(self) -> float:
+        """The share of the one-cache model's reuse that routing realised recently (1.0
+        before any reuse was modelled): ``router.forecast.forecast_job``'s ``realisation``."""
+        return min(1.0, self._realised / self._modelled) if self._modelled > 0 else 1.0
+
+    @guarded()
+    def _conclude(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+                  result: GenerateResult, decision: Any) -> Observed:
+        matches = {c.worker_id: c.matched_tokens for c in decision.candidates} if decision else {}
+        seen = RequestSeen(
+            namespace=request.namespace, prompt=request.prompt, worker=result.worker_id,
+            cached_tokens=result.cached_tokens, written_tokens=result.written_tokens,
+            candidate_matches=matches, block_hashes=block_hashes,
+            engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS)
+        now = self._clock()
+        # What the one-cache model would have read, before this request joins the history.
+        modelled = reusable_tokens(result.input_tokens,
+                                   len(self.attributor.held(block_hashes, now)), self.block_size)
+        self._modelled = 0.99 * self._modelled + modelled
+        self._realised = 0.99 * self._realised + min(result.cached_tokens, modelled)
+        miss = self.attributor.observe(seen, now)
+        took_s = (result.timings.first_token_ns - result.timings.lookup_start_ns) / 1e9
+        self._prefill_s = 0.9 * self._prefill_s + 0.1 * max(took_s, 0.0)
+        if result.input_tokens == 0:
+            return Observed(None, miss)
+        expected = decision.expected_cached_tokens if decision else 0
+        expected = min(expected, max(0, result.input_tokens - 1))
+        forecast = forecast_request(result.input_tokens, expected, self.block_size,
+                                    request.sampling.max_tokens)
+        measured = measured_usage(result.input_tokens, result.cached_tokens,
+                                  result.written_tokens, self.block_size)
+        cost = compare(forecast, measured, self.prices, self.model, self.ttl_s)
+        return Observed(cost, miss)
+
+    def plan_job(self, chains: Sequence[Sequence[BlockHash]], input_tokens: Sequence[int],
+                 output_tokens: Sequence[int], concurrency: int,
+                 request_s: float) -> tuple[list[PlannedRequest], dict[BlockHash, float]]:
+        """A batch job's plan (run ``concurrency`` at a time, ``request_s`` each) and what the
+        cluster holds of its chains now, by the observer's history of block use."""
+        arrivals = batch_arrivals(len(chains), concurrency, request_s)
+        plans = [PlannedRequest(tuple(c), n, t, request_s, out)
+                 for c, n, out, t in zip(chains, input_tokens, output_tokens, arrivals)]
+        now = self._clock()
+        held: dict[BlockHash, float] = {}
+        for chain in chains:
+            held.update(self.attributor.held(chain, now))
+        return plans, held
+
+    def forecast_job(self, plans: Sequence[PlannedRequest],
+                     held: Mapping[BlockHash, float]) -> list[TokenUsage]:
+        model = CacheModel(self.block_size, self.capacity_tokens, self.ttl_s)
+        return forecast_job(plans, held, model, self.realisation())
+
+    @guarded(default=())
+    def submit_job(self, job_id: str, tenant: str, plans: Sequence[PlannedRequest],
+                   held: Mapping[BlockHash, float]) -> tuple[tuple[str, str], ...]:
+        """Forecast the job, record its span; returns the span's context to store with it."""
+        usage = total_usage(self.forecast_job(plans, held))
+        rates = self.prices.rates(self.model)
+        m = usage.multiplier(rates, self.ttl_s) if usage.input_tokens else None
+        return spans.record_job(self.tel, spans.JobInfo(
+            job_id, tenant, self.model, len(plans), self.prices.version, usage, m))
