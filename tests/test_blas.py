@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,44 +13,51 @@ import mlx.core as mx
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
-# OpenBLAS does a 1024x1024 float32 matmul in ~15 ms here, the reference BLAS in ~500 ms.
-# The bound sits far from both, so a loaded machine does not flip the verdict.
-MATMUL_BOUND_S = 0.15
+# OpenBLAS does a 1024x1024 float32 matmul 4-6x slower than numpy here, the reference BLAS 35x
+# slower (measured on a loaded 2-core machine). MLX is timed against numpy interleaved in the same
+# process, so a loaded machine slows both sides alike; the bound sits between the two.
+MAX_RATIO_TO_NUMPY = 14.0
 
 _PROBE = """
-import time, workers, mlx.core as mx
-a = mx.random.normal((1024, 1024)); b = mx.random.normal((1024, 1024)); mx.eval(a, b)
-mx.eval(a @ b)
-best = min((lambda t: (mx.eval(a @ b), time.perf_counter() - t)[1])(time.perf_counter())
-           for _ in range(5))
+import sys; sys.path.insert(0, {tests!r})
+import workers
+from test_blas import _ratio_to_numpy
 maps = open('/proc/self/maps').read()
-print('openblas' in maps, best)
+print('openblas' in maps, _ratio_to_numpy())
 """
 
 
-def _best_matmul_s() -> float:
+def _ratio_to_numpy() -> float:
+    """Best MLX matmul time over best numpy matmul time, the two interleaved."""
+    import numpy as np
     a = mx.random.normal((1024, 1024))
     b = mx.random.normal((1024, 1024))
     mx.eval(a, b, a @ b)
-    best = float("inf")
-    for _ in range(5):
+    na, nb = np.array(a), np.array(b)
+    na @ nb
+    best_mx = best_np = float("inf")
+    for _ in range(7):
         t = time.perf_counter()
         mx.eval(a @ b)
-        best = min(best, time.perf_counter() - t)
-    return best
+        best_mx = min(best_mx, time.perf_counter() - t)
+        t = time.perf_counter()
+        na @ nb
+        best_np = min(best_np, time.perf_counter() - t)
+    return best_mx / best_np
 
 
 def test_openblas_is_mapped_and_fast_in_this_process():
     with open("/proc/self/maps") as maps:
         assert "openblas" in maps.read()
-    assert _best_matmul_s() < MATMUL_BOUND_S
+    assert _ratio_to_numpy() < MAX_RATIO_TO_NUMPY
 
 
 def test_a_process_that_imports_workers_uses_openblas():
-    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+    probe = _PROBE.format(tests=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
     assert out[0] == "True"
-    assert float(out[1]) < MATMUL_BOUND_S
+    assert float(out[1]) < MAX_RATIO_TO_NUMPY
 
 
 def test_mlx_first_is_refused():
