@@ -11,9 +11,9 @@ running cluster owns: this config, the job store, the frontend's address file, t
     api_keys = ["..."]           # needed by Admin calls (workers, scale, drain, invalidate)
 
     [limits]
-    max_requests_per_job = 1000  # a bigger job is refused (RESOURCE_EXHAUSTED): split it
-    max_pending_per_tenant = 4000   # requests accepted but not finished, per tenant
-    max_pending_total = 16000       # ... over all tenants (beyond either: RESOURCE_EXHAUSTED)
+    max_requests_per_job = 50000 # a bigger job is refused (RESOURCE_EXHAUSTED): split it
+    max_pending_per_tenant = 100000 # requests accepted but not finished, per tenant
+    max_pending_total = 200000      # ... over all tenants (beyond either: RESOURCE_EXHAUSTED)
     max_concurrent = 8           # requests in flight to the backend at once
     request_timeout_s = 600.0    # a job request running longer fails with DEADLINE_EXCEEDED
 
@@ -55,9 +55,9 @@ ADDRESS_NAME = "frontend.json"
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_requests_per_job: int = 1000
-    max_pending_per_tenant: int = 4000
-    max_pending_total: int = 16000
+    max_requests_per_job: int = 50_000    # OpenAI's Batch API limit (a 200 MB file at most)
+    max_pending_per_tenant: int = 100_000  # queued requests live in the job store, not memory
+    max_pending_total: int = 200_000
     max_concurrent: int = 8
     request_timeout_s: float = 600.0
 

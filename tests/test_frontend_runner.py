@@ -10,7 +10,7 @@ def test_admit_limits_per_tenant_and_in_total(tmp_path):
     store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
     runner = JobRunner(store, backend=None, namespace=lambda t: Namespace(t, "m"), block_size=16,
                        max_concurrent=2, max_pending_per_tenant=5, max_pending_total=8,
-                       request_timeout_s=10.0)
+                       request_timeout_s=10.0, prepare=None)
     runner.admit("a", 5)
     with pytest.raises(Overloaded, match="tenant 'a' has 5 requests pending"):
         runner.admit("a", 1)

@@ -1,9 +1,9 @@
 """The job store: jobs persist, results are recorded exactly once, state follows results."""
 import pytest
+from small_disk import small_disk
 
-from cluster.jobs.store import (JobFinished, JobNotFound, JobState, JobStore, NewRequest,
-                              StoredResult)
-from workers.messages import SamplingParams
+from cluster.jobs.store import (JobFinished, JobNotFound, JobState, JobStore, StagedRequest,
+                                StoreFull, StoredResult)
 
 
 class Clock:
@@ -15,8 +15,8 @@ class Clock:
         return self.now
 
 
-def make_requests(n):
-    return [NewRequest(f"c{i}", (1, 2, i), SamplingParams(max_tokens=4, stop=("x",)))
+def make_requests(n, prefixes=None):
+    return [StagedRequest(i, f"c{i}", prefixes[i] if prefixes else b"", f"body-{i}".encode())
             for i in range(n)]
 
 
@@ -39,10 +39,9 @@ def test_create_and_reopen(tmp_path):
     store.close()
     reopened = JobStore(path, Clock())
     assert reopened.get_job(job.job_id) == job
-    pending = reopened.pending_requests(job.job_id)
+    pending = reopened.next_requests(job.job_id)
     assert [p.index for p in pending] == [0, 1, 2]
-    assert pending[2].prompt == (1, 2, 2)
-    assert pending[2].sampling == SamplingParams(max_tokens=4, stop=("x",))
+    assert (pending[2].custom_id, pending[2].body) == ("c2", b"body-2")
     assert [j.job_id for j in reopened.unfinished_jobs()] == [job.job_id]
 
 
@@ -52,7 +51,7 @@ def test_result_recorded_exactly_once_and_job_finishes(store):
     assert first is not None and first.seq == 0
     assert store.record_result(job.job_id, ok_result(1)) is None  # a rerun: ignored
     assert store.get_job(job.job_id).state is JobState.QUEUED
-    assert [p.index for p in store.pending_requests(job.job_id)] == [0]
+    assert [p.index for p in store.next_requests(job.job_id)] == [0]
     failed = StoredResult(index=0, custom_id="c0", request_id="r0", ok=False,
                           error_code="DEADLINE_EXCEEDED", error_message="too slow")
     assert store.record_result(job.job_id, failed).seq == 1
@@ -89,12 +88,62 @@ def test_pending_by_tenant_and_listing(store):
         store.create_job("acme", "m", [])
 
 
-def test_duplicate_custom_id_is_refused(store):
-    import sqlite3
-    reqs = make_requests(2)
-    with pytest.raises(sqlite3.IntegrityError):
-        store.create_job("acme", "m", [reqs[0], reqs[0]])
-    assert store.list_jobs("acme") == []  # nothing half-written
+def test_dispatch_order_is_by_prefix_then_place_and_pages_resume(store):
+    prefixes = [b"\x02", b"\x01", b"\x02", b"\x01\x05", b"\x01"]
+    job = store.create_job("acme", "m", make_requests(5, prefixes))
+    first = store.next_requests(job.job_id, limit=2)
+    assert [p.index for p in first] == [1, 4]
+    rest = store.next_requests(job.job_id, first[-1].position)
+    assert [p.index for p in rest] == [3, 0, 2]
+    store.record_result(job.job_id, ok_result(3))  # a request with a result is not read again
+    assert [p.index for p in store.next_requests(job.job_id)] == [1, 4, 0, 2]
+
+
+def test_an_intake_is_invisible_until_committed_and_gone_when_aborted(tmp_path, store):
+    intake = store.intake("acme", "m")
+    intake.add(make_requests(3))
+    assert store.list_jobs("acme") == [] and store.pending_by_tenant() == {}
+    assert store.next_requests(intake.job_id) != []  # stored, but no job names it yet
+    intake.abort()
+    intake.close()
+    assert store.next_requests(intake.job_id) == []
+    left = store.intake("acme", "m")  # an intake left behind by a killed frontend ...
+    left.add(make_requests(2))
+    left.close()
+    reopened = JobStore(store.path, Clock())  # ... is swept when the store is opened
+    assert reopened.next_requests(left.job_id) == [] and reopened.list_jobs("acme") == []
+    reopened.close()
+
+
+def test_a_full_disk_refuses_the_job_and_keeps_nothing(tmp_path):
+    with small_disk(tmp_path / "disk", megabytes=12) as disk:
+        store = JobStore(disk / "jobs.sqlite3", Clock())
+        kept = store.create_job("acme", "m", make_requests(2))
+        intake = store.intake("acme", "m")
+        with pytest.raises(StoreFull, match="disk is full"):
+            for start in range(0, 10_000, 500):  # 30 MB of requests for a 12 MB disk
+                intake.add([StagedRequest(i, f"c{i}", b"", bytes(3000))
+                            for i in range(start, start + 500)])
+        intake.abort()
+        intake.close()
+        assert [j.job_id for j in store.list_jobs("acme")] == [kept.job_id]
+        assert store.next_requests(intake.job_id) == []
+        assert len(store.next_requests(kept.job_id)) == 2
+        store.close()
+
+
+def test_prune_removes_old_finished_jobs_with_their_rows(store):
+    done = store.create_job("acme", "m", make_requests(2))
+    for i in range(2):
+        store.record_result(done.job_id, ok_result(i))
+    running = store.create_job("acme", "m", make_requests(2))
+    finished_ms = store.get_job(done.job_id).finished_ms
+    assert store.prune(finished_ms) == 0  # not older than the cut-off
+    assert store.prune(finished_ms + 1) == 1
+    with pytest.raises(JobNotFound):
+        store.get_job(done.job_id)
+    assert store.results(done.job_id) == [] and store.next_requests(done.job_id) == []
+    assert [j.job_id for j in store.list_jobs("acme")] == [running.job_id]
 
 
 def test_idempotency_key_returns_the_first_job(tmp_path):

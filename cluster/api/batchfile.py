@@ -8,8 +8,10 @@ Input, one JSON object per line (blank lines are skipped)::
 
 ``max_completion_tokens`` is accepted for ``max_tokens`` (default ``DEFAULT_MAX_TOKENS``);
 ``top_p``, ``seed`` and ``stop`` are honoured; ``model`` is informational (a cluster serves one
-model). Structural problems name the line here; field values (roles, content, token limits)
-are checked by the server, and ``line_of`` turns its ``requests[i]`` back into the line.
+model). Structural problems name the line here (``line_shape``, all the server checks when it
+accepts a file); field values that need the model (the prompt's length against the context)
+are checked when a request is dispatched, and become a failed result. For jobs sent as
+requests (``SubmitJob``), ``line_of`` turns the server's ``requests[i]`` back into the line.
 
 Output, one line per request in submission order, as OpenAI writes it, with
 ``usage.prompt_tokens_details.cached_tokens``; failed requests carry ``error`` instead of
@@ -68,11 +70,15 @@ def _sampling(body: dict, name: str, lineno: int) -> dict:
     return params
 
 
-def parse_line(text: str, name: str, lineno: int) -> pb.Request:
+def line_shape(text: str | bytes, name: str, lineno: int) -> dict:
+    """One input line parsed and its shape checked (no tokenizing): the line as a dict, or a
+    ``ValueError`` naming ``name:lineno``. What acceptance does per line, and all it does."""
     try:
         line = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _bad(name, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except UnicodeDecodeError:
+        raise _bad(name, lineno, "not UTF-8 text") from None
     if not isinstance(line, dict):
         raise _bad(name, lineno, "each line must be a JSON object")
     custom_id = line.get("custom_id")
@@ -91,7 +97,18 @@ def parse_line(text: str, name: str, lineno: int) -> pb.Request:
     seed = body.get("seed")
     if isinstance(seed, int) and seed < 0:
         raise _bad(name, lineno, f"body.seed must be >= 0, got {seed}")
-    return chat_request(custom_id, messages, **_sampling(body, name, lineno))
+    _sampling(body, name, lineno)
+    return line
+
+
+def request_of(line: dict, name: str = "input", lineno: int = 0) -> pb.Request:
+    """The orchard.v1 request of a line that passed ``line_shape``."""
+    body = line["body"]
+    return chat_request(line["custom_id"], body["messages"], **_sampling(body, name, lineno))
+
+
+def parse_line(text: str | bytes, name: str, lineno: int) -> pb.Request:
+    return request_of(line_shape(text, name, lineno), name, lineno)
 
 
 def parse_batch(lines: Iterable[str], name: str = "input") -> Batch:

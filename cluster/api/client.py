@@ -32,6 +32,10 @@ from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 
 
+CHUNK_BYTES = 1 << 20     # a batch file goes to the server in pieces of this size
+FILE_TIMEOUT_S = 600.0    # the deadline of a file submission (a 200 MB file takes ~20 s)
+
+
 class OrchardError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
@@ -78,6 +82,8 @@ def sampling(max_tokens: int, temperature: float = 0.0, top_p: float | None = No
 
 def content_value(content: Any) -> struct_pb2.Value:
     """Any JSON value as ``google.protobuf.Value`` (the server checks that it is text)."""
+    if isinstance(content, str):  # the common case, ten times faster than ParseDict
+        return struct_pb2.Value(string_value=content)
     return json_format.ParseDict(content, struct_pb2.Value())
 
 
@@ -158,6 +164,32 @@ class Client:
         request = pb.SubmitJobRequest(requests=list(requests), idempotency_key=idempotency_key)
         job = _call(self._jobs.SubmitJob, request,
                     metadata=self._metadata, timeout=self._timeout_s)
+        return JobStatus.from_pb(job)
+
+    def submit_file(self, path: Path | str, idempotency_key: str = "",
+                    chunk_bytes: int = CHUNK_BYTES, on_sent: Callable[[int], None] | None = None
+                    ) -> JobStatus:
+        """Submit an OpenAI Batch input file (JSONL, up to 200 MB), streamed in chunks: the
+        server checks each line's shape, stores the job and answers; a bad line is named
+        (``FILE:LINE: ...``) and nothing is stored. ``on_sent(bytes)`` after each chunk."""
+        path = Path(path)
+
+        def chunks() -> Iterator[pb.BatchFileChunk]:
+            sent = 0
+            with path.open("rb") as f:
+                first = pb.BatchFileChunk(file_name=path.name, idempotency_key=idempotency_key)
+                while data := f.read(chunk_bytes):
+                    first.data = data
+                    yield first
+                    first = pb.BatchFileChunk()
+                    sent += len(data)
+                    if on_sent is not None:
+                        on_sent(sent)
+                if sent == 0:
+                    yield first  # an empty file: the server says so
+
+        job = _call(self._jobs.SubmitBatchFile, chunks(), metadata=self._metadata,
+                    timeout=max(self._timeout_s, FILE_TIMEOUT_S))
         return JobStatus.from_pb(job)
 
     def job(self, job_id: str) -> JobStatus:

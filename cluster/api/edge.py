@@ -11,6 +11,7 @@ turn into gRPC statuses; below the edge, code raises plain domain errors:
     JobFinished            FAILED_PRECONDITION  e.g. cancelling a finished job
     Overloaded             RESOURCE_EXHAUSTED   backpressure: retry later
     LimitExceeded          RESOURCE_EXHAUSTED   a job over the size limit: split it
+    StoreFull              RESOURCE_EXHAUSTED   the job store's disk is full: job not created
     NoWorkersAvailable     UNAVAILABLE
     TimeoutError           DEADLINE_EXCEEDED
 
@@ -26,7 +27,7 @@ import logging
 import grpc
 
 from cluster.backend.protocol import NoWorkersAvailable, UnknownWorker
-from cluster.jobs.store import JobFinished, JobNotFound
+from cluster.jobs.store import JobFinished, JobNotFound, StoreFull
 from cluster.jobs.runner import Overloaded
 from cluster.api.validate import LimitExceeded
 
@@ -49,6 +50,7 @@ STATUS = (
     (JobFinished, grpc.StatusCode.FAILED_PRECONDITION),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (StoreFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NoWorkersAvailable, grpc.StatusCode.UNAVAILABLE),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),

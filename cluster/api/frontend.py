@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from cluster.backend.protocol import Backend, ModelInfo
 from cluster.api.chat import ChatTokenizer
 from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
 from cluster.api.edge import Authenticator
+from cluster.api.intake import prepare
 from cluster.jobs.store import JobStore
 from cluster.telemetry.job_tracing import frontend_tracing
 from cluster.jobs.runner import JobRunner
@@ -123,7 +125,8 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode)
     runner = JobRunner(store, backend, namespace, model.block_size, limits.max_concurrent,
                        limits.max_pending_per_tenant, limits.max_pending_total,
-                       limits.request_timeout_s, tracing)
+                       limits.request_timeout_s,
+                       functools.partial(prepare, model=model, render=tokenizer.render), tracing)
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
     auth = Authenticator(config.tenant_keys, config.admin_keys)

@@ -1,21 +1,24 @@
 """The tenant-facing servicers: ``orchard.v1.Jobs`` and ``orchard.v1.Generate``.
 
-Each method authenticates (the API key names the tenant), validates and tokenizes
-(``cluster.api.validate``), then hands over: jobs to the job store and the ``JobRunner``, single
-requests straight to the backend through ``dispatch_stream``. Errors are domain exceptions,
-mapped to statuses by ``cluster.api.edge.grpc_errors``.
+Each method authenticates (the API key names the tenant), then hands over: jobs are accepted
+into the job store by ``cluster.api.intake`` (shape checks only; templating and tokenization
+wait for dispatch) and launched on the ``JobRunner``; single requests are validated and
+tokenized (``cluster.api.validate``) and go straight to the backend through
+``dispatch_stream``. Errors are domain exceptions, mapped to statuses by
+``cluster.api.edge.grpc_errors``.
 """
 from __future__ import annotations
 
 import asyncio
 import math
 import secrets
+from typing import AsyncIterator, Awaitable, Callable
 
-from cluster.api import validate
+from cluster.api import intake, validate
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
-from cluster.jobs.store import JobStore
+from cluster.jobs.store import JobRecord, JobStore
 from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
 from cluster.telemetry.setup import attached, extract_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -23,7 +26,6 @@ from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 from workers.messages import GenerateRequest
 
 RESULT_PAGE = 500
-INLINE_VALIDATION = 16  # jobs up to this many requests are tokenized on the event loop
 FOLLOW_POLL_S = 1.0
 
 
@@ -40,24 +42,66 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
-        key = validate.idempotency_key(request.idempotency_key)
+        validate.check_job_size(len(request.requests), self._max_requests)
+        self._runner.admit(tenant, len(request.requests))  # an overloaded cluster does no work
+
+        async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
+            batch = intake.BatchIntake(self._store.intake(tenant, self._model.model_id),
+                                       self._model, self._max_requests)
+            try:
+                await asyncio.to_thread(batch.feed_requests, request.requests)
+                return await asyncio.to_thread(batch.commit, request.idempotency_key)
+            except BaseException:
+                await asyncio.shield(asyncio.to_thread(batch.abort))
+                raise
+            finally:
+                batch.intake.close()
+
+        return await self._submit(tenant, request.idempotency_key, context, accept,
+                                  admitted=len(request.requests))
+
+    @grpc_errors
+    async def SubmitBatchFile(self, request_iterator: AsyncIterator[pb.BatchFileChunk],
+                              context) -> pb.Job:
+        tenant = self._auth.tenant(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            raise validate.FieldError("data", "no chunks: send the file's bytes")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield first.data
+            async for chunk in request_iterator:
+                yield chunk.data
+
+        async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
+            return await intake.accept_file(
+                self._store, tenant, self._model, self._max_requests, chunks(),
+                first.file_name or "input", first.idempotency_key, on_requests=admit)
+
+        return await self._submit(tenant, first.idempotency_key, context, accept)
+
+    async def _submit(self, tenant: str, key: str, context,
+                      accept: Callable[[Callable[[int], None]], Awaitable[tuple[JobRecord, bool]]],
+                      admitted: int = 0) -> pb.Job:
+        """Accept a job (admitting its requests as they arrive), then launch it; a retried
+        submission (same idempotency key) gets the first job back and admits nothing."""
+        key = validate.idempotency_key(key)
         if key and (existing := self._store.find_job(tenant, key)) is not None:
-            return job_to_pb(existing)  # a retried submission: the first one's job
-        n = len(request.requests)
-        validate.check_job_size(n, self._max_requests)
-        self._runner.admit(tenant, n)  # before tokenizing: an overloaded cluster does no work
+            self._runner.release(tenant, admitted)
+            return job_to_pb(existing)
+
+        def admit(n: int) -> None:
+            nonlocal admitted
+            self._runner.admit(tenant, n)
+            admitted += n
+
         try:
-            args = (request.requests, self._max_requests, self._model, self._render)
-            if n <= INLINE_VALIDATION:
-                new = validate.job_requests(*args)
-            else:  # tokenizing a big job must not stall the other calls on the event loop
-                new = await asyncio.to_thread(validate.job_requests, *args)
-            job, created = self._store.submit(tenant, self._model.model_id, new, key)
+            job, created = await accept(admit)
         except BaseException:
-            self._runner.release(tenant, n)
+            self._runner.release(tenant, admitted)
             raise
-        if not created:  # the same key arrived twice while this one was tokenizing
-            self._runner.release(tenant, n)
+        if not created:  # the same key arrived twice while this one was being accepted
+            self._runner.release(tenant, admitted)
             return job_to_pb(job)
         with attached(extract_metadata(context.invocation_metadata())):
             self._runner.launch(job)  # the job's span joins the caller's trace, if any

@@ -12,8 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.api.batchfile import output_lines, parse_batch
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from cluster.api.batchfile import output_lines
 from cluster.api.client import Client, JobStatus, OrchardError
+from cluster.config import default_run_dir, load_config
+from cluster.jobs.store import JobStore
+
+PROGRESS_BYTES = 4 << 20  # files smaller than this are sent without a progress bar
 
 
 def _connect_args(parser: argparse.ArgumentParser) -> None:
@@ -39,15 +46,26 @@ def _progress_line(job: JobStatus, started: float) -> str:
             f"{time.monotonic() - started:.1f} s")
 
 
+def _send_file(client: Client, path: Path, idempotency_key: str) -> JobStatus:
+    """Stream ``path`` to the server with a progress bar on stderr (big files take seconds)."""
+    size = path.stat().st_size
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), console=Console(stderr=True), transient=True,
+                  disable=size < PROGRESS_BYTES) as progress:
+        task = progress.add_task(f"sending {path.name}", total=size)
+        try:
+            return client.submit_file(path, idempotency_key,
+                                      on_sent=lambda n: progress.update(task, completed=n))
+        except OrchardError as exc:
+            raise ValueError(f"{exc.code}: {exc.message}") from None
+
+
 def submit(args) -> int:
     path = Path(args.file)
-    with path.open() as f:
-        batch = parse_batch(f, name=str(path))
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
     with _client(args) as client:
-        try:
-            job = client.submit(batch.requests, idempotency_key=args.idempotency_key)
-        except OrchardError as exc:
-            raise ValueError(f"{path}: {exc.code}: {batch.line_of(exc.message)}") from None
+        job = _send_file(client, path, args.idempotency_key)
         # stderr, so that --json output stays one object; the id is known even if the wait
         # is interrupted (the job keeps running: `orchard results JOB` later)
         print(f"submitted {job.job_id}: {job.total} requests", file=sys.stderr)
@@ -93,6 +111,27 @@ def jobs(args) -> int:
     return 0
 
 
+def prune(args) -> int:
+    """Delete finished jobs older than ``--older-than`` days, straight from the job store
+    (safe beside a running frontend: it never touches queued or running jobs)."""
+    if args.older_than < 0:
+        raise ValueError(f"--older-than must be >= 0 days, got {args.older_than}")
+    db_path = load_config(args.run_dir or default_run_dir()).db_path
+    if not db_path.exists():
+        raise ValueError(f"{db_path}: no job store there; pass the cluster's --run-dir")
+    now_ms = time.time_ns() // 1_000_000
+    store = JobStore(db_path, lambda: now_ms)
+    try:
+        before = db_path.stat().st_size
+        removed = store.prune(now_ms - int(args.older_than * 86_400_000))
+        after = db_path.stat().st_size
+    finally:
+        store.close()
+    print(f"pruned {removed} finished job(s) older than {args.older_than:g} days; "
+          f"{db_path} {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+    return 0
+
+
 def cancel(args) -> int:
     with _client(args) as client:
         job = client.cancel(args.job)
@@ -117,11 +156,20 @@ def register(subparsers) -> None:
     _connect_args(p)
     p.set_defaults(func=results)
 
-    p = subparsers.add_parser("jobs", help="list this tenant's jobs, newest first")
+    p = subparsers.add_parser("jobs", help="list this tenant's jobs, newest first; "
+                              "`jobs prune` deletes old finished ones")
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
     _connect_args(p)
     p.set_defaults(func=jobs)
+    actions = p.add_subparsers(dest="action", metavar="{prune}")
+    q = actions.add_parser("prune", help="delete finished jobs (and their requests and "
+                           "results) from the job store")
+    q.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                   help="jobs that finished more than DAYS days ago")
+    q.add_argument("--run-dir", type=Path, default=None,
+                   help="the cluster's run directory (default: $ORCHARD_RUN_DIR or ./run)")
+    q.set_defaults(func=prune)
 
     p = subparsers.add_parser("cancel", help="cancel a queued or running job")
     p.add_argument("job", metavar="JOB")

@@ -2,10 +2,17 @@
 
 It owns admission (backpressure) and execution; the job store owns the state:
 
-    SubmitJob ─► admit(tenant, n) ─► store.create_job ─► runner.launch(job)
+    SubmitJob ─► admit(tenant, n) ─► intake (store) ─► runner.launch(job)
                                                           │ one task per job; requests share
                                                           ▼ a semaphore of max_concurrent slots
-                     dispatch(backend, request, hashes, timeout) ─► store.record_result
+        store.next_requests (a page, in dispatch order) ─► prepare (template + tokenize, in a
+        worker thread) ─► dispatch(backend, request, hashes, timeout) ─► store.record_result
+
+Memory follows what runs, not what is queued: a job's requests are read from the store a page
+(``PAGE_ROWS``) at a time as slots free up, and tokenized only when dispatched. The job's
+forecast is made on its first ``FORECAST_REQUESTS`` requests in dispatch order (all of a
+smaller job), which are then dispatched from what the forecast prepared: the forecast sees the
+shared prefixes the dispatch order brings together, and no request is tokenized twice.
 
 Backpressure: requests accepted but without a result are counted per tenant and in total; an
 ``admit`` beyond ``max_pending_per_tenant`` or ``max_pending_total`` raises ``Overloaded``
@@ -15,7 +22,8 @@ the store, so a restarted frontend resumes where it stopped: requests without a 
 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
 ``NoWorkersAvailable`` is retried with backoff until the request's deadline, then recorded as
-``UNAVAILABLE``; a deadline as ``DEADLINE_EXCEEDED``; a ``ValueError`` as ``INVALID_ARGUMENT``.
+``UNAVAILABLE``; a deadline as ``DEADLINE_EXCEEDED``; a ``ValueError`` as ``INVALID_ARGUMENT``,
+and so does a request that ``prepare`` finds invalid (a prompt over the context).
 """
 from __future__ import annotations
 
@@ -24,7 +32,8 @@ import logging
 from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
-from cluster.jobs.store import JobRecord, JobStore, PendingRequest, StoredResult
+from cluster.jobs.store import (PAGE_ROWS, JobRecord, JobStore, NewRequest, PendingRequest,
+                                StoredRequest, StoredResult)
 from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
 from router.key import BlockHash, Namespace, hash_blocks
 from workers.messages import GenerateRequest
@@ -32,6 +41,9 @@ from workers.messages import GenerateRequest
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+FORECAST_REQUESTS = 512  # tokenizing costs about 1 ms a request: at most ~0.5 s before dispatch
+
+Prepare = Callable[[bytes], NewRequest]  # a stored body, templated and tokenized (blocking)
 
 
 class Overloaded(RuntimeError):
@@ -81,7 +93,7 @@ def result_of(index: int, custom_id: str, outcome: GenerateOutcome) -> StoredRes
         worker_s=outcome.worker_time_s())
 
 
-def error_of(pending: PendingRequest, code: str, message: str) -> StoredResult:
+def error_of(pending: PendingRequest | StoredRequest, code: str, message: str) -> StoredResult:
     return StoredResult(index=pending.index, custom_id=pending.custom_id,
                         request_id=pending.request_id, ok=False, error_code=code,
                         error_message=message)
@@ -90,9 +102,10 @@ def error_of(pending: PendingRequest, code: str, message: str) -> StoredResult:
 class JobRunner:
     def __init__(self, store: JobStore, backend: Backend, namespace: Callable[[str], Namespace],
                  block_size: int, max_concurrent: int, max_pending_per_tenant: int,
-                 max_pending_total: int, request_timeout_s: float,
+                 max_pending_total: int, request_timeout_s: float, prepare: Prepare,
                  tracing: JobTracing | None = None):
         self._store = store
+        self._prepare = prepare
         self._backend = backend
         self._namespace = namespace
         self._block_size = block_size
@@ -144,9 +157,6 @@ class JobRunner:
         return [job.job_id for job in jobs]
 
     def launch(self, job: JobRecord) -> None:
-        if self._tracing.observer is not None:
-            self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant),
-                                       self._store.pending_requests(job.job_id))
         self._jobs[job.job_id] = asyncio.create_task(self._run_job(job), name=job.job_id)
 
     async def close(self) -> None:
@@ -196,11 +206,18 @@ class JobRunner:
         self._store.mark_running(job.job_id)
         running = self._running.setdefault(job.job_id, set())
         try:
-            for pending in self._store.pending_requests(job.job_id):
-                await self._slots.acquire()
-                task = asyncio.create_task(self._run_one(job.tenant, pending))
-                running.add(task)
-                task.add_done_callback(running.discard)
+            first = self._store.next_requests(job.job_id, limit=FORECAST_REQUESTS)
+            prepared = await asyncio.to_thread(self._prepare_all, first)
+            self._forecast(job, first, prepared)
+            page = list(zip(first, prepared))
+            while page:
+                for stored, ready in page:
+                    await self._slots.acquire()
+                    task = asyncio.create_task(self._run_one(job.tenant, stored, ready))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                after = page[-1][0].position
+                page = [(r, None) for r in self._store.next_requests(job.job_id, after)]
             if running:
                 await asyncio.gather(*running)
         except asyncio.CancelledError:
@@ -213,12 +230,36 @@ class JobRunner:
                 del self._jobs[job.job_id]
                 self._running.pop(job.job_id, None)
 
-    async def _run_one(self, tenant: str, pending: PendingRequest) -> None:
+    def _prepare_all(self, stored: list[StoredRequest]) -> list[NewRequest | ValueError]:
+        return [self._prepare_one(r) for r in stored]
+
+    def _prepare_one(self, stored: StoredRequest) -> NewRequest | ValueError:
         try:
-            result = await self._execute(tenant, pending)
+            return self._prepare(stored.body)
+        except ValueError as exc:  # cannot run (e.g. over the context): its failed result
+            return exc
+
+    def _forecast(self, job: JobRecord, stored: list[StoredRequest],
+                  prepared: list[NewRequest | ValueError]) -> None:
+        if self._tracing.observer is None:
+            return
+        pending = [PendingRequest(job.job_id, s.index, s.custom_id, p.prompt, p.sampling)
+                   for s, p in zip(stored, prepared) if isinstance(p, NewRequest)]
+        self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant), pending)
+
+    async def _run_one(self, tenant: str, stored: StoredRequest,
+                       ready: NewRequest | ValueError | None) -> None:
+        try:
+            if ready is None:
+                ready = await asyncio.to_thread(self._prepare_one, stored)
+            if isinstance(ready, ValueError):
+                result = error_of(stored, "INVALID_ARGUMENT", str(ready))
+            else:
+                result = await self._execute(tenant, PendingRequest(
+                    stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
         finally:
             self._slots.release()
-        if self._store.record_result(pending.job_id, result) is not None:
+        if self._store.record_result(stored.job_id, result) is not None:
             self.release(tenant, 1)
         self._notify()
 

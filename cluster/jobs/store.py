@@ -1,26 +1,35 @@
 """The durable job store: jobs, their requests and their results in SQLite (WAL).
 
-It owns every job's state; the frontend's job runner asks it what is left to run and hands it
-each result. Three tables::
+It owns every job's state; the frontend's job runner asks it for the next requests to run, in
+dispatch order, a page at a time, and hands it each result. The tables are in
+``cluster.jobs.schema``; a request is stored once, as the client sent it (``body``, opaque
+here), and templated and tokenized only when it is dispatched.
 
-    jobs      job_id ─┬─ tenant, state, total, model, created/finished times
-    requests  (job_id, idx) ─ custom_id (unique per job), prompt token ids, sampling params
-    results   (job_id, seq) ─ idx (unique per job), the result as JSON
-    job_keys  (tenant, idempotency_key) ─ job_id: a retried submission finds its first job
+Acceptance (``JobIntake``): a job's requests are written in pieces on a connection of their
+own, off the event loop, under an ``intakes`` row; the job itself (its ``jobs`` row, and the
+idempotency key) appears only in the last, fsynced (``synchronous=FULL``) transaction. A job
+is therefore whole or absent: a refused, failed or killed intake leaves only rows no query
+reads, and they are deleted at once, or when the store is next opened.
 
 Exactly once: a result is inserted with ``UNIQUE(job_id, idx)``, so a request that runs again
 after a crash (its result was not committed yet) yields one stored result, never two; its
-``seq`` (the position in the job's result stream, used to resume a stream) is assigned in the
-same transaction. A job is accepted only once its requests are committed with
-``synchronous=FULL`` (they survive power loss); results commit with ``synchronous=NORMAL`` in
-WAL mode, which survives a killed process — a result lost to a power cut is simply run again.
+``seq`` (the position in the job's result stream, used to resume a stream) is the job's count
+of results, kept on its ``jobs`` row and bumped in the same transaction, so recording a result
+costs the same for the first request of a job as for its 50,000th. Results commit with
+``synchronous=NORMAL`` in WAL mode, which survives a killed process; a result lost to a power
+cut is simply run again.
 
-The store is used from one thread (the frontend's event loop); every call is one short
-transaction. The clock is injected (milliseconds since the epoch).
+The write-ahead log is checkpointed automatically every ``AUTOCHECKPOINT_PAGES`` and cut back
+to ``WAL_LIMIT_BYTES`` after each checkpoint, so a 44 MB intake does not leave a 44 MB log;
+``prune`` deletes finished jobs with their requests and results. The store is used from one
+thread (the frontend's event loop), an intake from one worker thread at a time; every call is
+one short transaction. The clock is injected (milliseconds since the epoch).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
 import sqlite3
 from dataclasses import asdict, dataclass
@@ -28,24 +37,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Sequence
 
+from cluster.jobs.schema import open_schema
 from workers.messages import SamplingParams
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, total INTEGER NOT NULL,
-    model TEXT NOT NULL, created_ms INTEGER NOT NULL, finished_ms INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, created_ms);
-CREATE TABLE IF NOT EXISTS requests (
-    job_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
-    prompt TEXT NOT NULL, sampling TEXT NOT NULL,
-    PRIMARY KEY (job_id, idx), UNIQUE (job_id, custom_id));
-CREATE TABLE IF NOT EXISTS job_keys (
-    tenant TEXT NOT NULL, idempotency_key TEXT NOT NULL, job_id TEXT NOT NULL,
-    PRIMARY KEY (tenant, idempotency_key));
-CREATE TABLE IF NOT EXISTS results (
-    job_id TEXT NOT NULL, seq INTEGER NOT NULL, idx INTEGER NOT NULL, ok INTEGER NOT NULL,
-    body TEXT NOT NULL, PRIMARY KEY (job_id, seq), UNIQUE (job_id, idx));
-"""
+AUTOCHECKPOINT_PAGES = 1000       # SQLite's default: the log is folded back every 4 MB
+WAL_LIMIT_BYTES = 8 << 20         # ... and truncated to at most this much after a checkpoint
+PAGE_ROWS = 256                   # requests read per page by the runner
+DISK_RESERVE_BYTES = 4 << 20      # an intake stops while this much is free (room to undo it)
 
 
 class JobState(str, Enum):
@@ -67,8 +65,37 @@ class JobFinished(RuntimeError):
     """The job already finished; the operation needs a running or queued job."""
 
 
+class StoreFull(RuntimeError):
+    """The job store's disk (or its size limit) is full: the job was not created."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedRequest:
+    """A request as accepted: stored as sent, tokenized only when dispatched."""
+    index: int          # its place in the job (the file's order)
+    custom_id: str
+    prefix: bytes       # dispatch order: requests sharing leading messages sort together
+    body: bytes         # opaque to the store (a serialized orchard.v1.Request)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRequest:
+    """A request read back for dispatch; ``position`` resumes the reading after it."""
+    job_id: str
+    index: int
+    custom_id: str
+    body: bytes
+    position: tuple[bytes, int]
+
+    @property
+    def request_id(self) -> str:
+        """Stable across restarts, so a rerun after a crash is the same request."""
+        return f"{self.job_id}-{self.index}"
+
+
 @dataclass(frozen=True, slots=True)
 class NewRequest:
+    """A request templated, tokenized and checked: what runs."""
     custom_id: str
     prompt: tuple[int, ...]
     sampling: SamplingParams
@@ -146,84 +173,63 @@ class StoredResult:
 
 class JobStore:
     def __init__(self, path: Path | str, clock_ms: Callable[[], int]):
+        self._path = str(path)
         self._clock_ms = clock_ms
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
+        self._db = connect(self._path)
+        open_schema(self._db)
+        sweep_intakes(self._db)  # requests of intakes a killed frontend left behind
 
     def close(self) -> None:
         self._db.close()
 
+    @property
+    def path(self) -> str:
+        return self._path
+
     # ------------------------------------------------------------------ jobs
 
-    def create_job(self, tenant: str, model: str, requests: Sequence[NewRequest]) -> JobRecord:
-        """Persist a job and all its requests in one fsynced transaction."""
+    def intake(self, tenant: str, model: str) -> JobIntake:
+        """Start accepting a job: its requests go in pieces, the job appears on ``commit``."""
+        return JobIntake(self._path, self._clock_ms, tenant, model)
+
+    def create_job(self, tenant: str, model: str, requests: Sequence[StagedRequest]
+                   ) -> JobRecord:
+        """Persist a job and all its requests (a small job, in one go)."""
         job, _ = self.submit(tenant, model, requests)
         return job
 
-    def submit(self, tenant: str, model: str, requests: Sequence[NewRequest],
+    def submit(self, tenant: str, model: str, requests: Sequence[StagedRequest],
                idempotency_key: str = "") -> tuple[JobRecord, bool]:
         """Persist a job unless ``idempotency_key`` already names one of ``tenant``'s jobs.
 
         Returns the job and whether it was created now: a client that retries a submission
         whose answer it lost gets the first job back, and nothing runs twice.
         """
-        if idempotency_key:
-            existing = self.find_job(tenant, idempotency_key)
-            if existing is not None:
-                return existing, False
-        if not requests:
-            raise ValueError("requests: a job needs at least one request")
-        job_id = f"job-{secrets.token_hex(8)}"
-        now = self._clock_ms()
-        rows = [(job_id, i, r.custom_id, json.dumps(r.prompt), json.dumps(asdict(r.sampling)))
-                for i, r in enumerate(requests)]
-        self._db.execute("PRAGMA synchronous=FULL")
+        intake = self.intake(tenant, model)
         try:
-            with self._transaction():
-                self._db.execute("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, 0)",
-                                 (job_id, tenant, JobState.QUEUED.value, len(rows), model, now))
-                self._db.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?)", rows)
-                if idempotency_key:
-                    self._db.execute("INSERT INTO job_keys VALUES (?, ?, ?)",
-                                     (tenant, idempotency_key, job_id))
+            intake.add(requests)
+            return intake.commit(idempotency_key)
         finally:
-            self._db.execute("PRAGMA synchronous=NORMAL")
-        return self.get_job(job_id), True
+            intake.close()
 
     def find_job(self, tenant: str, idempotency_key: str) -> JobRecord | None:
-        row = self._db.execute(
-            "SELECT job_id FROM job_keys WHERE tenant = ? AND idempotency_key = ?",
-            (tenant, idempotency_key)).fetchone()
-        return None if row is None else self.get_job(row[0])
+        return find_job(self._db, tenant, idempotency_key)
 
     def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord:
-        row = self._db.execute(
-            "SELECT job_id, tenant, state, total, model, created_ms, finished_ms FROM jobs "
-            "WHERE job_id = ?", (job_id,)).fetchone()
-        if row is None or (tenant is not None and row[1] != tenant):
-            raise JobNotFound(f"job_id: no job {job_id!r}")
-        ok, failed = self._db.execute(
-            "SELECT COALESCE(SUM(ok), 0), COALESCE(SUM(1 - ok), 0) FROM results WHERE job_id = ?",
-            (job_id,)).fetchone()
-        return JobRecord(job_id=row[0], tenant=row[1], state=JobState(row[2]), total=row[3],
-                         completed=ok, failed=failed, model=row[4], created_ms=row[5],
-                         finished_ms=row[6])
+        return get_job(self._db, job_id, tenant)
 
     def list_jobs(self, tenant: str, limit: int = 50) -> list[JobRecord]:
-        ids = self._db.execute(
-            "SELECT job_id FROM jobs WHERE tenant = ? ORDER BY created_ms DESC, rowid DESC "
-            "LIMIT ?", (tenant, limit)).fetchall()
-        return [self.get_job(job_id) for (job_id,) in ids]
+        rows = self._db.execute(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE tenant = ? "
+            "ORDER BY created_ms DESC, rowid DESC LIMIT ?", (tenant, limit)).fetchall()
+        return [_job(row) for row in rows]
 
     def unfinished_jobs(self) -> list[JobRecord]:
         """Queued and running jobs, oldest first: what a restarted frontend resumes."""
-        ids = self._db.execute(
-            "SELECT job_id FROM jobs WHERE state IN (?, ?) ORDER BY created_ms, rowid",
+        rows = self._db.execute(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY created_ms, rowid",
             (JobState.QUEUED.value, JobState.RUNNING.value)).fetchall()
-        return [self.get_job(job_id) for (job_id,) in ids]
+        return [_job(row) for row in rows]
 
     def mark_running(self, job_id: str) -> None:
         self._db.execute("UPDATE jobs SET state = ? WHERE job_id = ? AND state = ?",
@@ -238,28 +244,46 @@ class JobStore:
                          (JobState.CANCELLED.value, self._clock_ms(), job_id))
         return self.get_job(job_id)
 
+    def prune(self, finished_before_ms: int) -> int:
+        """Delete jobs that finished before ``finished_before_ms``, with their requests and
+        results; returns how many. Freed pages go back to the file system when the store was
+        created by this version (``auto_vacuum``)."""
+        ids = [row[0] for row in self._db.execute(
+            "SELECT job_id FROM jobs WHERE state IN (?, ?) AND finished_ms < ?",
+            (JobState.SUCCEEDED.value, JobState.CANCELLED.value, finished_before_ms))]
+        for job_id in ids:
+            with self._transaction():
+                for table in ("job_requests", "results", "job_keys", "jobs"):
+                    self._db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+        if ids:
+            self._db.execute("PRAGMA incremental_vacuum")
+            self.checkpoint()
+        return len(ids)
+
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the database and cut it back to nothing."""
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     # -------------------------------------------------------------- requests
 
-    def pending_requests(self, job_id: str) -> list[PendingRequest]:
-        """Requests of ``job_id`` that have no result yet, in submission order."""
+    def next_requests(self, job_id: str, after: tuple[bytes, int] = (b"", -1),
+                      limit: int = PAGE_ROWS) -> list[StoredRequest]:
+        """Up to ``limit`` requests of ``job_id`` without a result, in dispatch order (by
+        shared prefix, then by place in the file), from just after ``after``."""
         rows = self._db.execute(
-            "SELECT r.idx, r.custom_id, r.prompt, r.sampling FROM requests r "
-            "LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
-            "WHERE r.job_id = ? AND s.idx IS NULL ORDER BY r.idx", (job_id,)).fetchall()
-        return [PendingRequest(job_id, idx, custom_id, tuple(json.loads(prompt)),
-                               _sampling(json.loads(sampling)))
-                for idx, custom_id, prompt, sampling in rows]
+            "SELECT r.prefix, r.idx, r.custom_id, r.body FROM job_requests r "
+            "WHERE r.job_id = ? AND (r.prefix, r.idx) > (?, ?) AND NOT EXISTS "
+            "(SELECT 1 FROM results s WHERE s.job_id = r.job_id AND s.idx = r.idx) "
+            "ORDER BY r.prefix, r.idx LIMIT ?", (job_id, after[0], after[1], limit)).fetchall()
+        return [StoredRequest(job_id, idx, custom_id, body, (prefix, idx))
+                for prefix, idx, custom_id, body in rows]
 
     def pending_by_tenant(self) -> dict[str, int]:
         """Requests accepted but without a result, per tenant, over unfinished jobs."""
         rows = self._db.execute(
-            "SELECT j.tenant, j.total - (SELECT COUNT(*) FROM results s WHERE s.job_id = j.job_id)"
-            " FROM jobs j WHERE j.state IN (?, ?)",
-            (JobState.QUEUED.value, JobState.RUNNING.value)).fetchall()
-        counts: dict[str, int] = {}
-        for tenant, pending in rows:
-            counts[tenant] = counts.get(tenant, 0) + pending
-        return counts
+            "SELECT tenant, SUM(total - completed - failed) FROM jobs WHERE state IN (?, ?) "
+            "GROUP BY tenant", (JobState.QUEUED.value, JobState.RUNNING.value)).fetchall()
+        return {tenant: pending for tenant, pending in rows if pending}
 
     # --------------------------------------------------------------- results
 
@@ -271,17 +295,20 @@ class JobStore:
         with self._transaction():
             cursor = self._db.execute(
                 "INSERT OR IGNORE INTO results (job_id, seq, idx, ok, body) "
-                "SELECT ?, COALESCE(MAX(seq), -1) + 1, ?, ?, ? FROM results WHERE job_id = ?",
-                (job_id, result.index, int(result.ok), result.to_json(), job_id))
+                "SELECT job_id, completed + failed, ?, ?, ? FROM jobs WHERE job_id = ?",
+                (result.index, int(result.ok), result.to_json(), job_id))
             if cursor.rowcount == 0:
                 return None
-            seq = self._db.execute("SELECT seq FROM results WHERE job_id = ? AND idx = ?",
-                                   (job_id, result.index)).fetchone()[0]
+            ok = int(result.ok)
+            seq = self._db.execute(
+                "UPDATE jobs SET completed = completed + ?, failed = failed + ? "
+                "WHERE job_id = ? RETURNING completed + failed - 1",
+                (ok, 1 - ok, job_id)).fetchone()[0]
             self._db.execute(
                 "UPDATE jobs SET state = ?, finished_ms = ? WHERE job_id = ? AND state IN (?, ?) "
-                "AND total = (SELECT COUNT(*) FROM results WHERE job_id = ?)",
+                "AND total = completed + failed",
                 (JobState.SUCCEEDED.value, self._clock_ms(), job_id, JobState.QUEUED.value,
-                 JobState.RUNNING.value, job_id))
+                 JobState.RUNNING.value))
         return StoredResult.from_json(seq, result.to_json())
 
     def results(self, job_id: str, offset: int = 0, limit: int = 1000) -> list[StoredResult]:
@@ -295,6 +322,139 @@ class JobStore:
         return _Transaction(self._db)
 
 
+class JobIntake:
+    """One job being accepted, on a connection of its own (used from one thread at a time).
+
+    ``add`` stores a piece of the job's requests in one transaction; ``commit`` makes the job
+    exist (queued) in one fsynced transaction; ``abort`` (or a failed ``add``) deletes what was
+    stored. Until ``commit`` nothing else in the store sees the job.
+    """
+
+    def __init__(self, path: str, clock_ms: Callable[[], int], tenant: str, model: str):
+        self._clock_ms = clock_ms
+        self._tenant = tenant
+        self._model = model
+        self._path = path
+        self._db = connect(path)
+        self.job_id = f"job-{secrets.token_hex(8)}"
+        self.count = 0
+        with _disk_full_refuses():
+            self._db.execute("INSERT INTO intakes VALUES (?, ?)", (self.job_id, clock_ms()))
+
+    def add(self, requests: Sequence[StagedRequest]) -> None:
+        rows = [(self.job_id, r.index, r.prefix, r.custom_id, r.body) for r in requests]
+        # Refuse while there is still room to delete what was stored: in WAL mode even a
+        # DELETE needs log space, so an intake that ran the disk to the last byte could not
+        # clean up after itself (the next start would).
+        needed = 2 * sum(len(r.body) + len(r.prefix) + len(r.custom_id) for r in requests)
+        if _free_bytes(self._path) < needed + DISK_RESERVE_BYTES:
+            raise StoreFull(_FULL)
+        with _disk_full_refuses(), _Transaction(self._db):
+            self._db.executemany("INSERT INTO job_requests VALUES (?, ?, ?, ?, ?)", rows)
+        self.count += len(rows)
+
+    def commit(self, idempotency_key: str = "") -> tuple[JobRecord, bool]:
+        """Create the job, or return the one ``idempotency_key`` already names (then this
+        intake's requests are dropped)."""
+        if self.count == 0:
+            raise ValueError("requests: a job needs at least one request")
+        if idempotency_key and (existing := find_job(self._db, self._tenant,
+                                                     idempotency_key)) is not None:
+            self.abort()
+            return existing, False
+        self._db.execute("PRAGMA synchronous=FULL")
+        try:
+            with _disk_full_refuses(), _Transaction(self._db):
+                self._db.execute(
+                    "INSERT INTO jobs (job_id, tenant, state, total, model, created_ms) "
+                    "VALUES (?, ?, ?, ?, ?, ?)", (self.job_id, self._tenant,
+                                                  JobState.QUEUED.value, self.count,
+                                                  self._model, self._clock_ms()))
+                if idempotency_key:
+                    self._db.execute("INSERT INTO job_keys VALUES (?, ?, ?)",
+                                     (self._tenant, idempotency_key, self.job_id))
+                self._db.execute("DELETE FROM intakes WHERE job_id = ?", (self.job_id,))
+        finally:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+        try:  # the intake's pages went through the log: fold them back now, off the loop
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.OperationalError:
+            pass  # busy: the next automatic checkpoint does it
+        return get_job(self._db, self.job_id), True
+
+    def abort(self) -> None:
+        """Delete what this intake stored (if the disk is too full even for that, the store
+        deletes it when next opened: nothing reads an intake's rows meanwhile)."""
+        try:
+            with _Transaction(self._db):
+                self._db.execute("DELETE FROM job_requests WHERE job_id = ?", (self.job_id,))
+                self._db.execute("DELETE FROM intakes WHERE job_id = ?", (self.job_id,))
+        except sqlite3.OperationalError:
+            pass
+
+    def close(self) -> None:
+        self._db.close()
+
+
+@contextlib.contextmanager
+def _disk_full_refuses():
+    """SQLite's "database or disk is full" as ``StoreFull`` (the transaction is rolled back)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode != sqlite3.SQLITE_FULL:
+            raise
+        raise StoreFull(_FULL) from None
+
+
+_FULL = ("the job store's disk is full; the job was not created: free space (or `orchard jobs "
+         "prune --older-than DAYS`) and submit again")
+
+
+def _free_bytes(path: str) -> int:
+    stat = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    return stat.f_bavail * stat.f_frsize
+
+
+_JOB_COLUMNS = "job_id, tenant, state, total, completed, failed, model, created_ms, finished_ms"
+
+
+def _job(row) -> JobRecord:
+    return JobRecord(job_id=row[0], tenant=row[1], state=JobState(row[2]), total=row[3],
+                     completed=row[4], failed=row[5], model=row[6], created_ms=row[7],
+                     finished_ms=row[8])
+
+
+def connect(path: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA busy_timeout=5000")
+    db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+    db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+    return db
+
+
+def get_job(db: sqlite3.Connection, job_id: str, tenant: str | None = None) -> JobRecord:
+    row = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    if row is None or (tenant is not None and row[1] != tenant):
+        raise JobNotFound(f"job_id: no job {job_id!r}")
+    return _job(row)
+
+
+def find_job(db: sqlite3.Connection, tenant: str, idempotency_key: str) -> JobRecord | None:
+    row = db.execute("SELECT job_id FROM job_keys WHERE tenant = ? AND idempotency_key = ?",
+                     (tenant, idempotency_key)).fetchone()
+    return None if row is None else get_job(db, row[0])
+
+
+def sweep_intakes(db: sqlite3.Connection) -> None:
+    """Delete the requests of intakes that never committed (a killed or refused acceptance)."""
+    for (job_id,) in db.execute("SELECT job_id FROM intakes").fetchall():
+        with _Transaction(db):
+            db.execute("DELETE FROM job_requests WHERE job_id = ?", (job_id,))
+            db.execute("DELETE FROM intakes WHERE job_id = ?", (job_id,))
+
 class _Transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on an exception)."""
 
@@ -305,9 +465,7 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
-
-
-def _sampling(data: dict) -> SamplingParams:
-    data["stop"] = tuple(data.get("stop", ()))
-    return SamplingParams(**data)
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        elif self._db.in_transaction:  # SQLite already rolled back after e.g. a full disk
+            self._db.execute("ROLLBACK")

@@ -151,6 +151,16 @@ class SubmitJobRequest(_message.Message):
     idempotency_key: str
     def __init__(self, requests: _Optional[_Iterable[_Union[Request, _Mapping]]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
+class BatchFileChunk(_message.Message):
+    __slots__ = ("data", "file_name", "idempotency_key")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FILE_NAME_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    file_name: str
+    idempotency_key: str
+    def __init__(self, data: _Optional[bytes] = ..., file_name: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class JobsStub:
                 request_serializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.SubmitJobRequest.SerializeToString,
                 response_deserializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.Job.FromString,
                 _registered_method=True)
+        self.SubmitBatchFile = channel.stream_unary(
+                '/orchard.v1.Jobs/SubmitBatchFile',
+                request_serializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.BatchFileChunk.SerializeToString,
+                response_deserializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.Job.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/orchard.v1.Jobs/GetJob',
                 request_serializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.GetJobRequest.SerializeToString,
@@ -66,6 +71,14 @@ class JobsServicer:
 
     def SubmitJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitBatchFile(self, request_iterator, context):
+        """A job from an OpenAI Batch input file of up to 200 MB: each line's shape is checked (a
+        bad line is named and nothing is stored), the requests are stored, then the job answers.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -100,6 +113,11 @@ def add_JobsServicer_to_server(servicer, server):
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
                     request_deserializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.SubmitJobRequest.FromString,
+                    response_serializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.Job.SerializeToString,
+            ),
+            'SubmitBatchFile': grpc.stream_unary_rpc_method_handler(
+                    servicer.SubmitBatchFile,
+                    request_deserializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.BatchFileChunk.FromString,
                     response_serializer=proto_dot_orchard_dot_v1_dot_orchard__pb2.Job.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
@@ -149,6 +167,33 @@ class Jobs:
             target,
             '/orchard.v1.Jobs/SubmitJob',
             proto_dot_orchard_dot_v1_dot_orchard__pb2.SubmitJobRequest.SerializeToString,
+            proto_dot_orchard_dot_v1_dot_orchard__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitBatchFile(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/orchard.v1.Jobs/SubmitBatchFile',
+            proto_dot_orchard_dot_v1_dot_orchard__pb2.BatchFileChunk.SerializeToString,
             proto_dot_orchard_dot_v1_dot_orchard__pb2.Job.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,236 @@
+"""Accepting a job into the store, and preparing its requests when they are dispatched.
+
+Acceptance does what must be done before answering and no more::
+
+    file bytes (gRPC chunks, an HTTP upload) ─► BatchIntake.feed ─► whole lines:
+        line_shape (JSON, custom_id, method, url, body, messages, sampling types), roles and
+        content kinds, a unique custom_id, the job size limit
+        ─► StagedRequest(index, custom_id, prefix_key, b"J" + the line) ─► JobIntake.add
+    ... BatchIntake.finish ─► JobIntake.commit: the job exists, queued, whole
+
+``accept_file`` drives it from an async iterator of byte chunks, each chunk's work in a worker
+thread, so a 200 MB upload never stalls the event loop; the gRPC ``SubmitBatchFile`` and the
+HTTP Batch API both call it. ``SubmitJob``'s protobuf requests take the same path
+(``feed_requests``; body ``b"P"`` + the serialized request) after the checks that need no
+tokenizer.
+
+Chat templating and tokenization happen in ``prepare``, when the runner dispatches a request
+(in a worker thread): a request that turns out invalid then (a prompt over the context) becomes
+a failed result with its reason, as OpenAI's error file does.
+
+The prefix key orders dispatch: per leading message (at most ``PREFIX_LEVELS``), four bytes of
+a running hash of (role, content), so requests that share a system prompt, then a first turn,
+sort together whatever their place in the file; a token prompt gets the same per
+``PREFIX_TOKENS`` tokens. Each result still carries its own ``custom_id`` and index.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import AsyncIterable, Sequence
+
+from cluster.api import validate
+from cluster.api.batchfile import line_shape, request_of
+from cluster.backend.protocol import ModelInfo
+from cluster.jobs.store import JobIntake, JobRecord, JobStore, NewRequest, StagedRequest
+from proto.orchard.v1 import orchard_pb2 as pb
+
+LINE_BODY = b"J"        # body = b"J" + an OpenAI Batch input line, as sent
+PROTO_BODY = b"P"       # body = b"P" + a serialized orchard.v1.Request
+PREFIX_LEVELS = 4
+PREFIX_TOKENS = 64
+ROWS_PER_WRITE = 2000   # requests per store transaction during an intake (about 2 MB)
+MAX_FILE_BYTES = 200 << 20
+
+
+def prefix_key(parts: Sequence[bytes]) -> bytes:
+    """Four bytes per leading part of a running hash: a sort key that keeps shared prefixes
+    together (the order of groups is arbitrary but does not depend on the file)."""
+    running = hashlib.blake2b(digest_size=8)
+    key = bytearray()
+    for part in parts[:PREFIX_LEVELS]:
+        running.update(len(part).to_bytes(4, "little"))
+        running.update(part)
+        key += running.copy().digest()[:4]
+    return bytes(key)
+
+
+def _message_parts(messages: Sequence[dict[str, str]]) -> list[bytes]:
+    return [f"{m['role']}\0{m['content']}".encode() for m in messages[:PREFIX_LEVELS]]
+
+
+def _token_parts(ids: Sequence[int]) -> list[bytes]:
+    end = min(len(ids), PREFIX_LEVELS * PREFIX_TOKENS)
+    return [json.dumps(list(ids[i:i + PREFIX_TOKENS])).encode()
+            for i in range(0, end, PREFIX_TOKENS)]
+
+
+def _line_messages(messages: list[dict], where: str) -> list[dict[str, str]]:
+    """Roles and content kinds of a line's messages (what ``validate`` checks, on dicts)."""
+    if not messages:
+        raise ValueError(f"{where}: body.messages is empty; give at least one message")
+    out = []
+    for i, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role not in validate.ROLES:
+            raise ValueError(f"{where}: body.messages[{i}].role: unknown role {role!r}; use one "
+                             f"of {', '.join(validate.ROLES)}")
+        if isinstance(content, list) and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content):
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise ValueError(f"{where}: body.messages[{i}].content: must be a string (or a list "
+                             'of {"type": "text", "text": ...} parts)')
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _request_parts(request: pb.Request, where: str, model: ModelInfo) -> list[bytes]:
+    """Every check of ``validate.new_request`` that needs no tokenizer; the prefix parts."""
+    kind = request.WhichOneof("prompt")
+    if kind == "messages":
+        messages = validate.messages_to_dicts(request.messages.messages, f"{where}.messages")
+        validate.sampling_params(request, where, 1, model)  # the length is known at dispatch
+        return _message_parts(messages)
+    if kind == "tokens":
+        ids = validate.check_token_ids(request.tokens.ids, f"{where}.tokens.ids",
+                                       model.vocab_size)
+        validate.sampling_params(request, where, len(ids), model)
+        return _token_parts(ids)
+    raise validate.FieldError(f"{where}.prompt", "missing: set messages or tokens")
+
+
+def prepare(body: bytes, model: ModelInfo, render: validate.Render) -> NewRequest:
+    """A stored request templated, tokenized and checked against the model (``FieldError``
+    naming the field when it cannot run). Blocking: called in a worker thread."""
+    kind, data = body[:1], body[1:]
+    if kind == LINE_BODY:
+        request = request_of(json.loads(data))
+    elif kind == PROTO_BODY:
+        request = pb.Request.FromString(data)
+    else:
+        raise RuntimeError(f"a stored request has an unknown body format {kind!r}")
+    return validate.new_request(request, "request", model, render)
+
+
+@dataclass
+class BatchIntake:
+    """One job being accepted; ``feed`` and ``feed_requests`` may be called from a worker
+    thread (one at a time). ``ValueError`` (naming the line or request) on bad input,
+    ``LimitExceeded`` past ``max_requests``; nothing is stored unless ``commit`` returns."""
+
+    intake: JobIntake
+    model: ModelInfo
+    max_requests: int
+    name: str = "input"
+    _seen: dict[str, int] = field(default_factory=dict)
+    _rest: bytes = b""
+    _lineno: int = 0
+    _bytes: int = 0
+    _staged: list[StagedRequest] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self._seen)
+
+    def feed(self, data: bytes) -> int:
+        """Take the next bytes of a JSONL file; returns how many requests they completed."""
+        self._bytes += len(data)
+        if self._bytes > MAX_FILE_BYTES:
+            raise validate.LimitExceeded(
+                "file", f"{self.name} is over {MAX_FILE_BYTES >> 20} MB; split it")
+        lines = (self._rest + data).split(b"\n")
+        self._rest = lines.pop()
+        before = self.count
+        for text in lines:
+            self._line(text)
+        self._flush(ROWS_PER_WRITE)
+        return self.count - before
+
+    def feed_requests(self, requests: Sequence[pb.Request]) -> None:
+        for request in requests:
+            index = self.count
+            where = f"requests[{index}]"
+            self._check_id(request.custom_id, where + ".custom_id", f"requests[{{}}]")
+            parts = _request_parts(request, where, self.model)
+            self._stage(request.custom_id, prefix_key(parts),
+                        PROTO_BODY + request.SerializeToString())
+        self._flush(ROWS_PER_WRITE)
+
+    def end(self) -> int:
+        """The file ended: its last line (if it had no newline); returns requests completed."""
+        before = self.count
+        if self._rest.strip():
+            self._line(self._rest)
+        self._rest = b""
+        if not self.count:
+            raise validate.FieldError(self.name, "no requests (the file is empty)")
+        return self.count - before
+
+    def commit(self, idempotency_key: str = "") -> tuple[JobRecord, bool]:
+        """Store what is left and create the job (see ``JobIntake.commit``)."""
+        self._flush(1)
+        return self.intake.commit(idempotency_key)
+
+    def abort(self) -> None:
+        self.intake.abort()
+
+    def _line(self, text: bytes) -> None:
+        self._lineno += 1
+        if not text.strip():
+            return
+        where = f"{self.name}:{self._lineno}"
+        line = line_shape(text, self.name, self._lineno)
+        messages = _line_messages(line["body"]["messages"], where)
+        self._check_id(line["custom_id"], f"{where}: custom_id", f"{self.name}:{{}}")
+        self._stage(line["custom_id"], prefix_key(_message_parts(messages)), LINE_BODY + text)
+
+    def _check_id(self, custom_id: str, where: str, first: str) -> None:
+        if not custom_id:
+            raise validate.FieldError(where, "required: give every request a unique id")
+        if custom_id in self._seen:
+            raise validate.FieldError(where, f"duplicate {custom_id!r} (first at "
+                                      f"{first.format(self._seen[custom_id])}); custom ids must "
+                                      "be unique")
+        if self.count >= self.max_requests:
+            raise validate.LimitExceeded("requests", f"more than the limit of {self.max_requests}"
+                                         " requests per job; split the job")
+        self._seen[custom_id] = self._lineno if self._lineno else self.count
+
+    def _stage(self, custom_id: str, prefix: bytes, body: bytes) -> None:
+        self._staged.append(StagedRequest(self.count - 1, custom_id, prefix, body))
+
+    def _flush(self, at_least: int) -> None:
+        if len(self._staged) >= at_least:
+            self.intake.add(self._staged)
+            self._staged = []
+
+
+async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
+                      chunks: AsyncIterable[bytes], name: str = "input",
+                      idempotency_key: str = "", on_requests=None) -> tuple[JobRecord, bool]:
+    """Accept an OpenAI Batch input file, arriving as ``chunks``, into a durable job.
+
+    Returns the job and whether it was created now (an ``idempotency_key`` that names an
+    earlier job returns that one). ``on_requests(n)`` is called on the event loop as each chunk
+    completes ``n`` requests (the runner's admission: it may raise to refuse the job). On any
+    error nothing of the job remains in the store.
+    """
+    batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests, name)
+    try:
+        async for chunk in chunks:
+            added = await asyncio.to_thread(batch.feed, chunk)
+            if on_requests is not None and added:
+                on_requests(added)
+        added = await asyncio.to_thread(batch.end)
+        if on_requests is not None and added:
+            on_requests(added)
+        return await asyncio.to_thread(batch.commit, idempotency_key)
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(batch.abort))
+        raise
+    finally:
+        batch.intake.close()
