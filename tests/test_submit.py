@@ -95,21 +95,26 @@ def test_submit_wait_json_then_results_in_openai_format(frontend, tmp_path, caps
 
 
 def test_server_side_errors_name_the_line(frontend, tmp_path, capsys):
+    with frontend.client("acme") as client:
+        before = client.jobs()
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join([line("a", USER), line("b", [{"role": "robot", "content": "x"}]),
                                line("c", [{"role": "user", "content": 3}])]) + "\n")
     assert cli(frontend, "submit", str(path)) == 2
     err = capsys.readouterr().err
-    assert "line 2: messages[0].role" in err and "INVALID_ARGUMENT" in err
+    assert "INVALID_ARGUMENT: bad.jsonl:2: body.messages[0].role: unknown role 'robot'" in err
     path.write_text(line("a", USER) + "\n" + line("a", USER) + "\n")
     assert cli(frontend, "submit", str(path)) == 2
-    assert "line 2: custom_id: duplicate" in capsys.readouterr().err
+    assert ("bad.jsonl:2: custom_id: duplicate 'a' (first at bad.jsonl:1)"
+            in capsys.readouterr().err)
+    with frontend.client("acme") as client:
+        assert client.jobs() == before  # refused files leave no job
 
 
 def test_malformed_file_and_unknown_job_at_the_command_line(frontend, tmp_path, capsys):
     path = tmp_path / "broken.jsonl"
     path.write_text(line("a", USER) + "\n{oops\n")
     assert cli(frontend, "submit", str(path)) == 2
-    assert f"{path}:2: not valid JSON" in capsys.readouterr().err
+    assert "broken.jsonl:2: not valid JSON" in capsys.readouterr().err
     assert cli(frontend, "results", "job-nope") == 1
     assert "NOT_FOUND" in capsys.readouterr().err

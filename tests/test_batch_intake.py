@@ -1,0 +1,154 @@
+"""Big batch files: acceptance checks shapes only, refuses whole, and leaves nothing behind.
+
+A real frontend over in-process workers (``running_frontend``); files are generated in the
+test's temp dir. The job store is read directly to check that a refused job left no rows.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.api.client import Client, OrchardError
+from cluster.jobs.store import JobStore
+from forged_models import tiny_model
+from frontend_harness import ACME_CONFIG, running_frontend
+from small_disk import small_disk
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def chat_line(i: int, content: str = "", max_tokens: int = 2) -> str:
+    body = {"model": "tiny", "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": content or f"question {i}"}]}
+    return json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                       "body": body})
+
+
+def write_file(path: Path, n: int, pad: int = 0, last: str | None = None) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(chat_line(i, f"question {i} " + "x" * pad) + "\n")
+        if last is not None:
+            f.write(last)
+    return path
+
+
+def stored_rows(db_path: Path) -> tuple[int, int]:
+    """(jobs, requests) in the job store, read from its file."""
+    store = JobStore(db_path, lambda: 0)
+    try:
+        jobs = store._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+        requests = store._db.execute("SELECT COUNT(*) FROM job_requests").fetchone()[0]
+    finally:
+        store.close()
+    return jobs, requests
+
+
+@pytest.fixture(scope="module")
+def frontend(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(ACME_CONFIG)  # default limits: 50,000 per job
+    with running_frontend(run_dir, tiny_model(), workers=1) as harness:
+        yield harness
+
+
+def test_a_prompt_over_the_context_fails_at_dispatch_with_its_reason(frontend, tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(chat_line(0) + "\n" + chat_line(1, "word " * 3000) + "\n" + chat_line(2))
+    with frontend.client("acme") as client:
+        job = client.submit_file(path)
+        assert job.total == 3
+        job = client.wait(job.job_id, timeout_s=120)
+        results = {r.custom_id: r for r in client.results(job.job_id)}
+    assert (job.state, job.completed, job.failed) == ("succeeded", 2, 1)
+    bad = results["r1"]
+    assert (bad.ok, bad.error_code) == (False, "INVALID_ARGUMENT")
+    assert "reach the model's context of 2048" in bad.error_message
+    assert results["r0"].ok and results["r2"].ok
+
+
+def test_50001_requests_are_refused_naming_the_limit(frontend, tmp_path):
+    path = write_file(tmp_path / "big.jsonl", 50_001)
+    with frontend.client("acme") as client:
+        before = client.jobs()
+        with pytest.raises(OrchardError) as err:
+            client.submit_file(path)
+        assert client.jobs() == before
+    assert err.value.code == "RESOURCE_EXHAUSTED"
+    assert "limit of 50000 requests per job" in err.value.message
+    assert stored_rows(frontend.config.db_path)[1] == sum(j.total for j in before)
+
+
+@pytest.mark.slow
+def test_a_200mb_file_with_a_broken_last_line_is_named_and_nothing_stored(frontend, tmp_path):
+    path = write_file(tmp_path / "huge.jsonl", 49_999, pad=3_950, last='{"custom_id": "r-last", ')
+    assert 200e6 < path.stat().st_size < 200 << 20
+    with frontend.client("acme") as client:
+        before = client.jobs()
+        with pytest.raises(OrchardError) as err:
+            client.submit_file(path)
+        assert client.jobs() == before
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert err.value.message.startswith("huge.jsonl:50000: not valid JSON")
+    assert stored_rows(frontend.config.db_path)[1] == sum(j.total for j in before)
+
+
+def test_a_disk_that_fills_during_acceptance_refuses_the_job(tmp_path):
+    with small_disk(tmp_path / "disk", megabytes=24) as run_dir:
+        (run_dir / "orchard.toml").write_text(ACME_CONFIG)
+        path = write_file(tmp_path / "fills.jsonl", 12_000, pad=3_000)  # 37 MB
+        with running_frontend(run_dir, tiny_model(), workers=1) as harness:
+            with harness.client("acme") as client:
+                with pytest.raises(OrchardError) as err:
+                    client.submit_file(path)
+                assert client.jobs() == []
+                ok = client.submit_file(write_file(tmp_path / "small.jsonl", 3))
+                assert client.wait(ok.job_id, timeout_s=120).completed == 3  # still serving
+        assert err.value.code == "RESOURCE_EXHAUSTED"
+        assert "disk is full; the job was not created" in err.value.message
+        assert stored_rows(run_dir / "jobs.sqlite3") == (1, 3)
+
+
+def _start(run_dir: Path) -> subprocess.Popen:
+    (run_dir / "frontend.json").unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
+                             str(run_dir), "--workers", "1"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=open(run_dir / "log", "ab"))
+    deadline = time.monotonic() + 120
+    while not (run_dir / "frontend.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the frontend did not start"
+        time.sleep(0.1)
+    return proc
+
+
+@pytest.mark.slow
+def test_a_frontend_killed_during_acceptance_leaves_no_job(tmp_path):
+    (tmp_path / "orchard.toml").write_text(ACME_CONFIG + f'\n[model]\ndir = "{tiny_model()}"\n')
+    path = write_file(tmp_path / "slow.jsonl", 20_000, pad=200)
+    proc = _start(tmp_path)
+    try:
+        client = Client.from_run_dir(tmp_path, api_key="key-acme")
+        sent = []
+
+        def kill_midway(n: int) -> None:
+            sent.append(n)
+            if len(sent) == 3:  # three chunks stored, the rest still to come
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        with pytest.raises(OrchardError) as err:
+            client.submit_file(path, chunk_bytes=256 << 10, on_sent=kill_midway)
+        client.close()
+        assert err.value.code == "UNAVAILABLE"
+        assert stored_rows(tmp_path / "jobs.sqlite3")[0] == 0  # no job row: absent, not half
+        proc = _start(tmp_path)  # the restarted frontend sweeps what the intake stored
+        assert stored_rows(tmp_path / "jobs.sqlite3") == (0, 0)
+        with Client.from_run_dir(tmp_path, api_key="key-acme") as client:
+            assert client.jobs() == []
+    finally:
+        proc.kill()
+        proc.wait(30)
