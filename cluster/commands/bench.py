@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_cluster_bench(sub)  # `orchard bench cluster`: routing vs round robin on Ray
     from cluster.bench.spans import register_bench as register_span_bench
     register_span_bench(sub)  # `orchard bench spans`: span cost in the router and workers
+    from cluster.bench.batch import register_bench as register_batch_bench
+    register_batch_bench(sub)  # `orchard bench batch`: a 50,000-request file end to end
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
