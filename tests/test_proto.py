@@ -11,7 +11,7 @@ def test_services_and_methods():
     services = {s.name: [m.name for m in s.methods]
                 for s in orchard_pb2.DESCRIPTOR.services_by_name.values()}
     assert services == {
-        "Jobs": ["SubmitJob", "GetJob", "ListJobs", "StreamResults", "CancelJob"],
+        "Jobs": ["SubmitJob", "SubmitBatchFile", "GetJob", "ListJobs", "StreamResults", "CancelJob"],
         "Generate": ["Generate"],
         "Admin": ["ListWorkers", "Scale", "Drain", "Invalidate", "GetCacheStats"],
     }
