@@ -133,7 +133,7 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
     pb_grpc.add_JobsServicer_to_server(
-        JobsServicer(auth, store, runner, model, tokenizer.render, limits.max_requests_per_job),
+        JobsServicer(auth, store, runner, model, limits.max_requests_per_job),
         server)
     pb_grpc.add_GenerateServicer_to_server(
         GenerateServicer(auth, backend, runner, model, tokenizer.render), server)

@@ -9,8 +9,9 @@ Acceptance does what must be done before answering and no more::
     ... BatchIntake.finish ─► JobIntake.commit: the job exists, queued, whole
 
 ``accept_file`` drives it from an async iterator of byte chunks, each chunk's work in a worker
-thread, so a 200 MB upload never stalls the event loop; the gRPC ``SubmitBatchFile`` and the
-HTTP Batch API both call it. ``SubmitJob``'s protobuf requests take the same path
+thread, so a 200 MB upload never stalls the event loop; ``JobIntakeService.submit_file`` adds
+the runner's admission and launches the job: the gRPC ``SubmitBatchFile`` and the HTTP Batch
+API both call it. ``SubmitJob``'s protobuf requests take the same path
 (``feed_requests``; body ``b"P"`` + the serialized request) after the checks that need no
 tokenizer.
 
@@ -29,11 +30,12 @@ import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import AsyncIterable, Sequence
+from typing import AsyncIterable, Awaitable, Callable, Sequence
 
 from cluster.api import validate
 from cluster.api.batchfile import line_shape, request_of
 from cluster.backend.protocol import ModelInfo
+from cluster.jobs.runner import JobRunner
 from cluster.jobs.store import JobIntake, JobRecord, JobStore, NewRequest, StagedRequest
 from proto.orchard.v1 import orchard_pb2 as pb
 
@@ -211,7 +213,9 @@ class BatchIntake:
 
 async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
                       chunks: AsyncIterable[bytes], name: str = "input",
-                      idempotency_key: str = "", on_requests=None) -> tuple[JobRecord, bool]:
+                      idempotency_key: str = "",
+                      on_requests: Callable[[int], None] | None = None
+                      ) -> tuple[JobRecord, bool]:
     """Accept an OpenAI Batch input file, arriving as ``chunks``, into a durable job.
 
     Returns the job and whether it was created now (an ``idempotency_key`` that names an
@@ -234,3 +238,72 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
         raise
     finally:
         batch.intake.close()
+
+
+async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
+                          requests: Sequence[pb.Request], idempotency_key: str = ""
+                          ) -> tuple[JobRecord, bool]:
+    """``accept_file`` for a job sent as protobuf requests (``SubmitJob``)."""
+    batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests)
+    try:
+        await asyncio.to_thread(batch.feed_requests, requests)
+        return await asyncio.to_thread(batch.commit, idempotency_key)
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(batch.abort))
+        raise
+    finally:
+        batch.intake.close()
+
+
+@dataclass(frozen=True, slots=True)
+class JobIntakeService:
+    """Accept a job and launch it, with the runner's admission: what ``SubmitJob``,
+    ``SubmitBatchFile`` and the HTTP Batch API call.
+
+    Requests are admitted (backpressure) as they are accepted, and released if the job is
+    refused or turns out to be a retry of an earlier one (same idempotency key)."""
+
+    store: JobStore
+    runner: JobRunner
+    model: ModelInfo
+    max_requests: int
+
+    async def submit_file(self, tenant: str, chunks: AsyncIterable[bytes], name: str = "input",
+                          idempotency_key: str = "") -> JobRecord:
+        async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
+            return await accept_file(self.store, tenant, self.model, self.max_requests, chunks,
+                                     name, idempotency_key, on_requests=admit)
+        return await self._submit(tenant, idempotency_key, accept)
+
+    async def submit_requests(self, tenant: str, requests: Sequence[pb.Request],
+                              idempotency_key: str = "") -> JobRecord:
+        validate.check_job_size(len(requests), self.max_requests)
+
+        async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
+            admit(len(requests))  # an overloaded cluster does no work
+            return await accept_requests(self.store, tenant, self.model, self.max_requests,
+                                         requests, idempotency_key)
+        return await self._submit(tenant, idempotency_key, accept)
+
+    async def _submit(self, tenant: str, key: str, accept: Callable[
+            [Callable[[int], None]], Awaitable[tuple[JobRecord, bool]]]) -> JobRecord:
+        key = validate.idempotency_key(key)
+        if key and (existing := self.store.find_job(tenant, key)) is not None:
+            return existing  # a retried submission: the first one's job
+        admitted = 0
+
+        def admit(n: int) -> None:
+            nonlocal admitted
+            self.runner.admit(tenant, n)
+            admitted += n
+
+        try:
+            job, created = await accept(admit)
+        except BaseException:
+            self.runner.release(tenant, admitted)
+            raise
+        if not created:  # the same key arrived twice while this one was being accepted
+            self.runner.release(tenant, admitted)
+            return job
+        self.runner.launch(job)
+        return job

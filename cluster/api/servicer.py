@@ -9,16 +9,15 @@ tokenized (``cluster.api.validate``) and go straight to the backend through
 """
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
 from cluster.api import intake, validate
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
-from cluster.jobs.store import JobRecord, JobStore
+from cluster.jobs.store import JobStore
 from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
 from cluster.telemetry.setup import attached, extract_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -31,34 +30,21 @@ FOLLOW_POLL_S = 1.0
 
 class JobsServicer(pb_grpc.JobsServicer):
     def __init__(self, auth: Authenticator, store: JobStore, runner: JobRunner,
-                 model: ModelInfo, render: validate.Render, max_requests_per_job: int):
+                 model: ModelInfo, max_requests_per_job: int):
         self._auth = auth
         self._store = store
         self._runner = runner
         self._model = model
-        self._render = render
-        self._max_requests = max_requests_per_job
+        self._intake = intake.JobIntakeService(store, runner, model, max_requests_per_job)
 
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
-        validate.check_job_size(len(request.requests), self._max_requests)
-        self._runner.admit(tenant, len(request.requests))  # an overloaded cluster does no work
-
-        async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
-            batch = intake.BatchIntake(self._store.intake(tenant, self._model.model_id),
-                                       self._model, self._max_requests)
-            try:
-                await asyncio.to_thread(batch.feed_requests, request.requests)
-                return await asyncio.to_thread(batch.commit, request.idempotency_key)
-            except BaseException:
-                await asyncio.shield(asyncio.to_thread(batch.abort))
-                raise
-            finally:
-                batch.intake.close()
-
-        return await self._submit(tenant, request.idempotency_key, context, accept,
-                                  admitted=len(request.requests))
+        with attached(extract_metadata(context.invocation_metadata())):
+            # the job's span joins the caller's trace, if any
+            job = await self._intake.submit_requests(tenant, request.requests,
+                                                     request.idempotency_key)
+        return job_to_pb(job)
 
     @grpc_errors
     async def SubmitBatchFile(self, request_iterator: AsyncIterator[pb.BatchFileChunk],
@@ -73,38 +59,9 @@ class JobsServicer(pb_grpc.JobsServicer):
             async for chunk in request_iterator:
                 yield chunk.data
 
-        async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
-            return await intake.accept_file(
-                self._store, tenant, self._model, self._max_requests, chunks(),
-                first.file_name or "input", first.idempotency_key, on_requests=admit)
-
-        return await self._submit(tenant, first.idempotency_key, context, accept)
-
-    async def _submit(self, tenant: str, key: str, context,
-                      accept: Callable[[Callable[[int], None]], Awaitable[tuple[JobRecord, bool]]],
-                      admitted: int = 0) -> pb.Job:
-        """Accept a job (admitting its requests as they arrive), then launch it; a retried
-        submission (same idempotency key) gets the first job back and admits nothing."""
-        key = validate.idempotency_key(key)
-        if key and (existing := self._store.find_job(tenant, key)) is not None:
-            self._runner.release(tenant, admitted)
-            return job_to_pb(existing)
-
-        def admit(n: int) -> None:
-            nonlocal admitted
-            self._runner.admit(tenant, n)
-            admitted += n
-
-        try:
-            job, created = await accept(admit)
-        except BaseException:
-            self._runner.release(tenant, admitted)
-            raise
-        if not created:  # the same key arrived twice while this one was being accepted
-            self._runner.release(tenant, admitted)
-            return job_to_pb(job)
         with attached(extract_metadata(context.invocation_metadata())):
-            self._runner.launch(job)  # the job's span joins the caller's trace, if any
+            job = await self._intake.submit_file(tenant, chunks(), first.file_name or "input",
+                                                 first.idempotency_key)
         return job_to_pb(job)
 
     @grpc_errors

@@ -28,147 +28,25 @@ one short transaction. The clock is injected (milliseconds since the epoch).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import sqlite3
-from dataclasses import asdict, dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Callable, Sequence
 
+from cluster.jobs.records import (JobFinished, JobNotFound, JobRecord, JobState, NewRequest,
+                                  PendingRequest, StagedRequest, StoredRequest, StoredResult,
+                                  StoreFull)
 from cluster.jobs.schema import open_schema
-from workers.messages import SamplingParams
+
+__all__ = ["JobFinished", "JobNotFound", "JobRecord", "JobState", "JobStore", "JobIntake",
+           "NewRequest", "PendingRequest", "StagedRequest", "StoredRequest", "StoredResult",
+           "StoreFull"]
 
 AUTOCHECKPOINT_PAGES = 1000       # SQLite's default: the log is folded back every 4 MB
 WAL_LIMIT_BYTES = 8 << 20         # ... and truncated to at most this much after a checkpoint
 PAGE_ROWS = 256                   # requests read per page by the runner
 DISK_RESERVE_BYTES = 4 << 20      # an intake stops while this much is free (room to undo it)
-
-
-class JobState(str, Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"   # every request has a result (ok or an error)
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.CANCELLED)
-
-
-class JobNotFound(LookupError):
-    """No job with that id (for that tenant)."""
-
-
-class JobFinished(RuntimeError):
-    """The job already finished; the operation needs a running or queued job."""
-
-
-class StoreFull(RuntimeError):
-    """The job store's disk (or its size limit) is full: the job was not created."""
-
-
-@dataclass(frozen=True, slots=True)
-class StagedRequest:
-    """A request as accepted: stored as sent, tokenized only when dispatched."""
-    index: int          # its place in the job (the file's order)
-    custom_id: str
-    prefix: bytes       # dispatch order: requests sharing leading messages sort together
-    body: bytes         # opaque to the store (a serialized orchard.v1.Request)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRequest:
-    """A request read back for dispatch; ``position`` resumes the reading after it."""
-    job_id: str
-    index: int
-    custom_id: str
-    body: bytes
-    position: tuple[bytes, int]
-
-    @property
-    def request_id(self) -> str:
-        """Stable across restarts, so a rerun after a crash is the same request."""
-        return f"{self.job_id}-{self.index}"
-
-
-@dataclass(frozen=True, slots=True)
-class NewRequest:
-    """A request templated, tokenized and checked: what runs."""
-    custom_id: str
-    prompt: tuple[int, ...]
-    sampling: SamplingParams
-
-
-@dataclass(frozen=True, slots=True)
-class PendingRequest:
-    job_id: str
-    index: int
-    custom_id: str
-    prompt: tuple[int, ...]
-    sampling: SamplingParams
-
-    @property
-    def request_id(self) -> str:
-        """Stable across restarts, so a rerun after a crash is the same request."""
-        return f"{self.job_id}-{self.index}"
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    job_id: str
-    tenant: str
-    state: JobState
-    total: int
-    completed: int     # results with ok
-    failed: int        # results with an error
-    model: str
-    created_ms: int
-    finished_ms: int
-
-    @property
-    def cancelled(self) -> int:
-        return self.total - self.completed - self.failed if self.state is JobState.CANCELLED else 0
-
-
-@dataclass(frozen=True, slots=True)
-class StoredResult:
-    index: int
-    custom_id: str
-    request_id: str
-    ok: bool
-    error_code: str = ""
-    error_message: str = ""
-    text: str = ""
-    output_tokens: tuple[int, ...] = ()
-    finish_reason: str = ""
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    computed_tokens: int = 0
-    written_tokens: int = 0
-    worker_id: str = ""
-    ttft_s: float = 0.0
-    tpot_s: float = 0.0
-    attempts: int = 0
-    worker_s: float = 0.0  # the worker's own time on the request (received -> finished)
-    seq: int | None = None  # position in the job's result stream, assigned when recorded
-    # Effective input multiplier forecast at routing time and measured (router.cost), and
-    # the miss cause (router.attribution); None / "" when not traced or a hit.
-    forecast_multiplier: float | None = None
-    measured_multiplier: float | None = None
-    miss_cause: str = ""
-
-    def to_json(self) -> str:
-        body = asdict(self)
-        del body["seq"]
-        return json.dumps(body, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, seq: int, body: str) -> StoredResult:
-        data = json.loads(body)
-        data["output_tokens"] = tuple(data["output_tokens"])
-        return cls(seq=seq, **data)
 
 
 class JobStore:

@@ -1,0 +1,136 @@
+"""The job store's records: what goes in (``StagedRequest``), what comes out for dispatch
+(``StoredRequest``, then ``PendingRequest`` once templated and tokenized), jobs and results,
+and the store's domain errors. Plain frozen dataclasses; ``cluster.jobs.store`` owns the rows.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+from workers.messages import SamplingParams
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"   # every request has a result (ok or an error)
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.CANCELLED)
+
+
+class JobNotFound(LookupError):
+    """No job with that id (for that tenant)."""
+
+
+class JobFinished(RuntimeError):
+    """The job already finished; the operation needs a running or queued job."""
+
+
+class StoreFull(RuntimeError):
+    """The job store's disk (or its size limit) is full: the job was not created."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedRequest:
+    """A request as accepted: stored as sent, tokenized only when dispatched."""
+    index: int          # its place in the job (the file's order)
+    custom_id: str
+    prefix: bytes       # dispatch order: requests sharing leading messages sort together
+    body: bytes         # opaque to the store (a serialized orchard.v1.Request)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRequest:
+    """A request read back for dispatch; ``position`` resumes the reading after it."""
+    job_id: str
+    index: int
+    custom_id: str
+    body: bytes
+    position: tuple[bytes, int]
+
+    @property
+    def request_id(self) -> str:
+        """Stable across restarts, so a rerun after a crash is the same request."""
+        return f"{self.job_id}-{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """A request templated, tokenized and checked: what runs."""
+    custom_id: str
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRequest:
+    job_id: str
+    index: int
+    custom_id: str
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+
+    @property
+    def request_id(self) -> str:
+        """Stable across restarts, so a rerun after a crash is the same request."""
+        return f"{self.job_id}-{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job_id: str
+    tenant: str
+    state: JobState
+    total: int
+    completed: int     # results with ok
+    failed: int        # results with an error
+    model: str
+    created_ms: int
+    finished_ms: int
+
+    @property
+    def cancelled(self) -> int:
+        return self.total - self.completed - self.failed if self.state is JobState.CANCELLED else 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    index: int
+    custom_id: str
+    request_id: str
+    ok: bool
+    error_code: str = ""
+    error_message: str = ""
+    text: str = ""
+    output_tokens: tuple[int, ...] = ()
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    computed_tokens: int = 0
+    written_tokens: int = 0
+    worker_id: str = ""
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+    attempts: int = 0
+    worker_s: float = 0.0  # the worker's own time on the request (received -> finished)
+    seq: int | None = None  # position in the job's result stream, assigned when recorded
+    # Effective input multiplier forecast at routing time and measured (router.cost), and
+    # the miss cause (router.attribution); None / "" when not traced or a hit.
+    forecast_multiplier: float | None = None
+    measured_multiplier: float | None = None
+    miss_cause: str = ""
+
+    def to_json(self) -> str:
+        body = asdict(self)
+        del body["seq"]
+        return json.dumps(body, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, seq: int, body: str) -> StoredResult:
+        data = json.loads(body)
+        data["output_tokens"] = tuple(data["output_tokens"])
+        return cls(seq=seq, **data)
