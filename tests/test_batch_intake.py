@@ -72,6 +72,17 @@ def test_a_prompt_over_the_context_fails_at_dispatch_with_its_reason(frontend, t
     assert results["r0"].ok and results["r2"].ok
 
 
+def test_a_file_sent_again_with_its_idempotency_key_is_the_same_job(frontend, tmp_path):
+    path = write_file(tmp_path / "again.jsonl", 5)
+    with frontend.client("acme") as client:
+        first = client.submit_file(path, idempotency_key="file-1")
+        again = client.submit_file(path, idempotency_key="file-1")
+        assert again.job_id == first.job_id and again.total == 5
+        assert [j.job_id for j in client.jobs()].count(first.job_id) == 1
+        client.wait(first.job_id, timeout_s=120)
+    assert frontend.frontend.runner.pending() == {}  # the retry admitted nothing
+
+
 def test_50001_requests_are_refused_naming_the_limit(frontend, tmp_path):
     path = write_file(tmp_path / "big.jsonl", 50_001)
     with frontend.client("acme") as client:

@@ -160,3 +160,48 @@ def test_idempotency_key_returns_the_first_job(tmp_path):
     assert reopened.find_job("acme", "k1") == first
     assert reopened.find_job("acme", "k2") is None
     reopened.close()
+
+
+V1_SCHEMA = """
+CREATE TABLE jobs (
+    job_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, total INTEGER NOT NULL,
+    model TEXT NOT NULL, created_ms INTEGER NOT NULL, finished_ms INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE requests (
+    job_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
+    prompt TEXT NOT NULL, sampling TEXT NOT NULL,
+    PRIMARY KEY (job_id, idx), UNIQUE (job_id, custom_id));
+CREATE TABLE job_keys (
+    tenant TEXT NOT NULL, idempotency_key TEXT NOT NULL, job_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, idempotency_key));
+CREATE TABLE results (
+    job_id TEXT NOT NULL, seq INTEGER NOT NULL, idx INTEGER NOT NULL, ok INTEGER NOT NULL,
+    body TEXT NOT NULL, PRIMARY KEY (job_id, seq), UNIQUE (job_id, idx));
+INSERT INTO jobs VALUES ('job-old', 'acme', 'running', 2, 'm', 5, 0);
+INSERT INTO requests VALUES ('job-old', 0, 'a', '[1, 2, 3]', '{"max_tokens": 4, "temperature": 0.5, "top_p": 1.0, "seed": 3, "stop": ["x"]}');
+INSERT INTO requests VALUES ('job-old', 1, 'b', '[4, 5]', '{"max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "seed": 0, "stop": []}');
+"""
+
+
+def test_a_store_written_by_version_1_is_upgraded_and_resumes(tmp_path):
+    import sqlite3
+
+    from cluster.api.intake import PROTO_BODY
+    from proto.orchard.v1 import orchard_pb2 as pb
+
+    path = tmp_path / "jobs.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(V1_SCHEMA)
+    old.execute("INSERT INTO results VALUES ('job-old', 0, 0, 1, ?)", (ok_result(0).to_json(),))
+    old.commit()
+    old.close()
+    store = JobStore(path, Clock())
+    job = store.get_job("job-old")
+    assert (job.state, job.total, job.completed, job.failed) == (JobState.RUNNING, 2, 1, 0)
+    pending = store.next_requests("job-old")
+    assert [(p.index, p.custom_id) for p in pending] == [(1, "b")]
+    assert pending[0].body[:1] == PROTO_BODY
+    request = pb.Request.FromString(pending[0].body[1:])
+    assert (list(request.tokens.ids), request.sampling.max_tokens) == ([4, 5], 2)
+    assert store.record_result("job-old", ok_result(1)).seq == 1
+    assert store.get_job("job-old").state is JobState.SUCCEEDED
+    store.close()

@@ -98,5 +98,6 @@ def _upgrade_from_1(db: sqlite3.Connection) -> None:
                               temperature=params.get("temperature", 0.0),
                               top_p=params.get("top_p", 1.0), seed=params.get("seed", 0),
                               stop=params.get("stop", ())))
-        db.execute(insert, (job_id, idx, b"", custom_id, body.SerializeToString()))
+        # b"P": a serialized request (cluster.api.intake.PROTO_BODY); file order, no prefix key
+        db.execute(insert, (job_id, idx, b"", custom_id, b"P" + body.SerializeToString()))
     db.execute("DROP TABLE requests")
