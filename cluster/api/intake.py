@@ -20,15 +20,15 @@ Chat templating and tokenization happen in ``prepare``, when the runner dispatch
 a failed result with its reason, as OpenAI's error file does.
 
 The prefix key orders dispatch: per leading message (at most ``PREFIX_LEVELS``), four bytes of
-a running hash of (role, content), so requests that share a system prompt, then a first turn,
+a running CRC-32 of (role, content), so requests that share a system prompt, then a first turn,
 sort together whatever their place in the file; a token prompt gets the same per
 ``PREFIX_TOKENS`` tokens. Each result still carries its own ``custom_id`` and index.
 """
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import AsyncIterable, Awaitable, Callable, Sequence
 
@@ -48,14 +48,14 @@ MAX_FILE_BYTES = 200 << 20
 
 
 def prefix_key(parts: Sequence[bytes]) -> bytes:
-    """Four bytes per leading part of a running hash: a sort key that keeps shared prefixes
-    together (the order of groups is arbitrary but does not depend on the file)."""
-    running = hashlib.blake2b(digest_size=8)
+    """Four bytes per leading part of a running CRC-32: a sort key that keeps shared prefixes
+    together (the order of groups is arbitrary but does not depend on the file). A collision
+    only places two groups side by side; it never changes what a request computes."""
+    running = 0
     key = bytearray()
     for part in parts[:PREFIX_LEVELS]:
-        running.update(len(part).to_bytes(4, "little"))
-        running.update(part)
-        key += running.copy().digest()[:4]
+        running = zlib.crc32(part, zlib.crc32(len(part).to_bytes(4, "little"), running))
+        key += running.to_bytes(4, "big")
     return bytes(key)
 
 
