@@ -1,8 +1,8 @@
 """Tokenization at the frontend: chat messages through the model's own chat template.
 
-The frontend tokenizes before anything is persisted or routed, so that validation (vocabulary,
-context length) and the cache key (block hashes of the token ids) see exactly the tokens the
-worker will prefill. The tokenizer and template come from the model directory, the same files
+The frontend tokenizes before a request is routed (a job's requests when they are dispatched,
+``cluster.api.intake.prepare``), so that validation (vocabulary, context length) and the cache
+key (block hashes of the token ids) see exactly the tokens the worker will prefill. The tokenizer and template come from the model directory, the same files
 ``mlx_lm.load`` reads on the workers.
 """
 from __future__ import annotations
