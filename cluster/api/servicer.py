@@ -37,6 +37,9 @@ class JobsServicer(pb_grpc.JobsServicer):
         self._render = render
         self._max_requests = max_requests_per_job
 
+    def authenticate(self, context) -> str:
+        return self._auth.tenant(context)
+
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
@@ -114,6 +117,9 @@ class GenerateServicer(pb_grpc.GenerateServicer):
         self._runner = runner
         self._model = model
         self._render = render
+
+    def authenticate(self, context) -> str:
+        return self._auth.tenant(context)
 
     @grpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):

@@ -29,6 +29,9 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._namespace = namespace
         self._on_invalidated = on_invalidated  # miss attribution learns of the invalidation
 
+    def authenticate(self, context) -> None:
+        self._auth.admin(context)
+
     @grpc_errors
     async def ListWorkers(self, request, context) -> pb.ListWorkersResponse:
         self._auth.admin(context)
