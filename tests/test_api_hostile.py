@@ -6,7 +6,7 @@ client library's own checks are not in the way.
 import grpc
 import pytest
 
-from cluster.api.client import OrchardError
+from cluster.api.client import OrchardError, chat_request, token_request
 from forged_models import tiny_model
 from frontend_harness import running_frontend
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -114,3 +114,53 @@ def test_nesting_within_the_limit_is_still_parsed(channel):
                          streaming=True)
     assert code == grpc.StatusCode.INVALID_ARGUMENT  # well-formed, but not text content
     assert details == "request.messages[0].content[0]: a content part must be {\"type\": \"text\", \"text\": \"...\"}"
+
+
+HUGE = "x" * 100_000
+
+
+def _error(call) -> tuple[str, str]:
+    with pytest.raises(OrchardError) as info:
+        call()
+    return info.value.code, info.value.message
+
+
+def _generate(client, request):
+    return lambda: list(client.generate(request, timeout_s=30))
+
+
+def test_huge_values_are_quoted_short_and_keep_their_status(api):
+    with api.client("acme") as acme, api.client(admin=True) as admin:
+        assert _error(lambda: acme.job(HUGE)) == (
+            "NOT_FOUND", f"job_id: no job {'x' * 64!r}... (100000 characters)")
+        assert _error(lambda: acme.cancel(HUGE))[0] == "NOT_FOUND"
+        code, message = _error(_generate(acme, chat_request(
+            "r", [{"role": HUGE, "content": "hi"}], 4)))
+        assert code == "INVALID_ARGUMENT"
+        assert message.startswith(f"request.messages[0].role: unknown role {'x' * 64!r}... "
+                                  "(100000 characters); use one of")
+        assert _error(lambda: admin.invalidate(HUGE)) == (
+            "INVALID_ARGUMENT", f"tenant: unknown tenant {'x' * 64!r}... (100000 characters); "
+            "known: acme, beta")
+        assert _error(lambda: admin.drain(HUGE)) == (
+            "NOT_FOUND", f"worker_id: no worker {'x' * 64!r}... (100000 characters)")
+
+
+def test_custom_id_and_stop_strings_are_capped(api):
+    with api.client("acme") as acme:
+        assert _error(lambda: acme.submit([token_request("c" * 257, [1, 2], 2)])) == (
+            "INVALID_ARGUMENT", "requests[0].custom_id: 257 bytes; use at most 256")
+        assert _error(lambda: acme.submit([token_request("é" * 129, [1, 2], 2)]))[1] == (
+            "requests[0].custom_id: 258 bytes; use at most 256")
+        dup = "d" * 256
+        assert _error(lambda: acme.submit([token_request(dup, [1], 2),
+                                           token_request(dup, [2], 2)]))[1] == (
+            f"requests[1].custom_id: duplicate {'d' * 64!r}... (256 characters) (first at "
+            "requests[0]); custom ids must be unique")
+        assert _error(_generate(acme, token_request("", [1, 2], 2, stop=["s"] * 17))) == (
+            "INVALID_ARGUMENT", "request.sampling.stop: 17 stop strings; use at most 16")
+        assert _error(_generate(acme, token_request("", [1, 2], 2, stop=["ok", "s" * 257]))) == (
+            "INVALID_ARGUMENT", "request.sampling.stop[1]: 257 bytes; a stop string may have at "
+            "most 256")
+        events = list(acme.generate(token_request("c" * 256, [1, 2], 2, stop=["s" * 256] * 16)))
+        assert events[-1].result.ok and events[-1].result.custom_id == "c" * 256

@@ -69,9 +69,15 @@ def status_of(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
+MAX_DETAILS = 1024  # a status message longer than this is cut (metadata is capped at 8 KiB)
+
+
 def _message(exc: BaseException) -> str:
     text = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
-    return text or type(exc).__name__
+    text = text or type(exc).__name__
+    # Values are quoted short where they are named (``validate.quoted``); this is the backstop
+    # that keeps any message from turning its status into RESOURCE_EXHAUSTED.
+    return text if len(text) <= MAX_DETAILS else text[:MAX_DETAILS] + "..."
 
 
 async def _abort(context, exc: Exception, method: str):

@@ -15,7 +15,7 @@ from cluster.api import validate
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
-from cluster.jobs.store import JobStore
+from cluster.jobs.store import JobNotFound, JobStore
 from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
 from cluster.telemetry.setup import attached, extract_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -156,4 +156,6 @@ class GenerateServicer(pb_grpc.GenerateServicer):
 def _job_id(job_id: str) -> str:
     if not job_id:
         raise validate.FieldError("job_id", "required")
+    if len(job_id) > validate.QUOTE_CHARS:  # longer than any job id
+        raise JobNotFound(f"job_id: no job {validate.quoted(job_id)}")
     return job_id
