@@ -15,7 +15,7 @@ from cluster.api import validate
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
-from cluster.jobs.store import JobStore
+from cluster.jobs.store import JobNotFound, JobStore
 from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
 from cluster.telemetry.setup import attached, extract_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -36,6 +36,9 @@ class JobsServicer(pb_grpc.JobsServicer):
         self._model = model
         self._render = render
         self._max_requests = max_requests_per_job
+
+    def authenticate(self, context) -> str:
+        return self._auth.tenant(context)
 
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
@@ -115,6 +118,9 @@ class GenerateServicer(pb_grpc.GenerateServicer):
         self._model = model
         self._render = render
 
+    def authenticate(self, context) -> str:
+        return self._auth.tenant(context)
+
     @grpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
         tenant = self._auth.tenant(context)
@@ -150,4 +156,6 @@ class GenerateServicer(pb_grpc.GenerateServicer):
 def _job_id(job_id: str) -> str:
     if not job_id:
         raise validate.FieldError("job_id", "required")
+    if len(job_id) > validate.QUOTE_CHARS:  # longer than any job id
+        raise JobNotFound(f"job_id: no job {validate.quoted(job_id)}")
     return job_id
