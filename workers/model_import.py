@@ -51,6 +51,7 @@ def import_model(src: Path | str, out: Path | str, dtype: str = "float32",
         _check_chat_template(staging, template_source)
         _check_loads(staging, src)
         _write_provenance(staging, src, fmt, dtype, shipped_in)
+        staging.chmod(0o755)  # mkdtemp makes it private; a model directory is not
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)

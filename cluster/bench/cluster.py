@@ -144,7 +144,7 @@ def register_bench(sub) -> None:
 
 def _command(args) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
 
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")

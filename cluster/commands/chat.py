@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from workers.chat import ChatSession
     from workers.engine import Engine
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
     from workers.messages import SamplingParams
 
     if not 1 <= args.turns <= len(QUESTIONS) or args.max_tokens < 1:
