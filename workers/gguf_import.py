@@ -3,7 +3,10 @@
 MLX reads GGUF itself (``mx.load(path, return_metadata=True)``): float tensors come back as
 arrays, Q4_0 / Q4_1 / Q8_0 tensors as MLX's affine quantization (packed ``uint32`` weights
 plus float16 ``scales`` and ``biases``, group size 32; the bit width follows from the packed
-width: 4 bits for Q4_*, 8 for Q8_0). What this module adds on top:
+width: 4 bits for Q4_*, 8 for Q8_0); Q2_K, Q4_K, Q6_K and BF16 tensors are dequantized to
+float16 as they are read. Other types (Q5_*, Q3_K, the IQ* family, ternary and MXFP4) MLX
+either refuses or silently skips, so the tensor table is read first (``_tensor_types``) and such
+a file is refused by name. What this module adds on top:
 
 - ``config.json`` from the ``llama.*`` hyperparameters;
 - the tensor names: GGUF's (``blk.0.attn_q``) mapped back to mlx-lm's
@@ -26,6 +29,7 @@ width: 4 bits for Q4_*, 8 for Q8_0). What this module adds on top:
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,12 @@ SUPPORTED_ARCHITECTURES = ("llama",)
 DTYPES = ("float32", "float16", "bfloat16", "keep")
 GROUP_SIZE = 32  # MLX's GGUF reader uses llama.cpp's block of 32 for every quantized type
 _MLX_BITS = (2, 3, 4, 5, 6, 8)
+# GGML tensor types MLX's reader handles, by id (ggml.h's enum ggml_type).
+_READABLE = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 10: "Q2_K", 12: "Q4_K",
+             14: "Q6_K", 30: "BF16"}
+_OTHER = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 11: "Q3_K", 13: "Q5_K", 15: "Q8_K", 16: "IQ2_XXS",
+          17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
+          23: "IQ4_XS", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +81,12 @@ def read_gguf(path: Path, dtype: str = "float32") -> GGUFModel:
 def _load(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass a .gguf file or a model directory")
-    with open(path, "rb") as fh:
-        if fh.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (no GGUF magic at its start)")
+    for name, kind in _tensor_types(path).items():
+        if kind not in _READABLE:
+            raise ValueError(
+                f"{path}: tensor {name} uses quantization type {_OTHER.get(kind, kind)}, which "
+                f"orchard cannot import (readable: {', '.join(_READABLE.values())}); use a "
+                f"Q4_0, Q4_1, Q8_0 or F16 file of the model")
     try:
         tensors, meta = mx.load(str(path), return_metadata=True)
     except (RuntimeError, ValueError) as exc:
@@ -82,6 +95,59 @@ def _load(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
             f"with the original) or use a quantization type MLX cannot read (MLX reads F32, F16, "
             f"BF16, Q4_0, Q4_1 and Q8_0)") from None
     return tensors, meta
+
+
+def _tensor_types(path: Path) -> dict[str, int]:
+    """The tensor table of a GGUF file: name -> GGML type id, read from the header.
+
+    Layout (GGUF v2/v3, little-endian): magic, version u32, tensor count u64, KV count u64,
+    the KVs (key string, value type u32, value), then per tensor: name string, n_dims u32,
+    dims u64 x n_dims, type u32, offset u64. Strings are a u64 length and UTF-8 bytes.
+    """
+    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    with open(path, "rb") as fh:
+        def read(n: int) -> bytes:
+            data = fh.read(n)
+            if len(data) < n:
+                raise ValueError(f"{path} is truncated: its GGUF header is cut short")
+            return data
+
+        def u32() -> int:
+            return struct.unpack("<I", read(4))[0]
+
+        def u64() -> int:
+            return struct.unpack("<Q", read(8))[0]
+
+        def skip(kind: int) -> None:
+            if kind in scalar:
+                read(scalar[kind])
+            elif kind == 8:
+                read(u64())
+            elif kind == 9:
+                inner, count = u32(), u64()
+                if inner in scalar:
+                    read(scalar[inner] * count)
+                else:
+                    for _ in range(count):
+                        skip(inner)
+            else:
+                raise ValueError(f"{path}: unknown GGUF metadata value type {kind}: corrupt file?")
+
+        if fh.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (no GGUF magic at its start)")
+        if u32() not in (2, 3):
+            raise ValueError(f"{path}: unsupported GGUF version (orchard reads versions 2 and 3)")
+        tensors, kvs = u64(), u64()
+        for _ in range(kvs):
+            read(u64())
+            skip(u32())
+        types = {}
+        for _ in range(tensors):
+            name = read(u64()).decode("utf-8", "replace")
+            read(8 * u32())
+            types[name] = u32()
+            u64()
+    return types
 
 
 def _scalar(path: Path, meta: dict[str, Any], key: str, default: Any = None) -> Any:
@@ -175,12 +241,16 @@ def _cast(path: Path, tensors: dict[str, mx.array],
     """Dequantize and cast to ``dtype``, or keep the quantized layers (``keep``)."""
     out: dict[str, mx.array] = {}
     layer_bits: dict[str, int] = {}
+    quantized = any(name.endswith(".scales") for name in tensors)
+    # keep: the float tensors (norms) follow the float16 scales, so the whole model computes
+    # (and caches K/V) in float16, like mlx-lm's own quantized models.
+    plain = getattr(mx, dtype) if dtype != "keep" else mx.float16 if quantized else None
     for name, w in tensors.items():
         if name.endswith((".scales", ".biases")):
             continue
         stem = name.removesuffix(".weight")
         if f"{stem}.scales" not in tensors:
-            out[name] = w if dtype == "keep" else w.astype(getattr(mx, dtype))
+            out[name] = w if plain is None else w.astype(plain)
             continue
         scales, biases = tensors[f"{stem}.scales"], tensors[f"{stem}.biases"]
         bits = _bits(path, name, w, scales)
@@ -188,7 +258,10 @@ def _cast(path: Path, tensors: dict[str, mx.array],
             out.update({name: w, f"{stem}.scales": scales, f"{stem}.biases": biases})
             layer_bits[stem] = bits
         else:
-            full = mx.dequantize(w, scales, biases, group_size=GROUP_SIZE, bits=bits)
+            # In float32: dequantizing with the float16 scales would round every weight to
+            # float16 (errors of 1e-4 against ggml's own dequantization).
+            full = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32),
+                                 group_size=GROUP_SIZE, bits=bits)
             out[name] = full.astype(getattr(mx, dtype))
     if not layer_bits:
         return out, None
