@@ -1,7 +1,7 @@
 """``orchard bench ...``: benchmarks that print measured figures.
 
 ``orchard bench engine [--json]`` runs the engine benchmark (``workers.bench``) on the embedded
-default model (forged on first use) or ``--model DIR``.
+default model (SmolLM2-135M-Instruct, imported on first use) or ``--model DIR``.
 """
 from __future__ import annotations
 
