@@ -95,7 +95,7 @@ class LocalBackend:
     @classmethod
     def from_config(cls, config, workers: int = 1) -> LocalBackend:
         """From a ``cluster.config.Config`` (the embedded default model when none is set)."""
-        from workers.forge import ensure_default_model
+        from workers.default_model import ensure_default_model
 
         model_dir = config.model_dir or str(ensure_default_model())
         engine = engine_config(config)

@@ -173,7 +173,7 @@ def bench_api(args) -> int:
             figures = run(client, args.requests, args.warmup, args.prompt_words, batch=False)
     else:
         import workers  # noqa: F401  (OpenBLAS before mlx, for forging the default model)
-        from workers.forge import ensure_default_model
+        from workers.default_model import ensure_default_model
 
         model_dir = args.model or str(ensure_default_model())
         with local_frontend(model_dir, args.telemetry) as client:

@@ -1,7 +1,7 @@
 """``orchard bench ...``: benchmarks that print measured figures.
 
 ``orchard bench engine [--json]`` runs the engine benchmark (``workers.bench``) on the embedded
-default model (forged on first use) or ``--model DIR``.
+default model (SmolLM2-135M-Instruct, imported on first use) or ``--model DIR``.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def engine(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from workers.bench import bench_engine
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
 
     if args.turns < 1 or args.reply_tokens < 1 or args.block_size < 1:
         raise ValueError("--turns, --reply-tokens and --block-size must be positive")
