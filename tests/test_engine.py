@@ -273,7 +273,9 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs():
 
 
 def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills():
-    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=16))
+    # a stall bound this loose leaves the budget at its ceiling: 16 tokens every step
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=16,
+                                                        decode_stall=1e6))
     short = [req(eng, prompt_of(8, seed=61 + i), max_tokens=60) for i in range(2)]
     for r in short:
         eng.submit(r)

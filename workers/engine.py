@@ -90,7 +90,7 @@ class Engine:
         self._prefilling: list[PrefillJob] = []  # oldest first
         self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
         self._budget = StepBudget(config.prefill_budget, config.decode_stall,
-                                  min(16, config.prefill_budget))
+                                  min(4, config.prefill_budget))
 
     @classmethod
     def open(cls, model_dir: Path | str, config: EngineConfig | None = None, *,

@@ -22,7 +22,7 @@ one, so nothing is lost by cutting). While requests decode, the budget is what f
 ``stall`` times a step without (``stall`` = 2.0 by default: on a CPU a 512-token chunk takes
 about 60 decode steps, and a fixed 512-token budget would stall decodes 60-fold). Both
 rates are moving averages of what the engine measured (weight ``_EMA``), in seconds passed
-in by the caller, never read here. The budget never falls below ``min_tokens`` (16), so a
+in by the caller, never read here. The budget never falls below ``min_tokens`` (4), so a
 long prompt still advances when decodes are slow.
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ class StepBudget:
 
     max_tokens: int = 512
     stall: float = 2.0
-    min_tokens: int = 16
+    min_tokens: int = 4
     _decode_s: float = 0.0        # moving average of one decode step
     _prefill_tok_s: float = 0.0   # moving average of prefill tokens per second
 

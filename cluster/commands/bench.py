@@ -19,6 +19,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--turns", type=int, default=8)
     e.add_argument("--reply-tokens", type=int, default=32)
     e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--long-prompt", type=int, default=4000,
+                   help="tokens of the prompt admitted while 4 requests decode (decode stall)")
+    e.add_argument("--stall-rounds", type=int, default=3)
+    e.add_argument("--prefill-prompts", type=int, default=4,
+                   help="cold prompts prefilled together, then one at a time")
+    e.add_argument("--prefill-tokens", type=int, default=128, help="tokens of each of them")
+    e.add_argument("--skip-turns", action="store_true",
+                   help="only the scheduler's figures (decode stall, batched prefill)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=engine)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
@@ -36,13 +44,44 @@ def engine(args: argparse.Namespace) -> int:
     from workers.bench import bench_engine
     from workers.forge import ensure_default_model
 
-    if args.turns < 1 or args.reply_tokens < 1 or args.block_size < 1:
-        raise ValueError("--turns, --reply-tokens and --block-size must be positive")
-    result = bench_engine(args.model or ensure_default_model(), turns=args.turns,
-                          reply_tokens=args.reply_tokens, block_size=args.block_size)
+    if min(args.turns, args.reply_tokens, args.block_size, args.long_prompt, args.stall_rounds,
+           args.prefill_prompts, args.prefill_tokens) < 1:
+        raise ValueError("--turns, --reply-tokens, --block-size, --long-prompt, --stall-rounds, "
+                         "--prefill-prompts and --prefill-tokens must be positive")
+    model = args.model or ensure_default_model()
+    out = {}
+    if not args.skip_turns:
+        result = bench_engine(model, turns=args.turns, reply_tokens=args.reply_tokens,
+                              block_size=args.block_size)
+        out = result.as_json()
+        if not args.json:
+            _print_turns(result)
+    sched = _sched(model, args)
+    out.update(sched)
     if args.json:
-        print(json.dumps(result.as_json(), indent=2))
+        print(json.dumps(out, indent=2))
         return 0
+    p = sched["prefill_tokens_per_s"]
+    print(f"decode_stall_ratio {sched['decode_stall_ratio']:.2f} (target <= 2.0): TPOT p99 "
+          f"{sched['tpot_admitting_p99_s'] * 1e3:.1f}ms while a {args.long_prompt}-token prompt "
+          f"is admitted, {sched['tpot_idle_p99_s'] * 1e3:.1f}ms idle")
+    print(f"prefill_tokens_per_s {p['batched_tokens_per_s']:.1f} batched, "
+          f"{p['one_at_a_time_tokens_per_s']:.1f} one at a time "
+          f"({p['prompts']} prompts of {p['prompt_tokens']} tokens)")
+    return 0
+
+
+def _sched(model, args: argparse.Namespace) -> dict:
+    from workers.bench_sched import as_json, batched_prefill, decode_stall
+    from workers.engine import Engine, EngineConfig
+
+    budget = max(512, args.prefill_prompts * args.prefill_tokens)
+    engine = Engine.open(model, EngineConfig(block_size=args.block_size, prefill_budget=budget))
+    return as_json(decode_stall(engine, args.long_prompt, rounds=args.stall_rounds),
+                   batched_prefill(engine, args.prefill_prompts, args.prefill_tokens))
+
+
+def _print_turns(result) -> None:
     print(f"model {result.model}, system prompt {result.system_prompt_tokens} tokens")
     print("turn  prompt  cached  computed  ttft_warm  ttft_cold  ttft_floor")
     for t in result.turns:
@@ -52,4 +91,3 @@ def engine(args: argparse.Namespace) -> int:
     print(f"ttft_cold_over_warm  {result.ttft_cold_over_warm:.2f}")
     print(f"bytes_per_cached_token {result.bytes_per_cached_token:.0f} "
           f"(theoretical {result.theoretical_bytes_per_token}, target <= 1.1x)")
-    return 0
