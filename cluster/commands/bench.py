@@ -1,7 +1,9 @@
 """``orchard bench ...``: benchmarks that print measured figures.
 
-``orchard bench engine [--json]`` runs the engine benchmark (``workers.bench``) on the embedded
-default model (forged on first use) or ``--model DIR``.
+``orchard bench engine [--json]`` runs the engine benchmark (``workers.bench``, and the
+scheduler's figures from ``workers.bench_sched``) on the embedded default model or
+``--model DIR``; ``orchard bench vs-mlx-lm`` sets orchard beside ``mlx_lm.server``
+(``cluster.bench.vs_mlx_lm``).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="only the scheduler's figures (decode stall, batched prefill)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=engine)
+    _add_vs_mlx_lm(sub)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
     from cluster.bench.api import register_bench  # `orchard bench api`: the gRPC path overhead
     register_bench(sub)
@@ -91,3 +94,46 @@ def _print_turns(result) -> None:
     print(f"ttft_cold_over_warm  {result.ttft_cold_over_warm:.2f}")
     print(f"bytes_per_cached_token {result.bytes_per_cached_token:.0f} "
           f"(theoretical {result.theoretical_bytes_per_token}, target <= 1.1x)")
+
+
+def _add_vs_mlx_lm(sub) -> None:
+    from cluster.bench.vs_mlx_lm import Workload
+
+    d = Workload()
+    v = sub.add_parser("vs-mlx-lm", help="orchard beside mlx_lm.server: chat TTFT, batch wall")
+    v.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
+    v.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of both servers")
+    for name, value in [("system_words", d.system_words), ("turns", d.turns),
+                        ("user_words", d.user_words), ("reply_tokens", d.reply_tokens),
+                        ("chats", d.chats), ("system_prompts", d.system_prompts),
+                        ("history", d.history), ("clients", d.clients), ("rounds", d.rounds)]:
+        v.add_argument("--" + name.replace("_", "-"), type=int, default=value)
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.set_defaults(func=vs_mlx_lm)
+
+
+def vs_mlx_lm(args: argparse.Namespace) -> int:
+    import workers  # noqa: F401  (OpenBLAS before mlx)
+    from cluster.bench.vs_mlx_lm import Workload, bench_vs_mlx_lm
+    from workers.forge import ensure_default_model
+
+    if args.blas_threads < 1:
+        raise ValueError("--blas-threads must be >= 1")
+    w = Workload(args.system_words, args.turns, args.user_words, args.reply_tokens, args.chats,
+                 args.system_prompts, args.history, args.clients, args.rounds)
+    r = bench_vs_mlx_lm(str(args.model or ensure_default_model()), w, args.blas_threads)
+    if args.json:
+        print(json.dumps(r.as_json(), indent=2))
+        return 0
+    print(f"model {r.model}, {r.blas_threads} BLAS thread(s); orchard: {r.orchard_side}")
+    print("turn  ttft orchard  ttft mlx-lm  ratio")
+    for t in r.turns:
+        print(f"{t.turn:>4}  {t.ttft_orchard_s * 1e3:>10.0f}ms {t.ttft_mlx_lm_s * 1e3:>10.0f}ms "
+              f"{t.ttft_orchard_s / t.ttft_mlx_lm_s:>6.2f}")
+    print(f"cold TTFT ratio   {r.cold_ttft_ratio:.2f} (target <= {r.targets['cold_ttft']})")
+    print(f"warm TTFT ratio   {r.warm_ttft_ratio:.2f} (target <= {r.targets['warm_ttft']}, "
+          f"median of turns 2..)")
+    print(f"batch of {w.chats}: orchard {r.batch_wall_orchard_s:.1f}s, mlx-lm "
+          f"{r.batch_wall_mlx_lm_s:.1f}s ({w.clients} clients), ratio {r.batch_wall_ratio:.2f} "
+          f"(target <= {r.targets['batch_wall']})")
+    return 0
