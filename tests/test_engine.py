@@ -199,3 +199,55 @@ def test_more_requests_than_the_batch_holds_all_finish_with_the_same_tokens():
     assert [r.output_tokens for r in results] == alone
     assert [len(r.output_tokens) for r in results] == [4, 5, 6, 7, 8]
     assert sum(r.cached_tokens > 0 for r in results) >= 4  # the siblings reuse the first one's blocks
+
+
+def _drive(eng: Engine, requests, abort_at: dict[int, str] | None = None
+           ) -> tuple[dict[str, list[int]], dict[str, GenerateResult]]:
+    """Step ``requests`` to completion, aborting ``abort_at[step]`` before that step."""
+    for r in requests:
+        eng.submit(r)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    finished: dict[str, GenerateResult] = {}
+    step = 0
+    while eng.busy:
+        if abort_at and step in abort_at:
+            assert eng.abort(abort_at[step]) is True
+        out = eng.step()
+        for d in out.deltas:
+            tokens[d.request_id].append(d.token)
+        finished.update({f.request_id: f for f in out.finished})
+        step += 1
+    return tokens, finished
+
+
+def test_abort_stops_a_running_request_and_leaves_the_others_unchanged():
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False))
+    prompts = [prompt_of(30 + 9 * i, seed=40 + i) for i in range(3)]
+
+    def batch(tag: str):
+        return [GenerateRequest(f"{tag}{i}", eng.namespace("t"), tuple(p), SamplingParams(12))
+                for i, p in enumerate(prompts)]
+
+    alone, _ = _drive(eng, batch("a"))
+    # b1 is admitted at step 1 (its first token) and decodes one token a step: 4 tokens
+    # when it is aborted before step 5
+    tokens, finished = _drive(eng, batch("b"), abort_at={5: "b1"})
+    assert tokens["b1"] == alone["a1"][:len(tokens["b1"])] and len(tokens["b1"]) == 4
+    assert tokens["b0"] == alone["a0"] and tokens["b2"] == alone["a2"]
+    assert set(finished) == {"b0", "b2"}
+    assert not eng.abort("b1") and not eng.abort("nobody")
+
+
+def test_abort_of_a_queued_request_runs_nothing_and_frees_its_id():
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS))
+    first, second = (req(eng, prompt_of(20, seed=50 + i), max_tokens=3) for i in range(2))
+    eng.submit(first)
+    eng.submit(second)
+    assert eng.abort(second.request_id)
+    tokens = {}
+    while eng.busy:
+        for d in eng.step().deltas:
+            tokens.setdefault(d.request_id, []).append(d.token)
+    assert list(tokens) == [first.request_id] and len(tokens[first.request_id]) == 3
+    eng.submit(second)  # its id is free again
+    assert eng.abort(second.request_id) and not eng.busy
