@@ -35,13 +35,14 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
-from router.key import Namespace
+from router.events import BlockEvent
+from router.key import BlockHash, Namespace
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
 from workers.model_dir import LoadedModel, open_model_dir
 from workers.prefill import PrefillJob, run_chunks
 from workers.scheduler import Admission, StepBudget, split_budget
 from workers.sequence import Sequence, TokenDelta, make_sampler
-from workers.store import PrefixStore
+from workers.store import PrefixStore, StoreStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,24 @@ class Engine:
         del self._running[uid]
         return True
 
+    def abort(self, request_id: str) -> bool:
+        """Drop ``request_id`` wherever it is; return whether it was queued or running.
+
+        It yields nothing from the next ``step`` on and its K/V is freed with it; the blocks
+        its prefill already wrote stay in the store (they are complete and shared).
+        """
+        for i, (queued, _) in enumerate(self._queue):
+            if queued.request_id == request_id:
+                del self._queue[i]
+                return True
+        uid = next((u for u, seq in self._running.items()
+                    if seq.request.request_id == request_id), None)
+        if uid is None:
+            return False
+        self._batch.remove([uid])
+        del self._running[uid]
+        return True
+
     @property
     def busy(self) -> bool:
         return bool(len(self._admission) or self._prefilling or self._running)
@@ -336,6 +355,38 @@ class Engine:
         if not seq.finish_reason:
             seq.finish_reason = "length"
         return seq.result(self.config.worker_id)
+
+
+    # ---- the store, for the runtime (nobody outside reaches into ``store``) --------------
+
+    def stats(self) -> StoreStats:
+        return self.store.stats()
+
+    def written_tokens(self) -> int:
+        """Tokens this engine's store has written so far (blocks stored x block size): the
+        one count of written tokens, aborted requests' blocks included."""
+        return self.store.stats().ledger.stored_blocks * self.config.block_size
+
+    def invalidate(self, namespace: Namespace, prefix_tokens: Seq[int] | None = None) -> int:
+        """Drop ``namespace``'s blocks, or only those under ``prefix_tokens``; how many (0
+        for a namespace this store never held: the cluster asks every worker)."""
+        if prefix_tokens is not None:
+            return self.store.invalidate_prefix(namespace, list(prefix_tokens))
+        if namespace.label() not in self.store.ledger.namespaces():
+            return 0
+        return self.store.invalidate_namespace(namespace)
+
+    def expire(self) -> int:
+        """Drop blocks past their TTL; how many."""
+        return self.store.expire()
+
+    def drain_events(self) -> list[BlockEvent]:
+        """The store's block events since the last call (for the router)."""
+        return self.store.drain_events()
+
+    def holdings(self) -> list[BlockHash]:
+        """Every block hash the store holds (for the router to rebuild its view)."""
+        return [h.block for h in self.store.holdings()]
 
 
 def _no_store_report(prompt_tokens: int, ttl_s: float) -> LookupReport:
