@@ -63,12 +63,14 @@ def test_policies_side_by_side_on_a_small_trace(small_trace):
     rows = {r["name"]: r for r in summary["policies"]}
     assert list(rows) == list(POLICY_NAMES)
     for r in rows.values():
-        assert set(r) >= {"name", "hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s",
-                          "decision_p50_us", "decision_p99_us"}
+        assert set(r) >= {"name", "goodput", "hit_ratio", "prefill_tokens", "imbalance",
+                          "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "decision_p50_us",
+                          "decision_p99_us"}
+        assert 0.0 <= r["goodput"] <= 1.0
         assert 0.0 <= r["hit_ratio"] <= summary["ideal_hit_ratio"]
         assert r["imbalance"] >= 1.0 and r["ttft_p99_s"] >= r["ttft_p50_s"] >= 0.0
     assert rows["orchard"]["hit_ratio"] > rows["round_robin"]["hit_ratio"] + 0.2
-    assert rows["consistent_hash"]["imbalance"] > rows["orchard"]["imbalance"]
+    assert rows["orchard"]["goodput"] > rows["round_robin"]["goodput"]
 
 
 def test_replay_is_deterministic_for_a_seed(small_trace):
@@ -94,7 +96,10 @@ def test_cli_bad_input_is_an_error_message_not_a_traceback(tmp_path, capsys):
     assert "t.jsonl:2: expected a JSON object" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(path), "--policies", "nope"]) == 2
     assert "unknown policy nope" in capsys.readouterr().err
-    assert main(["simulate"]) == 2
+    assert main(["simulate", "--trace", str(path), "--decision-bench"]) == 2
+    assert "at most one of" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(path), "--ttft-slo-s", "0", "--quiet"]) == 2
+    assert "--ttft-slo-s must be positive" in capsys.readouterr().err
 
 
 def test_decision_bench_reports_its_setup():
