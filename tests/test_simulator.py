@@ -51,8 +51,11 @@ def test_only_full_blocks_reach_the_workers_and_bigger_blocks_group_ids():
     reqs = to_requests([TraceRequest(0.0, 1300, 1, (7, 8, 9))], 512)
     assert len(reqs[0].hashes) == 2  # the 276-token tail is never stored
     assert len(to_requests([TraceRequest(0.0, 2100, 1, (1, 2, 3, 4, 5))], 1024)[0].hashes) == 2
-    with pytest.raises(ValueError, match="multiple of the trace's 512"):
-        to_requests([], 256)
+    # a smaller block splits each trace block: 1300 tokens hold 5 full blocks of 256
+    small = to_requests([TraceRequest(0.0, 1300, 1, (7, 8, 9))], 256)[0].hashes
+    assert small == (16, 17, 18, 19, 20)  # (id + 1) x 2 + place: ids 7, 7, 8, 8, 9
+    with pytest.raises(ValueError, match="multiple or a divisor of the trace's 512"):
+        to_requests([], 384)
 
 
 def test_policies_side_by_side_on_a_small_trace(small_trace):
