@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="prefill throughput per worker, tokens/s")
     p.add_argument("--decode-tps", type=float, default=30.0,
                    help="decode speed per request, tokens/s")
+    p.add_argument("--profile", metavar="PROFILE.json",
+                   help="time workers by this measured engine profile (`orchard bench profile`) "
+                        "instead of --prefill-tps/--decode-tps; --block-size must match it")
+    p.add_argument("--trace-block", type=int, default=512,
+                   help="tokens per hash id in the trace (512 in Mooncake traces; less in a "
+                        "trace scaled down by `orchard replay --write-scaled`)")
     p.add_argument("--ttft-slo-s", type=float, default=2.0,
                    help="goodput counts the requests whose TTFT is within this many seconds")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
@@ -79,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from router.service import EngineProfile
     from router.simulator import SimConfig, simulate
     from router.trace import DEFAULT_TRACE, load_trace
 
@@ -92,7 +99,8 @@ def _replay(args: argparse.Namespace) -> int:
     config = SimConfig(workers=args.workers, capacity_tokens=args.capacity_tokens,
                        block_size=args.block_size, ttl_s=args.ttl_s, eviction=args.eviction,
                        prefill_tps=args.prefill_tps, decode_tps=args.decode_tps, seed=args.seed,
-                       ttft_slo_s=args.ttft_slo_s)
+                       ttft_slo_s=args.ttft_slo_s, trace_block=args.trace_block,
+                       profile=EngineProfile.read(args.profile) if args.profile else None)
     policy = PolicyConfig(cache_weight=args.cache_weight,
                           cold_spill_tokens=args.cold_spill_tokens,
                           balance_weight=args.balance_weight)
@@ -121,6 +129,9 @@ def _print_table(summary: dict) -> None:
               f"{r['ttft_mean_s']:>9.2f}s{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
               f"{r['decision_p50_us']:>8.1f}us{r['decision_p99_us']:>8.1f}us"
               f"{r['decision_cpu_p99_us']:>8.1f}us")
+    if summary["service"] == "profile":
+        print("service: the measured engine profile; ITL p99 per policy: " + ", ".join(
+            f"{r['name']} {r['itl_p99_s'] * 1e3:.1f} ms" for r in summary["policies"]))
 
 
 def _decision_bench(args: argparse.Namespace) -> int:
