@@ -40,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_cluster_bench(sub)  # `orchard bench cluster`: routing vs round robin on Ray
     from cluster.bench.spans import register_bench as register_span_bench
     register_span_bench(sub)  # `orchard bench spans`: span cost in the router and workers
+    from cluster.bench.profile import register_bench as register_profile_bench
+    register_profile_bench(sub)  # `orchard bench profile`: the engine's service profile
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
