@@ -195,24 +195,6 @@ class Engine:
         del self._running[uid]
         return True
 
-    def abort(self, request_id: str) -> bool:
-        """Drop ``request_id`` wherever it is; return whether it was queued or running.
-
-        It yields nothing from the next ``step`` on and its K/V is freed with it; the blocks
-        its prefill already wrote stay in the store (they are complete and shared).
-        """
-        for i, (queued, _) in enumerate(self._queue):
-            if queued.request_id == request_id:
-                del self._queue[i]
-                return True
-        uid = next((u for u, seq in self._running.items()
-                    if seq.request.request_id == request_id), None)
-        if uid is None:
-            return False
-        self._batch.remove([uid])
-        del self._running[uid]
-        return True
-
     @property
     def busy(self) -> bool:
         return bool(len(self._admission) or self._prefilling or self._running)
