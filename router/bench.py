@@ -3,7 +3,7 @@
 It fills a ``Router`` through its public interface (block events, as workers send them) with
 ``indexed_blocks`` blocks spread over ``workers`` workers, then times, per prompt:
 
-- ``hash``: ``hash_blocks`` over the prompt's token ids (the cache key);
+- ``hash``: ``hash_blocks`` over the prompt's token ids, one uint32 buffer (the cache key);
 - ``route``: ``Router.route`` on the pre-hashed chain (index match, policy, pending entry);
 - ``total``: both, as the cluster pays them.
 
@@ -45,10 +45,10 @@ class BenchResult:
 
 
 def _fill(router: Router, workers: list[str], blocks: int, block_size: int,
-          prompt_tokens: int, rng: random.Random, ns: Namespace) -> list[list[int]]:
+          prompt_tokens: int, rng: random.Random, ns: Namespace) -> list[array]:
     """Store chains of prompt length until ``blocks`` blocks are indexed; return their tokens."""
     chain_blocks = prompt_tokens // block_size
-    stored: list[list[int]] = []
+    stored: list[array] = []
     seqs = {w: 0 for w in workers}
     total = 0
     while total < blocks:
@@ -111,8 +111,10 @@ def run_decision_bench(workers: int = 32, indexed_blocks: int = 1_000_000,
                        _q(route_cpu, .5), _q(route_cpu, .99), _q(total_cpu, .5), _q(total_cpu, .99))
 
 
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return list(array("H", rng.randbytes(2 * n)))  # ids in [0, 65536), like a 64k vocabulary
+def _tokens(rng: random.Random, n: int) -> array:
+    # ids in [0, 65536), like a 64k vocabulary; kept as one uint32 buffer, as a tokenizer's
+    # output would be on the hot path (``hash_blocks`` hashes it without a per-item copy)
+    return array("I", array("H", rng.randbytes(2 * n)))
 
 
 def _q(values: list[float], q: float) -> float:

@@ -219,6 +219,12 @@ class PrefixIndex:
             stack.append((mid, mid_mask, hi, hi_mask & mid_mask))
         return Match(result)
 
+    def holders(self, block: BlockHash) -> list[str]:
+        """The live workers whose events say they hold ``block`` (routed-only excluded)."""
+        result: dict[str, int] = {}
+        self._record(result, self._held.get(block, 0) & self._live_mask, 0)
+        return list(result)
+
     def _mask(self, block: BlockHash) -> int:
         mask = self._held.get(block, 0)
         entry = self._pending.get(block)

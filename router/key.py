@@ -17,6 +17,7 @@ machines and ``PYTHONHASHSEED`` (Python's ``hash()`` is never used).
 """
 from __future__ import annotations
 
+import sys
 from array import array
 from dataclasses import dataclass
 from typing import NewType, Sequence
@@ -26,6 +27,8 @@ import xxhash
 BlockHash = NewType("BlockHash", int)
 
 _HASH_BYTES = 16
+_NATIVE_U32 = ("I", "L", "=I", "<I", "@I")  # buffer formats read as uint32
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,22 @@ class Namespace:
         return "/".join(parts)
 
 
-def _token_bytes(token_ids: Sequence[int]) -> bytes:
+def _token_bytes(token_ids: Sequence[int] | memoryview) -> bytes:
+    """The prompt as one contiguous run of little-endian uint32s.
+
+    A buffer that already is one (``array('I')``, a contiguous NumPy ``uint32`` array, a
+    ``memoryview`` of either) is copied in one go; anything else (a list) is converted item
+    by item, which costs more than hashing an 8k-token prompt: callers on a hot path should
+    keep their token ids in a buffer.
+    """
+    if not isinstance(token_ids, (list, tuple, range)):
+        try:
+            view = memoryview(token_ids)  # type: ignore[arg-type]
+        except TypeError:
+            view = None
+        if (view is not None and view.format in _NATIVE_U32 and view.itemsize == 4
+                and view.c_contiguous and _LITTLE_ENDIAN):
+            return view.cast("B").tobytes()
     try:
         return array("I", token_ids).tobytes()
     except OverflowError as exc:
@@ -67,9 +85,12 @@ def block_hash(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
 
 
 def hash_blocks(
-    token_ids: Sequence[int], block_size: int, namespace: Namespace
+    token_ids: Sequence[int] | memoryview, block_size: int, namespace: Namespace
 ) -> list[BlockHash]:
-    """The chained hashes of every full block of ``token_ids`` under ``namespace``."""
+    """The chained hashes of every full block of ``token_ids`` under ``namespace``.
+
+    ``token_ids`` is a sequence of ints or, faster, a buffer of uint32 (see ``_token_bytes``).
+    """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     raw = _token_bytes(token_ids)
@@ -78,8 +99,9 @@ def hash_blocks(
     parent: int = namespace.root()
     digest = xxhash.xxh3_128_intdigest
     append = hashes.append
-    # BlockHash is a NewType (the identity at run time): not calling it per block keeps this
-    # loop at one digest per block; the values are exactly ``block_hash``'s.
+    # One buffer, sliced per block: the per-block work is one slice, one concatenation and
+    # one digest. BlockHash is a NewType (the identity at run time): not calling it per block
+    # keeps the values exactly ``block_hash``'s at one digest per block.
     for start in range(0, len(raw) - width + 1, width):
         parent = digest(parent.to_bytes(_HASH_BYTES, "little") + raw[start : start + width])
         append(parent)  # type: ignore[arg-type]

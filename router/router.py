@@ -157,9 +157,10 @@ class Router:
         deepest = max(matched.values(), default=0)
         shared = self._shared.depth(block_hashes, deepest)
         self._shared.note(block_hashes, deepest)
+        stored = self._index.holders(block_hashes[shared - 1]) if shared else ()
         chain = block_hashes if block_hashes else (namespace.root(),)
         decision = decide(self.config, self.block_size, chain, prompt_tokens, matched,
-                          loads, self.seed, shared, recent_scale)
+                          loads, self.seed, shared, recent_scale, stored)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision

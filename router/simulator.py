@@ -15,9 +15,11 @@ the prefill ends; the policy also hears when each request started, produced its 
 and finished, as a real router would. Only full blocks are stored (the partial tail of a
 prompt never is), as in the workers' stores.
 
-Figures per policy: ``hit_ratio`` (cached input tokens over input tokens, as realised on the
-workers), ``imbalance`` (max over mean of prefilled tokens per worker), TTFT p50/p99 (service
-model), decision p50/p99 (wall-clock time of the policy's choice, measured; also on the
+Figures per policy: ``goodput`` (the share of requests whose TTFT is within ``ttft_slo_s``,
+the headline: what users feel), ``hit_ratio`` (cached input tokens over input tokens, as
+realised on the workers), ``prefill_tokens`` (input tokens computed on all workers),
+``ttft_mean_s``, ``imbalance`` (max over mean of prefilled tokens per worker), TTFT p50/p99
+(service model), decision p50/p99 (wall-clock time of the policy's choice, measured; also on the
 thread's CPU clock, which a busy shared machine does not inflate with time spent descheduled).
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from router.events import EventBatch
 from router.key import BlockHash, Namespace, reusable_tokens
 from router.ledger import BlockLedger
 from router.policy import PolicyConfig
+from router.service import EngineProfile, LinearService, ProfileService
 from router.sim_policies import SimPolicy, SimRequest, make_policy
 from router.trace import TraceRequest
 
@@ -48,6 +51,9 @@ class SimConfig:
     decode_share: float = 0.01
     event_delay_s: float = 0.05
     seed: int = 0
+    ttft_slo_s: float = 2.0  # goodput counts the requests whose TTFT is within this
+    trace_block: int = 512  # tokens per hash id in the trace (512 in Mooncake traces)
+    profile: EngineProfile | None = None  # the measured engine instead of the linear model
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -61,13 +67,29 @@ class SimConfig:
             raise ValueError("--prefill-tps and --decode-tps must be positive tokens/s")
         if self.ttl_s <= 0:
             raise ValueError(f"--ttl-s must be positive seconds, got {self.ttl_s}")
+        if self.ttft_slo_s <= 0:
+            raise ValueError(f"--ttft-slo-s must be positive seconds, got {self.ttft_slo_s}")
+        big, small = max(self.block_size, self.trace_block), min(self.block_size, self.trace_block)
+        if small <= 0 or big % small:
+            raise ValueError(f"--block-size {self.block_size} and the trace's "
+                             f"{self.trace_block}-token blocks must divide one another")
+        if self.profile is not None:
+            self.profile.check(self.block_size)
+
+    def service(self) -> LinearService | ProfileService:
+        if self.profile is not None:
+            return ProfileService(self.profile)
+        return LinearService(self.prefill_tps, self.decode_tps, self.decode_share)
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyResult:
     name: str
+    goodput: float  # share of requests whose TTFT is within ``ttft_slo_s``
     hit_ratio: float
+    prefill_tokens: int  # tokens prefilled on all workers (input less cached)
     imbalance: float
+    ttft_mean_s: float
     ttft_p50_s: float
     ttft_p99_s: float
     decision_p50_us: float
@@ -75,32 +97,37 @@ class PolicyResult:
     decision_cpu_p50_us: float  # the same decisions on the thread's CPU clock
     decision_cpu_p99_us: float
     reasons: dict[str, int] = field(default_factory=dict)
+    itl_p99_s: float | None = None  # with a profile: decode modelled per step
 
 
 TRACE_BLOCK = 512  # tokens per hash id in Mooncake traces
 
 
-def to_requests(trace: Sequence[TraceRequest], block_size: int) -> list[SimRequest]:
+def to_requests(trace: Sequence[TraceRequest], block_size: int,
+                trace_block: int = TRACE_BLOCK) -> list[SimRequest]:
     """Trace lines as simulator requests: one hash per full block of ``block_size`` tokens.
 
-    ``block_size`` must be a multiple of the trace's 512-token blocks; a larger block is
-    named by the id of its last 512-token block (ids are chain-unique, so that id names the
-    whole prefix up to there).
+    A block larger than the trace's (a multiple of it) is named by the id of its last trace
+    block (ids are chain-unique, so that id names the whole prefix up to there); a smaller
+    one (a divisor) by its trace block's id and its place inside it.
     """
-    if block_size % TRACE_BLOCK:
-        raise ValueError(f"--block-size must be a multiple of the trace's {TRACE_BLOCK}-token "
-                         f"blocks, got {block_size}")
-    k = block_size // TRACE_BLOCK
+    if block_size % trace_block and trace_block % block_size:
+        raise ValueError(f"--block-size must be a multiple or a divisor of the trace's "
+                         f"{trace_block}-token blocks, got {block_size}")
     out = []
     for rid, t in enumerate(trace):
-        full = min(len(t.hash_ids) // k, t.input_length // block_size)
-        out.append(SimRequest(rid, t.input_length, t.output_length,
-                              tuple(BlockHash(t.hash_ids[(i + 1) * k - 1] + 1)
-                                    for i in range(full))))
+        full = min(len(t.hash_ids) * trace_block, t.input_length) // block_size
+        if block_size >= trace_block:
+            k = block_size // trace_block
+            hashes = tuple(BlockHash(t.hash_ids[(i + 1) * k - 1] + 1) for i in range(full))
+        else:
+            k = trace_block // block_size
+            hashes = tuple(BlockHash((t.hash_ids[i // k] + 1) * k + i % k) for i in range(full))
+        out.append(SimRequest(rid, t.input_length, t.output_length, hashes))
     return out
 
 
-def ideal_hit_ratio(trace: Sequence[TraceRequest]) -> float:
+def ideal_hit_ratio(trace: Sequence[TraceRequest], trace_block: int = TRACE_BLOCK) -> float:
     """One cache of unlimited size, every listed block id stored (the trace's own figure)."""
     seen: set[int] = set()
     hit = total = 0
@@ -110,10 +137,24 @@ def ideal_hit_ratio(trace: Sequence[TraceRequest]) -> float:
             if h not in seen:
                 break
             n += 1
-        hit += reusable_tokens(t.input_length, n, TRACE_BLOCK)
+        hit += reusable_tokens(t.input_length, n, trace_block)
         total += t.input_length
         seen.update(t.hash_ids)
     return hit / total if total else 0.0
+
+
+def offered_load(trace: Sequence[TraceRequest], config: SimConfig) -> float:
+    """The trace's prefill work over the workers' prefill capacity, with nothing cached.
+
+    Above 1 the queues grow without bound under any policy that cannot cache enough: a
+    service rate there measures collapse, not routing. Caching lowers the real load.
+    """
+    if len(trace) < 2:
+        return 0.0
+    span = trace[-1].arrival_s - trace[0].arrival_s
+    prefill = config.service().prefill_s
+    work = sum(prefill(t.input_length, 0, 0, t.input_length) for t in trace)
+    return work / (span * config.workers) if span > 0 else float("inf")
 
 
 class _Worker:
@@ -145,8 +186,9 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
     timeline: list[tuple[float, int, str, object]] = []  # (time, seq, kind, payload)
     seq = 0
     hit = total = 0
-    ttfts, decisions, decisions_cpu = [], [], []
-    requests = to_requests(trace, config.block_size)
+    ttfts, itls, decisions, decisions_cpu = [], [], [], []
+    service = config.service()
+    requests = to_requests(trace, config.block_size, config.trace_block)
     for i, (t, req) in enumerate(zip(trace, requests)):
         now = t.arrival_s
         while timeline and timeline[0][0] <= now:
@@ -158,14 +200,16 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         decisions_cpu.append((time.thread_time_ns() - started_cpu) / 1000.0)
         policy.started(req, wid, now)
         stored_before = workers[wid].ledger.stats().stored_blocks if on_served else 0
-        cached, first, end, batch = _serve(workers[wid], req, now, config)
+        served = _serve(workers[wid], req, now, config, service)
         if on_served is not None:
             stored = workers[wid].ledger.stats().stored_blocks - stored_before
-            on_served(i, wid, cached, stored * config.block_size)
-        hit += cached
+            on_served(i, wid, served.cached, stored * config.block_size)
+        hit += served.cached
         total += req.input_length
-        ttfts.append(first - now)
-        for when, kind, payload in ((first + config.event_delay_s, "events", batch),
+        ttfts.append(served.first - now)
+        itls.append(served.step_s)
+        first, end = served.first, served.end
+        for when, kind, payload in ((first + config.event_delay_s, "events", served.events),
                                     (first, "prefilled", req.rid), (end, "finished", req.rid)):
             if kind != "events" or payload is not None:
                 heapq.heappush(timeline, (when, seq, kind, payload))
@@ -174,42 +218,62 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
             progress(f"{name}: {i + 1}/{len(trace)} requests")
     prefilled = [w.prefilled_tokens for w in workers.values()]
     mean = sum(prefilled) / len(prefilled)
+    within = sum(1 for t in ttfts if t <= config.ttft_slo_s)
     return PolicyResult(
         name=name,
+        goodput=within / len(ttfts) if ttfts else 0.0,
         hit_ratio=hit / total if total else 0.0,
+        prefill_tokens=sum(prefilled),
         imbalance=max(prefilled) / mean if mean else 1.0,
+        ttft_mean_s=sum(ttfts) / len(ttfts) if ttfts else 0.0,
         ttft_p50_s=_quantile(ttfts, 0.50), ttft_p99_s=_quantile(ttfts, 0.99),
         decision_p50_us=_quantile(decisions, 0.50), decision_p99_us=_quantile(decisions, 0.99),
         decision_cpu_p50_us=_quantile(decisions_cpu, 0.50),
         decision_cpu_p99_us=_quantile(decisions_cpu, 0.99),
-        reasons=dict(policy.reasons))
+        reasons=dict(policy.reasons),
+        itl_p99_s=_quantile(itls, 0.99) if service.per_step else None)
 
 
-def _serve(worker: _Worker, req: SimRequest, now: float,
-           config: SimConfig) -> tuple[int, float, float, EventBatch | None]:
-    """Run one request on ``worker``: (cached tokens, first-token time, end time, events)."""
+@dataclass(frozen=True, slots=True)
+class _Served:
+    cached: int
+    first: float        # first-token time
+    end: float          # last-token time
+    step_s: float       # one decode step of the batch it joined (its inter-token latency)
+    events: EventBatch | None
+
+
+def _serve(worker: _Worker, req: SimRequest, now: float, config: SimConfig,
+           service: LinearService | ProfileService) -> _Served:
+    """Run one request on ``worker``: FIFO prefill, then decode beside the others."""
     start = max(now, worker.free_at)
-    worker.now = start
-    matched = worker.ledger.match(req.hashes)
-    cached = reusable_tokens(req.input_length, matched, config.block_size)
     decodes = worker.decodes
     while decodes and decodes[0] <= start:
         heapq.heappop(decodes)
+    while service.max_batch and len(decodes) >= service.max_batch:
+        start = max(start, heapq.heappop(decodes))  # admitted when a batch slot frees
+    worker.now = start
+    matched = worker.ledger.match(req.hashes)
+    cached = reusable_tokens(req.input_length, matched, config.block_size)
     compute = req.input_length - cached
-    first = start + compute / config.prefill_tps * (1.0 + config.decode_share * len(decodes))
+    first = start + service.prefill_s(compute, cached, len(decodes), req.input_length)
     worker.free_at = first
     worker.prefilled_tokens += compute
     worker.now = first
     if req.hashes:
         worker.ledger.insert(req.hashes, config.block_size, "trace", worker.root)
-    end = first + req.output_length / config.decode_tps
+    step = service.step_s(len(decodes) + 1, req.input_length + req.output_length // 2)
+    # the linear model decodes every output token at its rate; the engine's first token
+    # comes with the prefill
+    steps = max(0, req.output_length - 1) if service.per_step else req.output_length
+    end = first + steps * step
     heapq.heappush(decodes, end)
     events = worker.ledger.drain_events()
     batch = None
     if events:
         batch = EventBatch(worker.wid, worker.seq, tuple(events))
         worker.seq += 1
-    return cached, first, end, batch
+    return _Served(cached, first, end, step, batch)
 
 
 def _deliver(policy: SimPolicy, kind: str, payload: object) -> None:
@@ -242,15 +306,20 @@ def simulate(trace: Sequence[TraceRequest], names: Sequence[str], config: SimCon
         "capacity_tokens": config.capacity_tokens,
         "block_size": config.block_size,
         "eviction": config.eviction,
-        "ideal_hit_ratio": round(ideal_hit_ratio(trace), 4),
+        "ttft_slo_s": config.ttft_slo_s,
+        "offered_load": round(offered_load(trace, config), 3),
+        "ideal_hit_ratio": round(ideal_hit_ratio(trace, config.trace_block), 4),
+        "service": "profile" if config.profile is not None else "linear",
         "policies": [_row(r) for r in results],
     }
 
 
 def _row(r: PolicyResult) -> dict:
-    return {"name": r.name, "hit_ratio": round(r.hit_ratio, 4),
-            "imbalance": round(r.imbalance, 3), "ttft_p50_s": round(r.ttft_p50_s, 3),
+    return {"name": r.name, "goodput": round(r.goodput, 4), "hit_ratio": round(r.hit_ratio, 4),
+            "prefill_tokens": r.prefill_tokens, "imbalance": round(r.imbalance, 3),
+            "ttft_mean_s": round(r.ttft_mean_s, 3), "ttft_p50_s": round(r.ttft_p50_s, 3),
             "ttft_p99_s": round(r.ttft_p99_s, 3), "decision_p50_us": round(r.decision_p50_us, 1),
             "decision_p99_us": round(r.decision_p99_us, 1),
             "decision_cpu_p50_us": round(r.decision_cpu_p50_us, 1),
-            "decision_cpu_p99_us": round(r.decision_cpu_p99_us, 1), "reasons": r.reasons}
+            "decision_cpu_p99_us": round(r.decision_cpu_p99_us, 1), "reasons": r.reasons,
+            **({"itl_p99_s": round(r.itl_p99_s, 4)} if r.itl_p99_s is not None else {})}

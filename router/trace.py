@@ -17,6 +17,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+# The Mooncake conversation trace, shipped with orchard (attribution in traces/README.md).
+DEFAULT_TRACE = Path(__file__).resolve().parent / "traces" / "conversation_trace.jsonl"
+
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:

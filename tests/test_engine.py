@@ -199,3 +199,120 @@ def test_more_requests_than_the_batch_holds_all_finish_with_the_same_tokens():
     assert [r.output_tokens for r in results] == alone
     assert [len(r.output_tokens) for r in results] == [4, 5, 6, 7, 8]
     assert sum(r.cached_tokens > 0 for r in results) >= 4  # the siblings reuse the first one's blocks
+
+
+def _drive(eng: Engine, requests, abort: tuple[str, int] | None = None
+           ) -> tuple[dict[str, list[int]], dict[str, GenerateResult]]:
+    """Step ``requests`` to completion; ``abort=(id, n)`` aborts ``id`` once it has n tokens."""
+    for r in requests:
+        eng.submit(r)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    finished: dict[str, GenerateResult] = {}
+    while eng.busy:
+        if abort and len(tokens[abort[0]]) == abort[1]:
+            assert eng.abort(abort[0]) is True
+            abort = None
+        out = eng.step()
+        for d in out.deltas:
+            tokens[d.request_id].append(d.token)
+        finished.update({f.request_id: f for f in out.finished})
+    return tokens, finished
+
+
+def test_abort_stops_a_running_request_and_leaves_the_others_unchanged():
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False))
+    prompts = [prompt_of(30 + 9 * i, seed=40 + i) for i in range(3)]
+
+    def batch(tag: str):
+        return [GenerateRequest(f"{tag}{i}", eng.namespace("t"), tuple(p), SamplingParams(12))
+                for i, p in enumerate(prompts)]
+
+    alone, _ = _drive(eng, batch("a"))
+    tokens, finished = _drive(eng, batch("b"), abort=("b1", 4))
+    assert tokens["b1"] == alone["a1"][:4]  # nothing after the step before the abort
+    assert tokens["b0"] == alone["a0"] and tokens["b2"] == alone["a2"]
+    assert [len(t) for t in alone.values()] == [12, 12, 12]
+    assert set(finished) == {"b0", "b2"}
+    assert not eng.abort("b1") and not eng.abort("nobody")
+
+
+def test_abort_of_a_queued_request_runs_nothing_and_frees_its_id():
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS))
+    first, second = (req(eng, prompt_of(20, seed=50 + i), max_tokens=3) for i in range(2))
+    eng.submit(first)
+    eng.submit(second)
+    assert eng.abort(second.request_id)
+    tokens = {}
+    while eng.busy:
+        for d in eng.step().deltas:
+            tokens.setdefault(d.request_id, []).append(d.token)
+    assert list(tokens) == [first.request_id] and len(tokens[first.request_id]) == 3
+    eng.submit(second)  # its id is free again
+    assert eng.abort(second.request_id) and not eng.busy
+
+
+def test_chunked_prefill_gives_the_same_tokens_and_logprobs():
+    whole = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False))
+    chunked = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False,
+                                                            prefill_budget=16))
+    prompt = prompt_of(100, seed=60)
+    runs = []
+    for eng in (whole, chunked):
+        eng.submit(req(eng, prompt, max_tokens=8))
+        steps, deltas = [], []
+        while eng.busy:
+            out = eng.step()
+            steps.append(len(out.deltas))
+            deltas += out.deltas
+        assert len(deltas) == 8
+        runs.append(deltas)
+    assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
+    assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
+    # 99 body tokens in chunks of 16: the 7th step runs the last 3 and the final token
+    assert steps[:7] == [0, 0, 0, 0, 0, 0, 1]
+
+
+def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills():
+    # a stall bound this loose leaves the budget at its ceiling: 16 tokens every step
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=16,
+                                                        decode_stall=1e6))
+    short = [req(eng, prompt_of(8, seed=61 + i), max_tokens=60) for i in range(2)]
+    for r in short:
+        eng.submit(r)
+    assert {d.request_id for d in eng.step().deltas} == {r.request_id for r in short}
+    assert not eng.step().deltas  # joining the batch: mlx-lm computes their next token ahead
+    long = req(eng, prompt_of(300, seed=63), max_tokens=2)
+    eng.submit(long)
+    per_step = []
+    while True:
+        out = eng.step()
+        per_step.append({d.request_id for d in out.deltas})
+        if long.request_id in per_step[-1]:
+            break
+    # 299 body tokens at 16 a step: 19 steps, and the running pair decodes in every one
+    assert len(per_step) == 19
+    assert all({r.request_id for r in short} <= got for got in per_step)
+    while eng.busy:
+        eng.step()
+
+
+def test_a_job_sharing_a_first_block_waits_and_reuses_the_older_ones_prompt():
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS))
+    shared = prompt_of(40, seed=64)
+    a, b = (req(eng, shared + prompt_of(5, seed=65 + i)) for i in range(2))
+    ra, rb = eng.generate([a, b])
+    assert (ra.cached_tokens, rb.cached_tokens) == (0, 32)
+    # a stores 2 blocks of its prompt, then a third at the finish (45 + 5 tokens cached);
+    # b stores only its own third block
+    assert (ra.written_tokens, rb.written_tokens) == (48, 16)
+
+
+def test_abort_during_prefill_keeps_the_completed_blocks():
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=16))
+    long = req(eng, prompt_of(200, seed=66))
+    eng.submit(long)
+    for _ in range(3):
+        assert not eng.step().deltas
+    assert eng.abort(long.request_id) and not eng.busy
+    assert eng.step().deltas == ()
+    assert eng.store.stats().ledger.tokens == 48  # three chunks of 16, one block each

@@ -1,7 +1,10 @@
-"""``orchard bench engine --json`` prints the keys the issue lists (figures, not timed asserts)."""
+"""``orchard bench engine --json`` and ``orchard bench vs-mlx-lm --json`` print the keys the
+issues list (figures, not timed asserts)."""
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from cluster.cli import main
 from tests.forged_models import tiny_model
@@ -9,10 +12,12 @@ from tests.forged_models import tiny_model
 
 def test_bench_engine_json_keys(capsys):
     assert main(["bench", "engine", "--model", str(tiny_model("llama")), "--turns", "3",
-                 "--reply-tokens", "8", "--json"]) == 0
+                 "--reply-tokens", "8", "--long-prompt", "600", "--stall-rounds", "1",
+                 "--prefill-prompts", "3", "--prefill-tokens", "40", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"turns", "ttft_warm_over_floor", "ttft_cold_over_warm", "bytes_per_cached_token",
-            "theoretical_bytes_per_token"} <= set(out)
+            "theoretical_bytes_per_token", "decode_stall_ratio", "tpot_idle_p99_s",
+            "tpot_admitting_p99_s", "prefill_tokens_per_s"} <= set(out)
     assert len(out["turns"]) == 3
     for turn in out["turns"]:
         assert {"ttft_warm_s", "ttft_cold_s", "ttft_floor_s", "cached_tokens",
@@ -23,3 +28,28 @@ def test_bench_engine_json_keys(capsys):
     # tiny model: 2 layers x 2 kv heads x head_dim 16 x 2 (K and V) x 4 bytes
     assert out["theoretical_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
     assert out["bytes_per_cached_token"] == out["theoretical_bytes_per_token"]
+    assert out["decode_stall_ratio"] > 0 and out["long_prompt_tokens"] == 600
+    assert 0 < out["long_prompt_tokens_prefilled"] < 600  # aborted before it completes
+    prefill = out["prefill_tokens_per_s"]
+    assert (prefill["prompts"], prefill["prompt_tokens"]) == (3, 40)
+    assert prefill["batched_tokens_per_s"] > 0 and prefill["one_at_a_time_tokens_per_s"] > 0
+
+
+def test_bench_engine_refuses_a_long_prompt_past_the_context(capsys):
+    assert main(["bench", "engine", "--model", str(tiny_model("llama")), "--skip-turns",
+                 "--long-prompt", "4000"]) != 0
+    assert "does not fit the model's context of 2048" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_vs_mlx_lm_json_keys(capsys):
+    assert main(["bench", "vs-mlx-lm", "--model", str(tiny_model("llama")), "--system-words",
+                 "40", "--turns", "2", "--user-words", "8", "--reply-tokens", "4", "--chats",
+                 "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [t["turn"] for t in out["turns"]] == [1, 2]
+    assert all(t["ttft_orchard_s"] > 0 and t["ttft_mlx_lm_s"] > 0 for t in out["turns"])
+    assert out["batch_wall_orchard_s"] > 0 and out["batch_wall_mlx_lm_s"] > 0
+    assert out["targets"] == {"warm_ttft": 0.9, "cold_ttft": 1.05, "batch_wall": 0.8}
+    assert out["cold_ttft_ratio"] == out["turns"][0]["ttft_orchard_s"] / out["turns"][0][
+        "ttft_mlx_lm_s"]

@@ -11,7 +11,7 @@ import mlx_lm
 
 from cluster.cli import main
 from tests.forged_models import TINY, tiny_model
-from workers.forge import ForgeSpec, ensure_default_model, forge
+from workers.forge import ForgeSpec, forge
 
 
 def test_forged_directory_loads_offline_with_mlx_lm():
@@ -50,15 +50,6 @@ def test_bad_specs_are_value_errors(tmp_path):
     with pytest.raises(ValueError, match="kv_heads"):
         forge(tmp_path / "x", ForgeSpec(heads=4, kv_heads=3))
     assert not (tmp_path / "x").exists()
-
-
-def test_default_model_is_forged_on_first_use(tmp_path, monkeypatch):
-    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path))
-    path = ensure_default_model()
-    assert path == tmp_path / "models" / "default"
-    stamp = (path / "model.safetensors").stat().st_mtime_ns
-    assert ensure_default_model() == path
-    assert (path / "model.safetensors").stat().st_mtime_ns == stamp  # not forged twice
 
 
 def test_cli_forge(tmp_path, capsys):

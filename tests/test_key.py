@@ -58,3 +58,27 @@ def test_event_batch_round_trips_through_msgpack():
     assert decode_batch(encode_batch(batch)) == batch
     with pytest.raises(ValueError, match="malformed"):
         decode_batch(b"\x93\x01")
+
+
+def test_hash_values_are_pinned_and_equal_from_a_list_or_a_buffer():
+    import numpy as np
+    from array import array
+
+    # Values from the list path before buffers were accepted: the cache key must not move.
+    first, last = 291786853206517943913127683035810115716, 150702781060188512435289968491663912098
+    for tokens in (list(range(100)), array("I", range(100)), np.arange(100, dtype=np.uint32),
+                   memoryview(array("I", range(100))), np.arange(100, dtype=np.int64)):
+        hashes = hash_blocks(tokens, 16, NS)
+        assert (len(hashes), hashes[0], hashes[-1]) == (6, first, last)
+    big = hash_blocks(np.arange(1024, dtype=np.uint32), 512, NS)
+    assert big[-1] == 106310920090690094911381279151569081672
+    # a strided view is not one contiguous buffer: it is read item by item, same hashes
+    assert hash_blocks(np.arange(200, dtype=np.uint32)[::2], 16, NS) == \
+        hash_blocks(list(range(0, 200, 2)), 16, NS)
+
+
+def test_a_signed_buffer_with_a_negative_id_is_a_value_error():
+    import numpy as np
+
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 2\*\*32\)"):
+        hash_blocks(np.full(16, -1, dtype=np.int32), 16, NS)

@@ -1,5 +1,6 @@
-"""The worker actor's plain class, ``EngineWorker``, without Ray: a real engine on its thread,
-block events delivered (msgpack-encoded) to a real ``Router`` through a handle-shaped shim."""
+"""The worker actor's plain class, ``EngineWorker``, without Ray: a real engine on its runtime
+thread, block events piggybacked on results (and delivered msgpack-encoded to a real ``Router``
+through a handle-shaped shim, as to the router actor), requests aborted."""
 from __future__ import annotations
 
 import asyncio
@@ -30,7 +31,6 @@ class RouterHandle:
 
     def __init__(self, router: Router) -> None:
         self.apply_events = _Method(router.apply_events)
-        self.prefilled = _Method(router.prefilled)
 
 
 def _request(worker_ns: Namespace, rid: str, prompt: tuple[int, ...], max_tokens: int = 4):
@@ -50,11 +50,15 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
 
         decision = router.route(ns, hash_blocks(prompt, BLOCK, ns), len(prompt))
         router.started("a", decision)
-        items = [i async for i in worker.generate(_request(ns, "a", prompt, 5), routed=True)]
+        items = [i async for i in worker.generate(_request(ns, "a", prompt, 5), feed_after=0)]
         assert all(isinstance(i, TokenChunk) for i in items[:-1])
         assert isinstance(items[-1], WorkerDone) and len(items) == 6
         router.finished("a")
         assert items[-1].worker_s > 0
+        # the result carries every block event batch so far: 64 prompt tokens = 4 blocks
+        piggybacked = items[-1].events
+        assert [b.seq for b in piggybacked] == list(range(1, len(piggybacked) + 1))
+        assert sum(len(b.events) for b in piggybacked) == len(prompt) // BLOCK
 
         # the store's block events reached the router: the prefix is routed home, matched
         again = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
@@ -64,7 +68,10 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
 
         stats = await worker.stats()
         assert stats.requests_served == 2 and stats.cached_tokens == len(prompt)
-        assert stats.cache_blocks == len(await worker.holdings()) > 0
+        holdings = await worker.holdings()
+        assert stats.cache_blocks == len(holdings.blocks) == len(prompt) // BLOCK
+        assert stats.written_tokens == len(prompt)
+        assert holdings.seq == piggybacked[-1].seq  # request b stored no new full block
         assert await worker.ping() > 0
 
         with pytest.raises(ValueError, match="vocabulary"):
@@ -73,7 +80,7 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
             await worker.invalidate(None, None)
         assert await worker.invalidate(Namespace("nobody", "x"), None) == 0
         removed = await worker.invalidate(ns, None)
-        assert removed > 0 and await worker.holdings() == []
+        assert removed == len(prompt) // BLOCK and (await worker.holdings()).blocks == ()
         after = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
         assert after.expected_cached_tokens == 0, "invalidation reaches the router"
         await worker.close()

@@ -252,3 +252,44 @@ def test_candidates_read_as_records_compare_and_pickle():
     assert again == decision and tuple(again.candidates) == records
     with pytest.raises(AttributeError):
         decision.candidates._rows = ()  # noqa: SLF001 - immutability is the point
+
+
+def test_a_known_shared_prefix_stored_on_one_worker_is_weighted_there():
+    # S (8 blocks, 128 tokens) is a known shared prefix stored on "a" only; the prompt adds 53
+    # tokens of its own. "a" has 300 tokens queued. Its score: 300 + 181 - 128 = 353 at
+    # weight 1, 353 - 3 x 128 = -31 at weight 4; the others' 181.
+    workers = ("a", "b", "c")
+    hashes = hash_blocks(prompt(3, 11), BS, NS)
+    loads = [WorkerLoad("a", 300, 0), WorkerLoad("b", 0, 0), WorkerLoad("c", 0, 0)]
+
+    def choose(weight: float, stored_on: tuple[str, ...]):
+        return decide(PolicyConfig(shared_weight=weight), BS, hashes, 11 * BS + 5, {"a": 8},
+                      loads, 7, shared_blocks=8, shared_stored_on=stored_on)
+
+    weighted = choose(4.0, ("a",))
+    homes = rendezvous(hashes[8], list(workers), 7, choices=2)  # the first unshared block
+    reason = Reason.COLD_HASH if "a" in homes else Reason.COLD_SPILL
+    assert (weighted.worker_id, weighted.reason) == ("a", reason)
+    assert {c.worker_id: c.score for c in weighted.candidates} == {"a": -31, "b": 181, "c": 181}
+    assert choose(1.0, ("a",)).worker_id != "a"
+    # routed there but not yet stored (no event): no weight, so a burst still spreads
+    assert choose(4.0, ()).worker_id != "a"
+    # held by two workers: nothing is only a's, no weight
+    two = decide(PolicyConfig(), BS, hashes, 11 * BS + 5, {"a": 8, "b": 8}, loads, 7,
+                 shared_blocks=8, shared_stored_on=("a", "b"))
+    assert two.worker_id == "b"
+
+
+def test_the_index_names_a_blocks_holders_by_events_not_by_routing():
+    from router.index import PrefixIndex
+
+    index = PrefixIndex()
+    for w in ("a", "b"):
+        index.add_worker(w)
+    hashes = hash_blocks(prompt(2, 2), BS, NS)
+    index.note_routed("b", hashes, now=0.0)
+    assert index.holders(hashes[1]) == []
+    ledger = BlockLedger(10**9, 3600, lambda: 0.0, bytes_per_token=1)
+    ledger.insert(hashes, BS, NS.label(), NS.root())
+    index.apply(EventBatch("a", 0, tuple(ledger.drain_events())))
+    assert index.holders(hashes[1]) == ["a"]

@@ -51,8 +51,11 @@ def test_only_full_blocks_reach_the_workers_and_bigger_blocks_group_ids():
     reqs = to_requests([TraceRequest(0.0, 1300, 1, (7, 8, 9))], 512)
     assert len(reqs[0].hashes) == 2  # the 276-token tail is never stored
     assert len(to_requests([TraceRequest(0.0, 2100, 1, (1, 2, 3, 4, 5))], 1024)[0].hashes) == 2
-    with pytest.raises(ValueError, match="multiple of the trace's 512"):
-        to_requests([], 256)
+    # a smaller block splits each trace block: 1300 tokens hold 5 full blocks of 256
+    small = to_requests([TraceRequest(0.0, 1300, 1, (7, 8, 9))], 256)[0].hashes
+    assert small == (16, 17, 18, 19, 20)  # (id + 1) x 2 + place: ids 7, 7, 8, 8, 9
+    with pytest.raises(ValueError, match="multiple or a divisor of the trace's 512"):
+        to_requests([], 384)
 
 
 def test_policies_side_by_side_on_a_small_trace(small_trace):
@@ -63,12 +66,14 @@ def test_policies_side_by_side_on_a_small_trace(small_trace):
     rows = {r["name"]: r for r in summary["policies"]}
     assert list(rows) == list(POLICY_NAMES)
     for r in rows.values():
-        assert set(r) >= {"name", "hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s",
-                          "decision_p50_us", "decision_p99_us"}
+        assert set(r) >= {"name", "goodput", "hit_ratio", "prefill_tokens", "imbalance",
+                          "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "decision_p50_us",
+                          "decision_p99_us"}
+        assert 0.0 <= r["goodput"] <= 1.0
         assert 0.0 <= r["hit_ratio"] <= summary["ideal_hit_ratio"]
         assert r["imbalance"] >= 1.0 and r["ttft_p99_s"] >= r["ttft_p50_s"] >= 0.0
     assert rows["orchard"]["hit_ratio"] > rows["round_robin"]["hit_ratio"] + 0.2
-    assert rows["consistent_hash"]["imbalance"] > rows["orchard"]["imbalance"]
+    assert rows["orchard"]["goodput"] > rows["round_robin"]["goodput"]
 
 
 def test_replay_is_deterministic_for_a_seed(small_trace):
@@ -94,7 +99,10 @@ def test_cli_bad_input_is_an_error_message_not_a_traceback(tmp_path, capsys):
     assert "t.jsonl:2: expected a JSON object" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(path), "--policies", "nope"]) == 2
     assert "unknown policy nope" in capsys.readouterr().err
-    assert main(["simulate"]) == 2
+    assert main(["simulate", "--trace", str(path), "--decision-bench"]) == 2
+    assert "at most one of" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(path), "--ttft-slo-s", "0", "--quiet"]) == 2
+    assert "--ttft-slo-s must be positive" in capsys.readouterr().err
 
 
 def test_decision_bench_reports_its_setup():

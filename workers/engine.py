@@ -1,23 +1,28 @@
 """The engine: one loaded model, its prefix store, and continuous batching of requests.
 
-The engine owns the store and an mlx-lm ``BatchGenerator``. A request goes through::
+The engine owns the store, the admission queue and step budget (``workers.scheduler``), the
+requests in prefill (``workers.prefill``) and an mlx-lm ``BatchGenerator`` for the decodes.
+A request goes through::
 
-    submit ─► validate ─► queue
-    step:  admit one queued request:  lookup in the store ─► prefill the uncached suffix
-           onto the reused K/V ─► sample the first token ─► write the prompt's new full
-           blocks ─► join the running batch (mlx-lm's ``BatchGenerator``)
-           one decode step for every running request
+    submit ─► validate ─► admission (per-tenant round robin)
+    step:  admit while the batch has room: lookup in the store ─► a prefill job holding the
+           reused K/V
+           one decode step for every running request (mlx-lm's ``BatchGenerator``)
            ─► finished requests write their output blocks and return a ``GenerateResult``
+           prefill chunks within the step's token budget, oldest job first, jobs at equal
+           cache lengths batched into one pass ─► store the blocks the chunks completed
+           a job whose prompt is all in: its last token through the whole model ─► the
+           first token ─► join the running batch
 
-Requests join and leave the decode batch between steps (continuous batching); several run at
-once. Prefill runs through the model body without the vocabulary projection, which only the
-last prompt token needs; the first token is sampled right there, so TTFT is prefill plus one
-projection, and the store's writes come after it. Timings are ``now_ns`` stamps
-(``time.time_ns`` by default) so the cluster can draw lookup/prefill/decode spans: this
-module never imports OpenTelemetry.
+Requests join and leave the decode batch between steps (continuous batching); a long prompt
+is prefilled a chunk per step, so running requests keep decoding while it is admitted.
+Prefill runs through the model body without the vocabulary projection, which only the last
+prompt token needs. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
+cluster can draw lookup/prefill/decode spans: this module never imports OpenTelemetry.
 
 Bad input raises ``ValueError`` from ``submit`` with what to fix, and nothing is queued, so
 the other requests are untouched; ``generate`` turns such errors into ``RequestFailed``.
+``abort`` drops a request wherever it is.
 """
 from __future__ import annotations
 
@@ -30,11 +35,14 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
-from router.key import Namespace
+from router.events import BlockEvent
+from router.key import BlockHash, Namespace
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
 from workers.model_dir import LoadedModel, open_model_dir
+from workers.prefill import PrefillJob, run_chunks
+from workers.scheduler import Admission, StepBudget, split_budget
 from workers.sequence import Sequence, TokenDelta, make_sampler
-from workers.store import PrefixStore
+from workers.store import PrefixStore, StoreStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +52,9 @@ class EngineConfig:
     ttl_s: float = 300.0
     eviction: str = "reuse"   # the store's eviction policy: "reuse" or plain "lru"
     use_store: bool = True     # False: every request computes its whole prompt
-    max_batch: int = 8         # requests decoding at once
-    prefill_chunk: int = 2048  # tokens per prefill forward pass
+    max_batch: int = 8         # requests in prefill or decoding at once
+    prefill_budget: int = 512  # prompt tokens prefilled per step (workers.scheduler)
+    decode_stall: float = 2.0  # while requests decode, a step takes about this many decode steps
     worker_id: str = ""
 
 
@@ -75,10 +84,14 @@ class Engine:
                                  config.ttl_s, clock, config.eviction)
         self._eos = set(loaded.tokenizer.eos_token_ids)
         self._stops = StopSequences([[e] for e in sorted(self._eos)])
+        self._body = getattr(loaded.model, "model", loaded.model)  # without the vocabulary
         self._batch = BatchGenerator(loaded.model, completion_batch_size=config.max_batch,
-                                     prefill_batch_size=1)
-        self._queue: list[tuple[GenerateRequest, int]] = []
+                                     prefill_batch_size=config.max_batch)
+        self._admission: Admission[tuple[GenerateRequest, int]] = Admission()
+        self._prefilling: list[PrefillJob] = []  # oldest first
         self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
+        self._budget = StepBudget(config.prefill_budget, config.decode_stall,
+                                  min(4, config.prefill_budget))
 
     @classmethod
     def open(cls, model_dir: Path | str, config: EngineConfig | None = None, *,
@@ -151,7 +164,8 @@ class Engine:
             raise ValueError(
                 f"request {req.request_id}: need temperature >= 0 and 0 < top_p <= 1, "
                 f"got {s.temperature} and {s.top_p}")
-        busy = {q.request_id for q, _ in self._queue}
+        busy = set(self._admission.keys())
+        busy.update(job.request_id for job in self._prefilling)
         busy.update(seq.request.request_id for seq in self._running.values())
         if req.request_id in busy:
             raise ValueError(f"request id {req.request_id!r} is already running: use a unique id")
@@ -159,28 +173,44 @@ class Engine:
     def submit(self, req: GenerateRequest) -> None:
         """Validate and queue ``req``; it starts on a later ``step``."""
         self.validate(req)
-        self._queue.append((req, self._now_ns()))
+        self._admission.push(req.namespace.tenant, req.request_id, (req, self._now_ns()))
+
+    def abort(self, request_id: str) -> bool:
+        """Drop ``request_id`` wherever it is; return whether it was queued or running.
+
+        It yields nothing from the next ``step`` on and its K/V is freed with it; the blocks
+        its prefill already wrote stay in the store (they are complete and shared).
+        """
+        if self._admission.remove(request_id):
+            return True
+        for i, job in enumerate(self._prefilling):
+            if job.request_id == request_id:
+                del self._prefilling[i]
+                return True
+        uid = next((u for u, seq in self._running.items()
+                    if seq.request.request_id == request_id), None)
+        if uid is None:
+            return False
+        self._batch.remove([uid])
+        del self._running[uid]
+        return True
 
     @property
     def busy(self) -> bool:
-        return bool(self._queue or self._running)
+        return bool(len(self._admission) or self._prefilling or self._running)
 
     def step(self) -> StepOutput:
-        """Admit one queued request (lookup, prefill, first token), then decode one token for all."""
+        """Admit what fits, decode one token for every running request, prefill one budget."""
         deltas: list[TokenDelta] = []
         finished: list[GenerateResult] = []
-        if self._queue and len(self._running) < self.config.max_batch:
-            req, received = self._queue.pop(0)
-            self._admit(req, received, deltas, finished)
-        if not self._running:
-            return StepOutput(tuple(deltas), tuple(finished))
-        _, responses = self._batch.next()
-        for r in responses:
-            seq = self._running[r.uid]
-            added = seq.add(int(r.token), self._now_ns(), self._eos)
-            deltas.append(TokenDelta(seq.request.request_id, int(r.token), added, r.logprobs))
-            if r.finish_reason or seq.finish_reason:
-                finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
+        while len(self._admission) and (
+                len(self._running) + len(self._prefilling) < self.config.max_batch):
+            self._prefilling.append(self._queued(*self._admission.pop()))
+        decoding = bool(self._running)
+        if decoding:
+            self._decode(deltas, finished)
+        if self._prefilling:
+            self._prefill(self._budget.tokens(decoding), deltas, finished)
         return StepOutput(tuple(deltas), tuple(finished))
 
     def generate(self, requests: Iterable[GenerateRequest]) -> list[GenerateResult | RequestFailed]:
@@ -201,55 +231,97 @@ class Engine:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _admit(self, req: GenerateRequest, received_ns: int, deltas: list[TokenDelta],
-               finished: list[GenerateResult]) -> None:
-        """Lookup, prefill the uncached suffix, sample the first token, join the batch."""
+    def _queued(self, req: GenerateRequest, received_ns: int) -> PrefillJob:
+        bs = self.config.block_size
+        share = (req.namespace, req.prompt[:bs]) if self.config.use_store and len(
+            req.prompt) > bs else None
+        return PrefillJob(req, received_ns, list(req.prompt), make_sampler(req.sampling), share)
+
+    def _look_up(self, job: PrefillJob) -> None:
+        """Find the job's prompt in the store; its cache starts from the reused K/V."""
         lookup_start = self._now_ns()
-        prompt = list(req.prompt)
         if self.config.use_store:
-            found = self.store.lookup(req.namespace, prompt)
+            found = self.store.lookup(job.request.namespace, job.prompt)
             report, cache = found.report, found.cache
         else:
-            report, cache = _no_store_report(len(prompt), self.config.ttl_s), None
-        cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
-        lookup_end = prefill_start = self._now_ns()
-        seq = Sequence(req, report, received_ns, lookup_start, lookup_end, prefill_start,
-                       detokenizer=self.tokenizer.detokenizer)
-        sampler = make_sampler(req.sampling)
-        token, logprobs = self._first_token(prompt[report.matched_tokens:], cache, sampler)
-        added = seq.add(token, self._now_ns(), self._eos)
-        deltas.append(TokenDelta(req.request_id, token, added, logprobs))
+            report, cache = _no_store_report(len(job.prompt), self.config.ttl_s), None
+        job.cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
+        job.done = report.matched_tokens
+        lookup_end = self._now_ns()
+        job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
+                           lookup_end, detokenizer=self.tokenizer.detokenizer)
+
+    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult]) -> None:
+        start = self._now_ns()
+        _, responses = self._batch.next()
+        self._budget.observe_decode((self._now_ns() - start) / 1e9)
+        for r in responses:
+            seq = self._running[r.uid]
+            added = seq.add(int(r.token), self._now_ns(), self._eos)
+            deltas.append(TokenDelta(seq.request.request_id, int(r.token), added, r.logprobs))
+            if r.finish_reason or seq.finish_reason:
+                finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
+
+    def _prefill(self, budget: int, deltas: list[TokenDelta], finished: list[GenerateResult]
+                 ) -> None:
+        """Run this step's chunks; jobs whose prompt is all in get their first token."""
+        jobs = self._this_step(budget)
+        shares = split_budget([job.need for job in jobs], budget)
+        body = [min(n, job.need - 1) for job, n in zip(jobs, shares)]  # the last token waits
+        start = self._now_ns()
+        run_chunks(self._body, list(zip(jobs, body)))
+        mx.eval([[c.keys, c.values] for job, n in zip(jobs, body) if n for c in job.cache])
+        self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9)
+        for job, n, share in zip(jobs, body, shares):
+            if job.need == 1 and share > n:  # its share covers the last token too
+                self._prefilling.remove(job)
+                self._start_decoding(job, deltas, finished)
+            elif n and self.config.use_store:  # the blocks this chunk completed
+                job.seq.written += self.store.write(
+                    job.request.namespace, job.prompt[:job.done], job.cache)
+
+    def _this_step(self, budget: int) -> list[PrefillJob]:
+        """The jobs that get budget this step, oldest first, looked up when first reached.
+
+        A job that starts with the same block as an older job still in prefill waits for it:
+        looked up after the older one has stored its prompt, it reuses that prompt's blocks
+        instead of computing them again alongside.
+        """
+        chosen: list[PrefillJob] = []
+        ahead: set = set()
+        for job in self._prefilling:
+            if budget <= 0:
+                break
+            if job.first_block is not None:
+                if job.first_block in ahead:
+                    continue
+                ahead.add(job.first_block)
+            if job.seq is None:
+                self._look_up(job)
+            chosen.append(job)
+            budget -= job.need
+        return chosen
+
+    def _start_decoding(self, job: PrefillJob, deltas: list[TokenDelta],
+                        finished: list[GenerateResult]) -> None:
+        """The prompt's last token through the whole model: the first token; join the batch."""
+        req, seq = job.request, job.seq
+        logits = self._m.model(mx.array([job.prompt[-1:]]), cache=job.cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = job.sampler(logprobs) if job.sampler else mx.argmax(logprobs, axis=-1)
+        mx.eval(token, logprobs)
+        added = seq.add(int(token.item()), self._now_ns(), self._eos)
+        deltas.append(TokenDelta(req.request_id, int(token.item()), added, logprobs[0]))
         if self.config.use_store:  # after the first token: storing never delays it
-            seq.written = self.store.write(req.namespace, prompt, cache)
+            seq.written += self.store.write(req.namespace, job.prompt, job.cache)
         if seq.finish_reason:
             finished.append(seq.result(self.config.worker_id))
             return
         (uid,) = self._batch.insert(
-            [[token]], max_tokens=[req.sampling.max_tokens - 1], caches=[cache],
-            all_tokens=[prompt], samplers=[sampler] if sampler else None,
+            [[int(token.item())]], max_tokens=[req.sampling.max_tokens - 1], caches=[job.cache],
+            all_tokens=[job.prompt], samplers=[job.sampler] if job.sampler else None,
             stop_sequences=[self._stops])
         self._running[uid] = seq
-
-    def _first_token(self, suffix: list[int], cache: list[KVCache], sampler
-                     ) -> tuple[int, mx.array]:
-        """Prefill ``suffix`` onto ``cache`` and sample the first output token."""
-        self._prefill(suffix[:-1], cache)
-        logits = self._m.model(mx.array([suffix[-1:]]), cache=cache)[:, -1, :]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        token = sampler(logprobs) if sampler else mx.argmax(logprobs, axis=-1)
-        mx.eval(token, logprobs)
-        return int(token.item()), logprobs[0]
-
-    def _prefill(self, tokens: list[int], cache: list[KVCache]) -> None:
-        # The model body alone: the vocabulary projection is only needed for the last token.
-        # Chunks are evaluated as they go (bounding memory) except the last, which is
-        # evaluated together with the first token: one synchronisation for a short suffix.
-        body = getattr(self._m.model, "model", self._m.model)
-        step = self.config.prefill_chunk
-        for start in range(0, len(tokens), step):
-            body(mx.array([tokens[start:start + step]]), cache=cache)
-            if start + step < len(tokens):
-                mx.eval([c.keys for c in cache], [c.values for c in cache])
 
     def _finish(self, uid: int, cache: list[KVCache] | None, all_tokens: list[int] | None
                 ) -> GenerateResult:
@@ -265,6 +337,38 @@ class Engine:
         if not seq.finish_reason:
             seq.finish_reason = "length"
         return seq.result(self.config.worker_id)
+
+
+    # ---- the store, for the runtime (nobody outside reaches into ``store``) --------------
+
+    def stats(self) -> StoreStats:
+        return self.store.stats()
+
+    def written_tokens(self) -> int:
+        """Tokens this engine's store has written so far (blocks stored x block size): the
+        one count of written tokens, aborted requests' blocks included."""
+        return self.store.stats().ledger.stored_blocks * self.config.block_size
+
+    def invalidate(self, namespace: Namespace, prefix_tokens: Seq[int] | None = None) -> int:
+        """Drop ``namespace``'s blocks, or only those under ``prefix_tokens``; how many (0
+        for a namespace this store never held: the cluster asks every worker)."""
+        if prefix_tokens is not None:
+            return self.store.invalidate_prefix(namespace, list(prefix_tokens))
+        if namespace.label() not in self.store.ledger.namespaces():
+            return 0
+        return self.store.invalidate_namespace(namespace)
+
+    def expire(self) -> int:
+        """Drop blocks past their TTL; how many."""
+        return self.store.expire()
+
+    def drain_events(self) -> list[BlockEvent]:
+        """The store's block events since the last call (for the router)."""
+        return self.store.drain_events()
+
+    def holdings(self) -> list[BlockHash]:
+        """Every block hash the store holds (for the router to rebuild its view)."""
+        return [h.block for h in self.store.holdings()]
 
 
 def _no_store_report(prompt_tokens: int, ttl_s: float) -> LookupReport:

@@ -8,14 +8,12 @@ role-tagged chat template. ``mlx_lm.load(DIR)`` loads the result offline, like a
 directory. The weights are random, so the text is gibberish, but every tensor shape, the
 attention (grouped-query, rotary) and the K/V cache are those of a real model.
 
-The embedded default lives in ``$ORCHARD_HOME/models/default`` (``ORCHARD_HOME`` defaults to
-``~/.cache/orchard``) and is forged on first use by :func:`ensure_default_model`.
+Forged models serve tests and shape experiments (any size, any of the four architectures, in
+well under a second of prefill); the embedded default is a real model (``workers.default_model``).
 """
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -81,31 +79,6 @@ class ForgeSpec:
         }
         config.update(self.extra)
         return config
-
-
-def orchard_home() -> Path:
-    return Path(os.environ.get("ORCHARD_HOME") or Path.home() / ".cache" / "orchard")
-
-
-def default_model_dir() -> Path:
-    return orchard_home() / "models" / "default"
-
-
-def ensure_default_model() -> Path:
-    """The embedded default model directory, forged on first use when missing.
-
-    Several processes may ask at once (worker actors starting together): a lock file makes
-    one of them forge while the others wait and then find the model there.
-    """
-    path = default_model_dir()
-    if (path / "config.json").exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / ".default.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (path / "config.json").exists():
-            forge(path, ForgeSpec())
-    return path
 
 
 def _spm_path() -> Path:

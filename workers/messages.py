@@ -83,3 +83,23 @@ class GenerateResult:
     timings: Timings
     worker_id: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker's engine broke (or the worker left) under a request: retry it elsewhere."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """One worker's engine and store, as ``workers.runtime`` counts them."""
+
+    running: int
+    cache_bytes: int
+    cache_capacity_bytes: int
+    cache_blocks: int
+    written_tokens: int    # the store's stored blocks x block size (``Engine.written_tokens``)
+    input_tokens: int
+    cached_tokens: int
+    requests_served: int
+    evictions: int = 0     # blocks the store evicted so far (capacity)
+    expirations: int = 0   # blocks the store dropped after their TTL so far

@@ -17,6 +17,12 @@ turn into gRPC statuses; below the edge, code raises plain domain errors:
 
 Anything else is a bug: logged with its traceback, answered ``INTERNAL``, and the server keeps
 serving.
+
+Bytes that do not parse as the method's request message (garbage, invalid UTF-8 in a string
+field, nesting deeper than protobuf's limit of 100) would fail inside grpc, before any handler,
+as ``UNKNOWN``. ``DecodeGuard`` lets them through as an ``Undecodable``; the method's wrapper
+checks the caller's key first (``authenticate``, the servicer's own check) and then answers
+``INVALID_ARGUMENT``.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import inspect
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from cluster.backend.protocol import NoWorkersAvailable, UnknownWorker
 from cluster.jobs.store import JobFinished, JobNotFound, StoreFull
@@ -64,9 +71,15 @@ def status_of(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
+MAX_DETAILS = 1024  # a status message longer than this is cut (metadata is capped at 8 KiB)
+
+
 def _message(exc: BaseException) -> str:
     text = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
-    return text or type(exc).__name__
+    text = text or type(exc).__name__
+    # Values are quoted short where they are named (``validate.quoted``); this is the backstop
+    # that keeps any message from turning its status into RESOURCE_EXHAUSTED.
+    return text if len(text) <= MAX_DETAILS else text[:MAX_DETAILS] + "..."
 
 
 async def _abort(context, exc: Exception, method: str):
@@ -77,6 +90,47 @@ async def _abort(context, exc: Exception, method: str):
     await context.abort(code, _message(exc))
 
 
+class Undecodable:
+    """A request whose bytes are not a valid message of the method's type."""
+
+    def __init__(self, type_name: str, error: DecodeError):
+        self.type_name = type_name
+        self.error = error
+
+    def problem(self) -> ValueError:
+        return ValueError(f"request: not a valid {self.type_name} message ({self.error}); "
+                          "send the message the method takes, serialized by a protobuf library")
+
+
+def _guarded(deserializer):
+    type_name = getattr(deserializer, "__self__", None)
+    type_name = type_name.DESCRIPTOR.full_name if type_name is not None else "request"
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            return Undecodable(type_name, exc)
+    return deserialize
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    """Hands orchard.v1 methods an ``Undecodable`` instead of failing the call as ``UNKNOWN``."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if (handler is None or handler.request_deserializer is None
+                or not handler_call_details.method.startswith("/orchard.v1.")):
+            return handler
+        return handler._replace(request_deserializer=_guarded(handler.request_deserializer))
+
+
+def _check_decoded(servicer, request, context) -> None:
+    if isinstance(request, Undecodable):
+        servicer.authenticate(context)  # the key first, as for a well-formed request
+        raise request.problem()
+
+
 def grpc_errors(method):
     """Map domain exceptions raised by a servicer method (unary or streaming) to statuses."""
     name = method.__qualname__
@@ -84,6 +138,7 @@ def grpc_errors(method):
         @functools.wraps(method)
         async def streaming(self, request, context):
             try:
+                _check_decoded(self, request, context)
                 async for item in method(self, request, context):
                     yield item
             except grpc.aio.AbortError:
@@ -95,6 +150,7 @@ def grpc_errors(method):
     @functools.wraps(method)
     async def unary(self, request, context):
         try:
+            _check_decoded(self, request, context)
             return await method(self, request, context)
         except grpc.aio.AbortError:
             raise

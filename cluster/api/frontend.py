@@ -35,7 +35,7 @@ from grpc_reflection.v1alpha import reflection
 from cluster.backend.protocol import Backend, ModelInfo
 from cluster.api.chat import ChatTokenizer
 from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
-from cluster.api.edge import Authenticator
+from cluster.api.edge import Authenticator, DecodeGuard
 from cluster.api.intake import prepare
 from cluster.jobs.store import JobStore
 from cluster.telemetry.job_tracing import frontend_tracing
@@ -130,7 +130,7 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
     auth = Authenticator(config.tenant_keys, config.admin_keys)
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
+    server = grpc.aio.server(interceptors=[DecodeGuard()], options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
     pb_grpc.add_JobsServicer_to_server(
         JobsServicer(auth, store, runner, model, limits.max_requests_per_job),

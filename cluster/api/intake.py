@@ -187,14 +187,17 @@ class BatchIntake:
         where = f"{self.name}:{self._lineno}"
         line = line_shape(text, self.name, self._lineno)
         messages = _line_messages(line["body"]["messages"], where)
+        stop = line["body"].get("stop")
+        validate.check_stop([stop] if isinstance(stop, str) else stop or [], f"{where}: body.stop")
         self._check_id(line["custom_id"], f"{where}: custom_id", f"{self.name}:{{}}")
         self._stage(line["custom_id"], prefix_key(_message_parts(messages)), LINE_BODY + text)
 
     def _check_id(self, custom_id: str, where: str, first: str) -> None:
         if not custom_id:
             raise validate.FieldError(where, "required: give every request a unique id")
+        validate.check_custom_id(custom_id, where)
         if custom_id in self._seen:
-            raise validate.FieldError(where, f"duplicate {custom_id!r} (first at "
+            raise validate.FieldError(where, f"duplicate {validate.quoted(custom_id)} (first at "
                                       f"{first.format(self._seen[custom_id])}); custom ids must "
                                       "be unique")
         if self.count >= self.max_requests:

@@ -16,8 +16,8 @@ from typing import AsyncIterator
 from cluster.api import intake, validate
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
-from cluster.api.edge import Authenticator, grpc_errors
-from cluster.jobs.store import JobStore
+from cluster.api.edge import Authenticator, Undecodable, grpc_errors
+from cluster.jobs.store import JobNotFound, JobStore
 from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
 from cluster.telemetry.setup import attached, extract_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -37,6 +37,9 @@ class JobsServicer(pb_grpc.JobsServicer):
         self._model = model
         self._intake = intake.JobIntakeService(store, runner, model, max_requests_per_job)
 
+    def authenticate(self, context) -> str:
+        return self._auth.tenant(context)
+
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
@@ -50,17 +53,23 @@ class JobsServicer(pb_grpc.JobsServicer):
     async def SubmitBatchFile(self, request_iterator: AsyncIterator[pb.BatchFileChunk],
                               context) -> pb.Job:
         tenant = self._auth.tenant(context)
-        first = await anext(aiter(request_iterator), None)
+        request_iterator = aiter(request_iterator)
+        first = await anext(request_iterator, None)
         if first is None:
             raise validate.FieldError("data", "no chunks: send the file's bytes")
+        if isinstance(first, Undecodable):
+            raise first.problem()
 
         async def chunks() -> AsyncIterator[bytes]:
-            yield first.data
-            async for chunk in request_iterator:
+            chunk = first
+            while chunk is not None:
+                if isinstance(chunk, Undecodable):  # bytes that are not a BatchFileChunk
+                    raise chunk.problem()
                 yield chunk.data
+                chunk = await anext(request_iterator, None)
 
         with attached(extract_metadata(context.invocation_metadata())):
-            job = await self._intake.submit_file(tenant, chunks(), first.file_name or "input",
+            job = await self._intake.submit_file(tenant, chunks(), _file_name(first.file_name),
                                                  first.idempotency_key)
         return job_to_pb(job)
 
@@ -116,6 +125,9 @@ class GenerateServicer(pb_grpc.GenerateServicer):
         self._model = model
         self._render = render
 
+    def authenticate(self, context) -> str:
+        return self._auth.tenant(context)
+
     @grpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
         tenant = self._auth.tenant(context)
@@ -148,7 +160,17 @@ class GenerateServicer(pb_grpc.GenerateServicer):
             self._runner.release(tenant, 1)
 
 
+def _file_name(name: str) -> str:
+    """The name errors call the file by (``batch.jsonl:3: ...``)."""
+    if len(name) > validate.QUOTE_CHARS:
+        raise validate.FieldError("file_name", f"{len(name)} characters; use at most "
+                                  f"{validate.QUOTE_CHARS}")
+    return name or "input"
+
+
 def _job_id(job_id: str) -> str:
     if not job_id:
         raise validate.FieldError("job_id", "required")
+    if len(job_id) > validate.QUOTE_CHARS:  # longer than any job id
+        raise JobNotFound(f"job_id: no job {validate.quoted(job_id)}")
     return job_id

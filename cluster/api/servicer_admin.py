@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from cluster.api import validate
-from cluster.backend.protocol import Backend, ModelInfo
+from cluster.backend.protocol import Backend, ModelInfo, UnknownWorker
 from cluster.api.convert import stats_to_pb, worker_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -29,6 +29,9 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._namespace = namespace
         self._on_invalidated = on_invalidated  # miss attribution learns of the invalidation
 
+    def authenticate(self, context) -> None:
+        self._auth.admin(context)
+
     @grpc_errors
     async def ListWorkers(self, request, context) -> pb.ListWorkersResponse:
         self._auth.admin(context)
@@ -48,13 +51,15 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._auth.admin(context)
         if not request.worker_id:
             raise validate.FieldError("worker_id", "required")
+        if len(request.worker_id) > validate.QUOTE_CHARS:  # longer than any worker id
+            raise UnknownWorker(f"worker_id: no worker {validate.quoted(request.worker_id)}")
         return worker_to_pb(await self._backend.drain(request.worker_id))
 
     @grpc_errors
     async def Invalidate(self, request: pb.InvalidateRequest, context) -> pb.InvalidateResponse:
         self._auth.admin(context)
         if request.tenant not in self._tenants:
-            raise validate.FieldError("tenant", f"unknown tenant {request.tenant!r}; known: "
+            raise validate.FieldError("tenant", f"unknown tenant {validate.quoted(request.tenant)}; known: "
                                       f"{', '.join(self._tenants) or 'none'}")
         prefix: tuple[int, ...] | None = None
         kind = request.WhichOneof("prefix")

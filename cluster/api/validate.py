@@ -16,6 +16,10 @@ from proto.orchard.v1 import orchard_pb2 as pb
 from workers.messages import SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_CUSTOM_ID_BYTES = 256
+MAX_STOP_STRINGS = 16        # as common APIs allow (OpenAI: 4, Anthropic: more)
+MAX_STOP_BYTES = 256
+QUOTE_CHARS = 64             # an error quotes at most this much of the offending value
 
 Render = Callable[[Sequence[dict[str, str]]], list[int]]
 
@@ -24,6 +28,16 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+def quoted(value: str) -> str:
+    """``value`` as an error message shows it: at most ``QUOTE_CHARS`` characters of it.
+
+    A message that echoed a 100 KB value whole would overflow gRPC's metadata limit and reach
+    the caller as ``RESOURCE_EXHAUSTED`` instead of the error it describes."""
+    if len(value) <= QUOTE_CHARS:
+        return repr(value)
+    return f"{value[:QUOTE_CHARS]!r}... ({len(value)} characters)"
 
 
 class LimitExceeded(FieldError):
@@ -59,7 +73,7 @@ def messages_to_dicts(messages: Sequence[pb.ChatMessage], field: str) -> list[di
     for i, message in enumerate(messages):
         if message.role not in ROLES:
             raise FieldError(f"{field}[{i}].role",
-                             f"unknown role {message.role!r}; use one of {', '.join(ROLES)}")
+                             f"unknown role {quoted(message.role)}; use one of {', '.join(ROLES)}")
         out.append({"role": message.role,
                     "content": content_text(message.content, f"{field}[{i}].content")})
     return out
@@ -104,15 +118,32 @@ def sampling_params(request: pb.Request, field: str, prompt_len: int, model: Mod
     top_p = s.top_p if s.HasField("top_p") else 1.0
     if not 0 < top_p <= 1:
         raise FieldError(f"{field}.sampling.top_p", f"must be in (0, 1], got {top_p}")
-    for i, stop in enumerate(s.stop):
-        if not stop:
-            raise FieldError(f"{field}.sampling.stop[{i}]", "stop strings must not be empty")
+    check_stop(s.stop, f"{field}.sampling.stop")
     return SamplingParams(max_tokens=s.max_tokens, temperature=float(s.temperature),
                           top_p=float(top_p), seed=int(s.seed), stop=tuple(s.stop))
 
 
+def check_stop(stop: Sequence[str], field: str) -> None:
+    if len(stop) > MAX_STOP_STRINGS:
+        raise FieldError(field, f"{len(stop)} stop strings; use at most {MAX_STOP_STRINGS}")
+    for i, text in enumerate(stop):
+        if not text:
+            raise FieldError(f"{field}[{i}]", "stop strings must not be empty")
+        if len(text.encode()) > MAX_STOP_BYTES:
+            raise FieldError(f"{field}[{i}]", f"{len(text.encode())} bytes; a stop string may "
+                             f"have at most {MAX_STOP_BYTES}")
+
+
+def check_custom_id(custom_id: str, field: str) -> str:
+    size = len(custom_id.encode())
+    if size > MAX_CUSTOM_ID_BYTES:
+        raise FieldError(field, f"{size} bytes; use at most {MAX_CUSTOM_ID_BYTES}")
+    return custom_id
+
+
 def new_request(request: pb.Request, field: str, model: ModelInfo, render: Render
                 ) -> NewRequest:
+    check_custom_id(request.custom_id, f"{field}.custom_id")
     prompt = prompt_tokens(request, field, model, render)
     sampling = sampling_params(request, field, len(prompt), model)
     return NewRequest(custom_id=request.custom_id, prompt=prompt, sampling=sampling)
@@ -144,7 +175,7 @@ def job_requests(requests: Sequence[pb.Request], max_requests: int, model: Model
         if not request.custom_id:
             raise FieldError(f"{field}.custom_id", "required: give every request a unique id")
         if request.custom_id in seen:
-            raise FieldError(f"{field}.custom_id", f"duplicate {request.custom_id!r} (first at "
+            raise FieldError(f"{field}.custom_id", f"duplicate {quoted(request.custom_id)} (first at "
                              f"requests[{seen[request.custom_id]}]); custom ids must be unique")
         seen[request.custom_id] = i
         out.append(new_request(request, field, model, render))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol, Sequence, runtime_checkable
 
 from router.key import BlockHash, Namespace
-from workers.messages import GenerateRequest, GenerateResult
+from workers.messages import GenerateRequest, GenerateResult, WorkerStats
 
 
 class NoWorkersAvailable(RuntimeError):
@@ -114,6 +114,18 @@ class CacheStats:
     @property
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @classmethod
+    def of(cls, stats: Sequence[WorkerStats]) -> CacheStats:
+        """Sums over live workers' stats: the one way every backend counts."""
+        return cls(
+            workers=len(stats), cache_bytes=sum(s.cache_bytes for s in stats),
+            cache_capacity_bytes=sum(s.cache_capacity_bytes for s in stats),
+            cache_blocks=sum(s.cache_blocks for s in stats),
+            input_tokens=sum(s.input_tokens for s in stats),
+            cached_tokens=sum(s.cached_tokens for s in stats),
+            computed_tokens=sum(s.input_tokens - s.cached_tokens for s in stats),
+            written_tokens=sum(s.written_tokens for s in stats))
 
 
 @runtime_checkable

@@ -1,13 +1,18 @@
 """The worker pool behind ``RayBackend``: worker actors' lives, from start to drain or death.
 
-    scale(n) ─► start:  WorkerActor on a node slot ─► start() loads the model ─► router.add
-    drain(w) ─► router.drain_worker (no new requests) ─► last request done ─► retire:
-                router.remove_worker (its blocks forgotten) ─► actor stopped
-    died(w)  ─► router.remove_worker at once ─► actor killed ─► a replacement is started
+    scale(n) ─► start:  WorkerActor on a node slot ─► start() loads the model ─► routes.add
+                (the frontend's router, fed by the worker) and the router actor's add
+    drain(w) ─► drain_worker in both (no new requests) ─► last request done ─► retire:
+                remove_worker in both (its blocks forgotten) ─► actor stopped
+    died(w)  ─► remove_worker at once ─► actor killed ─► a replacement is started
                 in the background when a slot is free (else the worker is just removed)
+    check()  ─► idle workers pinged; stale views rebuilt from the workers' holdings; a lost
+                router actor replaced and rebuilt the same way
 
-The pool owns the worker table; ``RayBackend`` asks it for workers and reports deaths. All
-Ray calls are awaited (never ``ray.get``) so nothing here blocks the event loop.
+The pool owns the worker table and the router actor (kept for other frontends and recovery:
+the workers feed it directly); ``RayBackend`` routes with ``routes``
+(``cluster.backend.routing``), asks the pool for workers and reports deaths. All Ray calls are
+awaited (never ``ray.get``) so nothing here blocks the event loop.
 """
 from __future__ import annotations
 
@@ -18,8 +23,11 @@ from dataclasses import dataclass
 
 import ray
 
-from cluster.backend.protocol import UnknownWorker
+from cluster.backend import bootstrap
 from cluster.backend.bootstrap import NODE_RESOURCE, Placement
+from cluster.backend.protocol import UnknownWorker
+from cluster.backend.router_actor import TracedRouterActor
+from cluster.backend.routing import FrontendRouter
 from cluster.telemetry.setup import TelemetrySettings
 from cluster.backend.worker_actor import WorkerActor, WorkerHello
 from workers.engine import EngineConfig
@@ -47,13 +55,14 @@ class NoRoom(ValueError):
 
 
 class WorkerPool:
-    def __init__(self, model_dir: str, engine: EngineConfig, placement: Placement, router,
-                 start_timeout_s: float = START_TIMEOUT_S, replace_dead: bool = True,
-                 telemetry: TelemetrySettings | None = None) -> None:
+    def __init__(self, model_dir: str, engine: EngineConfig, placement: Placement,
+                 routes: FrontendRouter, start_timeout_s: float = START_TIMEOUT_S,
+                 replace_dead: bool = True, telemetry: TelemetrySettings | None = None) -> None:
         self._model_dir = model_dir
         self._engine = engine
         self._placement = placement
-        self._router = router
+        self.routes = routes
+        self._router = None          # the router actor (``start_router``)
         self._start_timeout_s = start_timeout_s
         self._replace_dead = replace_dead
         self._telemetry = telemetry  # each worker sets up its process's telemetry from it
@@ -99,6 +108,7 @@ class WorkerPool:
             raise UnknownWorker(f"worker_id: no worker {worker_id!r}; known: {known}")
         if worker.state == "ready":
             worker.state = "draining"
+            self.routes.drain_worker(worker_id)
             await self._router.drain_worker.remote(worker_id)
         elif worker.state == "starting":
             worker.state = "draining"  # the router has not heard of it yet
@@ -112,6 +122,26 @@ class WorkerPool:
             del self._workers[worker.worker_id]
             self._forget(worker)
             self._spawn(self._stop(worker))
+
+    @property
+    def router_actor(self):
+        return self._router
+
+    async def start_router(self) -> None:
+        """Start the router actor on this node (replacing a lost one)."""
+        self._router = TracedRouterActor.options(**bootstrap.on_this_node()).remote(
+            self._engine.block_size, self._telemetry)
+        await self._router.tracing.remote()
+
+    async def _check_router(self) -> None:
+        """A lost router actor is replaced, and rebuilt from the workers."""
+        try:
+            await asyncio.wait_for(self._router.tracing.remote(), PING_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as exc:
+            log.warning("router actor lost (%s): starting a new one, rebuilding from the "
+                        "workers", exc)
+            await self.start_router()
+            await self.attach_router(self._router)
 
     async def attach_router(self, router) -> None:
         """Hand every live worker to a new router actor (the old one is gone).
@@ -128,10 +158,10 @@ class WorkerPool:
                 if worker.state == "draining":
                     await router.drain_worker.remote(worker.worker_id)
                 holdings = await worker.actor.holdings.remote()
-                await router.rebuild.remote(worker.worker_id, holdings)
+                await router.rebuild.remote(worker.worker_id, holdings.blocks)
                 worker.in_router = True
                 log.info("worker %s handed to the new router (%d blocks)",
-                         worker.worker_id, len(holdings))
+                         worker.worker_id, len(holdings.blocks))
             except ray.exceptions.RayActorError as exc:
                 self.died(worker, exc)
 
@@ -155,8 +185,9 @@ class WorkerPool:
         self._spawn(self._check_forever())
 
     async def check(self) -> None:
-        """Ping idle workers (a dead one is noticed before a request lands on it) and rebuild
-        the router's view of any worker whose event batches had a gap."""
+        """Ping idle workers (a dead one is noticed before a request lands on it), rebuild
+        the routers' view of any worker whose event batches had a gap, replace a lost router
+        actor."""
         idle = [w for w in self.live() if w.running == 0]
         pings = await asyncio.gather(
             *(asyncio.wait_for(w.actor.ping.remote(), PING_TIMEOUT_S) for w in idle),
@@ -164,12 +195,18 @@ class WorkerPool:
         for worker, answer in zip(idle, pings):
             if isinstance(answer, (ray.exceptions.RayActorError, asyncio.TimeoutError)):
                 self.died(worker, answer)
+        for worker_id in self.routes.stale_workers():
+            worker = self._workers.get(worker_id)
+            if worker is not None and worker.state in ("ready", "draining"):
+                holdings = await worker.actor.holdings.remote()
+                self.routes.rebuild(worker_id, holdings)
+                log.info("view of %s rebuilt (%d blocks)", worker_id, len(holdings.blocks))
+        await self._check_router()
         for worker_id in await self._router.stale_workers.remote():
             worker = self._workers.get(worker_id)
             if worker is not None and worker.state in ("ready", "draining"):
                 holdings = await worker.actor.holdings.remote()
-                await self._router.rebuild.remote(worker_id, holdings)
-                log.info("router view of %s rebuilt (%d blocks)", worker_id, len(holdings))
+                await self._router.rebuild.remote(worker_id, holdings.blocks)
 
     async def _check_forever(self) -> None:
         while True:
@@ -186,6 +223,7 @@ class WorkerPool:
         # Closed, not just killed: each worker flushes the spans it has not exported yet.
         await asyncio.gather(*(self._stop(w) for w in list(self._workers.values())))
         self._workers.clear()
+        await self.routes.close()
 
     # --------------------------------------------------------------- internals
 
@@ -213,6 +251,7 @@ class WorkerPool:
         self.first_hello = self.first_hello or hello
         if worker.state == "starting":
             await self._router.add_worker.remote(worker_id)
+            self.routes.add_worker(worker_id, actor)
             worker.in_router = True
             worker.state = "ready"
         else:  # drained while it was starting: it leaves without serving
@@ -246,6 +285,7 @@ class WorkerPool:
         this process reach the router actor in order, before any later routing call)."""
         if worker.in_router:
             worker.in_router = False
+            self.routes.remove_worker(worker.worker_id)
             self._router.remove_worker.remote(worker.worker_id)
 
     async def _stop(self, worker: PoolWorker) -> None:

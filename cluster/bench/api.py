@@ -119,14 +119,15 @@ def measure_job(client: Client, n: int, prompt_words: int, offset: int = 0
 
 
 @contextmanager
-def local_frontend(model_dir: str | None, telemetry: str = "file") -> Iterator[Client]:
+def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
+                   ) -> Iterator[Client]:
     """A frontend subprocess over one in-process worker, in a fresh run directory."""
     from cluster.config import load_config, write_default_config
 
     with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
         run_dir = Path(tmp)
         write_default_config(run_dir, model_dir=model_dir or "", max_pending_per_tenant=100000,
-                             max_pending_total=100000, max_concurrent=1)
+                             max_pending_total=100000, max_concurrent=max_concurrent)
         with (run_dir / "orchard.toml").open("a") as f:
             f.write(f'[telemetry]\nexporter = "{telemetry}"\n')
         log = open(run_dir / "frontend.log", "wb")
@@ -173,7 +174,7 @@ def bench_api(args) -> int:
             figures = run(client, args.requests, args.warmup, args.prompt_words, batch=False)
     else:
         import workers  # noqa: F401  (OpenBLAS before mlx, for forging the default model)
-        from workers.forge import ensure_default_model
+        from workers.default_model import ensure_default_model
 
         model_dir = args.model or str(ensure_default_model())
         with local_frontend(model_dir, args.telemetry) as client:

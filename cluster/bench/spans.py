@@ -102,7 +102,7 @@ def bench_spans(model_dir: Path, calls: int = 2000, workers: int = 4) -> dict:
 
 
 def spans_command(args: argparse.Namespace) -> int:
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
 
     r = bench_spans(Path(args.model) if args.model else ensure_default_model(), args.calls,
                     args.workers)

@@ -203,7 +203,7 @@ def _print(result: dict, as_json: bool, lines: list[str]) -> int:
 
 def telemetry_command(args) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
 
     r = bench_overhead(Path(args.model) if args.model else ensure_default_model(), args.workers,
                        args.conversations, args.turns, args.max_tokens, args.repeats)
@@ -225,7 +225,7 @@ def forecast_command(args) -> int:
         raise ValueError("give --demo FILE.jsonl (a batch) or --trace FILE (a Mooncake trace)")
     if args.demo is not None:
         import workers  # noqa: F401  (OpenBLAS before mlx)
-        from workers.forge import ensure_default_model
+        from workers.default_model import ensure_default_model
 
         r = bench_demo_forecast(Path(args.demo),
                                 Path(args.model) if args.model else ensure_default_model(),

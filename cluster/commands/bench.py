@@ -1,7 +1,10 @@
 """``orchard bench ...``: benchmarks that print measured figures.
 
-``orchard bench engine [--json]`` runs the engine benchmark (``workers.bench``) on the embedded
-default model (forged on first use) or ``--model DIR``.
+``orchard bench engine [--json]`` runs the engine benchmark (``workers.bench``, and the
+scheduler's figures from ``workers.bench_sched``) on the embedded default model
+(SmolLM2-135M-Instruct, imported on first use) or
+``--model DIR``; ``orchard bench vs-mlx-lm`` sets orchard beside ``mlx_lm.server``
+(``cluster.bench.vs_mlx_lm``).
 """
 from __future__ import annotations
 
@@ -19,8 +22,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--turns", type=int, default=8)
     e.add_argument("--reply-tokens", type=int, default=32)
     e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--long-prompt", type=int, default=4000,
+                   help="tokens of the prompt admitted while 4 requests decode (decode stall)")
+    e.add_argument("--stall-rounds", type=int, default=3)
+    e.add_argument("--prefill-prompts", type=int, default=4,
+                   help="cold prompts prefilled together, then one at a time")
+    e.add_argument("--prefill-tokens", type=int, default=128, help="tokens of each of them")
+    e.add_argument("--skip-turns", action="store_true",
+                   help="only the scheduler's figures (decode stall, batched prefill)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=engine)
+    _add_vs_mlx_lm(sub)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
     from cluster.bench.api import register_bench  # `orchard bench api`: the gRPC path overhead
     register_bench(sub)
@@ -28,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_cluster_bench(sub)  # `orchard bench cluster`: routing vs round robin on Ray
     from cluster.bench.spans import register_bench as register_span_bench
     register_span_bench(sub)  # `orchard bench spans`: span cost in the router and workers
+    from cluster.bench.profile import register_bench as register_profile_bench
+    register_profile_bench(sub)  # `orchard bench profile`: the engine's service profile
     from cluster.bench.batch import register_bench as register_batch_bench
     register_batch_bench(sub)  # `orchard bench batch`: a 50,000-request file end to end
     p.set_defaults(func=lambda args: p.print_help() or 2)
@@ -36,15 +50,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def engine(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from workers.bench import bench_engine
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
 
-    if args.turns < 1 or args.reply_tokens < 1 or args.block_size < 1:
-        raise ValueError("--turns, --reply-tokens and --block-size must be positive")
-    result = bench_engine(args.model or ensure_default_model(), turns=args.turns,
-                          reply_tokens=args.reply_tokens, block_size=args.block_size)
+    if min(args.turns, args.reply_tokens, args.block_size, args.long_prompt, args.stall_rounds,
+           args.prefill_prompts, args.prefill_tokens) < 1:
+        raise ValueError("--turns, --reply-tokens, --block-size, --long-prompt, --stall-rounds, "
+                         "--prefill-prompts and --prefill-tokens must be positive")
+    model = args.model or ensure_default_model()
+    out = {}
+    if not args.skip_turns:
+        result = bench_engine(model, turns=args.turns, reply_tokens=args.reply_tokens,
+                              block_size=args.block_size)
+        out = result.as_json()
+        if not args.json:
+            _print_turns(result)
+    sched = _sched(model, args)
+    out.update(sched)
     if args.json:
-        print(json.dumps(result.as_json(), indent=2))
+        print(json.dumps(out, indent=2))
         return 0
+    p = sched["prefill_tokens_per_s"]
+    print(f"decode_stall_ratio {sched['decode_stall_ratio']:.2f} (target <= 2.0): TPOT p99 "
+          f"{sched['tpot_admitting_p99_s'] * 1e3:.1f}ms while a {args.long_prompt}-token prompt "
+          f"is admitted, {sched['tpot_idle_p99_s'] * 1e3:.1f}ms idle")
+    print(f"prefill_tokens_per_s {p['batched_tokens_per_s']:.1f} batched, "
+          f"{p['one_at_a_time_tokens_per_s']:.1f} one at a time "
+          f"({p['prompts']} prompts of {p['prompt_tokens']} tokens)")
+    return 0
+
+
+def _sched(model, args: argparse.Namespace) -> dict:
+    from workers.bench_sched import as_json, batched_prefill, decode_stall
+    from workers.engine import Engine, EngineConfig
+
+    budget = max(512, args.prefill_prompts * args.prefill_tokens)
+    engine = Engine.open(model, EngineConfig(block_size=args.block_size, prefill_budget=budget))
+    return as_json(decode_stall(engine, args.long_prompt, rounds=args.stall_rounds),
+                   batched_prefill(engine, args.prefill_prompts, args.prefill_tokens))
+
+
+def _print_turns(result) -> None:
     print(f"model {result.model}, system prompt {result.system_prompt_tokens} tokens")
     print("turn  prompt  cached  computed  ttft_warm  ttft_cold  ttft_floor")
     for t in result.turns:
@@ -54,4 +99,46 @@ def engine(args: argparse.Namespace) -> int:
     print(f"ttft_cold_over_warm  {result.ttft_cold_over_warm:.2f}")
     print(f"bytes_per_cached_token {result.bytes_per_cached_token:.0f} "
           f"(theoretical {result.theoretical_bytes_per_token}, target <= 1.1x)")
+
+
+def _add_vs_mlx_lm(sub) -> None:
+    from cluster.bench.vs_mlx_lm import Workload
+
+    d = Workload()
+    v = sub.add_parser("vs-mlx-lm", help="orchard beside mlx_lm.server: chat TTFT, batch wall")
+    v.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
+    v.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of both servers")
+    for name, value in [("system_words", d.system_words), ("turns", d.turns),
+                        ("user_words", d.user_words), ("reply_tokens", d.reply_tokens),
+                        ("chats", d.chats), ("system_prompts", d.system_prompts),
+                        ("history", d.history), ("clients", d.clients), ("rounds", d.rounds)]:
+        v.add_argument("--" + name.replace("_", "-"), type=int, default=value)
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.set_defaults(func=vs_mlx_lm)
+
+
+def vs_mlx_lm(args: argparse.Namespace) -> int:
+    import workers  # noqa: F401  (OpenBLAS before mlx)
+    from cluster.bench.vs_mlx_lm import Workload, bench_vs_mlx_lm
+    from workers.default_model import ensure_default_model
+
+    if args.blas_threads < 1:
+        raise ValueError("--blas-threads must be >= 1")
+    w = Workload(args.system_words, args.turns, args.user_words, args.reply_tokens, args.chats,
+                 args.system_prompts, args.history, args.clients, args.rounds)
+    r = bench_vs_mlx_lm(str(args.model or ensure_default_model()), w, args.blas_threads)
+    if args.json:
+        print(json.dumps(r.as_json(), indent=2))
+        return 0
+    print(f"model {r.model}, {r.blas_threads} BLAS thread(s); orchard: {r.orchard_side}")
+    print("turn  ttft orchard  ttft mlx-lm  ratio")
+    for t in r.turns:
+        print(f"{t.turn:>4}  {t.ttft_orchard_s * 1e3:>10.0f}ms {t.ttft_mlx_lm_s * 1e3:>10.0f}ms "
+              f"{t.ttft_orchard_s / t.ttft_mlx_lm_s:>6.2f}")
+    print(f"cold TTFT ratio   {r.cold_ttft_ratio:.2f} (target <= {r.targets['cold_ttft']})")
+    print(f"warm TTFT ratio   {r.warm_ttft_ratio:.2f} (target <= {r.targets['warm_ttft']}, "
+          f"median of turns 2..)")
+    print(f"batch of {w.chats}: orchard {r.batch_wall_orchard_s:.1f}s, mlx-lm "
+          f"{r.batch_wall_mlx_lm_s:.1f}s ({w.clients} clients), ratio {r.batch_wall_ratio:.2f} "
+          f"(target <= {r.targets['batch_wall']})")
     return 0

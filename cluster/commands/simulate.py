@@ -1,11 +1,12 @@
 """``orchard simulate``: trace replay of routing policies side by side, and two helpers.
 
-    orchard simulate --trace FILE [--workers N] [--capacity-tokens C] [--block-size B]
-                     [--policies LIST] [--eviction lru|reuse] [--json] ...
+    orchard simulate [--trace FILE] [--workers N] [--capacity-tokens C] [--block-size B]
+                     [--policies LIST] [--eviction lru|reuse] [--ttft-slo-s 2] [--json] ...
     orchard simulate --decision-bench [--bench-workers 32] [--indexed-blocks 1000000] ...
     orchard simulate --synthesize FILE [--seed S]      # write a differently shaped trace
 
-The replay itself lives in ``router.simulator``; this module parses, validates and prints.
+Without a mode it replays the conversation trace shipped in ``router/traces/``. The replay
+itself lives in ``router.simulator``; this module parses, validates and prints.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Replay a Mooncake-format trace through orchard's router and baseline "
                     "policies on simulated workers (same store accounting as the cluster).")
     mode = p.add_argument_group("what to run (one of)")
-    mode.add_argument("--trace", help="Mooncake-format JSONL trace to replay")
+    mode.add_argument("--trace", help="Mooncake-format JSONL trace to replay (default: the "
+                                      "shipped conversation trace, router/traces/)")
     mode.add_argument("--decision-bench", action="store_true",
                       help="time routing decisions (8k-token prompt, many workers, big index)")
     mode.add_argument("--synthesize", metavar="FILE",
@@ -45,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="prefill throughput per worker, tokens/s")
     p.add_argument("--decode-tps", type=float, default=30.0,
                    help="decode speed per request, tokens/s")
+    p.add_argument("--profile", metavar="PROFILE.json",
+                   help="time workers by this measured engine profile (`orchard bench profile`) "
+                        "instead of --prefill-tps/--decode-tps; --block-size must match it")
+    p.add_argument("--trace-block", type=int, default=512,
+                   help="tokens per hash id in the trace (512 in Mooncake traces; less in a "
+                        "trace scaled down by `orchard replay --write-scaled`)")
+    p.add_argument("--ttft-slo-s", type=float, default=2.0,
+                   help="goodput counts the requests whose TTFT is within this many seconds")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-weight", type=float, default=_DEFAULTS.cache_weight,
@@ -65,8 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     chosen = [bool(args.trace), args.decision_bench, bool(args.synthesize)]
-    if sum(chosen) != 1:
-        raise ValueError("pass exactly one of --trace FILE, --decision-bench, --synthesize FILE")
+    if sum(chosen) > 1:
+        raise ValueError("pass at most one of --trace FILE, --decision-bench, --synthesize FILE")
     if args.synthesize:
         return _synthesize(args)
     if args.decision_bench:
@@ -75,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from router.service import EngineProfile
     from router.simulator import SimConfig, simulate
-    from router.trace import load_trace
+    from router.trace import DEFAULT_TRACE, load_trace
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICY_NAMES]
@@ -87,28 +98,40 @@ def _replay(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     config = SimConfig(workers=args.workers, capacity_tokens=args.capacity_tokens,
                        block_size=args.block_size, ttl_s=args.ttl_s, eviction=args.eviction,
-                       prefill_tps=args.prefill_tps, decode_tps=args.decode_tps, seed=args.seed)
+                       prefill_tps=args.prefill_tps, decode_tps=args.decode_tps, seed=args.seed,
+                       ttft_slo_s=args.ttft_slo_s, trace_block=args.trace_block,
+                       profile=EngineProfile.read(args.profile) if args.profile else None)
     policy = PolicyConfig(cache_weight=args.cache_weight,
                           cold_spill_tokens=args.cold_spill_tokens,
                           balance_weight=args.balance_weight)
-    trace = load_trace(args.trace, args.limit)
+    trace = load_trace(args.trace or DEFAULT_TRACE, args.limit)
     summary = simulate(trace, names, config, policy, quiet=args.quiet)
     if args.json:
         print(json.dumps(summary))
         return 0
-    print(f"{summary['requests']} requests, {config.workers} workers x "
-          f"{config.capacity_tokens} tokens, block {config.block_size}, eviction "
-          f"{config.eviction}; ideal hit ratio {summary['ideal_hit_ratio']:.4f}")
-    header = f"{'policy':<22}{'hit':>8}{'of ideal':>10}{'imbal':>8}{'ttft p50':>10}" \
-             f"{'ttft p99':>10}{'dec p50':>10}{'dec p99':>10}{'cpu p50':>10}{'cpu p99':>10}"
-    print(header)
-    ideal = summary["ideal_hit_ratio"] or 1.0
-    for r in summary["policies"]:
-        print(f"{r['name']:<22}{r['hit_ratio']:>8.4f}{r['hit_ratio'] / ideal:>10.3f}"
-              f"{r['imbalance']:>8.3f}{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
-              f"{r['decision_p50_us']:>8.1f}us{r['decision_p99_us']:>8.1f}us"
-              f"{r['decision_cpu_p50_us']:>8.1f}us{r['decision_cpu_p99_us']:>8.1f}us")
+    _print_table(summary)
     return 0
+
+
+def _print_table(summary: dict) -> None:
+    """One row per policy, goodput first: the share of requests that met the TTFT target."""
+    print(f"{summary['requests']} requests, {summary['workers']} workers x "
+          f"{summary['capacity_tokens']} tokens, block {summary['block_size']}, eviction "
+          f"{summary['eviction']}; offered load {summary['offered_load']:.2f} (nothing "
+          f"cached); ideal hit ratio {summary['ideal_hit_ratio']:.4f}")
+    slo = f"ttft<={summary['ttft_slo_s']:g}s"
+    print(f"{'policy':<28}{slo:>11}{'hit':>8}{'prefill Mtok':>13}{'imbal':>7}"
+          f"{'ttft mean':>10}{'ttft p50':>10}{'ttft p99':>10}{'dec p50':>10}{'dec p99':>10}"
+          f"{'cpu p99':>10}")
+    for r in summary["policies"]:
+        print(f"{r['name']:<28}{r['goodput']:>11.1%}{r['hit_ratio']:>8.4f}"
+              f"{r['prefill_tokens'] / 1e6:>13.1f}{r['imbalance']:>7.3f}"
+              f"{r['ttft_mean_s']:>9.2f}s{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
+              f"{r['decision_p50_us']:>8.1f}us{r['decision_p99_us']:>8.1f}us"
+              f"{r['decision_cpu_p99_us']:>8.1f}us")
+    if summary["service"] == "profile":
+        print("service: the measured engine profile; ITL p99 per policy: " + ", ".join(
+            f"{r['name']} {r['itl_p99_s'] * 1e3:.1f} ms" for r in summary["policies"]))
 
 
 def _decision_bench(args: argparse.Namespace) -> int:

@@ -3,8 +3,9 @@
 It owns admission (backpressure) and execution; the job store owns the state:
 
     SubmitJob ─► admit(tenant, n) ─► intake (store) ─► runner.launch(job)
-                                                          │ one task per job; requests share
-                                                          ▼ a semaphore of max_concurrent slots
+                                                          │ one task per job; its requests and
+                                                          ▼ Generate calls share max_concurrent
+                                                          │ slots (``cluster.jobs.slots``)
         store.next_requests (a page, in dispatch order) ─► prepare (template + tokenize, in a
         worker thread) ─► dispatch(backend, request, hashes, timeout) ─► store.record_result
 
@@ -33,6 +34,7 @@ import logging
 from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
+from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
 from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
@@ -110,7 +112,7 @@ class JobRunner:
         self._backend = backend
         self._namespace = namespace
         self._block_size = block_size
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = SlotPool(max_concurrent)
         self._max_tenant = max_pending_per_tenant
         self._max_total = max_pending_total
         self._timeout_s = request_timeout_s
@@ -175,7 +177,11 @@ class JobRunner:
         if task is not None:
             task.cancel()
         for request_task in self._running.pop(job_id, set()):
-            request_task.cancel()  # synchronously: none of them records a result after this
+            # Synchronously: none of them records a result after this. Cancelling a task that
+            # awaits ``backend.generate`` cancels that call; the backend stops the request on
+            # its worker there (engine abort). A task not yet started gives its slot back
+            # through ``SlotPool.hand_to``'s done callback.
+            request_task.cancel()
         self.release(tenant, job.cancelled)
         self._notify()
         return job
@@ -193,6 +199,14 @@ class JobRunner:
 
     def block_hashes(self, tenant: str, prompt: Sequence[int]) -> list[BlockHash]:
         return hash_blocks(prompt, self._block_size, self._namespace(tenant))
+
+    def slot(self, tenant: str):
+        """``async with runner.slot(tenant):`` one of the ``max_concurrent`` slots (Generate)."""
+        return self._slots.slot(tenant)
+
+    def slots_in_use(self) -> dict[str, int]:
+        """Requests on the backend now, per tenant (job requests and Generate calls)."""
+        return self._slots.held()
 
     @property
     def tracing(self) -> JobTracing:
@@ -212,8 +226,9 @@ class JobRunner:
             page = self._store.next_requests(job.job_id)
             while page:
                 for stored in page:
-                    await self._slots.acquire()
-                    task = asyncio.create_task(self._run_one(job.tenant, stored))
+                    await self._slots.acquire(job.tenant)
+                    task = self._slots.hand_to(
+                        asyncio.create_task(self._run_one(job.tenant, stored)), job.tenant)
                     running.add(task)
                     task.add_done_callback(running.discard)
                 page = self._store.next_requests(job.job_id, page[-1].position)
@@ -250,15 +265,12 @@ class JobRunner:
                                        pending)
 
     async def _run_one(self, tenant: str, stored: StoredRequest) -> None:
-        try:
-            ready = await asyncio.to_thread(self._prepare_one, stored)
-            if isinstance(ready, ValueError):
-                result = error_of(stored, "INVALID_ARGUMENT", str(ready))
-            else:
-                result = await self._execute(tenant, PendingRequest(
-                    stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
-        finally:
-            self._slots.release()
+        ready = await asyncio.to_thread(self._prepare_one, stored)  # the slot is this task's
+        if isinstance(ready, ValueError):
+            result = error_of(stored, "INVALID_ARGUMENT", str(ready))
+        else:
+            result = await self._execute(tenant, PendingRequest(
+                stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
         if self._store.record_result(stored.job_id, result) is not None:
             self.release(tenant, 1)
         self._notify()

@@ -1,0 +1,95 @@
+"""The frontend's router: ``router.router.Router`` in the frontend's own process.
+
+Routing costs no Ray hop: the frontend decides, then calls the chosen worker once, as Ray
+Serve's handles do. The router learns what each worker holds from the worker's block event
+batches, which reach it two ways::
+
+    worker ─ WorkerDone.events ─────────────────────► apply   on every result: the batches
+                                                              after the caller's last one, so
+                                                              the next request sees what this
+                                                              one stored
+    worker ─ events(after), a streaming feed ───────► apply   evictions, TTL expiry, requests
+                                                              other callers sent
+
+Each batch is applied once, in sequence order (``_applied``, per worker); one that skips ahead
+is a gap the index notices, and the pool's check rebuilds that worker's view from its
+``Holdings`` (which say up to which batch they reach). Everything here runs on the frontend's
+event loop; nothing blocks it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Sequence
+
+import ray
+
+from router.events import EventBatch
+from router.router import Router
+from workers.runtime import Holdings
+
+log = logging.getLogger(__name__)
+
+
+class FrontendRouter:
+    """The routing state of one frontend and the event feeds that keep it current."""
+
+    def __init__(self, block_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.router = Router(block_size, clock=clock)
+        self._applied: dict[str, int] = {}          # worker -> last batch applied
+        self._feeds: dict[str, asyncio.Task] = {}   # worker -> its events() reader
+
+    def add_worker(self, worker_id: str, actor) -> None:
+        """Route to ``worker_id`` from now on and follow its block events."""
+        self.router.add_worker(worker_id)
+        self._applied[worker_id] = 0
+        self._feeds[worker_id] = asyncio.get_running_loop().create_task(
+            self._follow(worker_id, actor), name=f"feed-{worker_id}")
+
+    def drain_worker(self, worker_id: str) -> None:
+        self.router.drain_worker(worker_id)
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget ``worker_id`` and everything it held, at once."""
+        feed = self._feeds.pop(worker_id, None)
+        if feed is not None:
+            feed.cancel()
+        self._applied.pop(worker_id, None)
+        self.router.remove_worker(worker_id)
+
+    def feed_after(self, worker_id: str) -> int:
+        """The last batch applied from ``worker_id``: a result carries the ones after it."""
+        return self._applied.get(worker_id, 0)
+
+    def apply(self, worker_id: str, batches: Sequence[EventBatch]) -> None:
+        """Apply the batches not applied yet, in order (each arrives by result and by feed)."""
+        for batch in batches:
+            last = self._applied.get(worker_id)
+            if last is None or batch.seq <= last:
+                continue  # a removed worker, or already applied
+            self.router.apply_events(batch)
+            self._applied[worker_id] = batch.seq
+
+    def rebuild(self, worker_id: str, holdings: Holdings) -> None:
+        """Replace the view of ``worker_id`` by what it holds (batches up to ``seq`` included)."""
+        if worker_id in self._applied:
+            self.router.rebuild(worker_id, holdings.blocks)
+            self._applied[worker_id] = holdings.seq
+
+    def stale_workers(self) -> list[str]:
+        return self.router.stale_workers()
+
+    async def close(self) -> None:
+        for feed in self._feeds.values():
+            feed.cancel()
+        await asyncio.gather(*self._feeds.values(), return_exceptions=True)
+        self._feeds.clear()
+
+    async def _follow(self, worker_id: str, actor) -> None:
+        try:
+            async for ref in actor.events.options(num_returns="streaming").remote(
+                    self.feed_after(worker_id)):
+                self.apply(worker_id, await ref)
+        except ray.exceptions.RayError as exc:  # the pool's pings notice a dead worker
+            log.info("worker %s: event feed ended (%s)", worker_id, exc)

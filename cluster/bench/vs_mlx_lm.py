@@ -1,0 +1,286 @@
+"""``orchard bench vs-mlx-lm``: orchard's worker side by side with ``mlx_lm.server``.
+
+Both serve the same model directory on this machine, loopback only, with OpenBLAS loaded the
+same way (``workers.blas``, before mlx) and the same number of BLAS threads
+(``OPENBLAS_NUM_THREADS``, ``--blas-threads``). The orchard side is a frontend process over
+one in-process worker (``cluster.api.frontend --workers 1``: gRPC, the job store, routing and
+the engine, without Ray), the side a single Mac runs.
+
+1. **Chat.** One multi-turn chat: a system prompt of about ``system_tokens`` tokens, then
+   ``turns`` user messages of ``user_words`` words, each answered with ``reply_tokens`` greedy
+   tokens. Every turn goes to both servers, interleaved (the first to be asked alternates from
+   turn to turn), as a streamed request; TTFT is taken at the client, request sent -> first
+   token received. Both histories carry orchard's reply, so both prompts are the same tokens.
+   Turn 1 is cold (a system prompt neither has seen), turns 2.. are warm.
+2. **Batch.** ``chats`` multi-turn chats (each with ``history`` earlier exchanges) sharing
+   ``system_prompts`` system prompts: orchard gets them as one job; mlx-lm as the same
+   requests from ``clients`` concurrent clients (8). The figure is the wall time from the
+   first request sent to the last result received; the order of the two sides alternates
+   from round to round.
+
+Ratios are orchard over mlx-lm (below 1: orchard is faster). Targets: warm TTFT <= 0.9,
+cold TTFT <= 1.05, batch wall time <= 0.8.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+from cluster.api.client import Client, chat_request
+
+TARGETS = {"warm_ttft": 0.9, "cold_ttft": 1.05, "batch_wall": 0.8}
+_WORDS = ("orchard apple cache block prefix router token worker cluster batch tenant model "
+          "latency memory store evict expire replay trace forecast measured input output "
+          "system prompt reply question answer policy river mountain garden").split()
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    system_words: int = 700   # about 1,000 tokens with SmolLM2's tokenizer
+    turns: int = 8
+    user_words: int = 70      # about 100 new tokens a turn, the reply included
+    reply_tokens: int = 24
+    chats: int = 48
+    system_prompts: int = 2
+    history: int = 2          # earlier exchanges in each batch chat
+    clients: int = 8
+    rounds: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if name != "seed" and value < (0 if name == "history" else 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    turn: int
+    ttft_orchard_s: float
+    ttft_mlx_lm_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class VsMlxLm:
+    model: str
+    blas_threads: int
+    orchard_side: str
+    turns: tuple[Turn, ...]
+    cold_ttft_ratio: float
+    warm_ttft_ratio: float          # median over turns 2.. of orchard / mlx-lm
+    batch_wall_orchard_s: float     # best of the rounds
+    batch_wall_mlx_lm_s: float
+    batch_wall_ratio: float
+    targets: dict
+
+    def as_json(self) -> dict:
+        out = asdict(self)
+        out["turns"] = [asdict(t) for t in self.turns]
+        return out
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+# ---- mlx_lm.server -------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlxLmServer:
+    """``mlx_lm.server`` on loopback, with OpenBLAS loaded as orchard loads it."""
+
+    _LAUNCH = ("import sys, workers.blas as b; b.ensure_openblas(); "
+               "from mlx_lm.server import main; sys.argv[0] = 'mlx_lm.server'; main()")
+
+    def __init__(self, model_dir: str, max_tokens: int, log: Path) -> None:
+        self.port = _free_port()
+        self._log = log
+        cmd = [sys.executable, "-c", self._LAUNCH, "--model", model_dir, "--host", "127.0.0.1",
+               "--port", str(self.port), "--max-tokens", str(max_tokens), "--temp", "0"]
+        self._proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                      cwd=Path(__file__).resolve().parents[2])
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError("mlx_lm.server exited: " + self._log.read_text()[-2000:])
+            try:
+                with urllib.request.urlopen(self._url("/v1/models"), timeout=5):
+                    return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+        raise RuntimeError(f"mlx_lm.server did not answer within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def chat(self, messages: list[dict], max_tokens: int, stream: bool) -> tuple[float, str]:
+        """(TTFT or total seconds, reply text) of one chat completion."""
+        body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+                           "stream": stream}).encode()
+        request = urllib.request.Request(self._url("/v1/chat/completions"), data=body,
+                                         headers={"Content-Type": "application/json"})
+        start = time.perf_counter()
+        first, text = 0.0, []
+        with urllib.request.urlopen(request, timeout=3600) as response:
+            if not stream:
+                reply = json.loads(response.read())
+                return time.perf_counter() - start, reply["choices"][0]["message"]["content"]
+            for line in response:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                delta = json.loads(line[6:])["choices"][0].get("delta", {}).get("content")
+                if delta:
+                    first = first or time.perf_counter() - start
+                    text.append(delta)
+        return first, "".join(text)
+
+
+# ---- orchard -------------------------------------------------------------------------------
+
+def _orchard_ttft(client: Client, messages: list[dict], max_tokens: int, rid: str
+                  ) -> tuple[float, str]:
+    start = time.perf_counter()
+    first, text = 0.0, ""
+    for event in client.generate(chat_request(rid, messages, max_tokens)):
+        if event.HasField("delta") and event.delta.text and not first:
+            first = time.perf_counter() - start
+        if event.HasField("result"):
+            if not event.result.ok:
+                raise RuntimeError(f"orchard failed {rid}: {event.result.error_message}")
+            text = event.result.text
+    return first, text
+
+
+def _orchard_batch(client: Client, chats: list[list[dict]], max_tokens: int, tag: str) -> float:
+    start = time.perf_counter()
+    job = client.submit([chat_request(f"{tag}-{i}", m, max_tokens) for i, m in enumerate(chats)])
+    job = client.wait(job.job_id)
+    wall = time.perf_counter() - start
+    if job.state != "succeeded" or job.failed:
+        raise RuntimeError(f"orchard job {job.job_id} ended {job.state} with {job.failed} failed")
+    return wall
+
+
+def _mlx_batch(server: MlxLmServer, chats: list[list[dict]], max_tokens: int, clients: int
+               ) -> float:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda m: server.chat(m, max_tokens, stream=False), chats))
+    return time.perf_counter() - start
+
+
+# ---- the workload --------------------------------------------------------------------------
+
+def _system(rng: random.Random, w: Workload) -> str:
+    return "You answer questions about orchards. Notes: " + _text(rng, w.system_words)
+
+
+def _batch_chats(w: Workload) -> list[list[dict]]:
+    rng = random.Random(w.seed + 1)
+    systems = [_system(rng, w) for _ in range(w.system_prompts)]
+    chats = []
+    for i in range(w.chats):
+        messages = [{"role": "system", "content": systems[i % w.system_prompts]}]
+        for _ in range(w.history):
+            messages += [{"role": "user", "content": _text(rng, w.user_words)},
+                         {"role": "assistant", "content": _text(rng, w.reply_tokens // 2)}]
+        chats.append(messages + [{"role": "user", "content": _text(rng, w.user_words)}])
+    return chats
+
+
+def run_chat(client: Client, server: MlxLmServer, w: Workload) -> list[Turn]:
+    """The chat turn by turn, interleaved; both histories carry orchard's replies."""
+    rng = random.Random(w.seed)
+    messages = [{"role": "system", "content": _system(rng, w)}]
+    turns = []
+    for turn in range(1, w.turns + 1):
+        messages.append({"role": "user", "content": _text(rng, w.user_words)})
+        asked = list(messages)
+        if turn % 2:
+            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"chat-{turn}")
+            mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
+        else:
+            mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
+            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"chat-{turn}")
+        turns.append(Turn(turn, orchard, mlx))
+        messages.append({"role": "assistant", "content": reply})
+    return turns
+
+
+def run_batch(client: Client, server: MlxLmServer, w: Workload) -> tuple[float, float]:
+    """Best wall time of each side over the rounds, the first side alternating."""
+    chats = _batch_chats(w)
+    orchard, mlx = [], []
+    for k in range(w.rounds):
+        # a fresh tenant-free variant per round: the last user message differs, so no round
+        # finds a previous round's whole prompts (the shared system prompts stay shared)
+        tagged = [c[:-1] + [{"role": "user", "content": f"round {k}: {c[-1]['content']}"}]
+                  for c in chats]
+        if k % 2 == 0:
+            orchard.append(_orchard_batch(client, tagged, w.reply_tokens, f"batch{k}"))
+            mlx.append(_mlx_batch(server, tagged, w.reply_tokens, w.clients))
+        else:
+            mlx.append(_mlx_batch(server, tagged, w.reply_tokens, w.clients))
+            orchard.append(_orchard_batch(client, tagged, w.reply_tokens, f"batch{k}"))
+    return min(orchard), min(mlx)
+
+
+@contextmanager
+def _mlx_server(model_dir: str, w: Workload, log_dir: Path) -> Iterator[MlxLmServer]:
+    server = MlxLmServer(model_dir, w.reply_tokens, log_dir / "mlx_lm_server.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def bench_vs_mlx_lm(model_dir: str, w: Workload, blas_threads: int) -> VsMlxLm:
+    from cluster.bench.api import local_frontend
+
+    os.environ["OPENBLAS_NUM_THREADS"] = str(blas_threads)  # inherited by both servers
+    warmup = [{"role": "user", "content": "warm up"}]
+    with tempfile.TemporaryDirectory(prefix="orchard-vs-mlx-") as tmp, \
+            _mlx_server(model_dir, w, Path(tmp)) as server, \
+            local_frontend(model_dir, telemetry="none", max_concurrent=w.clients) as client:
+        _orchard_ttft(client, warmup, 2, "warmup")
+        server.chat(warmup, 2, stream=True)
+        turns = run_chat(client, server, w)
+        batch_orchard, batch_mlx = run_batch(client, server, w)
+    later = turns[1:] or turns
+    return VsMlxLm(
+        model=model_dir, blas_threads=blas_threads,
+        orchard_side="frontend + 1 in-process worker (no Ray)", turns=tuple(turns),
+        cold_ttft_ratio=turns[0].ttft_orchard_s / turns[0].ttft_mlx_lm_s,
+        warm_ttft_ratio=statistics.median(t.ttft_orchard_s / t.ttft_mlx_lm_s for t in later),
+        batch_wall_orchard_s=batch_orchard, batch_wall_mlx_lm_s=batch_mlx,
+        batch_wall_ratio=batch_orchard / batch_mlx, targets=TARGETS)

@@ -1,0 +1,166 @@
+"""The gRPC API against hostile and clumsy callers: bad bytes, huge values, wrong schemes.
+
+A real frontend over a LocalBackend; raw bytes go through a plain grpc channel so that the
+client library's own checks are not in the way.
+"""
+import grpc
+import pytest
+
+from cluster.api.client import OrchardError, chat_request, token_request
+from forged_models import tiny_model
+from frontend_harness import running_frontend
+from proto.orchard.v1 import orchard_pb2 as pb
+
+CONFIG = """
+[[tenants]]
+name = "acme"
+api_keys = ["key-acme"]
+
+[[tenants]]
+name = "beta"
+api_keys = ["key-beta"]
+
+[admin]
+api_keys = ["key-admin"]
+"""
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(CONFIG)
+    with running_frontend(run_dir, tiny_model(), workers=1) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def channel(api):
+    with grpc.insecure_channel(api.address) as channel:
+        yield channel
+
+
+def _raw(channel, method: str, data: bytes, key: str | None, streaming: bool = False):
+    """Send ``data`` as the request bytes of ``method``; returns the status code raised."""
+    metadata = (("authorization", f"Bearer {key}"),) if key else ()
+    if streaming:
+        call = channel.unary_stream(method)
+        with pytest.raises(grpc.RpcError) as info:
+            list(call(data, metadata=metadata, timeout=30))
+    else:
+        call = channel.unary_unary(method)
+        with pytest.raises(grpc.RpcError) as info:
+            call(data, metadata=metadata, timeout=30)
+    return info.value.code(), info.value.details()
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return bytes([number << 3 | 2]) + _varint(len(payload)) + payload
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _deep_value(depth: int) -> bytes:
+    """A google.protobuf.Value nested ``depth`` lists deep (Value.list_value = 6,
+    ListValue.values = 1)."""
+    value = b""
+    for _ in range(depth):
+        value = _field(6, _field(1, value))
+    return value
+
+
+def _deep_generate(depth: int) -> bytes:
+    message = _field(1, b"user") + _field(2, _deep_value(depth))  # ChatMessage role, content
+    request = _field(2, _field(1, message))  # Request.messages.messages[0]
+    return _field(1, request)                # GenerateRequest.request
+
+
+GARBAGE = b"\xff\xff\xff\xff\x0f\x01"
+BAD_UTF8_JOB_ID = _field(1, b"job-\xff\xfe")  # GetJobRequest.job_id
+
+
+@pytest.mark.parametrize("method,data,streaming", [
+    ("/orchard.v1.Jobs/GetJob", GARBAGE, False),
+    ("/orchard.v1.Jobs/GetJob", BAD_UTF8_JOB_ID, False),
+    ("/orchard.v1.Jobs/StreamResults", BAD_UTF8_JOB_ID, True),
+    ("/orchard.v1.Generate/Generate", _deep_generate(150), True),
+    ("/orchard.v1.Admin/Drain", GARBAGE, False),
+])
+def test_bytes_that_are_not_a_message_get_invalid_argument(channel, method, data, streaming):
+    key = "key-admin" if ".Admin/" in method else "key-acme"
+    code, details = _raw(channel, method, data, key, streaming)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert details.startswith("request: not a valid orchard.v1.")
+
+
+def test_bad_bytes_still_need_a_key_first(channel):
+    code, _ = _raw(channel, "/orchard.v1.Jobs/GetJob", GARBAGE, key=None)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    code, _ = _raw(channel, "/orchard.v1.Jobs/GetJob", GARBAGE, key="not-a-key")
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    code, _ = _raw(channel, "/orchard.v1.Admin/Drain", GARBAGE, key="key-acme")
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_nesting_within_the_limit_is_still_parsed(channel):
+    code, details = _raw(channel, "/orchard.v1.Generate/Generate", _deep_generate(20), "key-acme",
+                         streaming=True)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT  # well-formed, but not text content
+    assert details == "request.messages[0].content[0]: a content part must be {\"type\": \"text\", \"text\": \"...\"}"
+
+
+HUGE = "x" * 100_000
+
+
+def _error(call) -> tuple[str, str]:
+    with pytest.raises(OrchardError) as info:
+        call()
+    return info.value.code, info.value.message
+
+
+def _generate(client, request):
+    return lambda: list(client.generate(request, timeout_s=30))
+
+
+def test_huge_values_are_quoted_short_and_keep_their_status(api):
+    with api.client("acme") as acme, api.client(admin=True) as admin:
+        assert _error(lambda: acme.job(HUGE)) == (
+            "NOT_FOUND", f"job_id: no job {'x' * 64!r}... (100000 characters)")
+        assert _error(lambda: acme.cancel(HUGE))[0] == "NOT_FOUND"
+        code, message = _error(_generate(acme, chat_request(
+            "r", [{"role": HUGE, "content": "hi"}], 4)))
+        assert code == "INVALID_ARGUMENT"
+        assert message.startswith(f"request.messages[0].role: unknown role {'x' * 64!r}... "
+                                  "(100000 characters); use one of")
+        assert _error(lambda: admin.invalidate(HUGE)) == (
+            "INVALID_ARGUMENT", f"tenant: unknown tenant {'x' * 64!r}... (100000 characters); "
+            "known: acme, beta")
+        assert _error(lambda: admin.drain(HUGE)) == (
+            "NOT_FOUND", f"worker_id: no worker {'x' * 64!r}... (100000 characters)")
+
+
+def test_custom_id_and_stop_strings_are_capped(api):
+    with api.client("acme") as acme:
+        assert _error(lambda: acme.submit([token_request("c" * 257, [1, 2], 2)])) == (
+            "INVALID_ARGUMENT", "requests[0].custom_id: 257 bytes; use at most 256")
+        assert _error(lambda: acme.submit([token_request("é" * 129, [1, 2], 2)]))[1] == (
+            "requests[0].custom_id: 258 bytes; use at most 256")
+        dup = "d" * 256
+        assert _error(lambda: acme.submit([token_request(dup, [1], 2),
+                                           token_request(dup, [2], 2)]))[1] == (
+            f"requests[1].custom_id: duplicate {'d' * 64!r}... (256 characters) (first at "
+            "requests[0]); custom ids must be unique")
+        assert _error(_generate(acme, token_request("", [1, 2], 2, stop=["s"] * 17))) == (
+            "INVALID_ARGUMENT", "request.sampling.stop: 17 stop strings; use at most 16")
+        assert _error(_generate(acme, token_request("", [1, 2], 2, stop=["ok", "s" * 257]))) == (
+            "INVALID_ARGUMENT", "request.sampling.stop[1]: 257 bytes; a stop string may have at "
+            "most 256")
+        events = list(acme.generate(token_request("c" * 256, [1, 2], 2, stop=["s" * 256] * 16)))
+        assert events[-1].result.ok and events[-1].result.custom_id == "c" * 256

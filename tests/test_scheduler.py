@@ -1,0 +1,63 @@
+"""Admission order, the budget split and the stall-bounded budget, with exact values."""
+from __future__ import annotations
+
+import pytest
+
+from workers.scheduler import Admission, StepBudget, split_budget
+
+
+def test_tenants_take_turns_and_each_keeps_its_order():
+    queue: Admission[str] = Admission()
+    for key in ["a1", "a2", "a3", "a4"]:
+        queue.push("a", key, key)
+    queue.push("b", "b1", "b1")
+    queue.push("c", "c1", "c1")
+    queue.push("c", "c2", "c2")
+    order = [queue.pop() for _ in range(len(queue))]
+    assert order == ["a1", "b1", "c1", "a2", "c2", "a3", "a4"]
+    assert queue.pop() is None and len(queue) == 0
+
+
+def test_a_tenant_that_comes_back_goes_to_the_end_of_the_turn():
+    queue: Admission[str] = Admission()
+    queue.push("a", "a1", "a1")
+    queue.push("b", "b1", "b1")
+    assert queue.pop() == "a1"  # a's deque is empty and gone
+    queue.push("a", "a2", "a2")
+    assert [queue.pop(), queue.pop()] == ["b1", "a2"]
+
+
+def test_remove_by_key():
+    queue: Admission[str] = Admission()
+    queue.push("a", "a1", "x")
+    queue.push("a", "a2", "y")
+    queue.push("b", "b1", "z")
+    assert queue.remove("a1") and not queue.remove("a1")
+    assert queue.remove("b1")
+    assert list(queue.keys()) == ["a2"] and queue.pop() == "y"
+
+
+def test_budget_goes_to_the_oldest_first():
+    assert split_budget([300, 300, 50], 512) == [300, 212, 0]
+    assert split_budget([100, 0, 60, 40], 512) == [100, 0, 60, 40]
+    assert split_budget([4000], 16) == [16]
+    assert split_budget([], 512) == []
+    with pytest.raises(ValueError):
+        split_budget([1], -1)
+
+
+def test_step_budget_bounds_the_stall():
+    budget = StepBudget(max_tokens=512, stall=2.0, min_tokens=16)
+    assert budget.tokens(decoding=False) == 512
+    assert budget.tokens(decoding=True) == 16  # nothing measured yet
+    budget.observe_decode(0.05)
+    budget.observe_prefill(200, 1.0)  # 200 tokens/s
+    assert budget.tokens(decoding=True) == 16  # (2 - 1) x 0.05 s x 200 = 10 -> the floor
+    budget.observe_prefill(2000, 1.0)  # moving average: 0.7 x 200 + 0.3 x 2000 = 740
+    assert budget.tokens(decoding=True) == 37  # 0.05 x 740
+    budget.observe_decode(10.0)
+    assert budget.tokens(decoding=True) == 512  # the ceiling
+    with pytest.raises(ValueError, match="stall must be > 1.0"):
+        StepBudget(stall=1.0)
+    with pytest.raises(ValueError, match="min_tokens"):
+        StepBudget(max_tokens=8, min_tokens=16)

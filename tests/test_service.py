@@ -1,0 +1,89 @@
+"""Service models: the engine profile (read, checked, interpolated) and the replay's scaling."""
+import json
+
+import pytest
+
+from cluster.bench.replay import ReplaySlice, prompt_tokens, scale_slice
+from cluster.cli import main
+from router.service import EngineProfile, ProfileService
+from router.simulator import SimConfig, replay
+from router.trace import TraceRequest, write_trace
+
+
+def profile(**changes) -> EngineProfile:
+    fields = dict(model="tiny", revision="r1", block_size=16, max_batch=8, kv_bytes_per_token=4096,
+                  new_tokens=(100, 200), cached_tokens=(0, 1000),
+                  prefill_s=((1.0, 2.0), (1.5, 2.5)), batch_sizes=(1, 2), contexts=(100, 1000),
+                  step_s=((0.5, 0.8), (0.5, 0.8)), load_s_per_block=(("memory", 0.001),))
+    fields.update(changes)
+    return EngineProfile(**fields)
+
+
+def test_the_profile_interpolates_its_grids_and_adds_the_load_and_a_batch_step():
+    service = ProfileService(profile())
+    assert service.prefill_s(150, 0, 0, 150) == pytest.approx(1.5)
+    # halfway in both directions, plus 500 / 16 blocks loaded at 1 ms each
+    assert service.prefill_s(150, 500, 0, 650) == pytest.approx(1.75 + 0.03125)
+    assert service.prefill_s(300, 0, 0, 300) == pytest.approx(3.0)  # the last segment extended
+    assert service.prefill_s(100, 0, 2, 100) == pytest.approx(1.0 + 0.8)  # then one batch step
+    assert service.step_s(1, 5000) == 0.5 and service.step_s(3, 100) == pytest.approx(1.1)
+
+
+def test_a_profile_round_trips_and_refuses_another_model_or_block_size(tmp_path):
+    path = tmp_path / "p.json"
+    profile().write(path)
+    read = EngineProfile.read(path)
+    assert read == profile()
+    read.check(16, "tiny")
+    with pytest.raises(ValueError, match=r"measured with block size 16 \(the run uses 512\) and "
+                                         r"model 'tiny' \(the run uses 'other'\)"):
+        read.check(512, "other")
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "version": 9}))
+    with pytest.raises(ValueError, match="expected version 1, got 9"):
+        EngineProfile.read(path)
+    path.write_text(json.dumps({k: v for k, v in data.items() if k != "step_s"}))
+    with pytest.raises(ValueError, match="lacks or mistypes a field"):
+        EngineProfile.read(path)
+    with pytest.raises(ValueError, match="the decode grid is 2 x 2 but its values are not"):
+        profile(step_s=((0.5,), (0.5,)))
+
+
+def test_the_simulator_on_a_profile_waits_for_a_batch_slot_and_reports_itl():
+    # max_batch 1: the second request is admitted when the first finishes decoding
+    trace = [TraceRequest(0.0, 100, 3, (1,)), TraceRequest(0.0, 100, 3, (2,))]
+    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000,
+                       profile=profile(max_batch=1))
+    result = replay(trace, "round_robin", config)
+    # first: TTFT 1.0 s, two more tokens at 0.5 s each (ends at 2.0); second: 2.0 + 1.0
+    assert (result.ttft_p50_s, result.ttft_p99_s) == (pytest.approx(3.0), pytest.approx(3.0))
+    assert result.ttft_mean_s == pytest.approx(2.0) and result.goodput == 0.5
+    assert result.itl_p99_s == 0.5
+
+
+def test_simulate_refuses_a_profile_of_another_block_size(tmp_path, capsys):
+    path, trace = tmp_path / "p.json", tmp_path / "t.jsonl"
+    profile().write(path)
+    write_trace([TraceRequest(0.0, 600, 5, (1, 2))], trace)
+    assert main(["simulate", "--trace", str(trace), "--profile", str(path), "--quiet"]) == 2
+    assert "measured with block size 16 (the run uses 512)" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(trace), "--profile", str(path), "--block-size",
+                 "16", "--policies", "orchard", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["service"] == "profile" and out["policies"][0]["itl_p99_s"] == 0.5
+
+
+def test_scaling_a_slice_divides_tokens_keeps_proportions_and_refuses_empty_requests():
+    trace = [TraceRequest(10.0, 1000, 90, (1, 2)), TraceRequest(12.5, 1600, 2, (1, 3, 4)),
+             TraceRequest(20.0, 300, 40, (5,))]
+    lines = scale_slice(trace, ReplaySlice(start=0, requests=3, scale=4, time_scale=2.0))
+    assert [(t.arrival_s, t.input_length, t.output_length) for t in lines] == \
+        [(0.0, 250, 22), (5.0, 400, 1), (20.0, 75, 10)]
+    with pytest.raises(ValueError, match=r"--scale 512 leaves request 2 \(300 input tokens\) "
+                                         r"empty: use a smaller --scale"):
+        scale_slice(trace, ReplaySlice(requests=3, scale=512))
+    with pytest.raises(ValueError, match="--scale must divide the trace's 512-token blocks"):
+        ReplaySlice(scale=3)
+    a, b = (prompt_tokens(t, 128, 1000, salt=i) for i, t in enumerate(lines[:2]))
+    assert (len(a), len(b)) == (250, 400)
+    assert a[:128] == b[:128] and a[128:250] != b[128:250]  # id 1 shared, then 2 against 3

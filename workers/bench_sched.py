@@ -1,0 +1,135 @@
+"""The scheduler's figures: how long decodes stall while a long prompt is admitted, and what
+batching prefills buys.
+
+**Decode stall.** Four requests decode; the time between consecutive tokens of each (TPOT) is
+taken over ``window`` steps with nothing admitted, then over ``window`` steps while a
+``long_prompt``-token prompt (4,000 by default) is being prefilled, and the two alternate for
+``rounds`` rounds so that a burst of load on a shared machine hits both alike. Each round's
+long prompt is new (no reuse) and is aborted at the end of its window, before it completes:
+the figure is about the chunks, not the prompt's last step. ``decode_stall_ratio`` is the
+p99 TPOT while admitting over the p99 TPOT idle.
+
+**Batched prefill.** ``prompts`` cold prompts of ``prompt_tokens`` each, first submitted
+together (their chunks run as one pass: equal cache lengths), then one at a time, alternating
+for ``rounds`` rounds; each figure is prompt tokens over the time to their first tokens, best
+round of each.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+from workers.engine import Engine
+from workers.messages import GenerateRequest, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class StallFigures:
+    tpot_idle_p50_s: float
+    tpot_idle_p99_s: float
+    tpot_admitting_p50_s: float
+    tpot_admitting_p99_s: float
+    decode_stall_ratio: float
+    long_prompt_tokens: int
+    long_prompt_tokens_prefilled: int  # per window, mean over rounds
+
+
+@dataclass(frozen=True, slots=True)
+class BatchedPrefill:
+    prompts: int
+    prompt_tokens: int
+    batched_tokens_per_s: float
+    one_at_a_time_tokens_per_s: float
+
+
+def _prompt(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(vocab // 4, vocab // 2) for _ in range(n))
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _window(engine: Engine, steps: int, stop_on: str = "") -> list[float]:
+    """Intervals between consecutive tokens of each request over ``steps`` steps."""
+    last: dict[str, float] = {}
+    gaps: list[float] = []
+    for _ in range(steps):
+        out = engine.step()
+        now = time.perf_counter()
+        for d in out.deltas:
+            if d.request_id == stop_on:
+                raise RuntimeError("the long prompt finished inside its window: lengthen it")
+            if d.request_id in last:
+                gaps.append(now - last[d.request_id])
+            last[d.request_id] = now
+    return gaps
+
+
+def decode_stall(engine: Engine, long_prompt: int = 4000, window: int = 8, rounds: int = 3,
+                 seed: int = 0) -> StallFigures:
+    if long_prompt + 2 > engine.max_context:
+        raise ValueError(f"a {long_prompt}-token prompt does not fit the model's context of "
+                         f"{engine.max_context}: lower the long prompt")
+    rng = random.Random(seed)
+    vocab, ns = engine.vocab_size, engine.namespace("bench-stall")
+    steps_needed = rounds * 2 * (window + 1) + 4
+    decodes = [GenerateRequest(f"decode-{i}", ns, _prompt(rng, 32, vocab),
+                               SamplingParams(max_tokens=steps_needed)) for i in range(4)]
+    for r in decodes:
+        engine.submit(r)
+    for _ in range(3):  # prefill and first tokens, joining the batch, the first decode
+        engine.step()
+    idle: list[float] = []
+    admitting: list[float] = []
+    prefilled = 0
+    for k in range(rounds):
+        idle += _window(engine, window)
+        long = GenerateRequest(f"long-{k}", ns, _prompt(rng, long_prompt, vocab),
+                               SamplingParams(max_tokens=1))
+        engine.submit(long)
+        before = engine.store.stats().ledger.tokens
+        admitting += _window(engine, window, stop_on=long.request_id)
+        prefilled += engine.store.stats().ledger.tokens - before
+        engine.abort(long.request_id)
+        _window(engine, 1)  # the step after the abort: drop it from the figures
+    for r in decodes:
+        engine.abort(r.request_id)
+    ratio = _p(admitting, 0.99) / _p(idle, 0.99)
+    return StallFigures(statistics.median(idle), _p(idle, 0.99), statistics.median(admitting),
+                        _p(admitting, 0.99), ratio, long_prompt, prefilled // rounds)
+
+
+def batched_prefill(engine: Engine, prompts: int = 4, prompt_tokens: int = 128,
+                    rounds: int = 2, seed: int = 1) -> BatchedPrefill:
+    if prompts * prompt_tokens > engine.config.prefill_budget:
+        raise ValueError(f"{prompts} x {prompt_tokens} tokens exceed the engine's prefill "
+                         f"budget of {engine.config.prefill_budget}: they would not share a step")
+    rng = random.Random(seed)
+    vocab, ns = engine.vocab_size, engine.namespace("bench-prefill")
+    ids = iter(range(10**9))
+
+    def batch() -> list[GenerateRequest]:
+        return [GenerateRequest(f"p{next(ids)}", ns, _prompt(rng, prompt_tokens, vocab),
+                                SamplingParams(max_tokens=1)) for _ in range(prompts)]
+
+    def timed(groups: list[list[GenerateRequest]]) -> float:
+        start = time.perf_counter()
+        for group in groups:
+            engine.generate(group)
+        return time.perf_counter() - start
+
+    timed([batch()[:1]])  # warm the kernels
+    together, alone = [], []
+    for _ in range(rounds):
+        together.append(timed([batch()]))
+        alone.append(timed([[r] for r in batch()]))
+    tokens = prompts * prompt_tokens
+    return BatchedPrefill(prompts, prompt_tokens, tokens / min(together), tokens / min(alone))
+
+
+def as_json(stall: StallFigures, prefill: BatchedPrefill) -> dict:
+    return {**asdict(stall), "prefill_tokens_per_s": asdict(prefill)}

@@ -1,0 +1,95 @@
+"""Prompts in prefill: each one's K/V cache and progress, and the batched chunk pass.
+
+A ``PrefillJob`` is a request between admission and its first token. It is looked up in the
+store when it first gets budget (so that it finds what older jobs wrote meanwhile); its cache
+starts with the reused prefix and grows by one chunk per step (``workers.scheduler`` sizes
+the chunks). The prompt's last token is not part of any chunk: it goes through the whole model
+(with the vocabulary projection) on its own, which gives the first token's logits exactly as
+an unchunked prefill would.
+
+Chunks of several jobs run as one forward pass when their caches hold the same number of
+tokens (the same RoPE positions and the same causal mask): the caches are stacked along the
+batch axis, shorter chunks are right-padded to the longest, and each job's cache is cut back
+to its own length afterwards. Padding sits after every real token of its row, so the causal
+mask keeps it out of every real position's attention; the real rows compute exactly what
+they would alone::
+
+    job a  [ cached 0..511 | chunk 512..639 ]
+    job b  [ cached 0..511 | chunk 512..575 | pad .. 639 ]   b keeps 0..575
+
+Jobs whose caches differ in length run one pass each. A job alone in its pass extends its own
+cache in place; only a stacked pass copies caches (into the stack and back out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from workers.messages import GenerateRequest
+from workers.sequence import Sequence
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+@dataclass(slots=True)
+class PrefillJob:
+    request: GenerateRequest
+    received_ns: int
+    prompt: list[int]
+    sampler: Sampler | None
+    first_block: tuple | None  # (namespace, its first block's tokens): jobs that may share
+    seq: Sequence | None = None  # set by the store lookup, when the job first gets budget
+    cache: list[KVCache] = field(default_factory=list)
+    done: int = 0  # prompt tokens held by the cache
+
+    @property
+    def need(self) -> int:
+        """Prompt tokens still to run, the last one (through the whole model) included."""
+        return len(self.prompt) - self.done
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+def run_chunks(body: nn.Module, chunks: list[tuple[PrefillJob, int]]) -> None:
+    """Run each ``(job, tokens)`` chunk through ``body``; jobs at equal offsets share a pass.
+
+    Leaves the caches lazy: the caller evaluates them once for the whole step.
+    """
+    groups: dict[int, list[tuple[PrefillJob, int]]] = {}
+    for job, n in chunks:
+        if n > 0:
+            groups.setdefault(job.done, []).append((job, n))
+    for group in groups.values():
+        if len(group) == 1:
+            job, n = group[0]
+            body(mx.array([job.prompt[job.done:job.done + n]]), cache=job.cache)
+        else:
+            _stacked_pass(body, group)
+        for job, n in group:
+            job.done += n
+
+
+def _stacked_pass(body: nn.Module, group: list[tuple[PrefillJob, int]]) -> None:
+    width = max(n for _, n in group)
+    rows = [job.prompt[job.done:job.done + n] + [0] * (width - n) for job, n in group]
+    offset = group[0][0].done
+    layers = len(group[0][0].cache)
+    stacked = [KVCache() for _ in range(layers)]
+    if offset:
+        for layer, cache in enumerate(stacked):
+            keys = mx.concatenate([job.cache[layer].keys[..., :offset, :] for job, _ in group])
+            values = mx.concatenate([job.cache[layer].values[..., :offset, :] for job, _ in group])
+            cache.state = (keys, values, offset)
+    body(mx.array(rows), cache=stacked)
+    for row, (job, n) in enumerate(group):
+        for layer, cache in enumerate(stacked):
+            mine = KVCache()
+            mine.state = (cache.keys[row:row + 1, :, :offset + n, :],
+                          cache.values[row:row + 1, :, :offset + n, :], offset + n)
+            job.cache[layer] = mine
