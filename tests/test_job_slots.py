@@ -9,7 +9,7 @@ import pytest
 
 from cluster.jobs.runner import JobRunner
 from cluster.jobs.slots import SlotPool
-from cluster.jobs.store import JobStore, NewRequest
+from cluster.jobs.store import JobStore, NewRequest, StagedRequest
 from router.key import Namespace
 from workers.messages import SamplingParams
 
@@ -34,16 +34,19 @@ class GateBackend:
         raise ValueError("the gate backend produces no results")
 
 
-def _requests(n: int) -> list[NewRequest]:
-    return [NewRequest(custom_id=f"r{i}", prompt=(1, 2, 3), sampling=SamplingParams(max_tokens=1))
-            for i in range(n)]
+def _requests(n: int) -> list[StagedRequest]:
+    return [StagedRequest(i, f"r{i}", b"", b"") for i in range(n)]
+
+
+def _prepare(body: bytes) -> NewRequest:  # every stored request runs as the same prompt
+    return NewRequest(custom_id="", prompt=(1, 2, 3), sampling=SamplingParams(max_tokens=1))
 
 
 def _runner(tmp_path, backend, max_concurrent: int) -> tuple[JobStore, JobRunner]:
     store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
     runner = JobRunner(store, backend, namespace=lambda t: Namespace(t, "m"), block_size=16,
                        max_concurrent=max_concurrent, max_pending_per_tenant=10_000,
-                       max_pending_total=10_000, request_timeout_s=60.0)
+                       max_pending_total=10_000, request_timeout_s=60.0, prepare=_prepare)
     return store, runner
 
 
