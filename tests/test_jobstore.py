@@ -205,3 +205,27 @@ def test_a_store_written_by_version_1_is_upgraded_and_resumes(tmp_path):
     assert store.record_result("job-old", ok_result(1)).seq == 1
     assert store.get_job("job-old").state is JobState.SUCCEEDED
     store.close()
+
+
+def test_orchard_jobs_prune_at_the_command_line(tmp_path, capsys):
+    import time
+
+    from cluster.cli import main
+    from frontend_harness import ACME_CONFIG
+
+    (tmp_path / "orchard.toml").write_text(ACME_CONFIG)
+    store = JobStore(tmp_path / "jobs.sqlite3", lambda: time.time_ns() // 1_000_000)
+    done = store.create_job("acme", "m", make_requests(1))
+    store.record_result(done.job_id, ok_result(0))
+    queued = store.create_job("acme", "m", make_requests(1))
+    store.close()
+    time.sleep(0.01)  # the job finished strictly before "now" of the prune
+    assert main(["jobs", "prune", "--older-than", "1", "--run-dir", str(tmp_path)]) == 0
+    assert "pruned 0 finished job(s) older than 1 days" in capsys.readouterr().out
+    assert main(["jobs", "prune", "--older-than", "0", "--run-dir", str(tmp_path)]) == 0
+    assert "pruned 1 finished job(s)" in capsys.readouterr().out
+    store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+    assert [j.job_id for j in store.list_jobs("acme")] == [queued.job_id]
+    store.close()
+    assert main(["jobs", "prune", "--older-than", "-1", "--run-dir", str(tmp_path)]) == 2
+    assert "--older-than must be >= 0" in capsys.readouterr().err
