@@ -4,9 +4,10 @@
 
 A file of ``--requests`` short chats (one of eight system prompts and a question of its own,
 about 880 bytes a line: 44 MB for 50,000) is written to a temp dir, and a frontend over one
-in-process worker (``python -m cluster.api.frontend``, the embedded model, telemetry off,
-a 16 MB prefix store so that the worker's cache does not count as the frontend's growth) is
-started. Measured:
+in-process worker (``python -m cluster.api.frontend``, the default model, telemetry off) is
+started. The worker's prefix store is capped at 32 MB (the eight system prompts fit): it lives
+in the frontend's process here, so its growth counts in the frontend's memory figure, which a
+cluster under ``orchard up`` (workers in their own processes) would not include. Measured:
 
 - ``accept_s``: ``Client.submit_file`` (the file streamed in 1 MB chunks) until the job id,
   and ``accept_cpu_s``, the frontend's CPU time meanwhile (what a busy machine stretches);
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +41,7 @@ from cluster.api.client import Client
 
 SYSTEMS = [f"You are assistant number {k} of a fruit-logistics company. " * 6 for k in range(8)]
 SPLIT = 1000
+STORE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +134,10 @@ def start_frontend(run_dir: Path, model_dir: str) -> subprocess.Popen:
     with (run_dir / "orchard.toml").open("a") as f:
         f.write('[telemetry]\nexporter = "none"\n')
     text = (run_dir / "orchard.toml").read_text()
-    (run_dir / "orchard.toml").write_text(text.replace("capacity_bytes = 1073741824",
-                                                       "capacity_bytes = 16777216"))
+    capped = re.sub(r"(?m)^capacity_bytes = \d+", f"capacity_bytes = {STORE_BYTES}", text)
+    if capped == text:
+        raise RuntimeError("the default config has no [cache] capacity_bytes line to cap")
+    (run_dir / "orchard.toml").write_text(capped)
     log = open(run_dir / "frontend.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
                              str(run_dir), "--workers", "1"], stdout=log, stderr=log,
@@ -187,7 +192,7 @@ def bench_batch(requests: int, window_s: float, model_dir: str, log=print) -> Ba
 def run_bench(args) -> int:
     if args.requests < 1 or args.window <= 0:
         raise ValueError("--requests must be >= 1 and --window > 0")
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
 
     model_dir = args.model or str(ensure_default_model())
     figures = bench_batch(args.requests, args.window, model_dir,

@@ -1,8 +1,11 @@
 """``orchard submit``, ``orchard results``, ``orchard jobs``, ``orchard cancel``: batch jobs.
 
-They talk to a running frontend through ``cluster.api.client``: the address comes from
-``--address``, ``$ORCHARD_ADDRESS`` or the run directory's ``frontend.json``; the API key from
-``--api-key``, ``$ORCHARD_API_KEY`` or the run directory's ``orchard.toml`` (``--tenant``).
+``orchard submit`` streams the file (``Client.submit_file``); the server checks each line and
+names a bad one. ``orchard jobs prune --older-than DAYS`` works on the run directory's job
+store directly (no frontend needed). The others talk to a running frontend through
+``cluster.api.client``: the address comes from ``--address``, ``$ORCHARD_ADDRESS`` or the run
+directory's ``frontend.json``; the API key from ``--api-key``, ``$ORCHARD_API_KEY`` or the run
+directory's ``orchard.toml`` (``--tenant``).
 """
 from __future__ import annotations
 
