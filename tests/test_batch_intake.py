@@ -6,6 +6,7 @@ test's temp dir. The job store is read directly to check that a refused job left
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from cluster.api.client import Client, OrchardError
-from cluster.jobs.store import JobStore
 from forged_models import tiny_model
 from frontend_harness import ACME_CONFIG, running_frontend
 from small_disk import small_disk
@@ -39,14 +39,13 @@ def write_file(path: Path, n: int, pad: int = 0, last: str | None = None) -> Pat
 
 
 def stored_rows(db_path: Path) -> tuple[int, int]:
-    """(jobs, requests) in the job store, read from its file."""
-    store = JobStore(db_path, lambda: 0)
+    """(jobs, requests) in the job store's file, read as any SQLite client would."""
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
-        jobs = store._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
-        requests = store._db.execute("SELECT COUNT(*) FROM job_requests").fetchone()[0]
+        return (db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0],
+                db.execute("SELECT COUNT(*) FROM job_requests").fetchone()[0])
     finally:
-        store.close()
-    return jobs, requests
+        db.close()
 
 
 @pytest.fixture(scope="module")
@@ -144,18 +143,24 @@ def test_a_frontend_killed_during_acceptance_leaves_no_job(tmp_path):
     proc = _start(tmp_path)
     try:
         client = Client.from_run_dir(tmp_path, api_key="key-acme")
-        sent = []
+        db_path = tmp_path / "jobs.sqlite3"
 
-        def kill_midway(n: int) -> None:
-            sent.append(n)
-            if len(sent) == 3:  # three chunks stored, the rest still to come
+        def kill_once_some_are_stored(sent: int) -> None:
+            if proc.poll() is not None:
+                return
+            deadline = time.monotonic() + 60
+            while stored_rows(db_path)[1] == 0 and sent >= 8 * (256 << 10):
+                assert time.monotonic() < deadline, "the intake stored nothing"
+                time.sleep(0.05)
+            if stored_rows(db_path)[1]:  # part of the file stored, the rest still to come
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(30)
         with pytest.raises(OrchardError) as err:
-            client.submit_file(path, chunk_bytes=256 << 10, on_sent=kill_midway)
+            client.submit_file(path, chunk_bytes=256 << 10, on_sent=kill_once_some_are_stored)
         client.close()
         assert err.value.code == "UNAVAILABLE"
-        assert stored_rows(tmp_path / "jobs.sqlite3")[0] == 0  # no job row: absent, not half
+        jobs, requests = stored_rows(db_path)
+        assert jobs == 0 and 0 < requests < 20_000  # part stored, but no job: absent, not half
         proc = _start(tmp_path)  # the restarted frontend sweeps what the intake stored
         assert stored_rows(tmp_path / "jobs.sqlite3") == (0, 0)
         with Client.from_run_dir(tmp_path, api_key="key-acme") as client:
