@@ -1,4 +1,5 @@
-"""``Router``: the plain class the cluster routes with (the Ray actor in ``router.actor`` wraps it).
+"""``Router``: the plain class the cluster routes with, in the frontend's process
+(``cluster.backend.routing``) and in the router actor (``cluster.backend.router_actor``).
 
 It owns the worker set (live or draining), the load each worker carries as the router
 accounts it (queued prefill, running decodes, and recent prefill decayed over

@@ -21,10 +21,12 @@ A request whose run fails becomes an error result (``ok = false`` with a gRPC st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
+from cluster.backend.retry import NO_WORKER_BACKOFF_S
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import JobRecord, JobStore, PendingRequest, StoredResult
 from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
@@ -33,7 +35,6 @@ from workers.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
 
-RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 class Overloaded(RuntimeError):
@@ -55,7 +56,7 @@ async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Seq
             return await asyncio.wait_for(backend.generate(request, block_hashes),
                                           max(deadline - loop.time(), 0.001))
         except NoWorkersAvailable:
-            pause = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+            pause = NO_WORKER_BACKOFF_S[min(attempt, len(NO_WORKER_BACKOFF_S) - 1)]
             if loop.time() + pause >= deadline:
                 raise
             attempt += 1
@@ -66,8 +67,9 @@ async def dispatch_stream(backend: Backend, request: GenerateRequest,
                           block_hashes: Sequence[BlockHash], timeout_s: float
                           ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
     """Stream one request from the backend within ``timeout_s`` (``TimeoutError`` after it)."""
-    async with asyncio.timeout(timeout_s):
-        async for item in backend.stream(request, block_hashes):
+    async with asyncio.timeout(timeout_s), \
+            contextlib.aclosing(backend.stream(request, block_hashes)) as items:
+        async for item in items:  # closed early (cancel, deadline): aborted on the worker
             yield item
 
 
