@@ -55,12 +55,15 @@ different shape (figures in ``docs/benchmarks.md``, ``## Router``):
 - ``shared_weight = 4``: a cached token of a known shared prefix that only one worker
   stores is worth 4 tokens of queue there. Before it (weight 1), a 30k to 41k-token shared
   prefix held by one worker counted no more than one token of queue per cached token, and
-  its conversations spread to workers that prefilled and stored it again. Measured
-  (8 x 1M tokens, seed 0): the synthetic trace 0.6054 to 0.6082 hit ratio (8: 0.6106) at a
-  goodput of 99.12% to 98.67% (8: 98.08%); the conversation trace 0.2807 to 0.2809, goodput
-  57.78% to 57.83%. A burst of 20 new chats on one fresh 30k-token system prompt on 4
-  workers is unchanged (mean TTFT 5.13 s; counting routed-only prefixes too, all 20 went to
-  one worker and the mean rose to 5.81 s).
+  its conversations spread to workers that prefilled and stored it again. Measured over
+  seeds 0 to 2 (8 x 1M tokens, weight 1 -> 4): the conversation trace's goodput (TTFT <= 2 s)
+  57.78 / 57.62 / 57.97% -> 57.83 / 57.93 / 58.17%, hit ratio 0.2807 / 0.2801 / 0.2805 ->
+  0.2809 / 0.2816 / 0.2808; the lighter synthetic trace's hit ratio 0.6054 / 0.6057 /
+  0.6060 -> 0.6082 / 0.6081 / 0.6086 at a goodput 0.23 to 0.45 points lower (99.0 to 99.1%
+  -> 98.7 to 98.8%). Weight 8 on the synthetic trace, seed 0: 0.6106, goodput 98.08%. A
+  burst of 20 new chats on one fresh 30k-token system prompt on 4 workers is unchanged
+  (mean TTFT 5.13 s); counting routed-only prefixes too, all 20 went to one worker and the
+  mean rose to 5.81 s.
 - ``balance_weight = 0.25``, ``balance_half_life_s = 300``: a worker that did more prefill
   in the last few minutes (about a cache lifetime at these rates) gets fewer cold prompts;
   this keeps long-run imbalance near 1.0 even when the queues are empty (low load), where a
