@@ -69,6 +69,9 @@ different shape (figures in ``docs/benchmarks.md``, ``## Router``):
   this keeps long-run imbalance near 1.0 even when the queues are empty (low load), where a
   hot shared prefix would otherwise pull every new conversation to one worker.
 - ``decode_weight_tokens = 64``: a running decode slows chunked prefill slightly.
+- ``disk_token_cost = DISK_TOKEN_COST``: a matched token that only the worker's disk tier
+  holds is not free: it costs its load time (bytes over the disk's read bandwidth), counted
+  in prefill tokens: ``score += disk_token_cost x disk_tokens(w)``.
 
 Deterministic: ties break by worker id and the rendezvous hash is seeded.
 """
@@ -83,6 +86,9 @@ import xxhash
 from router.key import BlockHash
 
 HOME_CHOICES = 2  # a cold prompt's home: the less busy of its two rendezvous winners
+# Loading a token's K/V from a worker's disk tier, in tokens of prefill: TTFT of a prefix
+# served from disk over TTFT of it recomputed (docs/benchmarks.md, "Disk tier").
+DISK_TOKEN_COST = 0.1
 
 
 class NoWorkerAvailable(Exception):
@@ -107,12 +113,14 @@ class PolicyConfig:
     decode_weight_tokens: int = 64
     balance_weight: float = 0.25
     balance_half_life_s: float = 300.0
+    disk_token_cost: float = DISK_TOKEN_COST
 
     def __post_init__(self) -> None:
         values = {"cache_weight": self.cache_weight, "cold_spill_tokens": self.cold_spill_tokens,
                   "shared_weight": self.shared_weight,
                   "decode_weight_tokens": self.decode_weight_tokens,
-                  "balance_weight": self.balance_weight}
+                  "balance_weight": self.balance_weight,
+                  "disk_token_cost": self.disk_token_cost}
         for name, value in values.items():
             if value < 0:
                 raise ValueError(f"PolicyConfig.{name} must be >= 0, got {value}")
@@ -216,13 +224,15 @@ def decide(
     shared_blocks: int = 0,
     recent_scale: float = 1.0,
     shared_stored_on: Collection[str] = (),
+    disk_blocks: dict[str, int] | None = None,
 ) -> RoutingDecision:
     """Choose a worker among ``loads`` (the eligible workers) for one prompt.
 
     ``hashes`` is the prompt's chain (at least one entry: the namespace root stands in for a
     prompt shorter than a block); ``matched_blocks`` the index's answer for it;
     ``shared_blocks`` how many leading blocks are a known shared prefix, and
-    ``shared_stored_on`` the workers whose events say they store all of it.
+    ``shared_stored_on`` the workers whose events say they store all of it;
+    ``disk_blocks`` how many of each worker's matched blocks only its disk tier holds.
     """
     if not loads:
         raise NoWorkerAvailable("no worker is accepting requests: add a worker or retry")
@@ -252,6 +262,8 @@ def decide(
             held = (m if m < known else known) - second  # of the shared prefix, only here
             if held > 0:
                 score -= shared_gain * held
+        if disk_blocks and load.worker_id in disk_blocks:
+            score += config.disk_token_cost * min(m, disk_blocks[load.worker_id] * block_size)
         row = (load.worker_id, m, load_tokens, score)
         rows.append(row)
         key = (score, -m, load.worker_id)  # lowest score; then more matched; then by id

@@ -4,7 +4,9 @@
 scheduler's figures from ``workers.bench_sched``) on the embedded default model
 (SmolLM2-135M-Instruct, imported on first use) or
 ``--model DIR``; ``orchard bench vs-mlx-lm`` sets orchard beside ``mlx_lm.server``
-(``cluster.bench.vs_mlx_lm``).
+(``cluster.bench.vs_mlx_lm``); ``orchard bench disk [--json]`` runs the disk tier benchmark
+(``workers.disk_bench``): TTFT of a long prefix from disk, memory and recomputed, read/write
+bandwidth, decode TPOT while blocks are written behind.
 """
 from __future__ import annotations
 
@@ -33,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=engine)
     _add_vs_mlx_lm(sub)
+    d = sub.add_parser("disk", help="TTFT from the disk tier vs memory vs recomputed; bandwidth")
+    d.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
+    d.add_argument("--prefix-tokens", type=int, default=2000)
+    d.add_argument("--trials", type=int, default=3)
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.set_defaults(func=disk)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
     from cluster.bench.api import register_bench  # `orchard bench api`: the gRPC path overhead
     register_bench(sub)
@@ -139,4 +147,27 @@ def vs_mlx_lm(args: argparse.Namespace) -> int:
     print(f"batch of {w.chats}: orchard {r.batch_wall_orchard_s:.1f}s, mlx-lm "
           f"{r.batch_wall_mlx_lm_s:.1f}s ({w.clients} clients), ratio {r.batch_wall_ratio:.2f} "
           f"(target <= {r.targets['batch_wall']})")
+    return 0
+
+
+def disk(args: argparse.Namespace) -> int:
+    import workers  # noqa: F401  (OpenBLAS before mlx)
+    from workers.disk_bench import bench_disk
+    from workers.default_model import ensure_default_model
+
+    if args.prefix_tokens < 32 or args.trials < 1:
+        raise ValueError("--prefix-tokens must be >= 32 and --trials >= 1")
+    r = bench_disk(args.model or ensure_default_model(), args.prefix_tokens, args.trials)
+    if args.json:
+        print(json.dumps(r.as_json(), indent=2))
+        return 0
+    print(f"model {r.model}, prefix {r.prefix_tokens} tokens, {r.bytes_per_token} B/token")
+    print(f"ttft recomputed {r.ttft_recomputed_s * 1e3:.1f}ms  memory {r.ttft_memory_s * 1e3:.1f}ms"
+          f"  disk {r.ttft_disk_s * 1e3:.1f}ms (disk tokens per trial {list(r.disk_tokens_per_trial)})")
+    print(f"disk_over_recomputed {r.disk_over_recomputed:.3f} (target <= 0.3)")
+    print(f"write {r.write_mb_s:.0f} MB/s, read {r.read_mb_s:.0f} MB/s ({r.read_mb:.0f} MB, "
+          f"page cache dropped)")
+    print(f"decode tpot alone {r.tpot_alone_s * 1e3:.2f}ms, with write-behind "
+          f"{r.tpot_with_spill_s * 1e3:.2f}ms (ratio {r.tpot_ratio:.3f}, target <= 1.10; "
+          f"{r.spill_mb:.0f} MB written in {r.spill_write_s:.2f}s)")
     return 0
