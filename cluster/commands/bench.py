@@ -78,7 +78,8 @@ def engine(args: argparse.Namespace) -> int:
     p = sched["prefill_tokens_per_s"]
     print(f"decode_stall_ratio {sched['decode_stall_ratio']:.2f} (target <= 2.0): TPOT p99 "
           f"{sched['tpot_admitting_p99_s'] * 1e3:.1f}ms while a {args.long_prompt}-token prompt "
-          f"is admitted, {sched['tpot_idle_p99_s'] * 1e3:.1f}ms idle")
+          f"is admitted, {sched['tpot_idle_p99_s'] * 1e3:.1f}ms idle; ratio of medians "
+          f"{sched['decode_stall_ratio_p50']:.2f}")
     print(f"prefill_tokens_per_s {p['batched_tokens_per_s']:.1f} batched, "
           f"{p['one_at_a_time_tokens_per_s']:.1f} one at a time "
           f"({p['prompts']} prompts of {p['prompt_tokens']} tokens)")
@@ -117,7 +118,8 @@ def _add_vs_mlx_lm(sub) -> None:
     for name, value in [("system_words", d.system_words), ("turns", d.turns),
                         ("user_words", d.user_words), ("reply_tokens", d.reply_tokens),
                         ("chats", d.chats), ("system_prompts", d.system_prompts),
-                        ("history", d.history), ("clients", d.clients), ("rounds", d.rounds)]:
+                        ("history", d.history), ("clients", d.clients),
+                        ("chat_rounds", d.chat_rounds), ("batch_rounds", d.batch_rounds)]:
         v.add_argument("--" + name.replace("_", "-"), type=int, default=value)
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(func=vs_mlx_lm)
@@ -131,17 +133,19 @@ def vs_mlx_lm(args: argparse.Namespace) -> int:
     if args.blas_threads < 1:
         raise ValueError("--blas-threads must be >= 1")
     w = Workload(args.system_words, args.turns, args.user_words, args.reply_tokens, args.chats,
-                 args.system_prompts, args.history, args.clients, args.rounds)
+                 args.system_prompts, args.history, args.clients, args.chat_rounds,
+                 args.batch_rounds)
     r = bench_vs_mlx_lm(str(args.model or ensure_default_model()), w, args.blas_threads)
     if args.json:
         print(json.dumps(r.as_json(), indent=2))
         return 0
     print(f"model {r.model}, {r.blas_threads} BLAS thread(s); orchard: {r.orchard_side}")
-    print("turn  ttft orchard  ttft mlx-lm  ratio")
+    print("round  turn  ttft orchard  ttft mlx-lm  ratio")
     for t in r.turns:
-        print(f"{t.turn:>4}  {t.ttft_orchard_s * 1e3:>10.0f}ms {t.ttft_mlx_lm_s * 1e3:>10.0f}ms "
-              f"{t.ttft_orchard_s / t.ttft_mlx_lm_s:>6.2f}")
-    print(f"cold TTFT ratio   {r.cold_ttft_ratio:.2f} (target <= {r.targets['cold_ttft']})")
+        print(f"{t.round:>5}  {t.turn:>4}  {t.ttft_orchard_s * 1e3:>10.0f}ms "
+              f"{t.ttft_mlx_lm_s * 1e3:>10.0f}ms {t.ratio:>6.2f}")
+    print(f"cold TTFT ratio   {r.cold_ttft_ratio:.2f} (target <= {r.targets['cold_ttft']}, "
+          f"median of first turns)")
     print(f"warm TTFT ratio   {r.warm_ttft_ratio:.2f} (target <= {r.targets['warm_ttft']}, "
           f"median of turns 2..)")
     print(f"batch of {w.chats}: orchard {r.batch_wall_orchard_s:.1f}s, mlx-lm "
