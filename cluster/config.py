@@ -22,6 +22,10 @@ running cluster owns: this config, the job store, the frontend's address file, t
     ttl_s = 300.0
     capacity_bytes = 1073741824  # per worker
     eviction = "reuse"           # "reuse" keeps reused blocks longer; "lru" is plain LRU
+    kv_bits = 0                  # memory tier K/V: 0 (model precision), 8 or 4 bits
+    disk_bytes = 0               # per worker disk tier; 0: none
+    disk_dir = "cache"           # worker w's blocks in disk_dir/w (relative: to the run dir)
+    disk_kv_bits = 0             # disk tier K/V: 0, 8 or 4 bits
 
     [model]
     dir = ""                     # an mlx-lm model directory; "" means the embedded default
@@ -68,6 +72,10 @@ class CacheConfig:
     ttl_s: float = 300.0
     capacity_bytes: int = 1 << 30
     eviction: str = "reuse"
+    kv_bits: int = 0
+    disk_bytes: int = 0
+    disk_dir: str = "cache"
+    disk_kv_bits: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +207,13 @@ def _check(config: Config, path: Path) -> None:
     if config.cache.eviction not in EVICTION_POLICIES:
         raise ValueError(f"{path}: [cache] eviction must be one of "
                          f"{', '.join(EVICTION_POLICIES)}, got {config.cache.eviction!r}")
+    cache = config.cache
+    for name in ("kv_bits", "disk_kv_bits"):
+        if getattr(cache, name) not in (0, 8, 4):
+            raise ValueError(f"{path}: [cache] {name} must be 0 (model precision), 8 or 4")
+    if cache.disk_bytes < 0 or (cache.disk_bytes and not cache.disk_dir):
+        raise ValueError(f"{path}: [cache] disk_bytes must be >= 0 (0: no disk tier), "
+                         f"with a disk_dir when > 0")
     if set(config.tenant_keys) & config.admin_keys:
         raise ValueError(f"{path}: a key may not be both a tenant key and an admin key")
 
@@ -234,4 +249,7 @@ def engine_config(config: Config):
 
     cache = config.cache
     return EngineConfig(block_size=cache.block_size, ttl_s=cache.ttl_s,
-                        store_bytes=cache.capacity_bytes, eviction=cache.eviction)
+                        store_bytes=cache.capacity_bytes, eviction=cache.eviction,
+                        kv_bits=cache.kv_bits, disk_bytes=cache.disk_bytes,
+                        disk_dir=str(config.run_dir / cache.disk_dir),
+                        disk_kv_bits=cache.disk_kv_bits)

@@ -6,16 +6,27 @@ encoded with msgpack: compact, language-neutral, and the same shape that vLLM's 
 events take. A batch carries the worker id and a per-worker sequence number so the router can
 notice a gap (a lost batch) and ask the worker for its full state instead.
 
+Each event names the store's tier it concerns (``Tier.MEMORY`` or ``Tier.DISK``): a block
+evicted from memory to the worker's disk is one ``BlockRemoved(tier=MEMORY)`` and one
+``BlockStored(tier=DISK)``; the worker holds a block while any tier does. A batch written
+before tiers existed decodes with every event in memory.
+
 This module is shared by ``workers`` (producer) and ``router`` (consumer); it imports neither.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Union
 
 import msgpack
 
 from router.key import BlockHash
+
+
+class Tier(str, Enum):
+    MEMORY = "memory"
+    DISK = "disk"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +35,14 @@ class BlockStored:
     parent: BlockHash
     token_count: int
     namespace: str
+    tier: Tier = Tier.MEMORY
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block: BlockHash
     namespace: str
+    tier: Tier = Tier.MEMORY
 
 
 BlockEvent = Union[BlockStored, BlockRemoved]
@@ -54,9 +67,10 @@ def encode_batch(batch: EventBatch) -> bytes:
     rows = []
     for ev in batch.events:
         if isinstance(ev, BlockStored):
-            rows.append([_STORED, _h(ev.block), _h(ev.parent), ev.token_count, ev.namespace])
+            rows.append([_STORED, _h(ev.block), _h(ev.parent), ev.token_count, ev.namespace,
+                         ev.tier.value])
         else:
-            rows.append([_REMOVED, _h(ev.block), ev.namespace])
+            rows.append([_REMOVED, _h(ev.block), ev.namespace, ev.tier.value])
     return msgpack.packb([batch.worker_id, batch.seq, rows], use_bin_type=True)
 
 
@@ -70,11 +84,16 @@ def decode_batch(data: bytes) -> EventBatch:
                 events.append(BlockStored(
                     BlockHash(int.from_bytes(row[1], "little")),
                     BlockHash(int.from_bytes(row[2], "little")),
-                    int(row[3]), str(row[4])))
+                    int(row[3]), str(row[4]), _tier(row, 5)))
             elif row[0] == _REMOVED:
-                events.append(BlockRemoved(BlockHash(int.from_bytes(row[1], "little")), str(row[2])))
+                events.append(BlockRemoved(BlockHash(int.from_bytes(row[1], "little")),
+                                           str(row[2]), _tier(row, 3)))
             else:
                 raise ValueError(f"unknown block event kind {row[0]!r}")
     except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
         raise ValueError(f"malformed event batch: {exc}") from None
     return EventBatch(str(worker_id), int(seq), tuple(events))
+
+
+def _tier(row: list, at: int) -> Tier:
+    return Tier(row[at]) if len(row) > at else Tier.MEMORY

@@ -24,17 +24,22 @@ Rules:
 - Events for an unknown worker, and removals of blocks that worker was not holding, are
   ignored and counted (``IndexCounters``), never an error. A sequence gap in a worker's
   batches is counted and marks the worker stale until ``rebuild`` replaces its holdings.
+- Tiers: a worker holds a block while its memory or its disk does (``BlockStored``/``Removed``
+  carry the tier; each tier has its own mask). ``match`` counts both, and says how many of
+  each worker's matched blocks only its disk holds (``Match.disk_blocks``): workers' memory
+  chains are prefix-closed (leaves leave first), so that is found by a second bisection over
+  the memory masks alone, run only once some worker has announced a disk tier.
 - Memory is bounded: at most ``max_blocks`` distinct blocks; past that the oldest-stored
   entries are dropped in batches (counted as ``dropped``), which can only cost a cache hit.
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Iterable, Sequence
 
-from router.events import BlockRemoved, BlockStored, EventBatch
+from router.events import BlockRemoved, BlockStored, EventBatch, Tier
 from router.key import BlockHash
 
 DEFAULT_MAX_BLOCKS = 4_000_000
@@ -58,6 +63,7 @@ class Match:
     """Leading blocks of a chain each worker holds (held or pending), by worker id."""
 
     blocks: dict[str, int]
+    disk_blocks: dict[str, int] = field(default_factory=dict)  # of those, on disk only
 
 
 class PrefixIndex:
@@ -78,6 +84,7 @@ class PrefixIndex:
         self._next_slot = 0
         self._live_mask = 0
         self._held: dict[BlockHash, int] = {}  # insertion order = oldest first
+        self._disk: dict[BlockHash, int] = {}  # blocks on workers' disk tiers
         self._held_count: dict[str, int] = {}
         self._pending: dict[BlockHash, dict[int, float]] = {}
         self._pending_queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
@@ -139,19 +146,23 @@ class PrefixIndex:
             self._stale.add(batch.worker_id)
         self._seq[batch.worker_id] = batch.seq
         for event in batch.events:
+            held = self._disk if event.tier == Tier.DISK else self._held
             if isinstance(event, BlockStored):
-                self._store(batch.worker_id, slot, event.block)
+                self._store(batch.worker_id, slot, event.block, held)
             elif isinstance(event, BlockRemoved):
-                self._unstore(batch.worker_id, slot, event.block)
+                self._unstore(batch.worker_id, slot, event.block, held)
 
-    def rebuild(self, worker_id: str, holdings: Iterable[BlockHash]) -> None:
-        """Replace what the index believes ``worker_id`` holds with ``holdings``."""
+    def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
+                disk_holdings: Iterable[BlockHash] = ()) -> None:
+        """Replace what the index believes ``worker_id`` holds with ``holdings`` (in memory)
+        and ``disk_holdings``."""
         slot = self._slot_of(worker_id)
         bit = 1 << slot
-        for block in [b for b, mask in self._held.items() if mask & bit]:
-            self._unstore(worker_id, slot, block)
-        for block in holdings:
-            self._store(worker_id, slot, block)
+        for held, blocks in ((self._held, holdings), (self._disk, disk_holdings)):
+            for block in [b for b, mask in held.items() if mask & bit]:
+                self._unstore(worker_id, slot, block, held)
+            for block in blocks:
+                self._store(worker_id, slot, block, held)
         self._stale.discard(worker_id)
         self._seq.pop(worker_id, None)
 
@@ -195,14 +206,22 @@ class PrefixIndex:
         the answer is a hint that can only cost a cache hit; the worker verifies its blocks.
         """
         self.expire_pending(now)
+        if not self._disk:
+            return Match(self._depths(hashes, self._mask))
+        blocks = self._depths(hashes, self._mask_any_tier)
+        memory = self._depths(hashes, self._mask)
+        disk = {w: n - memory.get(w, 0) for w, n in blocks.items() if n > memory.get(w, 0)}
+        return Match(blocks, disk)
+
+    def _depths(self, hashes: Sequence[BlockHash], mask_of) -> dict[str, int]:
         result: dict[str, int] = {}
         if not hashes:
-            return Match(result)
-        first = self._mask(hashes[0]) & self._live_mask
+            return result
+        first = mask_of(hashes[0]) & self._live_mask
         if not first:
-            return Match(result)
+            return result
         last_i = len(hashes) - 1
-        last = self._mask(hashes[last_i]) & first
+        last = mask_of(hashes[last_i]) & first
         if last:
             self._record(result, last, len(hashes))
         stack = [(0, first, last_i, last)]
@@ -214,15 +233,19 @@ class PrefixIndex:
                 self._record(result, lo_mask & ~hi_mask, lo + 1)
                 continue
             mid = (lo + hi) // 2
-            mid_mask = self._mask(hashes[mid]) & lo_mask
+            mid_mask = mask_of(hashes[mid]) & lo_mask
             stack.append((lo, lo_mask, mid, mid_mask))
             stack.append((mid, mid_mask, hi, hi_mask & mid_mask))
-        return Match(result)
+        return result
+
+    def _mask_any_tier(self, block: BlockHash) -> int:
+        return self._mask(block) | self._disk.get(block, 0)
 
     def holders(self, block: BlockHash) -> list[str]:
         """The live workers whose events say they hold ``block`` (routed-only excluded)."""
         result: dict[str, int] = {}
-        self._record(result, self._held.get(block, 0) & self._live_mask, 0)
+        mask = self._held.get(block, 0) | self._disk.get(block, 0)  # either tier
+        self._record(result, mask & self._live_mask, 0)
         return list(result)
 
     def _mask(self, block: BlockHash) -> int:
@@ -251,37 +274,38 @@ class PrefixIndex:
             raise ValueError(f"unknown worker {worker_id!r}: known workers are {known}")
         return slot
 
-    def _store(self, worker_id: str, slot: int, block: BlockHash) -> None:
+    def _store(self, worker_id: str, slot: int, block: BlockHash, held: dict) -> None:
         bit = 1 << slot
-        mask = self._held.get(block, 0) & self._live_mask
-        if not mask & bit:
+        mask = held.get(block, 0) & self._live_mask
+        if not mask & bit and held is self._held:
             self._held_count[worker_id] += 1
-        self._held[block] = mask | bit
+        held[block] = mask | bit
         entry = self._pending.get(block)
         if entry is not None and entry.pop(slot, None) is not None and not entry:
             del self._pending[block]
-        if len(self._held) > self.max_blocks:
-            self._drop_oldest()
+        if len(held) > self.max_blocks:
+            self._drop_oldest(held)
 
-    def _unstore(self, worker_id: str, slot: int, block: BlockHash) -> None:
+    def _unstore(self, worker_id: str, slot: int, block: BlockHash, held: dict) -> None:
         bit = 1 << slot
-        mask = self._held.get(block, 0) & self._live_mask
+        mask = held.get(block, 0) & self._live_mask
         if not mask & bit:
             self._counts["unknown_block_removals"] += 1
             return
-        self._held_count[worker_id] -= 1
+        if held is self._held:
+            self._held_count[worker_id] -= 1
         mask &= ~bit
         if mask:
-            self._held[block] = mask
+            held[block] = mask
         else:
-            del self._held[block]
+            del held[block]
 
-    def _drop_oldest(self) -> None:
+    def _drop_oldest(self, held: dict) -> None:
         # Drop 1% at a time so the scan over the dict's head is paid rarely.
-        excess = len(self._held) - self.max_blocks + max(1, self.max_blocks // 100)
-        for block in list(islice(self._held, excess)):
-            mask = self._held.pop(block) & self._live_mask
-            while mask:
+        excess = len(held) - self.max_blocks + max(1, self.max_blocks // 100)
+        for block in list(islice(held, excess)):
+            mask = held.pop(block) & self._live_mask
+            while held is self._held and mask:
                 low = mask & -mask
                 self._held_count[self._names[low.bit_length() - 1]] -= 1
                 mask ^= low

@@ -31,6 +31,10 @@ Rules, stated once:
   (a chain is touched deepest first), so the victim is still always a leaf. Why: on the
   Mooncake conversation trace a block used once is reused again with probability ~0.24, one
   reused once ~0.42, twice ~0.5; at 8M tokens this raises the hit ratio from 0.266 to 0.28.
+- **Tiers.** A worker's store runs one ledger per tier (memory, disk), each with its own
+  budget; ``tier`` only labels the events. A disk ledger gains a block's ancestors in a later
+  call than the block itself (memory evicts leaves first), so callers keep the order by
+  touching whole chains (``touch``, ``chain_to``); ``restore`` rebuilds one at restart.
 - **Every removal has a reason** (evicted, expired, invalidated). The ledger calls the optional
   ``on_remove`` callback (the store drops the block's tensors there), appends a ``BlockRemoved``
   event for the router, and records a ``LedgerEvent`` in its bounded event log.
@@ -45,7 +49,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Sequence
 
-from router.events import BlockEvent, BlockRemoved, BlockStored
+from router.events import BlockEvent, BlockRemoved, BlockStored, Tier
 from router.key import BlockHash
 
 
@@ -93,6 +97,7 @@ class Holding:
     parent: BlockHash
     token_count: int
     namespace: str
+    tier: Tier = Tier.MEMORY
 
 
 @dataclass(slots=True)
@@ -118,6 +123,7 @@ class BlockLedger:
         policy: str = "lru",
         on_remove: Callable[[BlockHash, RemovalReason], None] | None = None,
         log_limit: int = 10_000,
+        tier: Tier = Tier.MEMORY,
     ) -> None:
         if policy not in EVICTION_POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}: use one of "
@@ -132,6 +138,7 @@ class BlockLedger:
         self.ttl_s = float(ttl_s)
         self.bytes_per_token = bytes_per_token
         self.policy = policy
+        self.tier = tier
         self._clock = clock
         self._on_remove = on_remove
         self._heap: list[tuple[float, int, BlockHash]] = []  # "reuse": (priority, seq, block)
@@ -177,6 +184,17 @@ class BlockLedger:
     def namespaces(self) -> list[str]:
         return sorted(self._namespaces)
 
+    def parent(self, block: BlockHash) -> BlockHash:
+        return self._entries[block].parent
+
+    def chain_to(self, block: BlockHash) -> list[BlockHash]:
+        """The held chain ending at ``block`` (root side first); empty when it is not held."""
+        chain = []
+        while block in self._entries:
+            chain.append(block)
+            block = self._entries[block].parent
+        return chain[::-1]
+
     def age(self, block: BlockHash) -> float:
         """Seconds since ``block`` was created."""
         return self._clock() - self._entries[block].created
@@ -186,7 +204,7 @@ class BlockLedger:
         out = []
         for h in reversed(self._lru):  # newest first: a parent precedes its descendants
             e = self._entries[h]
-            out.append(Holding(h, e.parent, e.tokens, e.namespace))
+            out.append(Holding(h, e.parent, e.tokens, e.namespace, self.tier))
         return out
 
     def stats(self) -> LedgerStats:
@@ -258,6 +276,25 @@ class BlockLedger:
         if stored:
             self._touch(hashes[: present + len(stored)])
         return stored
+
+    def touch(self, chain: Sequence[BlockHash]) -> None:
+        """Mark the held blocks of ``chain`` (a chain from its root) used now; no hit logged."""
+        self._touch([h for h in chain if h in self._entries])
+
+    def restore(self, h: BlockHash, parent: BlockHash, tokens: int, namespace: str,
+                last_used: float) -> bool:
+        """Add a block found at restart, last used at ``last_used`` (this ledger's clock).
+
+        Call oldest first, a parent after its children when equally old. ``False`` (nothing
+        added) when the budget is spent: restoring never evicts.
+        """
+        if h in self._entries or self.used_bytes + tokens * self.bytes_per_token > self.capacity_bytes:
+            return False
+        self._add(h, parent, tokens, namespace, last_used)
+        if self.policy == "reuse":
+            self._heap_seq += 1
+            heapq.heappush(self._heap, (last_used, self._heap_seq, h))
+        return True
 
     def expire(self) -> list[BlockHash]:
         """Drop every entry unused for ``ttl_s`` seconds or more; return them."""
@@ -355,7 +392,7 @@ class BlockLedger:
         self._namespaces[ns] = self._namespaces.get(ns, 0) + 1
         self._tokens += tokens
         self._counts["stored_blocks"] += 1
-        self._events.append(BlockStored(h, parent, tokens, ns))
+        self._events.append(BlockStored(h, parent, tokens, ns, self.tier))
         self._log.append(LedgerEvent(LedgerEventKind.CREATED, h, ns, now))
 
     def _remove_subtrees(self, tops: Iterable[BlockHash]) -> int:
@@ -393,7 +430,7 @@ class BlockLedger:
         key = {LedgerEventKind.EVICTED: "evictions", LedgerEventKind.EXPIRED: "expirations",
                LedgerEventKind.INVALIDATED: "invalidations"}[reason]
         self._counts[key] += 1
-        self._events.append(BlockRemoved(h, entry.namespace))
+        self._events.append(BlockRemoved(h, entry.namespace, self.tier))
         self._log.append(LedgerEvent(reason, h, entry.namespace, self._clock()))
         if self._on_remove is not None:
             self._on_remove(h, reason)

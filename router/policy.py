@@ -55,17 +55,23 @@ different shape (figures in ``docs/benchmarks.md``, ``## Router``):
 - ``shared_weight = 4``: a cached token of a known shared prefix that only one worker
   stores is worth 4 tokens of queue there. Before it (weight 1), a 30k to 41k-token shared
   prefix held by one worker counted no more than one token of queue per cached token, and
-  its conversations spread to workers that prefilled and stored it again. Measured
-  (8 x 1M tokens, seed 0): the synthetic trace 0.6054 to 0.6082 hit ratio (8: 0.6106) at a
-  goodput of 99.12% to 98.67% (8: 98.08%); the conversation trace 0.2807 to 0.2809, goodput
-  57.78% to 57.83%. A burst of 20 new chats on one fresh 30k-token system prompt on 4
-  workers is unchanged (mean TTFT 5.13 s; counting routed-only prefixes too, all 20 went to
-  one worker and the mean rose to 5.81 s).
+  its conversations spread to workers that prefilled and stored it again. Measured over
+  seeds 0 to 2 (8 x 1M tokens, weight 1 -> 4): the conversation trace's goodput (TTFT <= 2 s)
+  57.78 / 57.62 / 57.97% -> 57.83 / 57.93 / 58.17%, hit ratio 0.2807 / 0.2801 / 0.2805 ->
+  0.2809 / 0.2816 / 0.2808; the lighter synthetic trace's hit ratio 0.6054 / 0.6057 /
+  0.6060 -> 0.6082 / 0.6081 / 0.6086 at a goodput 0.23 to 0.45 points lower (99.0 to 99.1%
+  -> 98.7 to 98.8%). Weight 8 on the synthetic trace, seed 0: 0.6106, goodput 98.08%. A
+  burst of 20 new chats on one fresh 30k-token system prompt on 4 workers is unchanged
+  (mean TTFT 5.13 s); counting routed-only prefixes too, all 20 went to one worker and the
+  mean rose to 5.81 s.
 - ``balance_weight = 0.25``, ``balance_half_life_s = 300``: a worker that did more prefill
   in the last few minutes (about a cache lifetime at these rates) gets fewer cold prompts;
   this keeps long-run imbalance near 1.0 even when the queues are empty (low load), where a
   hot shared prefix would otherwise pull every new conversation to one worker.
 - ``decode_weight_tokens = 64``: a running decode slows chunked prefill slightly.
+- ``disk_token_cost = DISK_TOKEN_COST``: a matched token that only the worker's disk tier
+  holds is not free: it costs its load time (bytes over the disk's read bandwidth), counted
+  in prefill tokens: ``score += disk_token_cost x disk_tokens(w)``.
 
 Deterministic: ties break by worker id and the rendezvous hash is seeded.
 """
@@ -80,6 +86,9 @@ import xxhash
 from router.key import BlockHash
 
 HOME_CHOICES = 2  # a cold prompt's home: the less busy of its two rendezvous winners
+# Loading a token's K/V from a worker's disk tier, in tokens of prefill: TTFT of a prefix
+# served from disk over TTFT of it recomputed (docs/benchmarks.md, "Disk tier").
+DISK_TOKEN_COST = 0.1
 
 
 class NoWorkerAvailable(Exception):
@@ -104,12 +113,14 @@ class PolicyConfig:
     decode_weight_tokens: int = 64
     balance_weight: float = 0.25
     balance_half_life_s: float = 300.0
+    disk_token_cost: float = DISK_TOKEN_COST
 
     def __post_init__(self) -> None:
         values = {"cache_weight": self.cache_weight, "cold_spill_tokens": self.cold_spill_tokens,
                   "shared_weight": self.shared_weight,
                   "decode_weight_tokens": self.decode_weight_tokens,
-                  "balance_weight": self.balance_weight}
+                  "balance_weight": self.balance_weight,
+                  "disk_token_cost": self.disk_token_cost}
         for name, value in values.items():
             if value < 0:
                 raise ValueError(f"PolicyConfig.{name} must be >= 0, got {value}")
@@ -213,13 +224,15 @@ def decide(
     shared_blocks: int = 0,
     recent_scale: float = 1.0,
     shared_stored_on: Collection[str] = (),
+    disk_blocks: dict[str, int] | None = None,
 ) -> RoutingDecision:
     """Choose a worker among ``loads`` (the eligible workers) for one prompt.
 
     ``hashes`` is the prompt's chain (at least one entry: the namespace root stands in for a
     prompt shorter than a block); ``matched_blocks`` the index's answer for it;
     ``shared_blocks`` how many leading blocks are a known shared prefix, and
-    ``shared_stored_on`` the workers whose events say they store all of it.
+    ``shared_stored_on`` the workers whose events say they store all of it;
+    ``disk_blocks`` how many of each worker's matched blocks only its disk tier holds.
     """
     if not loads:
         raise NoWorkerAvailable("no worker is accepting requests: add a worker or retry")
@@ -249,6 +262,8 @@ def decide(
             held = (m if m < known else known) - second  # of the shared prefix, only here
             if held > 0:
                 score -= shared_gain * held
+        if disk_blocks and load.worker_id in disk_blocks:
+            score += config.disk_token_cost * min(m, disk_blocks[load.worker_id] * block_size)
         row = (load.worker_id, m, load_tokens, score)
         rows.append(row)
         key = (score, -m, load.worker_id)  # lowest score; then more matched; then by id

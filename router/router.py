@@ -1,4 +1,5 @@
-"""``Router``: the plain class the cluster routes with (the Ray actor in ``router.actor`` wraps it).
+"""``Router``: the plain class the cluster routes with, in the frontend's process
+(``cluster.backend.routing``) and in the router actor (``cluster.backend.router_actor``).
 
 It owns the worker set (live or draining), the load each worker carries as the router
 accounts it (queued prefill, running decodes, and recent prefill decayed over
@@ -153,14 +154,15 @@ class Router:
         if not loads:
             why = "all workers are draining" if self._loads else "no workers are registered"
             raise NoWorkerAvailable(f"cannot route: {why}; add a worker or retry later")
-        matched = self._index.match(block_hashes, now).blocks
+        found = self._index.match(block_hashes, now)
+        matched = found.blocks
         deepest = max(matched.values(), default=0)
         shared = self._shared.depth(block_hashes, deepest)
         self._shared.note(block_hashes, deepest)
         stored = self._index.holders(block_hashes[shared - 1]) if shared else ()
         chain = block_hashes if block_hashes else (namespace.root(),)
         decision = decide(self.config, self.block_size, chain, prompt_tokens, matched,
-                          loads, self.seed, shared, recent_scale, stored)
+                          loads, self.seed, shared, recent_scale, stored, found.disk_blocks)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision

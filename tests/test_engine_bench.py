@@ -47,7 +47,7 @@ def test_bench_vs_mlx_lm_json_keys(capsys):
                  "40", "--turns", "2", "--user-words", "8", "--reply-tokens", "4", "--chats",
                  "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [t["turn"] for t in out["turns"]] == [1, 2]
+    assert [(t["round"], t["turn"]) for t in out["turns"]] == [(0, 1), (0, 2)]
     assert all(t["ttft_orchard_s"] > 0 and t["ttft_mlx_lm_s"] > 0 for t in out["turns"])
     assert out["batch_wall_orchard_s"] > 0 and out["batch_wall_mlx_lm_s"] > 0
     assert out["targets"] == {"warm_ttft": 0.9, "cold_ttft": 1.05, "batch_wall": 0.8}

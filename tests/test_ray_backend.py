@@ -92,7 +92,7 @@ def test_block_events_reach_the_router_so_the_prefix_is_routed_home(cluster):
     backend, loop = cluster
     first = _generate(backend, loop, "events-0", _prompt(1))
     assert first.result.cached_tokens == 0
-    time.sleep(0.5)  # the worker's event batch travels to the router actor
+    # no wait: the result itself carried the worker's block events to the frontend's router
     second = _generate(backend, loop, "events-1", _prompt(2))
     assert second.worker_id == first.worker_id
     assert second.decision.reason.value == "prefix_match"
@@ -121,40 +121,28 @@ def test_other_tenant_never_hits(cluster):
     assert out.result.cached_tokens == 0
 
 
-def _processes():
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    yield int(entry), f.read()
-            except OSError:
-                continue
-
-
-def _router_pid() -> int:
-    """The router actor's process, found by the title Ray gives it (``ray::TracedRouter``)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        pids = [pid for pid, cmdline in _processes() if cmdline.startswith(b"ray::TracedRouter")]
-        if len(pids) == 1:
-            return pids[0]
-        time.sleep(0.2)
-    raise AssertionError(f"expected one router actor process, found {pids}")
-
-
-def test_a_restarted_router_rebuilds_its_index_from_the_workers(cluster):
+def test_a_lost_router_actor_is_replaced_and_rebuilt_from_the_workers(cluster):
     backend, loop = cluster
     home = _generate(backend, loop, "router-0", _prompt(60, shared=128))
-    time.sleep(0.5)  # the block events reach the router
-    old_pid = _router_pid()
+    old = backend.pool.router_actor
+    old_pid = ray.get(old.ping.remote())
     os.kill(old_pid, signal.SIGKILL)
+    # routing does not need the actor: the frontend's router sends the prefix home meanwhile
     after = _generate(backend, loop, "router-1", _prompt(61, shared=128))
-    assert _router_pid() != old_pid
-    assert after.worker_id == home.worker_id, "the new router must know who holds the prefix"
-    assert after.decision.reason.value == "prefix_match"
-    assert after.decision.expected_cached_tokens >= 128 - BLOCK
-    assert after.result.cached_tokens == 128
-    assert {c.worker_id for c in after.decision.candidates} == \
+    assert after.worker_id == home.worker_id and after.result.cached_tokens == 128
+    deadline = time.monotonic() + 60  # the pool's check notices the loss and replaces it
+    while backend.pool.router_actor is old and time.monotonic() < deadline:
+        time.sleep(0.2)
+    new = backend.pool.router_actor
+    assert new is not old and ray.get(new.ping.remote(), timeout=30) != old_pid
+    info = backend.tokenizer_info()
+    ns = Namespace("t", info.model_id, info.revision)
+    prompt = _prompt(62, shared=128)
+    decision = ray.get(new.route.remote(ns, hash_blocks(prompt, BLOCK, ns), len(prompt)))
+    assert decision.worker_id == home.worker_id, "the new actor must know who holds the prefix"
+    assert decision.reason.value == "prefix_match"
+    assert decision.expected_cached_tokens >= 128 - BLOCK
+    assert {c.worker_id for c in decision.candidates} == \
         {w.worker_id for w in backend.pool.ready()}
 
 
@@ -251,3 +239,28 @@ def test_with_every_worker_drained_requests_are_unavailable(cluster):
         loop.run(backend.drain(worker.worker_id))
     with pytest.raises(NoWorkersAvailable):
         _generate(backend, loop, "none-left", _prompt(90))
+
+
+def test_a_cancelled_stream_is_aborted_on_its_worker(cluster):
+    backend, loop = cluster
+
+    async def start_then_cancel():
+        stream = backend.stream(*_request(backend, "cancel-0", _prompt(70), max_tokens=1500))
+        first = await anext(stream)
+        await stream.aclose()  # what a client that cancels (or a deadline) does to the stream
+        return first
+
+    first = loop.run(start_then_cancel())
+    assert isinstance(first, TokenChunk)
+
+    async def engine_side():  # the workers' own counts, not the frontend's
+        live = backend.pool.live()
+        stats = await asyncio.gather(*(w.actor.stats.remote() for w in live))
+        return {w.worker_id: s for w, s in zip(live, stats)}
+    served = {w: s.requests_served for w, s in loop.run(engine_side()).items()}
+    deadline = time.monotonic() + 2.0  # 1,500 tokens take far longer than this to decode
+    while time.monotonic() < deadline and any(s.running for s in loop.run(engine_side()).values()):
+        time.sleep(0.05)
+    after = loop.run(engine_side())
+    assert all(s.running == 0 for s in after.values()), "a worker still runs the cancelled request"
+    assert {w: s.requests_served for w, s in after.items()} == served

@@ -1,4 +1,5 @@
-"""The router actor: the async Ray shell answers like the plain Router, errors included."""
+"""The router actor the cluster runs (``TracedRouterActor``): the async Ray shell answers like the
+plain Router, errors included."""
 import asyncio
 
 import pytest
@@ -23,10 +24,10 @@ def ray_local():
 
 
 def test_actor_routes_accounts_and_reports_unavailable(ray_local):
-    from router.actor import RouterActor
+    from cluster.backend.router_actor import TracedRouterActor
 
     async def scenario():
-        actor = RouterActor.remote(16)
+        actor = TracedRouterActor.remote(16)
         tokens = list(range(100))
         hashes = hash_blocks(tokens, 16, NS)
         with pytest.raises(NoWorkerAvailable):

@@ -4,7 +4,8 @@ batching prefills buys.
 **Decode stall.** Four requests decode; the time between consecutive tokens of each (TPOT) is
 taken over ``window`` steps with nothing admitted, then over ``window`` steps while a
 ``long_prompt``-token prompt (4,000 by default) is being prefilled, and the two alternate for
-``rounds`` rounds so that a burst of load on a shared machine hits both alike. Each round's
+``rounds`` rounds so that a burst of load on a shared machine hits both alike (the ratio of
+medians is given too: on a shared machine one burst decides a p99). Each round's
 long prompt is new (no reuse) and is aborted at the end of its window, before it completes:
 the figure is about the chunks, not the prompt's last step. ``decode_stall_ratio`` is the
 p99 TPOT while admitting over the p99 TPOT idle.
@@ -31,7 +32,8 @@ class StallFigures:
     tpot_idle_p99_s: float
     tpot_admitting_p50_s: float
     tpot_admitting_p99_s: float
-    decode_stall_ratio: float
+    decode_stall_ratio: float      # p99 admitting / p99 idle
+    decode_stall_ratio_p50: float  # the same with medians: less at the mercy of one burst
     long_prompt_tokens: int
     long_prompt_tokens_prefilled: int  # per window, mean over rounds
 
@@ -98,9 +100,10 @@ def decode_stall(engine: Engine, long_prompt: int = 4000, window: int = 8, round
         _window(engine, 1)  # the step after the abort: drop it from the figures
     for r in decodes:
         engine.abort(r.request_id)
-    ratio = _p(admitting, 0.99) / _p(idle, 0.99)
-    return StallFigures(statistics.median(idle), _p(idle, 0.99), statistics.median(admitting),
-                        _p(admitting, 0.99), ratio, long_prompt, prefilled // rounds)
+    idle_p50, admitting_p50 = statistics.median(idle), statistics.median(admitting)
+    return StallFigures(idle_p50, _p(idle, 0.99), admitting_p50, _p(admitting, 0.99),
+                        _p(admitting, 0.99) / _p(idle, 0.99), admitting_p50 / idle_p50,
+                        long_prompt, prefilled // rounds)
 
 
 def batched_prefill(engine: Engine, prompts: int = 4, prompt_tokens: int = 128,

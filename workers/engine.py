@@ -42,7 +42,7 @@ from workers.model_dir import LoadedModel, open_model_dir
 from workers.prefill import PrefillJob, run_chunks
 from workers.scheduler import Admission, StepBudget, split_budget
 from workers.sequence import Sequence, TokenDelta, make_sampler
-from workers.store import PrefixStore, StoreStats
+from workers.store import PrefixStore, StoreStats, open_store
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,10 @@ class EngineConfig:
     store_bytes: int = 1 << 30
     ttl_s: float = 300.0
     eviction: str = "reuse"   # the store's eviction policy: "reuse" or plain "lru"
+    kv_bits: int = 0           # memory tier K/V: 0 (model dtype), 8 or 4 bits
+    disk_bytes: int = 0        # disk tier budget; 0: no disk tier
+    disk_dir: str = ""         # the disk tier lives in disk_dir/<worker_id>
+    disk_kv_bits: int = 0      # disk tier K/V: 0, 8 or 4 bits
     use_store: bool = True     # False: every request computes its whole prompt
     max_batch: int = 8         # requests in prefill or decoding at once
     prefill_budget: int = 512  # prompt tokens prefilled per step (workers.scheduler)
@@ -80,8 +84,12 @@ class Engine:
         self._m = loaded
         self.config = config
         self._now_ns = now_ns
-        self.store = PrefixStore(loaded.kv_shape, config.block_size, config.store_bytes,
-                                 config.ttl_s, clock, config.eviction)
+        self.store = open_store(
+            loaded.kv_shape, config.block_size, config.ttl_s, clock,
+            memory_bytes=config.store_bytes, eviction=config.eviction, kv_bits=config.kv_bits,
+            disk_bytes=config.disk_bytes, disk_kv_bits=config.disk_kv_bits,
+            disk_dir=Path(config.disk_dir) / (config.worker_id or "worker"),
+            model=loaded.model_id, revision=loaded.revision)
         self._eos = set(loaded.tokenizer.eos_token_ids)
         self._stops = StopSequences([[e] for e in sorted(self._eos)])
         self._body = getattr(loaded.model, "model", loaded.model)  # without the vocabulary
@@ -173,6 +181,8 @@ class Engine:
     def submit(self, req: GenerateRequest) -> None:
         """Validate and queue ``req``; it starts on a later ``step``."""
         self.validate(req)
+        if self.config.use_store:  # disk blocks are read while earlier requests run
+            self.store.prefetch(req.namespace, req.prompt)
         self._admission.push(req.namespace.tenant, req.request_id, (req, self._now_ns()))
 
     def abort(self, request_id: str) -> bool:
@@ -347,14 +357,14 @@ class Engine:
     def written_tokens(self) -> int:
         """Tokens this engine's store has written so far (blocks stored x block size): the
         one count of written tokens, aborted requests' blocks included."""
-        return self.store.stats().ledger.stored_blocks * self.config.block_size
+        return self.store.written_blocks() * self.config.block_size
 
     def invalidate(self, namespace: Namespace, prefix_tokens: Seq[int] | None = None) -> int:
         """Drop ``namespace``'s blocks, or only those under ``prefix_tokens``; how many (0
         for a namespace this store never held: the cluster asks every worker)."""
         if prefix_tokens is not None:
             return self.store.invalidate_prefix(namespace, list(prefix_tokens))
-        if namespace.label() not in self.store.ledger.namespaces():
+        if namespace.label() not in self.store.namespaces():
             return 0
         return self.store.invalidate_namespace(namespace)
 

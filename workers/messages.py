@@ -49,6 +49,7 @@ class LookupReport:
     next_stored_token: int | None  # the stored sequence's token there (None where it ends)
     entry_age_s: float | None     # age of the deepest matched block, None on a miss
     ttl_s: float
+    disk_tokens: int = 0          # of matched_tokens, those read from the disk tier
 
     def line(self) -> str:
         """The line an engineer reads: ``common=5919 of 5923``."""

@@ -17,7 +17,8 @@ they would alone::
     job a  [ cached 0..511 | chunk 512..639 ]
     job b  [ cached 0..511 | chunk 512..575 | pad .. 639 ]   b keeps 0..575
 
-Jobs whose caches differ in length run one pass each. A job alone in its pass extends its own
+Chunks shorter than 3/4 of their pass's widest chunk run in a pass of their own (padding is
+computed and thrown away); jobs whose caches differ in length run one pass each. A job alone in its pass extends its own
 cache in place; only a stacked pass copies caches (into the stack and back out).
 """
 from __future__ import annotations
@@ -33,6 +34,10 @@ from workers.messages import GenerateRequest
 from workers.sequence import Sequence
 
 Sampler = Callable[[mx.array], mx.array]
+
+# A chunk joins a stacked pass only if it fills at least this much of the pass's widest chunk:
+# padding is computed and thrown away, so at most a quarter of a row is waste.
+_MIN_FILL = 0.75
 
 
 @dataclass(slots=True)
@@ -66,13 +71,25 @@ def run_chunks(body: nn.Module, chunks: list[tuple[PrefillJob, int]]) -> None:
         if n > 0:
             groups.setdefault(job.done, []).append((job, n))
     for group in groups.values():
-        if len(group) == 1:
-            job, n = group[0]
-            body(mx.array([job.prompt[job.done:job.done + n]]), cache=job.cache)
-        else:
-            _stacked_pass(body, group)
+        for pack in _packs(group):
+            if len(pack) == 1:
+                job, n = pack[0]
+                body(mx.array([job.prompt[job.done:job.done + n]]), cache=job.cache)
+            else:
+                _stacked_pass(body, pack)
         for job, n in group:
             job.done += n
+
+
+def _packs(group: list[tuple[PrefillJob, int]]) -> list[list[tuple[PrefillJob, int]]]:
+    """Chunks that share a pass: each at least ``_MIN_FILL`` of its pass's widest chunk."""
+    packs: list[list[tuple[PrefillJob, int]]] = []
+    for job, n in sorted(group, key=lambda c: -c[1]):
+        if packs and n >= _MIN_FILL * packs[-1][0][1]:
+            packs[-1].append((job, n))
+        else:
+            packs.append([(job, n)])
+    return packs
 
 
 def _stacked_pass(body: nn.Module, group: list[tuple[PrefillJob, int]]) -> None:

@@ -8,7 +8,7 @@ block's tensors go with it.
 One block holds exactly its own slice of every layer's K and V, nothing more::
 
     block i  keys   [layers, kv_heads, block_size, head_dim]   (float32: 4 bytes/element)
-             values [layers, kv_heads, block_size, head_dim]
+             values [layers, kv_heads, block_size, head_dim]   (or their 8/4-bit encoding)
              tokens (block_size token ids, checked on every hit)
 
 so the bytes per cached token are ``2 x layers x kv_heads x head_dim x bytes/element``.
@@ -23,12 +23,27 @@ Lookup outcomes (``LookupOutcome``), for a prompt whose full blocks the store ma
   it differs), whether or not some blocks were reused before the divergence;
 - **miss**: no stored sequence shares even one token with the prompt.
 
+Tiers. With a ``DiskTier`` (``workers.disk_tier``) the store has two, each with its own
+budget: a block the memory ledger evicts is spilled to disk (written behind, off the engine's
+step), and a lookup continues its chain on disk where memory ends::
+
+    prompt   [ b0 ][ b1 ][ b2 ][ b3 ][ b4 ]
+    memory     ✓     ✓                        matched in memory, touched
+    disk                   ✓     ✓            read (prefetched at submit), verified, promoted
+                                       ✗      the suffix from here is prefilled
+
+Either tier may hold K/V quantized (``workers.kv_quant``, ``kv_bits`` 8 or 4); a block moving
+between tiers of different precision is re-encoded, and a hit is always decoded to the
+model's dtype. TTL and invalidation cover both tiers.
+
 The near miss is measured in tokens: whole matched blocks plus the longest common prefix of the
 prompt's next block with the closest stored child block (``common=5919 of 5923``).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import mlx.core as mx
@@ -37,6 +52,9 @@ from mlx_lm.models.cache import KVCache
 from router.events import BlockEvent
 from router.key import BlockHash, Namespace, hash_blocks, reusable_tokens
 from router.ledger import BlockLedger, Holding, LedgerEvent, LedgerStats, RemovalReason
+from workers.disk_files import BlockData, BlockRecord
+from workers.disk_tier import DiskStats, DiskTier
+from workers.kv_quant import KVCodec, nbytes
 from workers.messages import LookupOutcome, LookupReport
 
 
@@ -53,12 +71,21 @@ class KVShape:
     def bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.size
 
+    def tier_bytes_per_token(self, codec: KVCodec) -> int:
+        return codec.bytes_per_token(self.layers, self.kv_heads, self.head_dim)
+
 
 @dataclass(frozen=True, slots=True)
 class _Block:
     tokens: tuple[int, ...]
-    keys: mx.array    # [layers, kv_heads, block_size, head_dim]
-    values: mx.array
+    parent: BlockHash
+    namespace: str
+    keys: tuple[mx.array, ...]    # [layers, kv_heads, block_size, head_dim], encoded
+    values: tuple[mx.array, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.keys) + nbytes(self.values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,40 +99,59 @@ class Lookup:
 @dataclass(frozen=True, slots=True)
 class StoreStats:
     ledger: LedgerStats
-    tensor_bytes: int        # bytes of K/V actually held
-    bytes_per_token: int     # theoretical: 2 x layers x kv_heads x head_dim x bytes/elem
+    tensor_bytes: int        # bytes of K/V actually held in memory
+    bytes_per_token: int     # memory tier: 2 x layers x kv_heads x head_dim x bytes/elem
     hash_mismatches: int     # hits refused because stored tokens differed
+    disk: DiskStats | None = None
 
 
 class PrefixStore:
     """Deduplicated per-block K/V storage with LRU/TTL/invalidation from ``BlockLedger``."""
 
     def __init__(self, shape: KVShape, block_size: int, capacity_bytes: int, ttl_s: float,
-                 clock: Callable[[], float], eviction: str = "lru") -> None:
+                 clock: Callable[[], float], eviction: str = "lru", *, kv_bits: int = 0,
+                 disk: DiskTier | None = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.shape = shape
         self.block_size = block_size
+        self.codec = KVCodec(kv_bits, shape.dtype)
+        self.codec.check(shape.head_dim)
+        self.disk = disk
         self._blocks: dict[BlockHash, _Block] = {}
         self._tensor_bytes = 0
         self._mismatches = 0
-        self.ledger = BlockLedger(capacity_bytes, ttl_s, clock, shape.bytes_per_token,
+        self._promoted = 0  # blocks read back from disk into memory: stored, not written
+        self.ledger = BlockLedger(capacity_bytes, ttl_s, clock,
+                                  shape.tier_bytes_per_token(self.codec),
                                   policy=eviction, on_remove=self._drop)
 
     # ---- lookup --------------------------------------------------------------------------
+
+    def prefetch(self, namespace: Namespace, prompt: Sequence[int]) -> int:
+        """Start reading the prompt's blocks that only the disk holds; return how many."""
+        if self.disk is None:
+            return 0
+        hashes = hash_blocks(prompt, self.block_size, namespace)
+        in_memory = self.ledger.peek(hashes)
+        on_disk = self.disk.ledger.peek(hashes[in_memory:])
+        self.disk.prefetch(hashes[in_memory:in_memory + on_disk])
+        return on_disk
 
     def lookup(self, namespace: Namespace, prompt: Sequence[int]) -> Lookup:
         """Find the longest stored prefix of ``prompt`` (at most ``len(prompt) - 1`` tokens)."""
         bs = self.block_size
         hashes = hash_blocks(prompt, bs, namespace)
-        matched = self._verified(hashes, prompt, self.ledger.peek(hashes))
-        matched = self.ledger.match(hashes[:matched])
+        in_memory = self._verified(hashes, prompt, self.ledger.peek(hashes))
+        in_memory = self.ledger.match(hashes[:in_memory])
+        loaded = self._load_from_disk(namespace, hashes, prompt, in_memory)
+        matched = in_memory + len(loaded)
         cached = reusable_tokens(len(prompt), matched, bs)
         parent = hashes[matched - 1] if matched else namespace.root()
         lcp, child = self._closest_child(parent, prompt[matched * bs:(matched + 1) * bs])
         common = matched * bs + lcp
         next_prompt = prompt[common] if common < len(prompt) else None
-        next_stored = child.tokens[lcp] if child is not None and lcp < len(child.tokens) else None
+        next_stored = child[lcp] if child is not None and lcp < len(child) else None
         reusable = reusable_tokens(len(prompt), len(hashes), bs)
         if cached and cached == reusable:
             outcome = LookupOutcome.HIT
@@ -118,10 +164,42 @@ class PrefixStore:
         report = LookupReport(
             outcome=outcome, prompt_tokens=len(prompt), matched_tokens=cached,
             common_prefix=common, next_prompt_token=next_prompt, next_stored_token=next_stored,
-            entry_age_s=self.ledger.age(hashes[matched - 1]) if matched else None,
-            ttl_s=self.ledger.ttl_s)
-        cache = self._assemble(hashes[:matched], cached) if cached else None
-        return Lookup(report, cache)
+            entry_age_s=self._age(hashes[matched - 1]) if matched else None,
+            ttl_s=self.ledger.ttl_s, disk_tokens=max(0, cached - in_memory * bs))
+        if not cached:
+            return Lookup(report, None)
+        parts = [self._decoded(self._blocks[h]) for h in hashes[:in_memory]]
+        parts += [(self.disk.codec.decode(b.keys), self.disk.codec.decode(b.values))
+                  for b in loaded]
+        return Lookup(report, self._assemble(parts, cached))
+
+    def _load_from_disk(self, namespace: Namespace, hashes: list[BlockHash],
+                        prompt: Sequence[int], in_memory: int) -> list[BlockData]:
+        """Verified disk blocks continuing the memory match; promoted into memory."""
+        if self.disk is None:
+            return []
+        bs = self.block_size
+        run = self.disk.ledger.peek(hashes[in_memory:])
+        chain = hashes[in_memory:in_memory + run]
+        want = [tuple(prompt[i * bs:(i + 1) * bs]) for i in range(in_memory, in_memory + run)]
+        loaded = self.disk.load(chain, want) if chain else []
+        if loaded:
+            self._promote(namespace, hashes[:in_memory + len(loaded)], loaded)
+        return loaded
+
+    def _promote(self, namespace: Namespace, chain: list[BlockHash], loaded: list[BlockData]
+                 ) -> None:
+        by_hash = {b.record.block: b for b in loaded}
+        new = self.ledger.insert(chain, self.block_size, namespace.label(), namespace.root())
+        self._promoted += len(new)
+        for h in new:
+            b = by_hash[h]
+            keys, values = b.keys, b.values
+            if self.codec != self.disk.codec:
+                keys = self.codec.encode(self.disk.codec.decode(keys))
+                values = self.codec.encode(self.disk.codec.decode(values))
+            self._put(h, _Block(b.record.tokens, b.record.parent, b.record.namespace, keys, values))
+        mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
 
     def _verified(self, hashes: Sequence[BlockHash], prompt: Sequence[int], n: int) -> int:
         """How many of the first ``n`` held blocks really hold the prompt's tokens."""
@@ -132,18 +210,31 @@ class PrefixStore:
                 return i
         return n
 
-    def _closest_child(self, parent: BlockHash, want: Sequence[int]) -> tuple[int, _Block | None]:
-        best, best_block = 0, None
-        for h in self.ledger.children(parent):
-            block = self._blocks[h]
-            n = _common_prefix(block.tokens, want)
-            if best_block is None or n > best:
-                best, best_block = n, block
-        return best, best_block
+    def _closest_child(self, parent: BlockHash, want: Sequence[int]
+                       ) -> tuple[int, tuple[int, ...] | None]:
+        """The stored child block of ``parent`` (either tier) sharing most of ``want``."""
+        candidates = [self._blocks[h].tokens for h in self.ledger.children(parent)]
+        if self.disk is not None:
+            candidates += [self.disk.tokens(h) for h in self.disk.ledger.children(parent)
+                           if h not in self._blocks]
+        best, best_tokens = 0, None
+        for tokens in candidates:
+            n = _common_prefix(tokens, want)
+            if best_tokens is None or n > best:
+                best, best_tokens = n, tokens
+        return best, best_tokens
 
-    def _assemble(self, hashes: Sequence[BlockHash], tokens: int) -> list[KVCache]:
-        keys = mx.concatenate([self._blocks[h].keys for h in hashes], axis=2)[:, :, :tokens]
-        values = mx.concatenate([self._blocks[h].values for h in hashes], axis=2)[:, :, :tokens]
+    def _age(self, block: BlockHash) -> float:
+        if block in self.ledger or self.disk is None:
+            return self.ledger.age(block)
+        return self.disk.ledger.age(block)
+
+    def _decoded(self, block: _Block) -> tuple[mx.array, mx.array]:
+        return self.codec.decode(block.keys), self.codec.decode(block.values)
+
+    def _assemble(self, parts: list[tuple[mx.array, mx.array]], tokens: int) -> list[KVCache]:
+        keys = mx.concatenate([k for k, _ in parts], axis=2)[:, :, :tokens]
+        values = mx.concatenate([v for _, v in parts], axis=2)[:, :, :tokens]
         caches = []
         for layer in range(self.shape.layers):
             cache = KVCache()
@@ -159,13 +250,15 @@ class PrefixStore:
 
         ``cache`` holds (at least) the K/V of ``tokens`` in order, one KVCache per layer. Blocks
         already stored are touched, not copied again. When the byte budget is spent the blocks
-        that fit are stored and the rest are not (the ledger reports what it kept).
+        that fit are stored and the rest are not (the ledger reports what it kept); blocks
+        evicted to make room go to the disk tier, if there is one.
         """
         bs = self.block_size
         held = cache[0].offset if cache else 0
         usable = min(len(tokens), held) // bs * bs
         hashes = hash_blocks(tokens[:usable], bs, namespace)
-        new = self.ledger.insert(hashes, bs, namespace.label(), namespace.root())
+        label, root = namespace.label(), namespace.root()
+        new = self.ledger.insert(hashes, bs, label, root)
         if not new:
             return 0
         first = hashes.index(new[0])  # blocks before it were already held
@@ -176,40 +269,123 @@ class PrefixStore:
             # mx.stack copies: a block holds exactly its slice, never the cache's spare room.
             keys = mx.stack([k[0, :, start:end] for k in layer_keys])
             values = mx.stack([v[0, :, start:end] for v in layer_values])
-            self._blocks[h] = _Block(tuple(tokens[start:end]), keys, values)
-            self._tensor_bytes += keys.nbytes + values.nbytes
+            parent = hashes[i - 1] if i else root
+            self._put(h, _Block(tuple(tokens[start:end]), parent, label,
+                                self.codec.encode(keys), self.codec.encode(values)))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
         return len(new) * bs
 
+    def _put(self, h: BlockHash, block: _Block) -> None:
+        self._blocks[h] = block
+        self._tensor_bytes += block.nbytes
+
     def _drop(self, block: BlockHash, reason: RemovalReason) -> None:
         gone = self._blocks.pop(block, None)
-        if gone is not None:  # a block whose tensors were never written has nothing to drop
-            self._tensor_bytes -= gone.keys.nbytes + gone.values.nbytes
+        if gone is None:  # a block whose tensors were never written has nothing to drop
+            return
+        self._tensor_bytes -= gone.nbytes
+        if reason == RemovalReason.EVICTED and self.disk is not None:
+            self._spill(block, gone)
+
+    def _spill(self, h: BlockHash, block: _Block) -> None:
+        keys, values = block.keys, block.values
+        disk = self.disk
+        if disk.codec != self.codec:
+            keys = disk.codec.encode(self.codec.decode(keys))
+            values = disk.codec.encode(self.codec.decode(values))
+            mx.eval(keys, values)
+        record = BlockRecord(h, block.parent, block.namespace, disk.model, disk.revision,
+                             block.tokens, disk.codec.bits)
+        disk.spill(record, keys, values)
 
     # ---- management ----------------------------------------------------------------------
 
+    def written_blocks(self) -> int:
+        """Blocks whose K/V were computed and stored here (not those read back from disk)."""
+        return self.ledger.stats().stored_blocks - self._promoted
+
+    def namespaces(self) -> list[str]:
+        """Namespaces held in either tier."""
+        disk = self.disk.ledger.namespaces() if self.disk is not None else []
+        return sorted(set(self.ledger.namespaces()) | set(disk))
+
     def invalidate_namespace(self, namespace: Namespace | str) -> int:
         label = namespace.label() if isinstance(namespace, Namespace) else namespace
-        return self.ledger.invalidate_namespace(label)
+        if label not in self.namespaces():
+            held = ", ".join(self.namespaces()) or "none"
+            raise ValueError(f"unknown namespace {label!r}: held namespaces are {held}")
+        removed = 0
+        if label in self.ledger.namespaces():
+            removed += self.ledger.invalidate_namespace(label)
+        if self.disk is not None:
+            removed += self.disk.invalidate_namespace(label)
+        return removed
 
     def invalidate_prefix(self, namespace: Namespace, tokens: Sequence[int]) -> int:
-        return self.ledger.invalidate_prefix(hash_blocks(tokens, self.block_size, namespace))
+        hashes = hash_blocks(tokens, self.block_size, namespace)
+        removed = self.ledger.invalidate_prefix(hashes)
+        if self.disk is not None:
+            removed += self.disk.invalidate_prefix(hashes)
+        return removed
 
     def expire(self) -> int:
-        return len(self.ledger.expire())
+        gone = len(self.ledger.expire())
+        return gone + (self.disk.expire() if self.disk is not None else 0)
 
     def stats(self) -> StoreStats:
-        return StoreStats(self.ledger.stats(), self._tensor_bytes, self.shape.bytes_per_token,
-                          self._mismatches)
+        return StoreStats(self.ledger.stats(), self._tensor_bytes, self.ledger.bytes_per_token,
+                          self._mismatches, self.disk.stats() if self.disk is not None else None)
 
     def drain_events(self) -> list[BlockEvent]:
-        return self.ledger.drain_events()
+        """Both tiers' events; the router holds a block on a worker while any tier does."""
+        events = self.ledger.drain_events()
+        return events + (self.disk.drain_events() if self.disk is not None else [])
 
     def holdings(self) -> list[Holding]:
-        return self.ledger.holdings()
+        disk = self.disk.ledger.holdings() if self.disk is not None else []
+        return self.ledger.holdings() + disk
 
     def log(self) -> list[LedgerEvent]:
         return self.ledger.log()
+
+    def flush(self) -> None:
+        """Wait until every block spilled to disk is written."""
+        if self.disk is not None:
+            self.disk.flush()
+
+    def close(self) -> None:
+        """Finish the disk tier's writes and release its directory."""
+        if self.disk is not None:
+            self.disk.close()
+
+
+def open_store(shape: KVShape, block_size: int, ttl_s: float, clock: Callable[[], float], *,
+               memory_bytes: int, eviction: str = "lru", kv_bits: int = 0,
+               disk_dir: Path | str | None = None, disk_bytes: int = 0, disk_kv_bits: int = 0,
+               model: str = "", revision: str = "",
+               wall_clock: Callable[[], float] = time.time) -> PrefixStore:
+    """A store with a memory tier and, when ``disk_bytes > 0``, a disk tier in ``disk_dir``.
+
+    ``model`` and ``revision`` mark the disk's blocks: another model's are never served.
+    """
+    disk = None
+    if disk_bytes < 0:
+        raise ValueError(f"disk_bytes must be >= 0 (0: no disk tier), got {disk_bytes}")
+    if disk_bytes:
+        if not disk_dir:
+            raise ValueError("disk_bytes > 0 needs a disk_dir: set [cache] disk_dir")
+        codec = KVCodec(disk_kv_bits, shape.dtype)
+        codec.check(shape.head_dim)
+        disk = DiskTier(disk_dir, disk_bytes, ttl_s, clock, codec,
+                        shape.tier_bytes_per_token(codec), model, revision, eviction,
+                        wall_clock)
+    try:
+        return PrefixStore(shape, block_size, memory_bytes, ttl_s, clock, eviction,
+                           kv_bits=kv_bits, disk=disk)
+    except ValueError:
+        if disk is not None:
+            disk.close()
+        raise
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

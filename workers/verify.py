@@ -10,7 +10,9 @@ although the case was built to reuse a prefix.
 
 Cases: multi-turn chats through the chat template; random token sequences; prompts ending just
 below, at and just above block boundaries; several requests batched together against each
-alone; a prefix read back after its neighbours were evicted.
+alone; a prefix read back after its neighbours were evicted. Then, per store setting
+(``workers.verify_tiers``): a prefix read back from the disk tier (exact), and 8-bit and
+4-bit K/V (greedy agreement and largest logit difference, measured).
 """
 from __future__ import annotations
 
@@ -52,10 +54,12 @@ class VerifyReport:
     model: str
     cases: tuple[CaseResult, ...]
     tolerance: float = TOLERANCE
+    settings: tuple = ()  # workers.verify_tiers.SettingResult, one per store setting
     passed: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "passed", all(c.passed for c in self.cases))
+        object.__setattr__(self, "passed", all(c.passed for c in self.cases)
+                           and all(s.passed for s in self.settings))
 
     @property
     def agreement(self) -> float:
@@ -90,15 +94,17 @@ def _run(engine: Engine, requests: list[GenerateRequest]) -> dict[str, _Run]:
 
 class _Checker:
     def __init__(self, loaded: LoadedModel, block_size: int, max_tokens: int,
-                 store_bytes: int) -> None:
+                 store_bytes: int, cached_config: dict | None = None) -> None:
         self.loaded = loaded
+        self.cached_config = cached_config or {}  # EngineConfig fields of the cached engine
         self.block_size = block_size
         self.max_tokens = max_tokens
         self.store_bytes = store_bytes
         self.counter = 0
 
     def engines(self, store_bytes: int | None = None) -> tuple[Engine, Engine]:
-        cfg = EngineConfig(block_size=self.block_size, store_bytes=store_bytes or self.store_bytes)
+        cfg = EngineConfig(block_size=self.block_size, store_bytes=store_bytes or self.store_bytes,
+                           **self.cached_config)
         ref = Engine(self.loaded, EngineConfig(block_size=self.block_size, use_store=False),
                      time.monotonic, time.time_ns)
         return ref, Engine(self.loaded, cfg, time.monotonic, time.time_ns)
@@ -203,9 +209,16 @@ CASES = (_chat_case, _random_case, _boundary_case, _batched_case, _eviction_case
 
 
 def verify_model(model_dir: Path | str, block_size: int = 16, max_tokens: int = 8,
-                 seed: int = 0) -> VerifyReport:
-    """Run every case on ``model_dir``; refuses unsupported architectures with ValueError."""
+                 seed: int = 0, tiers: bool = True) -> VerifyReport:
+    """Run every case on ``model_dir``; refuses unsupported architectures with ValueError.
+
+    ``tiers`` adds the per-setting checks of ``workers.verify_tiers`` (disk, 8/4-bit K/V).
+    """
+    from workers.verify_tiers import verify_tiers
+
     loaded = open_model_dir(model_dir)
     checker = _Checker(loaded, block_size, max_tokens, store_bytes=1 << 30)
     rng = random.Random(seed)
-    return VerifyReport(str(model_dir), tuple(case(checker, rng) for case in CASES))
+    cases = tuple(case(checker, rng) for case in CASES)
+    settings = verify_tiers(loaded, block_size, max_tokens, seed) if tiers else ()
+    return VerifyReport(str(model_dir), cases, settings=settings)

@@ -9,9 +9,11 @@ tokenized (``cluster.api.validate``) and go straight to the backend through
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import secrets
-from typing import AsyncIterator
+from typing import AsyncIterator, TypeVar
 
 from cluster.api import intake, validate
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
@@ -23,6 +25,8 @@ from cluster.telemetry.setup import attached, extract_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 from workers.messages import GenerateRequest
+
+T = TypeVar("T")
 
 RESULT_PAGE = 500
 FOLLOW_POLL_S = 1.0
@@ -145,19 +149,58 @@ class GenerateServicer(pb_grpc.GenerateServicer):
                 timeout_s = min(self._runner.timeout_s,
                                 math.inf if remaining is None else max(remaining, 0.001))
                 hashes = self._runner.block_hashes(tenant, new.prompt)
-                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
-                    if isinstance(item, GenerateOutcome):
-                        stored = result_of(0, new.custom_id, item)
-                        try:  # the caller gets its result first; the trace is finished after
-                            yield pb.GenerateResponse(
-                                result=result_to_pb(stored, self._model.model_id))
-                        finally:
-                            trace.done(generate, hashes, item)
-                    else:
-                        yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
-                                                                      text=item.text))
+                # Closed with the RPC (a client that cancels or goes away): the request is
+                # aborted on its worker at once, not whenever the stream is collected.
+                async with contextlib.aclosing(until_rpc_done(context, dispatch_stream(
+                        self._backend, generate, hashes, timeout_s))) as items:
+                    async for item in items:
+                        if isinstance(item, GenerateOutcome):
+                            stored = result_of(0, new.custom_id, item)
+                            try:  # the caller gets its result first; the trace is finished after
+                                yield pb.GenerateResponse(
+                                    result=result_to_pb(stored, self._model.model_id))
+                            finally:
+                                trace.done(generate, hashes, item)
+                        else:
+                            yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
+                                                                          text=item.text))
         finally:
             self._runner.release(tenant, 1)
+
+
+_END = object()
+
+
+async def until_rpc_done(context, items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``items``, pumped by a task of their own that the RPC's end cancels.
+
+    A client that cancels (or goes away) while the handler waits at a ``yield`` leaves the
+    handler suspended there, unclosed until it is garbage collected, and one that cancels before
+    the handler started is never seen by it at all. The pump's cancellation reaches the
+    backend's stream wherever it waits, so the request is aborted on its worker at once.
+    """
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async with contextlib.aclosing(items) as stream:
+                async for item in stream:
+                    queue.put_nowait(item)
+            queue.put_nowait(_END)
+        except Exception as exc:  # handed to the handler, which raises it
+            queue.put_nowait(exc)
+
+    task = asyncio.get_running_loop().create_task(pump())
+    context.add_done_callback(lambda _: task.cancel())
+    if context.done():
+        task.cancel()
+    try:
+        while (item := await queue.get()) is not _END:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+    finally:
+        task.cancel()
 
 
 def _file_name(name: str) -> str:

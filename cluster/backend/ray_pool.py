@@ -136,7 +136,7 @@ class WorkerPool:
     async def _check_router(self) -> None:
         """A lost router actor is replaced, and rebuilt from the workers."""
         try:
-            await asyncio.wait_for(self._router.tracing.remote(), PING_TIMEOUT_S)
+            await asyncio.wait_for(self._router.ping.remote(), PING_TIMEOUT_S)
         except (ray.exceptions.RayActorError, asyncio.TimeoutError) as exc:
             log.warning("router actor lost (%s): starting a new one, rebuilding from the "
                         "workers", exc)

@@ -6,17 +6,19 @@ same way (``workers.blas``, before mlx) and the same number of BLAS threads
 one in-process worker (``cluster.api.frontend --workers 1``: gRPC, the job store, routing and
 the engine, without Ray), the side a single Mac runs.
 
-1. **Chat.** One multi-turn chat: a system prompt of about ``system_tokens`` tokens, then
+1. **Chat.** One multi-turn chat: a system prompt of ``system_words`` words, then
    ``turns`` user messages of ``user_words`` words, each answered with ``reply_tokens`` greedy
    tokens. Every turn goes to both servers, interleaved (the first to be asked alternates from
    turn to turn), as a streamed request; TTFT is taken at the client, request sent -> first
    token received. Both histories carry orchard's reply, so both prompts are the same tokens.
-   Turn 1 is cold (a system prompt neither has seen), turns 2.. are warm.
+   Turn 1 is cold (a system prompt neither has seen), turns 2.. are warm. The chat runs
+   ``chat_rounds`` times, each with a new system prompt and messages; the ratios are medians of
+   the per-turn ratios (first turns for cold, the others for warm).
 2. **Batch.** ``chats`` multi-turn chats (each with ``history`` earlier exchanges) sharing
    ``system_prompts`` system prompts: orchard gets them as one job; mlx-lm as the same
    requests from ``clients`` concurrent clients (8). The figure is the wall time from the
-   first request sent to the last result received; the order of the two sides alternates
-   from round to round.
+   first request sent to the last result received, best of ``batch_rounds``; the order of
+   the two sides alternates from round to round.
 
 Ratios are orchard over mlx-lm (below 1: orchard is faster). Targets: warm TTFT <= 0.9,
 cold TTFT <= 1.05, batch wall time <= 0.8.
@@ -58,7 +60,8 @@ class Workload:
     system_prompts: int = 2
     history: int = 2          # earlier exchanges in each batch chat
     clients: int = 8
-    rounds: int = 1
+    chat_rounds: int = 1
+    batch_rounds: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -69,9 +72,14 @@ class Workload:
 
 @dataclass(frozen=True, slots=True)
 class Turn:
+    round: int
     turn: int
     ttft_orchard_s: float
     ttft_mlx_lm_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ttft_orchard_s / self.ttft_mlx_lm_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +88,8 @@ class VsMlxLm:
     blas_threads: int
     orchard_side: str
     turns: tuple[Turn, ...]
-    cold_ttft_ratio: float
-    warm_ttft_ratio: float          # median over turns 2.. of orchard / mlx-lm
+    cold_ttft_ratio: float          # median over the rounds' first turns of orchard / mlx-lm
+    warm_ttft_ratio: float          # median over every later turn of orchard / mlx-lm
     batch_wall_orchard_s: float     # best of the rounds
     batch_wall_mlx_lm_s: float
     batch_wall_ratio: float
@@ -217,21 +225,21 @@ def _batch_chats(w: Workload) -> list[list[dict]]:
     return chats
 
 
-def run_chat(client: Client, server: MlxLmServer, w: Workload) -> list[Turn]:
-    """The chat turn by turn, interleaved; both histories carry orchard's replies."""
-    rng = random.Random(w.seed)
+def run_chat(client: Client, server: MlxLmServer, w: Workload, round_: int) -> list[Turn]:
+    """One chat turn by turn, interleaved; both histories carry orchard's replies."""
+    rng = random.Random(w.seed * 1000 + round_)
     messages = [{"role": "system", "content": _system(rng, w)}]
     turns = []
     for turn in range(1, w.turns + 1):
         messages.append({"role": "user", "content": _text(rng, w.user_words)})
         asked = list(messages)
-        if turn % 2:
-            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"chat-{turn}")
+        if (turn + round_) % 2:
+            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"c{round_}-{turn}")
             mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
         else:
             mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
-            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"chat-{turn}")
-        turns.append(Turn(turn, orchard, mlx))
+            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"c{round_}-{turn}")
+        turns.append(Turn(round_, turn, orchard, mlx))
         messages.append({"role": "assistant", "content": reply})
     return turns
 
@@ -240,7 +248,7 @@ def run_batch(client: Client, server: MlxLmServer, w: Workload) -> tuple[float, 
     """Best wall time of each side over the rounds, the first side alternating."""
     chats = _batch_chats(w)
     orchard, mlx = [], []
-    for k in range(w.rounds):
+    for k in range(w.batch_rounds):
         # a fresh tenant-free variant per round: the last user message differs, so no round
         # finds a previous round's whole prompts (the shared system prompts stay shared)
         tagged = [c[:-1] + [{"role": "user", "content": f"round {k}: {c[-1]['content']}"}]
@@ -274,13 +282,13 @@ def bench_vs_mlx_lm(model_dir: str, w: Workload, blas_threads: int) -> VsMlxLm:
             local_frontend(model_dir, telemetry="none", max_concurrent=w.clients) as client:
         _orchard_ttft(client, warmup, 2, "warmup")
         server.chat(warmup, 2, stream=True)
-        turns = run_chat(client, server, w)
+        turns = [t for k in range(w.chat_rounds) for t in run_chat(client, server, w, k)]
         batch_orchard, batch_mlx = run_batch(client, server, w)
-    later = turns[1:] or turns
+    cold = [t.ratio for t in turns if t.turn == 1]
+    warm = [t.ratio for t in turns if t.turn > 1] or cold
     return VsMlxLm(
         model=model_dir, blas_threads=blas_threads,
         orchard_side="frontend + 1 in-process worker (no Ray)", turns=tuple(turns),
-        cold_ttft_ratio=turns[0].ttft_orchard_s / turns[0].ttft_mlx_lm_s,
-        warm_ttft_ratio=statistics.median(t.ttft_orchard_s / t.ttft_mlx_lm_s for t in later),
+        cold_ttft_ratio=statistics.median(cold), warm_ttft_ratio=statistics.median(warm),
         batch_wall_orchard_s=batch_orchard, batch_wall_mlx_lm_s=batch_mlx,
         batch_wall_ratio=batch_orchard / batch_mlx, targets=TARGETS)

@@ -4,7 +4,9 @@
 scheduler's figures from ``workers.bench_sched``) on the embedded default model
 (SmolLM2-135M-Instruct, imported on first use) or
 ``--model DIR``; ``orchard bench vs-mlx-lm`` sets orchard beside ``mlx_lm.server``
-(``cluster.bench.vs_mlx_lm``).
+(``cluster.bench.vs_mlx_lm``); ``orchard bench disk [--json]`` runs the disk tier benchmark
+(``workers.disk_bench``): TTFT of a long prefix from disk, memory and recomputed, read/write
+bandwidth, decode TPOT while blocks are written behind.
 """
 from __future__ import annotations
 
@@ -33,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=engine)
     _add_vs_mlx_lm(sub)
+    d = sub.add_parser("disk", help="TTFT from the disk tier vs memory vs recomputed; bandwidth")
+    d.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
+    d.add_argument("--prefix-tokens", type=int, default=2000)
+    d.add_argument("--trials", type=int, default=3)
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.set_defaults(func=disk)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
     from cluster.bench.api import register_bench  # `orchard bench api`: the gRPC path overhead
     register_bench(sub)
@@ -72,7 +80,8 @@ def engine(args: argparse.Namespace) -> int:
     p = sched["prefill_tokens_per_s"]
     print(f"decode_stall_ratio {sched['decode_stall_ratio']:.2f} (target <= 2.0): TPOT p99 "
           f"{sched['tpot_admitting_p99_s'] * 1e3:.1f}ms while a {args.long_prompt}-token prompt "
-          f"is admitted, {sched['tpot_idle_p99_s'] * 1e3:.1f}ms idle")
+          f"is admitted, {sched['tpot_idle_p99_s'] * 1e3:.1f}ms idle; ratio of medians "
+          f"{sched['decode_stall_ratio_p50']:.2f}")
     print(f"prefill_tokens_per_s {p['batched_tokens_per_s']:.1f} batched, "
           f"{p['one_at_a_time_tokens_per_s']:.1f} one at a time "
           f"({p['prompts']} prompts of {p['prompt_tokens']} tokens)")
@@ -111,7 +120,8 @@ def _add_vs_mlx_lm(sub) -> None:
     for name, value in [("system_words", d.system_words), ("turns", d.turns),
                         ("user_words", d.user_words), ("reply_tokens", d.reply_tokens),
                         ("chats", d.chats), ("system_prompts", d.system_prompts),
-                        ("history", d.history), ("clients", d.clients), ("rounds", d.rounds)]:
+                        ("history", d.history), ("clients", d.clients),
+                        ("chat_rounds", d.chat_rounds), ("batch_rounds", d.batch_rounds)]:
         v.add_argument("--" + name.replace("_", "-"), type=int, default=value)
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(func=vs_mlx_lm)
@@ -125,20 +135,45 @@ def vs_mlx_lm(args: argparse.Namespace) -> int:
     if args.blas_threads < 1:
         raise ValueError("--blas-threads must be >= 1")
     w = Workload(args.system_words, args.turns, args.user_words, args.reply_tokens, args.chats,
-                 args.system_prompts, args.history, args.clients, args.rounds)
+                 args.system_prompts, args.history, args.clients, args.chat_rounds,
+                 args.batch_rounds)
     r = bench_vs_mlx_lm(str(args.model or ensure_default_model()), w, args.blas_threads)
     if args.json:
         print(json.dumps(r.as_json(), indent=2))
         return 0
     print(f"model {r.model}, {r.blas_threads} BLAS thread(s); orchard: {r.orchard_side}")
-    print("turn  ttft orchard  ttft mlx-lm  ratio")
+    print("round  turn  ttft orchard  ttft mlx-lm  ratio")
     for t in r.turns:
-        print(f"{t.turn:>4}  {t.ttft_orchard_s * 1e3:>10.0f}ms {t.ttft_mlx_lm_s * 1e3:>10.0f}ms "
-              f"{t.ttft_orchard_s / t.ttft_mlx_lm_s:>6.2f}")
-    print(f"cold TTFT ratio   {r.cold_ttft_ratio:.2f} (target <= {r.targets['cold_ttft']})")
+        print(f"{t.round:>5}  {t.turn:>4}  {t.ttft_orchard_s * 1e3:>10.0f}ms "
+              f"{t.ttft_mlx_lm_s * 1e3:>10.0f}ms {t.ratio:>6.2f}")
+    print(f"cold TTFT ratio   {r.cold_ttft_ratio:.2f} (target <= {r.targets['cold_ttft']}, "
+          f"median of first turns)")
     print(f"warm TTFT ratio   {r.warm_ttft_ratio:.2f} (target <= {r.targets['warm_ttft']}, "
           f"median of turns 2..)")
     print(f"batch of {w.chats}: orchard {r.batch_wall_orchard_s:.1f}s, mlx-lm "
           f"{r.batch_wall_mlx_lm_s:.1f}s ({w.clients} clients), ratio {r.batch_wall_ratio:.2f} "
           f"(target <= {r.targets['batch_wall']})")
+    return 0
+
+
+def disk(args: argparse.Namespace) -> int:
+    import workers  # noqa: F401  (OpenBLAS before mlx)
+    from workers.disk_bench import bench_disk
+    from workers.default_model import ensure_default_model
+
+    if args.prefix_tokens < 32 or args.trials < 1:
+        raise ValueError("--prefix-tokens must be >= 32 and --trials >= 1")
+    r = bench_disk(args.model or ensure_default_model(), args.prefix_tokens, args.trials)
+    if args.json:
+        print(json.dumps(r.as_json(), indent=2))
+        return 0
+    print(f"model {r.model}, prefix {r.prefix_tokens} tokens, {r.bytes_per_token} B/token")
+    print(f"ttft recomputed {r.ttft_recomputed_s * 1e3:.1f}ms  memory {r.ttft_memory_s * 1e3:.1f}ms"
+          f"  disk {r.ttft_disk_s * 1e3:.1f}ms (disk tokens per trial {list(r.disk_tokens_per_trial)})")
+    print(f"disk_over_recomputed {r.disk_over_recomputed:.3f} (target <= 0.3)")
+    print(f"write {r.write_mb_s:.0f} MB/s, read {r.read_mb_s:.0f} MB/s ({r.read_mb:.0f} MB, "
+          f"page cache dropped)")
+    print(f"decode tpot alone {r.tpot_alone_s * 1e3:.2f}ms, with write-behind "
+          f"{r.tpot_with_spill_s * 1e3:.2f}ms (ratio {r.tpot_ratio:.3f}, target <= 1.10; "
+          f"{r.spill_mb:.0f} MB written in {r.spill_write_s:.2f}s)")
     return 0

@@ -30,10 +30,12 @@ and so does a request that ``prepare`` finds invalid (a prompt over the context)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
+from cluster.backend.retry import NO_WORKER_BACKOFF_S
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
@@ -43,7 +45,6 @@ from workers.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
 
-RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 FORECAST_REQUESTS = 128  # tokenized twice (forecast, dispatch): 128 x ~1 ms per job
 
 Prepare = Callable[[bytes], NewRequest]  # a stored body, templated and tokenized (blocking)
@@ -68,7 +69,7 @@ async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Seq
             return await asyncio.wait_for(backend.generate(request, block_hashes),
                                           max(deadline - loop.time(), 0.001))
         except NoWorkersAvailable:
-            pause = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+            pause = NO_WORKER_BACKOFF_S[min(attempt, len(NO_WORKER_BACKOFF_S) - 1)]
             if loop.time() + pause >= deadline:
                 raise
             attempt += 1
@@ -79,8 +80,9 @@ async def dispatch_stream(backend: Backend, request: GenerateRequest,
                           block_hashes: Sequence[BlockHash], timeout_s: float
                           ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
     """Stream one request from the backend within ``timeout_s`` (``TimeoutError`` after it)."""
-    async with asyncio.timeout(timeout_s):
-        async for item in backend.stream(request, block_hashes):
+    async with asyncio.timeout(timeout_s), \
+            contextlib.aclosing(backend.stream(request, block_hashes)) as items:
+        async for item in items:  # closed early (cancel, deadline): aborted on the worker
             yield item
 
 

@@ -55,6 +55,7 @@ CANDIDATE_SCORE = "orchard.candidate.score"
 CACHE_OUTCOME = "orchard.cache.outcome"             # hit | partial | near_miss | miss
 CACHE_PROMPT_TOKENS = "orchard.cache.prompt_tokens"
 CACHE_MATCHED = "orchard.cache.matched_tokens"
+CACHE_DISK_TOKENS = "orchard.cache.disk_tokens"     # of matched_tokens, read from the disk tier
 CACHE_COMMON_PREFIX = "orchard.cache.common_prefix"
 CACHE_NEXT_PROMPT_TOKEN = "orchard.cache.next_prompt_token"
 CACHE_NEXT_STORED_TOKEN = "orchard.cache.next_stored_token"

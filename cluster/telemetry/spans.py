@@ -207,7 +207,8 @@ def _lookup_attributes(request: GenerateRequest, lookup: LookupReport,
                        decode: Callable[[Sequence[int]], str] | None) -> dict:
     attrs = {A.CACHE_OUTCOME: lookup.outcome.value, A.CACHE_PROMPT_TOKENS: lookup.prompt_tokens,
              A.CACHE_MATCHED: lookup.matched_tokens, A.CACHE_COMMON_PREFIX: lookup.common_prefix,
-             A.CACHE_TTL_S: lookup.ttl_s, A.CACHE_LINE: lookup.line()}
+             A.CACHE_TTL_S: lookup.ttl_s, A.CACHE_LINE: lookup.line(),
+             A.CACHE_DISK_TOKENS: lookup.disk_tokens}
     if lookup.next_prompt_token is not None:
         attrs[A.CACHE_NEXT_PROMPT_TOKEN] = lookup.next_prompt_token
     if lookup.next_stored_token is not None:

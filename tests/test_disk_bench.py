@@ -1,0 +1,15 @@
+"""The disk tier benchmark runs end to end on a tiny model and reads the prefix from disk."""
+from __future__ import annotations
+
+import workers  # noqa: F401  (OpenBLAS before mlx)
+
+from forged_models import tiny_model
+from workers.disk_bench import bench_disk
+
+
+def test_the_disk_trials_read_the_whole_prefix_from_disk():
+    r = bench_disk(tiny_model(), prefix_tokens=64, trials=2, decode_tokens=8, spill_tokens=128)
+    assert r.disk_tokens_per_trial == (64, 64)
+    assert r.bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert r.read_mb > 0 and r.write_mb_s > 0 and r.spill_mb > 0
+    assert r.ttft_disk_s > 0 and r.tpot_alone_s > 0 and r.tpot_with_spill_s > 0

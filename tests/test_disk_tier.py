@@ -1,0 +1,268 @@
+"""The disk tier: spill, read back, restart, TTL, invalidation, and every fault, with real files."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+import workers  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+
+from router.events import BlockRemoved, BlockStored, Tier
+from router.key import Namespace, hash_blocks
+from workers.disk_files import BlockRecord, block_path, encode_block
+from workers.disk_tier import DiskDirError
+from workers.messages import LookupOutcome
+from workers.store import KVShape, PrefixStore, open_store
+
+from test_store import BS, NS, SHAPE, Clock, kv_for
+
+TTL = 60.0
+BLOCK_BYTES = BS * SHAPE.bytes_per_token
+A = list(range(1, 9))      # two blocks
+B = list(range(101, 109))  # two other blocks
+
+
+class Wall:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tiered(directory: Path, mem_blocks: int = 2, disk_blocks: int = 100, clock: Clock | None = None,
+           model: str = "m", revision: str = "r1", wall=None, **kw) -> PrefixStore:
+    return open_store(SHAPE, BS, TTL, clock or Clock(), memory_bytes=mem_blocks * BLOCK_BYTES,
+                      eviction="lru", disk_dir=directory, disk_bytes=disk_blocks * BLOCK_BYTES,
+                      model=model, revision=revision, wall_clock=wall or Wall(), **kw)
+
+
+def put(store: PrefixStore, tokens: list[int], ns: Namespace = NS) -> int:
+    return store.write(ns, tokens, kv_for(tokens))
+
+
+def spilled_a(tmp_path: Path, **kw) -> PrefixStore:
+    """A store whose memory holds B and whose disk holds A's two blocks (written)."""
+    store = tiered(tmp_path / "w0", **kw)
+    put(store, A)
+    put(store, B)  # evicts A's two blocks (leaf first) to disk
+    store.flush()
+    return store
+
+
+def ha() -> list:
+    return hash_blocks(A, BS, NS)
+
+
+def test_evicted_blocks_are_written_and_served_from_disk(tmp_path):
+    store = spilled_a(tmp_path)
+    a0, a1 = ha()
+    b0, b1 = hash_blocks(B, BS, NS)
+    assert sorted(p.name for p in (tmp_path / "w0").glob("*/*.kv")) == sorted(
+        block_path(tmp_path, h).name for h in (a0, a1))
+    events = store.drain_events()
+    assert events == [
+        BlockStored(a0, NS.root(), BS, NS.label()), BlockStored(a1, a0, BS, NS.label()),
+        BlockRemoved(a1, NS.label()), BlockStored(b0, NS.root(), BS, NS.label()),
+        BlockRemoved(a0, NS.label()), BlockStored(b1, b0, BS, NS.label()),
+        BlockStored(a1, a0, BS, NS.label(), Tier.DISK), BlockStored(a0, NS.root(), BS, NS.label(), Tier.DISK)]
+    disk = store.stats().disk
+    assert (disk.written_blocks, disk.ledger.blocks, disk.pending_writes) == (2, 2, 0)
+
+    found = store.lookup(NS, A + [9])
+    assert found.report.outcome == LookupOutcome.HIT
+    assert (found.report.matched_tokens, found.report.disk_tokens) == (8, 8)
+    want = kv_for(A)
+    for layer in range(SHAPE.layers):
+        assert mx.array_equal(found.cache[layer].keys[:, :, :8], want[layer].keys[:, :, :8])
+        assert mx.array_equal(found.cache[layer].values[:, :, :8], want[layer].values[:, :, :8])
+    assert store.stats().disk.read_blocks == 2
+    # promoted back into memory (B went to disk); a second lookup is served from memory
+    assert store.lookup(NS, A + [9]).report.disk_tokens == 0
+    store.close()
+
+
+def test_a_pending_block_is_served_before_its_file_exists(tmp_path):
+    store = tiered(tmp_path / "w0")
+    store.disk._writer.flush()  # the thread is idle; what follows queues behind nothing
+    put(store, A)
+    put(store, B)
+    report = store.lookup(NS, A + [9]).report  # whether written yet or not, it is served
+    assert (report.matched_tokens, report.disk_tokens) == (8, 8)
+    store.close()
+
+
+def test_restart_indexes_the_directory_and_announces_the_disk_blocks(tmp_path):
+    store = spilled_a(tmp_path)
+    store.close()
+    again = tiered(tmp_path / "w0")
+    a0, a1 = ha()
+    assert again.stats().disk.start.restored == 2
+    assert again.drain_events() == [BlockStored(a1, a0, BS, NS.label(), Tier.DISK),
+                                    BlockStored(a0, NS.root(), BS, NS.label(), Tier.DISK)]
+    assert [(h.block, h.tier) for h in again.holdings()] == [(a0, Tier.DISK), (a1, Tier.DISK)]
+    report = again.lookup(NS, A + [9]).report
+    assert (report.matched_tokens, report.disk_tokens) == (8, 8)
+    again.close()
+
+
+def test_a_file_truncated_by_a_kill_is_dropped_at_restart_and_counted(tmp_path):
+    store = spilled_a(tmp_path)
+    store.close()
+    a0, a1 = ha()
+    path = block_path(tmp_path / "w0", a1)
+    os.truncate(path, path.stat().st_size - 100)                 # torn mid-write
+    (path.parent / (path.name + ".tmp")).write_bytes(b"ORKV\x01")  # a write never renamed
+    again = tiered(tmp_path / "w0")
+    start = again.stats().disk.start
+    assert (start.restored, start.torn) == (1, 2)
+    assert not path.exists() and not list((tmp_path / "w0").glob("*/*.tmp"))
+    report = again.lookup(NS, A + [9]).report
+    assert (report.matched_tokens, report.disk_tokens) == (4, 4)  # a0 only, a1 recomputed
+    again.close()
+
+
+def test_a_corrupt_file_is_dropped_counted_and_never_served(tmp_path):
+    store = spilled_a(tmp_path)
+    a0, a1 = ha()
+    path = block_path(tmp_path / "w0", a1)
+    data = bytearray(path.read_bytes())
+    data[-40] ^= 0xFF  # one flipped byte in the payload: same size, bad checksum
+    path.write_bytes(bytes(data))
+    report = store.lookup(NS, A + [9]).report
+    assert (report.matched_tokens, report.disk_tokens) == (4, 4)
+    assert store.stats().disk.corrupt == 1
+    store.flush()
+    assert not path.exists() and a1 not in store.disk
+    store.close()
+
+
+def test_a_file_holding_other_tokens_is_refused(tmp_path):
+    store = spilled_a(tmp_path)
+    a0, a1 = ha()
+    path = block_path(tmp_path / "w0", a1)
+    kv = kv_for([50, 51, 52, 53])
+    keys = (mx.stack([c.keys[0, :, :4] for c in kv]),)
+    values = (mx.stack([c.values[0, :, :4] for c in kv]),)
+    forged = BlockRecord(a1, a0, NS.label(), "m", "r1", (50, 51, 52, 53), 0)
+    path.write_bytes(encode_block(forged, keys, values))  # valid checksum, wrong tokens
+    report = store.lookup(NS, A + [9]).report
+    assert (report.matched_tokens, store.stats().disk.corrupt) == (4, 1)
+    store.close()
+
+
+def test_two_workers_cannot_share_a_directory(tmp_path):
+    first = tiered(tmp_path / "w0")
+    with pytest.raises(DiskDirError, match=r"is in use by another worker \(pid %d\)" % os.getpid()):
+        tiered(tmp_path / "w0")
+    first.close()
+    tiered(tmp_path / "w0").close()  # released on close
+
+
+def test_a_directory_that_cannot_be_written_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(DiskDirError, match="cannot use .*a-file/w0 for the disk tier: Not a directory"):
+        tiered(blocker / "w0")
+    with pytest.raises(DiskDirError, match="set \\[cache\\] disk_dir"):
+        tiered(Path("/proc/orchard-disk"))
+
+
+def test_another_models_blocks_are_cleaned_up_and_never_served(tmp_path):
+    store = spilled_a(tmp_path, model="m", revision="r1")
+    store.close()
+    again = tiered(tmp_path / "w0", model="m", revision="r2")  # new weights, same directory
+    assert again.stats().disk.start.foreign == 2
+    assert again.stats().disk.ledger.blocks == 0
+    assert not list((tmp_path / "w0").glob("*/*.kv"))
+    assert again.lookup(NS, A + [9]).report.outcome == LookupOutcome.MISS
+    again.close()
+
+
+def test_blocks_expired_while_down_are_dropped_at_restart(tmp_path):
+    wall = Wall()
+    store = spilled_a(tmp_path, wall=wall)
+    store.close()
+    a0, a1 = ha()
+    os.utime(block_path(tmp_path / "w0", a0), (wall.now - 10, wall.now - 10))
+    os.utime(block_path(tmp_path / "w0", a1), (wall.now - TTL - 1, wall.now - TTL - 1))
+    again = tiered(tmp_path / "w0", wall=wall)
+    start = again.stats().disk.start
+    assert (start.restored, start.expired) == (1, 1)
+    assert [h.block for h in again.holdings()] == [a0]
+    again.close()
+
+
+def test_disk_full_stops_writes_once_and_memory_carries_on(tmp_path, caplog):
+    store = tiered(tmp_path / "w0")
+    a0, a1 = ha()
+    for h in (a0, a1):  # the kernel's own ENOSPC: the tier's .tmp files lead to /dev/full
+        path = block_path(tmp_path / "w0", h)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / (path.name + ".tmp")).symlink_to("/dev/full")
+    with caplog.at_level(logging.WARNING, logger="workers.disk_writer"):
+        put(store, A)
+        put(store, B)
+        store.flush()
+        disk = store.stats().disk
+        assert (disk.full, disk.failed_writes, disk.written_blocks, disk.ledger.blocks) == (True, 2, 0, 0)
+        assert put(store, list(range(201, 209))) == 8  # memory carries on; B spills nowhere
+        disk = store.stats().disk
+        assert (disk.skipped_full, disk.ledger.blocks) == (2, 0)
+    assert len([r for r in caplog.records if "is full" in r.getMessage()]) == 1
+    assert store.lookup(NS, list(range(201, 209)) + [1]).report.matched_tokens == 8
+    store.close()
+
+
+def test_ttl_covers_the_disk_tier(tmp_path):
+    clock = Clock()
+    store = spilled_a(tmp_path, clock=clock)
+    clock.now = TTL + 1
+    assert store.expire() == 4  # B's two in memory, A's two on disk
+    store.flush()
+    assert not list((tmp_path / "w0").glob("*/*.kv"))
+    assert store.lookup(NS, A + [9]).report.outcome == LookupOutcome.MISS
+    store.close()
+
+
+def test_invalidation_covers_both_tiers(tmp_path):
+    store = spilled_a(tmp_path)
+    assert store.invalidate_prefix(NS, A) == 1  # a1 on disk; a0 stays
+    assert store.invalidate_namespace(NS) == 3  # b0, b1 in memory and a0 on disk
+    store.flush()
+    assert not list((tmp_path / "w0").glob("*/*.kv"))
+    with pytest.raises(ValueError, match="unknown namespace"):
+        store.invalidate_namespace(NS)
+    store.close()
+
+
+def test_the_disk_tier_evicts_by_the_same_policy(tmp_path):
+    store = tiered(tmp_path / "w0", mem_blocks=2, disk_blocks=3)
+    put(store, A)
+    put(store, B)     # A's 2 blocks to disk
+    put(store, A)     # A back from memory's view: B's 2 blocks to disk; disk holds 3 of 4
+    store.flush()
+    a0, a1 = ha()
+    b0, b1 = hash_blocks(B, BS, NS)
+    # disk LRU: a1 (leaf, oldest) went to make room for b0; a0 stays (b1, b0, a0)
+    assert {h.block for h in store.disk.ledger.holdings()} == {a0, b0, b1}
+    assert store.stats().disk.ledger.evictions == 1
+    store.close()
+
+
+def test_prefetch_reads_disk_blocks_before_the_lookup(tmp_path):
+    store = spilled_a(tmp_path)
+    assert store.prefetch(NS, A + [9]) == 2
+    assert store.prefetch(NS, B + [9]) == 0  # in memory
+    assert store.lookup(NS, A + [9]).report.disk_tokens == 8
+    store.close()
+
+
+def test_a_worker_without_disk_bytes_has_no_disk_tier():
+    store = open_store(SHAPE, BS, TTL, Clock(), memory_bytes=BLOCK_BYTES * 4)
+    assert store.disk is None and store.stats().disk is None
+    with pytest.raises(ValueError, match="needs a disk_dir"):
+        open_store(SHAPE, BS, TTL, Clock(), memory_bytes=1, disk_bytes=1)

@@ -1,0 +1,108 @@
+"""Quantized K/V tiers: exact bytes per token, bounded error, re-encoding between tiers; config."""
+from __future__ import annotations
+
+import pytest
+
+import workers  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from cluster.config import load_config, write_default_config
+from router.events import BlockRemoved, BlockStored, EventBatch, Tier, decode_batch, encode_batch
+from router.key import BlockHash, Namespace
+from workers.kv_quant import KVCodec
+from workers.store import KVShape, PrefixStore, open_store
+
+BS = 16
+SHAPE = KVShape(layers=2, kv_heads=2, head_dim=64, dtype=mx.float32)
+NS = Namespace("t", "m", "r1")
+TOKENS = list(range(1, 33))  # two blocks
+
+
+def random_cache(n: int) -> list[KVCache]:
+    mx.random.seed(0)
+    caches = []
+    for _ in range(SHAPE.layers):
+        c = KVCache()
+        c.keys = mx.random.normal((1, SHAPE.kv_heads, n, SHAPE.head_dim))
+        c.values = mx.random.normal((1, SHAPE.kv_heads, n, SHAPE.head_dim))
+        c.offset = n
+        caches.append(c)
+    return caches
+
+
+@pytest.mark.parametrize("bits, per_token, ratio", [(0, 2048, 1.0), (8, 544, 0.265625),
+                                                     (4, 288, 0.140625)])
+def test_bytes_per_cached_token_include_scales_and_biases(bits, per_token, ratio):
+    # per head and token: 64 x 4 bytes; 64 x 1 + 2 x 2 (f16 scale, bias); 64 / 2 + 2 x 2
+    store = PrefixStore(SHAPE, BS, 1 << 20, 60.0, lambda: 0.0, kv_bits=bits)
+    assert store.write(NS, TOKENS, random_cache(32)) == 32
+    stats = store.stats()
+    assert stats.bytes_per_token == per_token
+    assert stats.bytes_per_token / SHAPE.bytes_per_token == ratio
+    assert stats.tensor_bytes == 32 * per_token  # what is held is exactly what is counted
+    assert stats.ledger.bytes == 32 * per_token
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantized_hit_is_within_a_quantization_step(bits):
+    store = PrefixStore(SHAPE, BS, 1 << 20, 60.0, lambda: 0.0, kv_bits=bits)
+    cache = random_cache(32)
+    store.write(NS, TOKENS, cache)
+    found = store.lookup(NS, TOKENS + [99])
+    assert found.report.matched_tokens == 32
+    for layer in range(SHAPE.layers):
+        got = found.cache[layer].keys[:, :, :32]
+        want = cache[layer].keys[:, :, :32]
+        assert got.dtype == mx.float32
+        groups = want.reshape(-1, 64)
+        step = (groups.max(axis=1) - groups.min(axis=1)) / (2 ** bits - 1)
+        err = mx.abs(got - want).reshape(-1, 64).max(axis=1)
+        # mx.quantize alone errs by up to 0.97 of a step on normal data; float16 scales and
+        # biases add up to 0.07 more at 8 bits (measured over 4096 groups)
+        assert mx.all(err <= 1.1 * step).item()
+        assert mx.any(err > 0).item()  # really quantized
+
+
+def test_a_disk_tier_at_other_precision_re_encodes_on_spill(tmp_path):
+    block = BS * SHAPE.bytes_per_token
+    store = open_store(SHAPE, BS, 60.0, lambda: 0.0, memory_bytes=2 * block, eviction="lru",
+                       disk_dir=tmp_path / "w", disk_bytes=1 << 20, disk_kv_bits=4,
+                       model="m", revision="r1")
+    cache = random_cache(32)
+    store.write(NS, TOKENS, cache)
+    store.write(NS, list(range(100, 132)), random_cache(32))  # TOKENS spilled, as 4-bit
+    store.flush()
+    disk = store.stats().disk
+    assert disk.ledger.bytes == 32 * 288
+    found = store.lookup(NS, TOKENS + [99])
+    assert (found.report.matched_tokens, found.report.disk_tokens) == (32, 32)
+    err = mx.abs(found.cache[0].values[:, :, :32] - cache[0].values[:, :, :32]).max().item()
+    assert 0 < err < 0.5
+    store.close()
+
+
+def test_heads_that_cannot_be_grouped_by_64_are_refused():
+    shape = KVShape(layers=2, kv_heads=2, head_dim=16, dtype=mx.float32)
+    with pytest.raises(ValueError, match="head_dim divisible by 64.*head_dim 16"):
+        PrefixStore(shape, BS, 1 << 20, 60.0, lambda: 0.0, kv_bits=8)
+    with pytest.raises(ValueError, match="must be one of 0, 8, 4"):
+        KVCodec(2, mx.float32)
+
+
+def test_events_carry_their_tier_through_the_wire():
+    events = (BlockStored(BlockHash(7), BlockHash(3), 16, "t/m", Tier.DISK),
+              BlockRemoved(BlockHash(7), "t/m", Tier.MEMORY))
+    assert decode_batch(encode_batch(EventBatch("w0", 4, events))).events == events
+
+
+def test_cache_config_keys_for_tiers(tmp_path):
+    write_default_config(tmp_path)
+    path = tmp_path / "orchard.toml"
+    text = path.read_text().replace("[cache]\n", "[cache]\ndisk_bytes = 4096\nkv_bits = 8\n")
+    path.write_text(text)
+    cache = load_config(tmp_path).cache
+    assert (cache.disk_bytes, cache.disk_dir, cache.kv_bits, cache.disk_kv_bits) == (4096, "cache", 8, 0)
+    path.write_text(text.replace("kv_bits = 8", "kv_bits = 6"))
+    with pytest.raises(ValueError, match=r"\[cache\] kv_bits must be 0 \(model precision\), 8 or 4"):
+        load_config(tmp_path)

@@ -1,0 +1,185 @@
+"""The disk tier benchmark: TTFT of a long prefix from disk vs memory vs recomputed; bandwidth;
+decode speed while blocks are being written behind.
+
+One model, three engines (all with ``max_tokens = 1`` for TTFT):
+
+- *recomputed*: no store; the request prefills its whole prompt;
+- *memory*: the prefix is in the memory tier;
+- *disk*: the prefix is only on disk. Two prefixes P and Q take turns: the memory tier holds
+  one prefix (plus a block), so reading P back pushes Q out to disk and the next trial reads
+  Q. Before each disk trial the files are synced and dropped from the OS page cache
+  (``posix_fadvise(DONTNEED)``), so the reads come from the device, not from RAM.
+
+Every trial's prompt is the prefix plus 16 fresh tokens (a new suffix each time); the figure
+is the median of ``trials`` runs. Bandwidth: *write* is bytes written over the writer thread's
+busy time (serialisation, checksum and the write); *read* is the bytes of every block file over
+the wall time of reading them all at once on the tier's reader threads, page cache dropped.
+
+Decode under write-behind: a request decodes ``decode_tokens`` tokens alone (TPOT), then again
+right after ``spill_tokens`` tokens of other blocks were evicted to the writer's queue; the
+writer's busy time is reported beside it, so one can check the spill overlapped the decode.
+"""
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from workers.disk_files import SUFFIX
+from workers.engine import Engine, EngineConfig
+from workers.messages import GenerateRequest, GenerateResult, SamplingParams
+from workers.model_dir import open_model_dir
+
+
+@dataclass(frozen=True, slots=True)
+class DiskBench:
+    model: str
+    prefix_tokens: int
+    bytes_per_token: int
+    ttft_recomputed_s: float
+    ttft_memory_s: float
+    ttft_disk_s: float
+    disk_tokens_per_trial: tuple[int, ...]
+    disk_over_recomputed: float
+    write_mb_s: float
+    read_mb_s: float
+    read_mb: float
+    tpot_alone_s: float
+    tpot_with_spill_s: float
+    tpot_ratio: float
+    spill_mb: float
+    spill_write_s: float
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3,
+               block_size: int = 16, decode_tokens: int = 48, spill_tokens: int = 2048,
+               seed: int = 0) -> DiskBench:
+    loaded = open_model_dir(model_dir)
+    rng = random.Random(seed)
+    vocab = loaded.vocab_size
+    per_token = loaded.kv_shape.bytes_per_token
+    prefixes = [[rng.randrange(vocab) for _ in range(prefix_tokens)] for _ in range(2)]
+    clock = (time.monotonic, time.time_ns)
+    with tempfile.TemporaryDirectory(prefix="orchard-disk-bench-") as tmp:
+        cold = Engine(loaded, EngineConfig(block_size=block_size, use_store=False), *clock)
+        # one prefix and its trial's suffix block: reading one back pushes the other out
+        memory = (prefix_tokens // block_size + 1) * block_size * per_token
+        cfg = EngineConfig(block_size=block_size, store_bytes=memory, eviction="lru",
+                           disk_bytes=1 << 40, disk_dir=tmp, worker_id="bench")
+        tiered = Engine(loaded, cfg, *clock)
+        try:
+            ask = _Asker(rng, vocab)
+            recomputed = [ask(cold, prefixes[0]).ttft_s for _ in range(trials)]
+            ask(tiered, prefixes[0])  # the prefix in memory
+            in_memory = [ask(tiered, prefixes[0]).ttft_s for _ in range(trials)]
+            disk, disk_tokens = [], []
+            for i in range(trials + 1):  # the first pass only puts the other prefix on disk
+                tiered.store.flush()
+                _drop_page_cache(Path(tmp))
+                r = ask(tiered, prefixes[(i + 1) % 2])
+                if i:
+                    disk.append(r.ttft_s)
+                    disk_tokens.append(r.lookup.disk_tokens)
+            read_mb_s, read_mb = _read_bandwidth(Path(tmp))
+            tpot_alone, tpot_spill, spill_mb, spill_s = _decode_under_spill(
+                tiered, ask, rng, vocab, decode_tokens, spill_tokens, prefixes)
+            stats = tiered.store.stats().disk
+        finally:
+            tiered.store.close()
+    ttft_disk = statistics.median(disk)
+    ttft_cold = statistics.median(recomputed)
+    return DiskBench(
+        str(model_dir), prefix_tokens, per_token, ttft_cold, statistics.median(in_memory),
+        ttft_disk, tuple(disk_tokens), ttft_disk / ttft_cold,
+        stats.written_bytes / stats.write_s / 1e6 if stats.write_s else 0.0, read_mb_s,
+        read_mb, tpot_alone, tpot_spill, tpot_spill / tpot_alone, spill_mb, spill_s)
+
+
+class _Asker:
+    def __init__(self, rng: random.Random, vocab: int) -> None:
+        self.rng, self.vocab, self.n = rng, vocab, 0
+
+    def __call__(self, engine: Engine, prefix: list[int], max_tokens: int = 1) -> GenerateResult:
+        self.n += 1
+        suffix = [self.rng.randrange(self.vocab) for _ in range(16)]
+        req = GenerateRequest(f"b{self.n}", engine.namespace("bench"), tuple(prefix + suffix),
+                              SamplingParams(max_tokens=max_tokens))
+        (result,) = engine.generate([req])
+        return result
+
+
+def _decode_under_spill(engine: Engine, ask: _Asker, rng: random.Random, vocab: int,
+                        decode_tokens: int, spill_tokens: int, prefixes: list[list[int]]
+                        ) -> tuple[float, float, float, float]:
+    """Median TPOT alone, median TPOT with a spill queued just before; MB and writer seconds.
+
+    Each trial first fills memory with new blocks (flushed), decodes alone, then stores as
+    many new blocks again, which evicts the first ones to the writer's queue, and decodes at
+    once while the writer works.
+    """
+    short = prefixes[0][:64]
+    ns = engine.namespace("bench")
+    alone, spilled, mb, busy = [], [], [], []
+    for _ in range(3):
+        _fill(engine, ns, rng, vocab, spill_tokens)
+        engine.store.flush()
+        alone.append(ask(engine, short, decode_tokens).tpot_s)
+        before = engine.store.stats().disk
+        _fill(engine, ns, rng, vocab, spill_tokens)
+        spilled.append(ask(engine, short, decode_tokens).tpot_s)
+        engine.store.flush()
+        after = engine.store.stats().disk
+        mb.append((after.written_bytes - before.written_bytes) / 1e6)
+        busy.append(after.write_s - before.write_s)
+    return (statistics.median(alone), statistics.median(spilled), statistics.median(mb),
+            statistics.median(busy))
+
+
+def _fill(engine: Engine, ns, rng: random.Random, vocab: int, tokens: int) -> None:
+    """Store ``tokens`` new tokens' worth of K/V (random values: the write cost is the same)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    shape = engine.store.shape
+    ids = [rng.randrange(vocab) for _ in range(tokens)]
+    cache = []
+    for _ in range(shape.layers):
+        c = KVCache()
+        c.keys = mx.random.normal((1, shape.kv_heads, tokens, shape.head_dim)).astype(shape.dtype)
+        c.values = mx.random.normal((1, shape.kv_heads, tokens, shape.head_dim)).astype(shape.dtype)
+        c.offset = tokens
+        cache.append(c)
+    mx.eval([c.keys for c in cache], [c.values for c in cache])
+    engine.store.write(ns, ids, cache)
+
+
+def _files(directory: Path) -> list[Path]:
+    return [p for p in directory.glob(f"*/*/*{SUFFIX}")]
+
+
+def _drop_page_cache(directory: Path) -> None:
+    for path in _files(directory):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _read_bandwidth(directory: Path) -> tuple[float, float]:
+    _drop_page_cache(directory)
+    files = _files(directory)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        total = sum(pool.map(lambda p: len(p.read_bytes()), files))
+    seconds = time.perf_counter() - start
+    return total / seconds / 1e6, total / 1e6

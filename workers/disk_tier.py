@@ -1,0 +1,340 @@
+"""The disk tier of a worker's prefix store: blocks evicted from memory, kept in files.
+
+``DiskTier`` owns one directory (one per worker, held with an exclusive ``flock`` on
+``.lock``: a second worker pointed at it is refused) and a ``BlockLedger`` of its own, with its
+own byte budget, the same eviction policy and the same TTL as the memory tier. Files are
+written behind the engine's back by ``workers.disk_writer``; the format is
+``workers.disk_files``.
+
+    memory tier ──evict──► spill ──► ledger (disk budget) ──► writer thread ──► ab/ab12...kv
+    lookup ◄── verify (checksum, hash, token ids) ◄── read (prefetched on a thread pool)
+
+Rules:
+
+- **Nothing unverified is served.** Every block read back is checked (digest, its hash and
+  its token ids against the prompt's). A file that fails is deleted, counted (``corrupt``)
+  and its subtree forgotten; the lookup stops before it and the engine recomputes.
+- **Restart keeps the cache.** Opening a directory that holds blocks indexes their headers:
+  leftover ``.tmp`` files (a kill during a write) and files whose size disagrees with their
+  header are deleted and counted (``torn``), blocks of another model or weights revision
+  (another namespace, never servable here) are deleted and counted (``foreign``), blocks
+  unused for ``ttl_s`` (by file mtime, which a hit refreshes) are deleted (``expired``), and
+  the newest that fit the budget are restored. Restored blocks are announced like new ones:
+  ``BlockStored(tier=DISK)`` events.
+- **Disk full** stops writes (one warning); the memory tier carries on.
+- **The time**: the ledger runs on the injected ``clock``; file ages use ``wall_clock``.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from router.events import BlockEvent, Tier
+from router.key import BlockHash
+from router.ledger import BlockLedger, LedgerStats, RemovalReason
+from workers.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, CorruptBlock,
+                                block_path, decode_block, read_header)
+from workers.disk_writer import DiskWriter, PendingBlock
+from workers.kv_quant import KVCodec
+
+LOCK_NAME = ".lock"
+READ_THREADS = 4  # parallel file reads: one SSD queue is not enough to reach its bandwidth
+
+
+class DiskDirError(ValueError):
+    """The disk tier's directory cannot be used (not writable, or another worker holds it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartCounts:
+    """What opening the directory found and did."""
+
+    restored: int   # blocks indexed and announced
+    torn: int       # .tmp leftovers and truncated files, deleted
+    foreign: int    # another model's or weights revision's blocks, deleted
+    expired: int    # unused for ttl_s, deleted
+    over_budget: int  # the oldest beyond the byte budget, deleted
+
+
+@dataclass(frozen=True, slots=True)
+class DiskStats:
+    ledger: LedgerStats
+    start: StartCounts
+    written_blocks: int
+    written_bytes: int
+    write_s: float
+    write_batches: int
+    read_blocks: int
+    read_bytes: int
+    read_s: float          # summed over reader threads
+    corrupt: int           # files that failed verification on read: deleted, never served
+    failed_writes: int
+    full: bool
+    skipped_full: int      # spills refused because the disk is full
+    pending_writes: int
+
+
+class DiskTier:
+    """One worker's disk directory of K/V blocks, with its own ledger and budget."""
+
+    def __init__(self, directory: Path | str, capacity_bytes: int, ttl_s: float,
+                 clock: Callable[[], float], codec: KVCodec, bytes_per_token: int,
+                 model: str, revision: str, eviction: str = "lru",
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.directory = Path(directory)
+        self.codec = codec
+        self.model, self.revision = model, revision
+        self._wall = wall_clock
+        self._clock = clock
+        self._lock_fd = _lock(self.directory)
+        self.ledger = BlockLedger(capacity_bytes, ttl_s, clock, bytes_per_token, policy=eviction,
+                                  on_remove=self._removed, tier=Tier.DISK)
+        self._tokens: dict[BlockHash, bytes] = {}  # token ids per block, for near misses
+        self._reads: dict[BlockHash, Future] = {}
+        self._read_counts = [0, 0, 0.0]  # blocks, bytes, seconds
+        self._corrupt = 0
+        self._skipped_full = 0
+        self.start = self._index()
+        self._writer = DiskWriter(self.directory)
+        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="orchard-disk-read")
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def __contains__(self, block: BlockHash) -> bool:
+        return block in self.ledger
+
+    def tokens(self, block: BlockHash) -> tuple[int, ...]:
+        raw = self._tokens[block]
+        return tuple(int.from_bytes(raw[i:i + 4], "little") for i in range(0, len(raw), 4))
+
+    def stats(self) -> DiskStats:
+        self._reap()
+        w = self._writer.counts
+        return DiskStats(self.ledger.stats(), self.start, w.written_blocks, w.written_bytes,
+                         w.write_s, w.batches, self._read_counts[0], self._read_counts[1],
+                         self._read_counts[2], self._corrupt, w.failed, self._writer.full,
+                         self._skipped_full, self._writer.pending_count())
+
+    def drain_events(self) -> list[BlockEvent]:
+        self._reap()
+        return self.ledger.drain_events()
+
+    # ---- writes --------------------------------------------------------------------------
+
+    def spill(self, record: BlockRecord, keys: tuple, values: tuple) -> bool:
+        """Keep a block evicted from memory (``keys``/``values`` in this tier's codec).
+
+        Returns whether it was taken: not when the disk is full or the budget cannot fit it.
+        A block already here is only touched.
+        """
+        self._reap()
+        h = record.block
+        if h in self.ledger:
+            self.ledger.touch(self.ledger.chain_to(h))
+            return True
+        if self._writer.full:
+            self._skipped_full += 1
+            return False
+        self.ledger.expire()  # before reading the chain: insert would expire its head
+        chain = self.ledger.chain_to(record.parent) + [h]
+        stored = self.ledger.insert(chain, len(record.tokens), record.namespace, record.parent)
+        if h not in stored:
+            return False
+        self._tokens[h] = b"".join(t.to_bytes(4, "little") for t in record.tokens)
+        self._writer.write(PendingBlock(record, keys, values))
+        return True
+
+    def flush(self) -> None:
+        """Wait until every queued write is on disk (benchmarks, tests, shutdown)."""
+        self._writer.flush()
+        self._reap()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._writer.close()
+        self._reap()
+        os.close(self._lock_fd)  # releases the flock
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def prefetch(self, blocks: Sequence[BlockHash]) -> None:
+        """Start reading ``blocks`` (held here, not pending) on the reader threads."""
+        for h in blocks:
+            if h in self.ledger and h not in self._reads and self._writer.pending(h) is None:
+                self._reads[h] = self._pool.submit(self._read_file, block_path(self.directory, h))
+
+    def load(self, chain: Sequence[BlockHash], tokens: Sequence[tuple[int, ...]]) -> list[BlockData]:
+        """The verified blocks of ``chain`` (each expected to hold ``tokens[i]``), in order,
+        stopping at the first that is missing or fails verification (dropped and counted).
+        """
+        self.prefetch(chain)
+        out: list[BlockData] = []
+        for h, want in zip(chain, tokens):
+            block = self._load_one(h, want)
+            if block is None:
+                break
+            out.append(block)
+        for h in chain[len(out):]:  # reads started for blocks after a failure are not needed
+            self._reads.pop(h, None)
+        if out:
+            self.ledger.match([b.record.block for b in out])
+            self.ledger.touch(self.ledger.chain_to(out[-1].record.block))  # disk ancestors too
+            for b in out:
+                self._writer.touch(b.record.block)
+        return out
+
+    def _load_one(self, h: BlockHash, want: tuple[int, ...]) -> BlockData | None:
+        pending = self._writer.pending(h)
+        future = self._reads.pop(h, None)
+        if pending is not None:
+            return BlockData(pending.record, pending.keys, pending.values)
+        if future is None:
+            return None
+        path = block_path(self.directory, h)
+        try:
+            data, seconds = future.result()
+            block = decode_block(data, path)
+            if block.record.block != h or block.record.tokens != want:
+                raise CorruptBlock(f"{path}: holds other tokens than its hash says")
+        except (CorruptBlock, FileNotFoundError):
+            self._corrupt += 1
+            self.ledger.invalidate_prefix([h])  # its file and its subtree go
+            return None
+        self._read_counts[0] += 1
+        self._read_counts[1] += len(data)
+        self._read_counts[2] += seconds
+        return block
+
+    @staticmethod
+    def _read_file(path: Path) -> tuple[bytes, float]:
+        start = time.perf_counter()
+        data = path.read_bytes()
+        return data, time.perf_counter() - start
+
+    # ---- invalidation, expiry ------------------------------------------------------------
+
+    def invalidate_namespace(self, label: str) -> int:
+        if label not in self.ledger.namespaces():
+            return 0
+        return self.ledger.invalidate_namespace(label)
+
+    def invalidate_prefix(self, chain: Sequence[BlockHash]) -> int:
+        return self.ledger.invalidate_prefix(chain)
+
+    def expire(self) -> int:
+        return len(self.ledger.expire())
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _removed(self, block: BlockHash, reason: RemovalReason) -> None:
+        self._tokens.pop(block, None)
+        self._reads.pop(block, None)
+        self._writer.delete(block)
+
+    def _reap(self) -> None:
+        """Forget blocks the writer could not write (disk full or an I/O error)."""
+        for h in self._writer.take_failed():
+            if h in self.ledger:
+                self.ledger.invalidate_prefix([h])
+
+    def _index(self) -> StartCounts:
+        found: dict[BlockHash, tuple[BlockRecord, float]] = {}
+        torn = foreign = expired = 0
+        now = self._wall()
+        for path in sorted(self.directory.glob("*/*")):
+            if path.name.endswith(TMP_SUFFIX):
+                torn += _delete(path)
+                continue
+            if not path.name.endswith(SUFFIX):
+                continue
+            try:
+                record = read_header(path)
+                if path != block_path(self.directory, record.block):
+                    raise CorruptBlock(f"{path}: holds block {record.block:032x}")
+            except CorruptBlock:
+                torn += _delete(path)
+                continue
+            if (record.model, record.revision) != (self.model, self.revision):
+                foreign += _delete(path)
+            elif now - path.stat().st_mtime >= self.ledger.ttl_s:
+                expired += _delete(path)
+            else:
+                found[record.block] = (record, path.stat().st_mtime)
+        kept, over = self._restore(found, now)
+        return StartCounts(kept, torn, foreign, expired, over)
+
+    def _restore(self, found: dict[BlockHash, tuple[BlockRecord, float]], now: float
+                 ) -> tuple[int, int]:
+        # A parent is at least as recent as any of its descendants (the ledger's rule).
+        used = {h: t for h, (_, t) in found.items()}
+        for h, (record, t) in found.items():
+            p = record.parent
+            while p in used and used[p] < t:
+                used[p] = t
+                p = found[p][0].parent
+        depth = {h: len(_ancestors(h, found)) for h in found}
+        newest_first = sorted(found, key=lambda h: (-used[h], depth[h]))
+        budget, keep = self.ledger.capacity_bytes, []
+        for h in newest_first:
+            cost = len(found[h][0].tokens) * self.ledger.bytes_per_token
+            if cost <= budget:
+                budget -= cost
+                keep.append(h)
+            else:
+                _delete(block_path(self.directory, h))
+        clock_now = self._clock()
+        for h in reversed(keep):  # oldest first, children before parents
+            record = found[h][0]
+            self.ledger.restore(h, record.parent, len(record.tokens), record.namespace,
+                                clock_now - (now - used[h]))
+            self._tokens[h] = b"".join(t.to_bytes(4, "little") for t in record.tokens)
+        return len(keep), len(found) - len(keep)
+
+
+def _ancestors(h: BlockHash, found: dict) -> list[BlockHash]:
+    out, p = [], found[h][0].parent
+    while p in found:
+        out.append(p)
+        p = found[p][0].parent
+    return out
+
+
+def _delete(path: Path) -> int:
+    path.unlink(missing_ok=True)
+    return 1
+
+
+def _lock(directory: Path) -> int:
+    """Create ``directory`` and hold its lock; ``DiskDirError`` saying what to change."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise DiskDirError(
+            f"cannot use {directory} for the disk tier: {exc.strerror or exc}; set [cache] "
+            f"disk_dir to a directory this worker can write, or disk_bytes = 0") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DiskDirError(
+            f"{directory} is in use by another worker (pid {holder}): give each worker its "
+            f"own [cache] disk_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    probe = directory / f".probe-{os.getpid()}"
+    try:  # the lock file may exist already: prove that this process can create files here
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        os.close(fd)
+        raise DiskDirError(f"cannot write to {directory} for the disk tier: "
+                           f"{exc.strerror or exc}; set [cache] disk_dir to a writable "
+                           f"directory, or disk_bytes = 0") from None
+    return fd

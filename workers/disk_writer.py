@@ -1,0 +1,203 @@
+"""Write-behind for the disk tier: one background thread that writes, deletes and touches files.
+
+The engine's thread never waits on the disk. ``DiskWriter.write`` queues a block and returns;
+the thread takes everything queued at once (a batch), writes each block to ``<name>.tmp`` and
+renames it into place, then goes back to sleep. Until its file is complete a queued block is
+*pending*: ``pending(block)`` hands its arrays to a reader, so a block is never unreadable in
+between. A delete cancels a pending write and removes the file.
+
+Disk full (``ENOSPC``, ``EDQUOT``) stops all further writes: the thread logs one warning,
+reports the blocks it could not write (``take_failed``) so the tier forgets them, and the
+memory tier carries on. Any other ``OSError`` fails that one block the same way.
+
+The thread touches no ledger: it only reports. ``flush`` waits until the queue is empty.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+
+from router.key import BlockHash
+from workers.disk_files import BlockRecord, TMP_SUFFIX, block_path, encode_block
+
+log = logging.getLogger(__name__)
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingBlock:
+    record: BlockRecord
+    keys: tuple[mx.array, ...]
+    values: tuple[mx.array, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Delete:
+    block: BlockHash
+
+
+@dataclass(frozen=True, slots=True)
+class _Touch:
+    block: BlockHash
+
+
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(slots=True)
+class WriterCounts:
+    written_blocks: int = 0
+    written_bytes: int = 0
+    write_s: float = 0.0
+    batches: int = 0
+    failed: int = 0
+
+
+class DiskWriter:
+    """The disk tier's background writer for ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.full = False
+        self.counts = WriterCounts()
+        self._lock = threading.Lock()
+        self._pending: dict[BlockHash, PendingBlock] = {}
+        self._failed: list[BlockHash] = []
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"orchard-disk-{directory.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    # ---- the engine's side ---------------------------------------------------------------
+
+    def write(self, block: PendingBlock) -> None:
+        with self._lock:
+            self._pending[block.record.block] = block
+        self._queue.put(block)
+
+    def delete(self, block: BlockHash) -> None:
+        with self._lock:
+            self._pending.pop(block, None)
+        self._queue.put(_Delete(block))
+
+    def touch(self, block: BlockHash) -> None:
+        """Set the file's mtime to now: a restart reads last use from it."""
+        self._queue.put(_Touch(block))
+
+    def pending(self, block: BlockHash) -> PendingBlock | None:
+        with self._lock:
+            return self._pending.get(block)
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def take_failed(self) -> list[BlockHash]:
+        with self._lock:
+            failed, self._failed = self._failed, []
+        return failed
+
+    def flush(self) -> None:
+        op = _Flush()
+        self._queue.put(op)
+        op.done.wait()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    # ---- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while True:  # take what else is queued: one batch per wake-up
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = False
+            start = time.perf_counter()
+            wrote = 0
+            for op in batch:
+                if op is None:
+                    stop = True
+                elif isinstance(op, PendingBlock):
+                    wrote += self._write(op)
+                elif isinstance(op, _Delete):
+                    _unlink(block_path(self.directory, op.block))
+                elif isinstance(op, _Touch):
+                    _touch(block_path(self.directory, op.block))
+                else:
+                    op.done.set()
+            if wrote:
+                with self._lock:
+                    self.counts.write_s += time.perf_counter() - start
+                    self.counts.batches += 1
+            if stop:
+                return
+
+    def _write(self, op: PendingBlock) -> int:
+        h = op.record.block
+        with self._lock:
+            if self._pending.get(h) is not op:
+                return 0  # deleted (or queued again) since
+        if self.full:
+            self._fail(h)
+            return 0
+        path = block_path(self.directory, h)
+        tmp = path.with_name(path.name + TMP_SUFFIX)
+        try:
+            data = encode_block(op.record, op.keys, op.values)
+            path.parent.mkdir(exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            _unlink(tmp)
+            if exc.errno in _FULL and not self.full:
+                self.full = True
+                log.warning("disk tier %s is full (%s): writes to it stop, the memory tier "
+                            "carries on; free space and restart the worker to resume",
+                            self.directory, exc.strerror)
+            elif exc.errno not in _FULL:
+                log.warning("disk tier %s: cannot write block %032x: %s", self.directory, h, exc)
+            self._fail(h)
+            return 0
+        with self._lock:
+            if self._pending.get(h) is op:
+                del self._pending[h]
+            self.counts.written_blocks += 1
+            self.counts.written_bytes += len(data)
+        return 1
+
+    def _fail(self, h: BlockHash) -> None:
+        with self._lock:
+            self._pending.pop(h, None)
+            self._failed.append(h)
+            self.counts.failed += 1
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        pass
