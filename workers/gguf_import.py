@@ -92,8 +92,7 @@ def _load(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     except (RuntimeError, ValueError) as exc:
         raise ValueError(
             f"{path} cannot be read as GGUF: {exc}. The file may be truncated (compare its size "
-            f"with the original) or use a quantization type MLX cannot read (MLX reads F32, F16, "
-            f"BF16, Q4_0, Q4_1 and Q8_0)") from None
+            f"with the original) or corrupt") from None
     return tensors, meta
 
 
@@ -105,9 +104,10 @@ def _tensor_types(path: Path) -> dict[str, int]:
     dims u64 x n_dims, type u32, offset u64. Strings are a u64 length and UTF-8 bytes.
     """
     scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    size = path.stat().st_size
     with open(path, "rb") as fh:
         def read(n: int) -> bytes:
-            data = fh.read(n)
+            data = fh.read(n) if n <= size - fh.tell() else b""  # a corrupt length: no huge read
             if len(data) < n:
                 raise ValueError(f"{path} is truncated: its GGUF header is cut short")
             return data
