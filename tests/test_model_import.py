@@ -174,3 +174,13 @@ def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
     assert main(["model", "import", str(tmp_path / "nope.gguf"), "--out",
                  str(tmp_path / "o")]) == 2
     assert "nope.gguf does not exist" in capsys.readouterr().err
+
+
+def test_hugging_face_directory_of_an_unknown_architecture(tmp_path, weights):
+    src = mf.write_hf_dir(tmp_path / "hf", weights)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(config, model_type="nosuchmodel")))
+    with pytest.raises(ValueError, match=r"hf: mlx-lm cannot convert this model "
+                                         r"\(model_type 'nosuchmodel'\)"):
+        import_model(src, tmp_path / "out")
+    assert_nothing_left(tmp_path / "out")
