@@ -8,7 +8,7 @@ import time
 
 import grpc
 
-from cluster.api.client import token_request
+from cluster.api.client import OrchardError, token_request
 from forged_models import tiny_model
 from frontend_harness import ACME_CONFIG, running_frontend
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -84,3 +84,44 @@ def test_cancelled_streams_stop_decoding_and_the_next_request_does_not_wait(tmp_
         after = sorted(_ttft(client, f"after-{i}", 50 + i) for i in range(5))[2]
         assert after <= 2 * idle, f"TTFT {after * 1e3:.1f} ms after the cancels, idle " \
                                   f"{idle * 1e3:.1f} ms"
+
+
+def _wait_idle(harness, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _engine(harness, lambda engine: engine.busy) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _engine(harness, lambda engine: engine.busy)
+
+
+def test_a_cancelled_job_a_call_deadline_and_the_request_timeout_abort_their_requests(tmp_path):
+    (tmp_path / "orchard.toml").write_text(
+        ACME_CONFIG + LIMITS + "request_timeout_s = 1.0\nmax_concurrent = 8\n")
+    with running_frontend(tmp_path, tiny_model(), workers=1) as harness, \
+            harness.client("acme") as client:
+        # CancelJob on requests already running
+        job = client.submit([token_request(f"job-{i}", _prompt(i), LONG) for i in range(4)])
+        deadline = time.monotonic() + 30.0
+        while _stats(harness).running < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _stats(harness).running == 4
+        assert client.cancel(job.job_id).state == "cancelled"
+        assert _wait_idle(harness), "the cancelled job's requests still run"
+
+        # a Generate call's deadline
+        try:
+            for _ in client.generate(token_request("deadline", _prompt(7), LONG), timeout_s=0.5):
+                pass
+        except OrchardError as exc:
+            assert exc.code == "DEADLINE_EXCEEDED"
+        else:
+            raise AssertionError("a 1,500-token request finished within 0.5 s")
+        assert _wait_idle(harness), "the request past its deadline still runs"
+
+        # [limits] request_timeout_s on a job's request
+        served = _stats(harness).requests_served
+        job = client.submit([token_request("slow", _prompt(8), LONG)])
+        job = client.wait(job.job_id, poll_s=0.05, timeout_s=60)
+        (result,) = list(client.results(job.job_id))
+        assert result.error_code == "DEADLINE_EXCEEDED"
+        assert _wait_idle(harness), "the request past request_timeout_s still runs"
+        assert _stats(harness).requests_served == served

@@ -115,6 +115,31 @@ def test_stream_yields_every_token_then_the_outcome(cluster):
     assert tuple(t for c in chunks for t in c.token_ids) == outcome.result.output_tokens
 
 
+def test_a_cancelled_stream_is_aborted_on_its_worker(cluster):
+    backend, loop = cluster
+
+    async def start_then_cancel():
+        stream = backend.stream(*_request(backend, "cancel-0", _prompt(70), max_tokens=1500))
+        first = await anext(stream)
+        await stream.aclose()  # what a client that cancels (or a deadline) does to the stream
+        return first
+
+    first = loop.run(start_then_cancel())
+    assert isinstance(first, TokenChunk)
+
+    async def engine_side():  # the workers' own counts, not the frontend's
+        live = backend.pool.live()
+        stats = await asyncio.gather(*(w.actor.stats.remote() for w in live))
+        return {w.worker_id: s for w, s in zip(live, stats)}
+    served = {w: s.requests_served for w, s in loop.run(engine_side()).items()}
+    deadline = time.monotonic() + 2.0  # 1,500 tokens take far longer than this to decode
+    while time.monotonic() < deadline and any(s.running for s in loop.run(engine_side()).values()):
+        time.sleep(0.05)
+    after = loop.run(engine_side())
+    assert all(s.running == 0 for s in after.values()), "a worker still runs the cancelled request"
+    assert {w: s.requests_served for w, s in after.items()} == served
+
+
 def test_other_tenant_never_hits(cluster):
     backend, loop = cluster
     out = _generate(backend, loop, "tenant-b", _prompt(3), tenant="other")
@@ -148,14 +173,13 @@ def test_a_lost_router_actor_is_replaced_and_rebuilt_from_the_workers(cluster):
 
 def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     backend, loop = cluster
-    victim = backend.pool.ready()[0]
     futures = [loop.submit(backend.generate(*_request(backend, f"kill-{i}", _prompt(40 + i),
                                                        max_tokens=48)))
                for i in range(6)]
-    deadline = time.monotonic() + 60
-    while victim.running == 0 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # the victim: a worker these requests were sent to
+    while not any(w.running for w in backend.pool.ready()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert victim.running > 0, "no request reached the victim"
+    victim = next(w for w in backend.pool.ready() if w.running)
     os.kill(victim.hello.pid, signal.SIGKILL)
     outcomes = [f.result(180) for f in futures]
     assert all(len(o.result.output_tokens) > 0 for o in outcomes)
@@ -240,27 +264,3 @@ def test_with_every_worker_drained_requests_are_unavailable(cluster):
     with pytest.raises(NoWorkersAvailable):
         _generate(backend, loop, "none-left", _prompt(90))
 
-
-def test_a_cancelled_stream_is_aborted_on_its_worker(cluster):
-    backend, loop = cluster
-
-    async def start_then_cancel():
-        stream = backend.stream(*_request(backend, "cancel-0", _prompt(70), max_tokens=1500))
-        first = await anext(stream)
-        await stream.aclose()  # what a client that cancels (or a deadline) does to the stream
-        return first
-
-    first = loop.run(start_then_cancel())
-    assert isinstance(first, TokenChunk)
-
-    async def engine_side():  # the workers' own counts, not the frontend's
-        live = backend.pool.live()
-        stats = await asyncio.gather(*(w.actor.stats.remote() for w in live))
-        return {w.worker_id: s for w, s in zip(live, stats)}
-    served = {w: s.requests_served for w, s in loop.run(engine_side()).items()}
-    deadline = time.monotonic() + 2.0  # 1,500 tokens take far longer than this to decode
-    while time.monotonic() < deadline and any(s.running for s in loop.run(engine_side()).values()):
-        time.sleep(0.05)
-    after = loop.run(engine_side())
-    assert all(s.running == 0 for s in after.values()), "a worker still runs the cancelled request"
-    assert {w: s.requests_served for w, s in after.items()} == served

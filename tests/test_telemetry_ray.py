@@ -1,6 +1,6 @@
 """One trace per request across processes, on a real ``RayBackend``: the frontend draws the
-request span, the router actor its routing span, the worker actor its lookup / prefill /
-decode spans, each process into its own JSON-lines file under RUN_DIR/traces/, and
+request span and the routing span (routing runs in the frontend's process), the worker actor
+its lookup / prefill / decode spans, each process into its own JSON-lines file under RUN_DIR/traces/, and
 ``orchard report`` reads them back as one run."""
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def run(tmp_path_factory):
             return outcome
 
         outcomes = {"r0": loop.run(one("r0", _prompt(1)))}
-        time.sleep(0.5)  # the worker's block events reach the router: r1, r2 go home
+        # r0's result carried the worker's block events to the frontend's router: r1, r2 go home
         for rid, seed in (("r1", 2), ("r2", 3)):
             outcomes[rid] = loop.run(one(rid, _prompt(seed)))
         loop.run(tracing.aclose())
@@ -77,7 +77,7 @@ def test_each_request_is_one_trace_joined_across_processes(run):
     by_service = Counter(service for name in files
                          for service in ("orchard-frontend", "orchard-router", "orchard-worker")
                          if name.startswith(service + "-"))
-    assert by_service["orchard-frontend"] == 1 and by_service["orchard-router"] == 1
+    assert by_service["orchard-frontend"] == 1 and by_service["orchard-router"] <= 1
     assert 1 <= by_service["orchard-worker"] <= 2      # a file per worker process
     assert not any(name.endswith(f"-{os.getpid()}.jsonl") for name in files
                    if not name.startswith("orchard-frontend"))
@@ -89,14 +89,14 @@ def test_each_request_is_one_trace_joined_across_processes(run):
     assert set(roots) == set(outcomes)
     assert len({r.trace_id for r in roots.values()}) == 3
     for rid, outcome in outcomes.items():
-        assert outcome.route_traced and outcome.worker_traced
+        assert not outcome.route_traced and outcome.worker_traced
         root = roots[rid]
         in_trace = {s.name: s for s in read.spans if s.trace_id == root.trace_id}
         names = Counter(s.name for s in read.spans if s.trace_id == root.trace_id)
         assert set(names.values()) == {1}, f"{rid}: a span drawn twice: {names}"
         assert root.service == "orchard-frontend" and root.parent_span_id == ""
         route = in_trace["orchard.route"]
-        assert route.service == "orchard-router" and route.parent_span_id == root.span_id
+        assert route.service == "orchard-frontend" and route.parent_span_id == root.span_id
         assert route.attributes[A.ROUTE_WORKER] == outcome.worker_id
         work = in_trace["orchard.worker.generate"]
         assert work.service == "orchard-worker" and work.parent_span_id == root.span_id
@@ -134,8 +134,9 @@ def test_each_process_names_itself_in_its_resource(run):
                 attrs = {a["key"]: next(iter(a["value"].values()))
                          for a in rs["resource"]["attributes"]}
                 resources.setdefault(attrs["service.name"], []).append(attrs)
-    assert set(resources) == {"orchard-frontend", "orchard-router", "orchard-worker"}
+    assert {"orchard-frontend", "orchard-worker"} <= set(resources) <= {
+        "orchard-frontend", "orchard-router", "orchard-worker"}
     workers = {r[A.WORKER] for r in resources["orchard-worker"]}
     assert {o.worker_id for o in outcomes.values()} <= workers
-    for attrs in resources["orchard-worker"] + resources["orchard-router"]:
+    for attrs in resources["orchard-worker"] + resources.get("orchard-router", []):
         assert attrs[A.NODE_ADDRESS] and attrs[A.NODE_ID] and attrs[A.HOST_NAME]

@@ -128,10 +128,14 @@ class WorkerPool:
         return self._router
 
     async def start_router(self) -> None:
-        """Start the router actor on this node (replacing a lost one)."""
-        self._router = TracedRouterActor.options(**bootstrap.on_this_node()).remote(
+        """Start the router actor on this node."""
+        self._router = await self._new_router()
+
+    async def _new_router(self):
+        router = TracedRouterActor.options(**bootstrap.on_this_node()).remote(
             self._engine.block_size, self._telemetry)
-        await self._router.tracing.remote()
+        await router.ping.remote()
+        return router
 
     async def _check_router(self) -> None:
         """A lost router actor is replaced, and rebuilt from the workers."""
@@ -140,17 +144,15 @@ class WorkerPool:
         except (ray.exceptions.RayActorError, asyncio.TimeoutError) as exc:
             log.warning("router actor lost (%s): starting a new one, rebuilding from the "
                         "workers", exc)
-            await self.start_router()
-            await self.attach_router(self._router)
+            await self.attach_router(await self._new_router())
 
     async def attach_router(self, router) -> None:
-        """Hand every live worker to a new router actor (the old one is gone).
+        """Hand every live worker to a new router actor (the old one is gone), then use it.
 
         Each worker first points its block events at the new router, then is added to it
         (drained again if it was draining) and its index rebuilt from the worker's holdings,
         so the new router knows what the old one knew without a restart of any worker.
         """
-        self._router = router
         for worker in self.live():
             try:
                 await worker.actor.set_router.remote(router)
@@ -164,6 +166,7 @@ class WorkerPool:
                          worker.worker_id, len(holdings.blocks))
             except ray.exceptions.RayActorError as exc:
                 self.died(worker, exc)
+        self._router = router
 
     def died(self, worker: PoolWorker, why: BaseException) -> None:
         """``worker`` failed under a request: forget it now, replace it in the background."""

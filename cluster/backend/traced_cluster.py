@@ -65,7 +65,7 @@ class TracedCluster:
         for worker in self.engines:
             self.router.add_worker(worker)
         first = next(iter(self.engines.values()))
-        bytes_per_token = first.store.stats().bytes_per_token
+        bytes_per_token = first.stats().bytes_per_token
         self.observer = RequestObserver(tel, prices, first.model_id, block_size, ttl_s,
                                         workers * store_bytes // bytes_per_token, clock)
         self._seq = {w: 0 for w in self.engines}
@@ -116,7 +116,7 @@ class TracedCluster:
             (result,) = engine.generate([request])
         finally:
             self.router.finished(turn.request_id)
-        events = tuple(engine.store.drain_events())
+        events = tuple(engine.drain_events())
         self._seq[worker] += 1
         self.router.apply_events(EventBatch(worker, self._seq[worker], events))
         if not isinstance(result, GenerateResult):

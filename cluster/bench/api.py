@@ -19,8 +19,9 @@ stream. Three paths are measured:
   result: the worst case, one job acceptance (fsync) and two RPCs per request.
 
 By default a frontend over in-process workers (``python -m cluster.api.frontend``, no Ray) is
-started as a separate process on the embedded model; ``--address`` and ``--api-key`` measure a
-running cluster instead (with Ray in the path when it was started by ``orchard up``).
+started as a separate process on the default model; ``--ray`` starts a 1-worker Ray cluster
+(``orchard up --detach`` in a fresh run directory) and measures through it; ``--address`` and
+``--api-key`` measure a running cluster instead.
 """
 from __future__ import annotations
 
@@ -119,21 +120,33 @@ def measure_job(client: Client, n: int, prompt_words: int, offset: int = 0
 
 
 @contextmanager
-def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
-                   ) -> Iterator[Client]:
-    """A frontend subprocess over one in-process worker, in a fresh run directory."""
-    from cluster.config import load_config, write_default_config
+def _run_dir(model_dir: str | None, telemetry: str) -> Iterator[Path]:
+    """A fresh run directory whose frontend runs one request at a time, limits out of the way."""
+    from cluster.config import write_default_config
 
     with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
         run_dir = Path(tmp)
         write_default_config(run_dir, model_dir=model_dir or "", max_pending_per_tenant=100000,
-                             max_pending_total=100000, max_concurrent=max_concurrent)
+                             max_pending_total=100000, max_concurrent=1)
         with (run_dir / "orchard.toml").open("a") as f:
             f.write(f'[telemetry]\nexporter = "{telemetry}"\n')
+        yield run_dir
+
+
+def _client(run_dir: Path) -> Client:
+    from cluster.config import load_config
+
+    return Client.from_run_dir(run_dir, api_key=load_config(run_dir).key_for("default"))
+
+
+@contextmanager
+def local_frontend(model_dir: str | None, telemetry: str = "file") -> Iterator[Client]:
+    """A frontend subprocess over one in-process worker, in a fresh run directory."""
+    with _run_dir(model_dir, telemetry) as run_dir:
         log = open(run_dir / "frontend.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir", tmp,
-                                 "--workers", "1"], stdout=log, stderr=log,
-                                cwd=Path(__file__).resolve().parent.parent)
+        proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
+                                 str(run_dir), "--workers", "1"], stdout=log, stderr=log,
+                                cwd=Path(__file__).resolve().parents[2])
         try:
             deadline = time.monotonic() + 300
             while not (run_dir / "frontend.json").exists():
@@ -141,12 +154,27 @@ def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurren
                     raise RuntimeError("the frontend did not start: "
                                        + (run_dir / "frontend.log").read_text()[-2000:])
                 time.sleep(0.1)
-            config = load_config(run_dir)
-            with Client.from_run_dir(run_dir, api_key=config.key_for("default")) as client:
+            with _client(run_dir) as client:
                 yield client
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+
+
+@contextmanager
+def ray_cluster(model_dir: str | None, telemetry: str = "file") -> Iterator[Client]:
+    """``orchard up --workers 1 --detach`` in a fresh run directory (an embedded Ray cluster on
+    loopback), stopped afterwards."""
+    from cluster.backend.daemon import UpOptions, spawn_detached, stop_detached
+
+    with _run_dir(model_dir, telemetry) as run_dir:
+        print("starting a 1-worker Ray cluster (orchard up --detach) ...", file=sys.stderr)
+        spawn_detached(UpOptions(run_dir, workers=1))
+        try:
+            with _client(run_dir) as client:
+                yield client
+        finally:
+            stop_detached(run_dir)
 
 
 def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bool
@@ -166,6 +194,9 @@ def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bo
 def bench_api(args) -> int:
     if args.requests < 1 or args.warmup < 0 or args.prompt_words < 1:
         raise ValueError("--requests and --prompt-words must be >= 1, --warmup >= 0")
+    if args.ray and args.address:
+        raise ValueError("--ray starts a cluster of its own; --address measures a running one: "
+                         "pass one of them")
     if bool(args.address) != bool(args.api_key):
         raise ValueError("--address and --api-key go together (a running cluster's frontend "
                          "and a tenant key)")
@@ -177,10 +208,11 @@ def bench_api(args) -> int:
         from workers.default_model import ensure_default_model
 
         model_dir = args.model or str(ensure_default_model())
-        with local_frontend(model_dir, args.telemetry) as client:
+        serving = ray_cluster if args.ray else local_frontend
+        with serving(model_dir, args.telemetry) as client:
             figures = run(client, args.requests, args.warmup, args.prompt_words, batch=True)
     if args.json:
-        print(json.dumps({"target_p50_ms": TARGET_P50_MS,
+        print(json.dumps({"target_p50_ms": TARGET_P50_MS, "ray": bool(args.ray),
                           "paths": [asdict(f) for f in figures]}, indent=2))
         return 0
     print(f"path overhead per request (wall - worker time), {args.requests} sequential "
@@ -202,6 +234,8 @@ def register_bench(sub) -> None:
     p.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
     p.add_argument("--address", help="measure a running frontend instead (host:port)")
     p.add_argument("--api-key", help="a tenant key of that frontend")
+    p.add_argument("--ray", action="store_true",
+                   help="measure through Ray: a 1-worker cluster (`orchard up`) started for it")
     p.add_argument("--telemetry", choices=("file", "none"), default="file",
                    help="the local frontend's trace exporter (default: file, as `orchard up`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -14,7 +14,8 @@ The job runner reaches it through ``cluster.telemetry.job_tracing.JobTracing``; 
 
 Worker-side spans (lookup, prefill, decode) and the routing span are drawn here only when
 no other process drew them (``GenerateOutcome.worker_traced`` / ``route_traced``): for the
-in-process ``LocalBackend``; on Ray the router and worker actors draw their own.
+routing span always (routing runs in the frontend), the worker's on the in-process
+``LocalBackend`` (on Ray the worker actors draw their own).
 
 Forecast per request: the router's ``expected_cached_tokens`` at routing time
 (``router.cost.forecast_request``). Forecast per job: ``router.forecast.forecast_job`` over

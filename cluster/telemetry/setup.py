@@ -9,7 +9,7 @@ and node as resource attributes), and passes the returned ``Telemetry`` to whoev
 One request is one trace, each span drawn by the process that did the work::
 
     chat <model>                 frontend: gen_ai.* usage, tenant, job, cost, miss cause
-    ├── orchard.route            router actor: candidates (events), choice, reason
+    ├── orchard.route            frontend (where routing runs): candidates, choice, reason
     └── orchard.worker.generate  worker actor, child of the context carried in the request
         ├── orchard.cache.lookup     hit / partial / near_miss / miss, divergence, age, TTL
         ├── orchard.prefill          computed tokens
@@ -18,13 +18,13 @@ One request is one trace, each span drawn by the process that did the work::
 
 Context crosses gRPC as W3C ``traceparent`` metadata (``inject_metadata`` /
 ``extract_metadata``) and Ray calls inside ``GenerateRequest.trace_context``
-(``request_context`` / ``context_of``). The routing span is drawn in the router actor, where
-the decision is made, as a child of the context the ``route_and_start`` call carries: its
-duration is the decision itself, not the Ray hops around it, and a rerouted request shows each
-decision. The worker draws its spans from the engine's ``Timings`` when a request finishes
+(``request_context`` / ``context_of``). The routing span is drawn where the decision is made:
+in the frontend, which routes in its own process on Ray too (``cluster.backend.routing``), or in
+the router actor for a ``route_and_start`` call carrying a context; its duration is the
+decision itself, and a rerouted request shows each decision. The worker draws its spans from the engine's ``Timings`` when a request finishes
 (``workers`` never imports OpenTelemetry). ``cluster.backend.protocol.GenerateOutcome`` says which spans
-were drawn remotely, so the frontend draws only what no other process did: on the in-process
-``LocalBackend`` (one process) and the round-robin baseline (no router) the frontend draws them.
+were drawn remotely, so the frontend draws only what no other process did: the routing span
+always, the worker's spans on the in-process ``LocalBackend`` (one process).
 
 Exporters: ``exporter = "file"`` (default) writes OTLP/JSON lines under ``RUN_DIR/traces/`` and
 ``RUN_DIR/metrics/``, one file per process (``<service>-<host>-<pid>.jsonl``; a worker on
