@@ -8,7 +8,8 @@ A job is forecast at submission from three things:
 * what the cluster holds now (the router's index), each block with the TTL it has left;
 * the store's TTL, eviction policy and the cluster's capacity in tokens.
 
-The cluster is modelled as one cache of the summed capacity, kept by the stores' own
+The cluster is modelled as one cache of the summed capacity (memory and disk tiers together:
+a block read back from a worker's disk tier is read, not computed, like one in memory), kept by the stores' own
 ``BlockLedger`` (same eviction policy, TTL from last use): cache-aware routing sends a
 prefix to the worker that holds it, so the union of the workers' stores is what a request
 can reuse. Time is modelled by the arrival pattern: each planned request starts at
@@ -49,7 +50,7 @@ class PlannedRequest:
 @dataclass(frozen=True, slots=True)
 class CacheModel:
     block_size: int
-    capacity_tokens: int     # summed over the workers that will serve the job
+    capacity_tokens: int     # summed over the workers that will serve the job, both tiers
     ttl_s: float
     eviction: str = "lru"    # the stores' policy (``router.ledger.EVICTION_POLICIES``)
 

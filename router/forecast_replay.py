@@ -110,8 +110,9 @@ def forecast_replay(trace: Sequence[TraceRequest], config: SimConfig, policy: st
     requests = to_requests(trace, config.block_size)
     measured = _measure(trace, config, policy, requests)
     arrivals = [t.arrival_s for t in trace]
-    model = CacheModel(config.block_size, config.workers * config.capacity_tokens, config.ttl_s,
-                       config.eviction)
+    # both tiers: a block read back from a worker's disk is a hit like one from its memory
+    tokens = config.capacity_tokens + config.disk_capacity_tokens
+    model = CacheModel(config.block_size, config.workers * tokens, config.ttl_s, config.eviction)
     windows: dict[int, list[int]] = {}
     for i, t in enumerate(trace):
         windows.setdefault(int(t.arrival_s // window_s), []).append(i)

@@ -13,7 +13,12 @@ the tensors taken out) plus a service model from ``router.service``:
 - **decode** runs beside prefill (continuous batching) at ``decode_tps`` tokens/s per
   request, or, with a profile, one measured step time (by batch size and context) per token.
 
-TTFT = queueing + prefill. The workers' block events reach the policy ``event_delay_s`` after
+- **disk tier** (``disk_capacity_tokens > 0``): each worker also has a disk ledger, as the
+  workers' stores do (``workers.disk_tier``): blocks evicted from memory go there, a lookup
+  continues its chain on disk where memory ends, and the disk part of a hit costs its load
+  time, ``tokens x kv_bytes_per_token / disk_read_gbps``, before the prefill of the rest.
+
+TTFT = queueing + disk load + prefill. The workers' block events reach the policy ``event_delay_s`` after
 the prefill ends; the policy also hears when each request started, produced its first token
 and finished, as a real router would. Only full blocks are stored (the partial tail of a
 prompt never is), as in the workers' stores.
@@ -33,9 +38,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from router.events import EventBatch
+from router.events import EventBatch, Tier
 from router.key import BlockHash, Namespace, reusable_tokens
-from router.ledger import BlockLedger
+from router.ledger import BlockLedger, RemovalReason
 from router.policy import PolicyConfig
 from router.service import EngineProfile, LinearService, ProfileService
 from router.sim_policies import SimPolicy, SimRequest, make_policy
@@ -57,6 +62,9 @@ class SimConfig:
     ttft_slo_s: float = 2.0  # goodput counts the requests whose TTFT is within this
     trace_block: int = 512  # tokens per hash id in the trace (512 in Mooncake traces)
     profile: EngineProfile | None = None  # the measured engine instead of the linear model
+    disk_capacity_tokens: int = 0  # per worker disk tier; 0: memory only
+    disk_read_gbps: float = 2.0    # disk tier read bandwidth, GB/s
+    kv_bytes_per_token: int = 46_080  # K/V per token: the default model's (float32)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -78,6 +86,13 @@ class SimConfig:
                              f"{self.trace_block}-token blocks must divide one another")
         if self.profile is not None:
             self.profile.check(self.block_size)
+        if self.disk_capacity_tokens < 0 or self.disk_read_gbps <= 0 or self.kv_bytes_per_token <= 0:
+            raise ValueError("--disk-capacity-tokens must be >= 0, --disk-read-gbps and "
+                             "--kv-bytes-per-token positive")
+
+    def disk_load_s(self, tokens: int) -> float:
+        """Seconds to read ``tokens`` tokens of K/V from a worker's disk tier."""
+        return tokens * self.kv_bytes_per_token / (self.disk_read_gbps * 1e9)
 
     def service(self) -> LinearService | ProfileService:
         if self.profile is not None:
@@ -165,12 +180,57 @@ class _Worker:
         self.wid = wid
         self.now = 0.0
         self.ledger = BlockLedger(config.capacity_tokens, config.ttl_s, lambda: self.now,
-                                  bytes_per_token=1, policy=config.eviction)
+                                  bytes_per_token=1, policy=config.eviction,
+                                  on_remove=self._spill)
+        self.disk = None
+        if config.disk_capacity_tokens:
+            self.disk = BlockLedger(config.disk_capacity_tokens, config.ttl_s, lambda: self.now,
+                                    bytes_per_token=1, policy=config.eviction, tier=Tier.DISK)
+        self.parent: dict[BlockHash, BlockHash] = {}  # for spills: the ledger forgets it
+        self.promoted = 0  # blocks read back from disk into memory: stored, never written
+        self.block_size = config.block_size
         self.free_at = 0.0
         self.decodes: list[float] = []  # end times of running decodes
         self.prefilled_tokens = 0
         self.seq = 0
         self.root = root
+
+    def _spill(self, block: BlockHash, reason: RemovalReason) -> None:
+        if self.disk is None or reason != RemovalReason.EVICTED:
+            return
+        parent = self.parent[block]
+        if block in self.disk:
+            self.disk.touch(self.disk.chain_to(block))
+            return
+        self.disk.expire()
+        chain = self.disk.chain_to(parent) + [block]
+        self.disk.insert(chain, self.block_size, "trace", parent)
+
+    def match(self, hashes: Sequence[BlockHash]) -> tuple[int, int]:
+        """Leading blocks held in memory, then how many more on disk (both touched)."""
+        in_memory = self.ledger.match(hashes)
+        if self.disk is None or in_memory == len(hashes):
+            return in_memory, 0
+        on_disk = self.disk.match(hashes[in_memory:])
+        if on_disk:
+            self.disk.touch(self.disk.chain_to(hashes[in_memory + on_disk - 1]))
+        return in_memory, on_disk
+
+    def insert(self, hashes: Sequence[BlockHash]) -> None:
+        parent = self.root
+        for h in hashes:
+            self.parent[h] = parent
+            parent = h
+        new = self.ledger.insert(hashes, self.block_size, "trace", self.root)
+        if self.disk is not None:
+            self.promoted += sum(1 for h in new if h in self.disk)
+
+    def written_blocks(self) -> int:
+        return self.ledger.stats().stored_blocks - self.promoted
+
+    def drain_events(self) -> list:
+        events = self.ledger.drain_events()
+        return events + (self.disk.drain_events() if self.disk is not None else [])
 
 
 def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
@@ -202,10 +262,10 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         decisions.append((time.perf_counter_ns() - started) / 1000.0)
         decisions_cpu.append((time.thread_time_ns() - started_cpu) / 1000.0)
         policy.started(req, wid, now)
-        stored_before = workers[wid].ledger.stats().stored_blocks if on_served else 0
+        stored_before = workers[wid].written_blocks() if on_served else 0
         served = _serve(workers[wid], req, now, config, service)
         if on_served is not None:
-            stored = workers[wid].ledger.stats().stored_blocks - stored_before
+            stored = workers[wid].written_blocks() - stored_before
             on_served(i, wid, served.cached, stored * config.block_size)
         hit += served.cached
         total += req.input_length
@@ -256,22 +316,23 @@ def _serve(worker: _Worker, req: SimRequest, now: float, config: SimConfig,
     while service.max_batch and len(decodes) >= service.max_batch:
         start = max(start, heapq.heappop(decodes))  # admitted when a batch slot frees
     worker.now = start
-    matched = worker.ledger.match(req.hashes)
-    cached = reusable_tokens(req.input_length, matched, config.block_size)
+    in_memory, on_disk = worker.match(req.hashes)
+    cached = reusable_tokens(req.input_length, in_memory + on_disk, config.block_size)
     compute = req.input_length - cached
-    first = start + service.prefill_s(compute, cached, len(decodes), req.input_length)
+    load = config.disk_load_s(max(0, cached - in_memory * config.block_size))
+    first = start + load + service.prefill_s(compute, cached, len(decodes), req.input_length)
     worker.free_at = first
     worker.prefilled_tokens += compute
     worker.now = first
     if req.hashes:
-        worker.ledger.insert(req.hashes, config.block_size, "trace", worker.root)
+        worker.insert(req.hashes)
     step = service.step_s(len(decodes) + 1, req.input_length + req.output_length // 2)
     # the linear model decodes every output token at its rate; the engine's first token
     # comes with the prefill
     steps = max(0, req.output_length - 1) if service.per_step else req.output_length
     end = first + steps * step
     heapq.heappush(decodes, end)
-    events = worker.ledger.drain_events()
+    events = worker.drain_events()
     batch = None
     if events:
         batch = EventBatch(worker.wid, worker.seq, tuple(events))
@@ -307,6 +368,8 @@ def simulate(trace: Sequence[TraceRequest], names: Sequence[str], config: SimCon
         "requests": len(trace),
         "workers": config.workers,
         "capacity_tokens": config.capacity_tokens,
+        "disk_capacity_tokens": config.disk_capacity_tokens,
+        "disk_read_gbps": config.disk_read_gbps,
         "block_size": config.block_size,
         "eviction": config.eviction,
         "ttft_slo_s": config.ttft_slo_s,

@@ -57,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="goodput counts the requests whose TTFT is within this many seconds")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--disk-capacity-tokens", type=int, default=0,
+                   help="per worker disk tier of the prefix store (0: memory only)")
+    p.add_argument("--disk-read-gbps", type=float, default=2.0,
+                   help="disk tier read bandwidth in GB/s (a disk hit costs its load time)")
+    p.add_argument("--kv-bytes-per-token", type=int, default=46_080,
+                   help="K/V bytes per cached token (the default model's, float32)")
     p.add_argument("--cache-weight", type=float, default=_DEFAULTS.cache_weight,
                    help="orchard: prefill tokens of queue one cached token is worth")
     p.add_argument("--cold-spill-tokens", type=int, default=_DEFAULTS.cold_spill_tokens,
@@ -100,7 +106,10 @@ def _replay(args: argparse.Namespace) -> int:
                        block_size=args.block_size, ttl_s=args.ttl_s, eviction=args.eviction,
                        prefill_tps=args.prefill_tps, decode_tps=args.decode_tps, seed=args.seed,
                        ttft_slo_s=args.ttft_slo_s, trace_block=args.trace_block,
-                       profile=EngineProfile.read(args.profile) if args.profile else None)
+                       profile=EngineProfile.read(args.profile) if args.profile else None,
+                       disk_capacity_tokens=args.disk_capacity_tokens,
+                       disk_read_gbps=args.disk_read_gbps,
+                       kv_bytes_per_token=args.kv_bytes_per_token)
     policy = PolicyConfig(cache_weight=args.cache_weight,
                           cold_spill_tokens=args.cold_spill_tokens,
                           balance_weight=args.balance_weight)
