@@ -3,6 +3,10 @@
 A real frontend over a LocalBackend; raw bytes go through a plain grpc channel so that the
 client library's own checks are not in the way.
 """
+import re
+import threading
+import time
+
 import grpc
 import pytest
 
@@ -164,3 +168,56 @@ def test_custom_id_and_stop_strings_are_capped(api):
             "most 256")
         events = list(acme.generate(token_request("c" * 256, [1, 2], 2, stop=["s" * 256] * 16)))
         assert events[-1].result.ok and events[-1].result.custom_id == "c" * 256
+
+
+MIB = 1 << 20
+FILLER = "The quick brown fox jumps over the lazy dog, again and again. "
+
+
+def test_prompts_over_the_size_caps_are_refused_naming_the_limit(api):
+    with api.client("acme") as acme:
+        text = (FILLER * (MIB // len(FILLER) + 1))[:MIB + 1]
+        started = time.perf_counter()
+        assert _error(_generate(acme, chat_request("", [{"role": "user", "content": text}],
+                                                   4))) == (
+            "INVALID_ARGUMENT", f"request.messages: {MIB + 1} bytes of text exceed the limit of "
+            f"{MIB} ([limits] max_prompt_bytes); shorten the prompt")
+        assert time.perf_counter() - started < 2.0  # refused before tokenizing
+        assert _error(lambda: acme.submit([token_request("t", [5] * 2048, 1)])) == (
+            "INVALID_ARGUMENT", "requests[0].prompt: 2048 tokens reach the model's context of 2048; "
+            "shorten the prompt")
+
+
+def test_a_1_mib_prompt_does_not_stall_another_tenants_calls(api):
+    text = (FILLER * (MIB // len(FILLER) + 1))[:MIB]
+    big: dict = {}
+
+    def send_big() -> None:
+        with api.client("acme") as acme:
+            try:
+                list(acme.generate(chat_request("", [{"role": "user", "content": text}], 4)))
+            except OrchardError as exc:
+                big["error"] = (exc.code, exc.message)
+            big["done"] = time.perf_counter()
+
+    latencies = []
+    with api.client("beta") as beta:
+        beta.jobs()  # connected before the big prompt goes out
+        thread = threading.Thread(target=send_big)
+        thread.start()
+        time.sleep(0.5)  # the prompt is on its way through the tokenizer (seconds for 1 MiB)
+        for i in range(5):
+            started = time.perf_counter()
+            beta.jobs()
+            events = list(beta.generate(chat_request(f"s{i}", [{"role": "user",
+                                                              "content": "hi"}], 1)))
+            latencies.append(time.perf_counter() - started)
+            assert events[-1].result.ok
+        answered = time.perf_counter()
+    thread.join(60)
+    assert big["done"] > answered, "the big prompt finished before the small calls: no overlap"
+    assert big["error"][0] == "INVALID_ARGUMENT"
+    assert re.fullmatch(r"request\.prompt: \d+ tokens reach the model's context "
+                        r"of 2048; shorten the prompt", big["error"][1]), big["error"][1]
+    print("small call latencies ms", [round(x * 1000, 1) for x in latencies])
+    assert max(latencies) < 0.1, latencies

@@ -130,12 +130,14 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     server = grpc.aio.server(interceptors=[DecodeGuard()], options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
     pb_grpc.add_JobsServicer_to_server(
-        JobsServicer(auth, store, runner, model, tokenizer.render, limits.max_requests_per_job),
+        JobsServicer(auth, store, runner, model, tokenizer, limits.max_requests_per_job,
+                     limits.max_prompt_bytes),
         server)
     pb_grpc.add_GenerateServicer_to_server(
-        GenerateServicer(auth, backend, runner, model, tokenizer.render), server)
+        GenerateServicer(auth, backend, runner, model, tokenizer, limits.max_prompt_bytes),
+        server)
     pb_grpc.add_AdminServicer_to_server(
-        AdminServicer(auth, backend, model, tokenizer.render_prefix, config.tenants(), namespace,
+        AdminServicer(auth, backend, model, tokenizer, config.tenants(), namespace,
                       tracing.invalidated),
         server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)

@@ -1,7 +1,8 @@
 """The tenant-facing servicers: ``orchard.v1.Jobs`` and ``orchard.v1.Generate``.
 
 Each method authenticates (the API key names the tenant), validates and tokenizes
-(``cluster.api.validate``), then hands over: jobs to the job store and the ``JobRunner``, single
+(``cluster.api.validate``, on the tokenizer's thread pool: never on the event loop), then
+hands over: jobs to the job store and the ``JobRunner``, single
 requests straight to the backend through ``dispatch_stream``. Errors are domain exceptions,
 mapped to statuses by ``cluster.api.edge.grpc_errors``.
 """
@@ -14,6 +15,7 @@ import secrets
 from typing import AsyncIterator, TypeVar
 
 from cluster.api import validate
+from cluster.api.chat import ChatTokenizer
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
@@ -27,19 +29,20 @@ from workers.messages import GenerateRequest
 T = TypeVar("T")
 
 RESULT_PAGE = 500
-INLINE_VALIDATION = 16  # jobs up to this many requests are tokenized on the event loop
 FOLLOW_POLL_S = 1.0
 
 
 class JobsServicer(pb_grpc.JobsServicer):
     def __init__(self, auth: Authenticator, store: JobStore, runner: JobRunner,
-                 model: ModelInfo, render: validate.Render, max_requests_per_job: int):
+                 model: ModelInfo, tokenizer: ChatTokenizer, max_requests_per_job: int,
+                 max_prompt_bytes: int = validate.MAX_PROMPT_BYTES):
         self._auth = auth
         self._store = store
         self._runner = runner
         self._model = model
-        self._render = render
+        self._tokenizer = tokenizer
         self._max_requests = max_requests_per_job
+        self._max_prompt_bytes = max_prompt_bytes
 
     def authenticate(self, context) -> str:
         return self._auth.tenant(context)
@@ -54,11 +57,9 @@ class JobsServicer(pb_grpc.JobsServicer):
         validate.check_job_size(n, self._max_requests)
         self._runner.admit(tenant, n)  # before tokenizing: an overloaded cluster does no work
         try:
-            args = (request.requests, self._max_requests, self._model, self._render)
-            if n <= INLINE_VALIDATION:
-                new = validate.job_requests(*args)
-            else:  # tokenizing a big job must not stall the other calls on the event loop
-                new = await asyncio.to_thread(validate.job_requests, *args)
+            new = await self._tokenizer.off_loop(
+                validate.job_requests, request.requests, self._max_requests, self._model,
+                self._tokenizer.render, self._max_prompt_bytes)
             job, created = self._store.submit(tenant, self._model.model_id, new, key)
         except BaseException:
             self._runner.release(tenant, n)
@@ -115,12 +116,14 @@ class JobsServicer(pb_grpc.JobsServicer):
 
 class GenerateServicer(pb_grpc.GenerateServicer):
     def __init__(self, auth: Authenticator, backend: Backend, runner: JobRunner,
-                 model: ModelInfo, render: validate.Render):
+                 model: ModelInfo, tokenizer: ChatTokenizer,
+                 max_prompt_bytes: int = validate.MAX_PROMPT_BYTES):
         self._auth = auth
         self._backend = backend
         self._runner = runner
         self._model = model
-        self._render = render
+        self._tokenizer = tokenizer
+        self._max_prompt_bytes = max_prompt_bytes
 
     def authenticate(self, context) -> str:
         return self._auth.tenant(context)
@@ -130,7 +133,9 @@ class GenerateServicer(pb_grpc.GenerateServicer):
         tenant = self._auth.tenant(context)
         self._runner.admit(tenant, 1)  # before tokenizing: an overloaded cluster does no work
         try:
-            new = validate.new_request(request.request, "request", self._model, self._render)
+            new = await self._tokenizer.off_loop(
+                validate.new_request, request.request, "request", self._model,
+                self._tokenizer.render, self._max_prompt_bytes)
             request_id = f"gen-{secrets.token_hex(8)}"
             with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
                                               context.invocation_metadata()) as trace:
