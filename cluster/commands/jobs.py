@@ -41,7 +41,7 @@ def _progress_line(job: JobStatus, started: float) -> str:
 
 def submit(args) -> int:
     path = Path(args.file)
-    with path.open() as f:
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is named
         batch = parse_batch(f, name=str(path))
     with _client(args) as client:
         try:
