@@ -2,9 +2,9 @@
 
 Each method authenticates (the API key names the tenant), validates and tokenizes
 (``cluster.api.validate``, on the tokenizer's thread pool: never on the event loop), then
-hands over: jobs to the job store and the ``JobRunner``, single
-requests straight to the backend through ``dispatch_stream``. Errors are domain exceptions,
-mapped to statuses by ``cluster.api.edge.grpc_errors``.
+hands over: jobs to the job store and the ``JobRunner``, single requests to the backend through
+``dispatch_stream`` in one of the runner's concurrency slots (shared with jobs). Errors are
+domain exceptions, mapped to statuses by ``cluster.api.edge.grpc_errors``.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from cluster.api.chat import ChatTokenizer
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
-from cluster.jobs.store import JobNotFound, JobStore
+from cluster.jobs.store import JobNotFound, JobStore, NewRequest
 from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
 from cluster.telemetry.setup import attached, extract_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -136,9 +136,25 @@ class GenerateServicer(pb_grpc.GenerateServicer):
             new = await self._tokenizer.off_loop(
                 validate.new_request, request.request, "request", self._model,
                 self._tokenizer.render, self._max_prompt_bytes)
+            # Closed with the RPC (a client that cancels or goes away): the request is aborted
+            # on its worker at once, not whenever the stream is collected. Its span is current
+            # in the pump's task only, never across this generator's yields.
+            async with contextlib.aclosing(until_rpc_done(
+                    context, self._responses(tenant, new, context))) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self._runner.release(tenant, 1)
+
+    async def _responses(self, tenant: str, new: NewRequest, context
+                         ) -> AsyncIterator[pb.GenerateResponse]:
+        """One Generate request on the backend, in one of the ``max_concurrent`` slots (shared
+        with jobs), traced; run by ``until_rpc_done``'s pump."""
+        async with self._runner.slot(tenant):
             request_id = f"gen-{secrets.token_hex(8)}"
-            with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
-                                              context.invocation_metadata()) as trace:
+            with self._runner.tracing.request(tenant, request_id, "", new.custom_id,
+                                              new.sampling, context.invocation_metadata()
+                                              ) as trace:
                 generate = GenerateRequest(request_id=request_id,
                                            namespace=self._runner.namespace(tenant),
                                            prompt=new.prompt, sampling=new.sampling,
@@ -147,23 +163,18 @@ class GenerateServicer(pb_grpc.GenerateServicer):
                 timeout_s = min(self._runner.timeout_s,
                                 math.inf if remaining is None else max(remaining, 0.001))
                 hashes = self._runner.block_hashes(tenant, new.prompt)
-                # Closed with the RPC (a client that cancels or goes away): the request is
-                # aborted on its worker at once, not whenever the stream is collected.
-                async with contextlib.aclosing(until_rpc_done(context, dispatch_stream(
-                        self._backend, generate, hashes, timeout_s))) as items:
-                    async for item in items:
-                        if isinstance(item, GenerateOutcome):
-                            stored = result_of(0, new.custom_id, item)
-                            try:  # the caller gets its result first; the trace is finished after
-                                yield pb.GenerateResponse(
-                                    result=result_to_pb(stored, self._model.model_id))
-                            finally:
-                                trace.done(generate, hashes, item)
-                        else:
-                            yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
-                                                                          text=item.text))
-        finally:
-            self._runner.release(tenant, 1)
+                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
+                    if isinstance(item, GenerateOutcome):
+                        stored = result_of(0, new.custom_id, item)
+                        try:  # the caller gets its result first; the trace is finished after
+                            yield pb.GenerateResponse(
+                                result=result_to_pb(stored, self._model.model_id))
+                            await asyncio.sleep(0)
+                        finally:
+                            trace.done(generate, hashes, item)
+                    else:
+                        yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
+                                                                      text=item.text))
 
 
 _END = object()
