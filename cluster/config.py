@@ -228,7 +228,7 @@ def write_default_config(run_dir: Path | str, tenants: tuple[str, ...] = ("defau
     path = run_dir / CONFIG_NAME
     if path.exists():
         return path
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it will hold prompts and keys
     lines = []
     for name in tenants:
         lines += ["[[tenants]]", f'name = "{name}"',

@@ -36,6 +36,7 @@ from cluster.api.chat import ChatTokenizer
 from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
 from cluster.api.edge import Authenticator, DecodeGuard
 from cluster.jobs.store import JobStore
+from cluster.rundir import make_private
 from cluster.telemetry.job_tracing import frontend_tracing
 from cluster.jobs.runner import JobRunner
 from cluster.api.servicer import GenerateServicer, JobsServicer
@@ -104,7 +105,7 @@ def namespace_for(model: ModelInfo) -> Callable[[str], Namespace]:
 async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | None = None,
                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> Frontend:
     """Start the frontend over a started ``backend``; returns once it accepts calls."""
-    config.run_dir.mkdir(parents=True, exist_ok=True)
+    make_private(config.run_dir)  # 0700, files 0600, or a refusal saying how to fix it
     lock_fd = lock_run_dir(config.run_dir)
     try:
         return await _serve_locked(config, backend, tokenizer, clock_ms, lock_fd)

@@ -27,6 +27,7 @@ from typing import Callable
 
 from cluster.backend.bootstrap import Placement
 from cluster.config import load_config, write_default_config
+from cluster.rundir import make_private
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ async def run_cluster(options: UpOptions, stop: asyncio.Event,
     from cluster.api.frontend import serve
     from cluster.backend.ray_backend import RayBackend
 
+    make_private(options.run_dir)  # before Ray starts: its processes inherit the umask
     write_default_config(options.run_dir)
     config = load_config(options.run_dir)
     _refuse_if_running(options.run_dir)
@@ -125,7 +127,7 @@ def serve_until_stopped(options: UpOptions,
 def spawn_detached(options: UpOptions, timeout_s: float = 600.0) -> ClusterState:
     """Run ``orchard up`` (foreground) in a background process; return once it serves."""
     run_dir = options.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_private(run_dir)  # the log below is created for the owner only
     _refuse_if_running(run_dir)
     argv = [sys.executable, "-m", "cluster.cli", "up", "--run-dir", str(run_dir),
             "--workers", str(options.workers),
