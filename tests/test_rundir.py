@@ -30,7 +30,8 @@ def test_a_run_directory_others_can_read_is_refused_with_the_fix(tmp_path):
 
 
 def test_files_are_narrowed_to_the_owner(tmp_path):
-    (tmp_path / "traces").mkdir(mode=0o755)
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces").chmod(0o755)  # whatever the umask an earlier test left
     (tmp_path / "traces" / "a.jsonl").write_text("{}")
     (tmp_path / "traces" / "a.jsonl").chmod(0o644)
     (tmp_path / "orchard.toml").write_text("")
