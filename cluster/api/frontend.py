@@ -128,7 +128,8 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
     auth = Authenticator(config.tenant_keys, config.admin_keys)
-    server = grpc.aio.server(interceptors=[DecodeGuard()], options=[("grpc.max_receive_message_length", 64 << 20),
+    server = grpc.aio.server(interceptors=[DecodeGuard()],
+                             options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
     pb_grpc.add_JobsServicer_to_server(
         JobsServicer(auth, store, runner, model, tokenizer, limits.max_requests_per_job,
