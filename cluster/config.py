@@ -16,6 +16,8 @@ running cluster owns: this config, the job store, the frontend's address file, t
     max_pending_total = 200000      # ... over all tenants (beyond either: RESOURCE_EXHAUSTED)
     max_concurrent = 8           # requests in flight to the backend at once
     request_timeout_s = 600.0    # a job request running longer fails with DEADLINE_EXCEEDED
+    max_prompt_bytes = 1048576   # text of one request's messages (INVALID_ARGUMENT beyond);
+                                 # its tokens are capped by the model's context
 
     [cache]
     block_size = 16
@@ -64,6 +66,7 @@ class Limits:
     max_pending_total: int = 200_000
     max_concurrent: int = 8
     request_timeout_s: float = 600.0
+    max_prompt_bytes: int = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +200,7 @@ def _check(config: Config, path: Path) -> None:
         raise ValueError(f"{path}: [frontend] host must be a loopback address, got {config.host!r}")
     limits = config.limits
     for name in ("max_requests_per_job", "max_pending_per_tenant", "max_pending_total",
-                 "max_concurrent"):
+                 "max_concurrent", "max_prompt_bytes"):
         if getattr(limits, name) < 1:
             raise ValueError(f"{path}: [limits] {name} must be >= 1")
     if limits.request_timeout_s <= 0:
@@ -225,7 +228,7 @@ def write_default_config(run_dir: Path | str, tenants: tuple[str, ...] = ("defau
     path = run_dir / CONFIG_NAME
     if path.exists():
         return path
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it will hold prompts and keys
     lines = []
     for name in tenants:
         lines += ["[[tenants]]", f'name = "{name}"',

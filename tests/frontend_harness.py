@@ -63,10 +63,11 @@ def running_frontend(run_dir: Path, model_dir: Path, workers: int = 2, block_siz
         try:
             await backend.start()
             frontend = await serve(config, backend)
-        except BaseException as exc:
+        except Exception as exc:  # handed to the test, which expects it or fails on it
+            await backend.close()
             box["error"] = exc
             ready.set()
-            raise
+            return
         stop = asyncio.Event()
         box.update(harness=Harness(config, frontend, backend, asyncio.get_running_loop()),
                    stop=stop)

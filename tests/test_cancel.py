@@ -18,7 +18,8 @@ LIMITS = """
 [limits]
 max_pending_per_tenant = 64
 max_pending_total = 64
-"""
+max_concurrent = 16
+"""  # Generate calls share max_concurrent: all 16 streams reach the worker
 LONG = 1500  # tokens each cancelled stream asks for: seconds of decoding on this model
 
 

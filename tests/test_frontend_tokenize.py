@@ -1,4 +1,12 @@
-"""The frontend tokenizes exactly as the worker's engine renders the chat template."""
+"""The frontend tokenizes exactly as the worker's engine renders the chat template, on its
+thread pool, and gives back the memory large prompts took."""
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
 import workers  # noqa: F401
 from cluster.api.chat import ChatTokenizer
 from forged_models import tiny_model
@@ -20,3 +28,44 @@ def test_frontend_rendering_matches_the_engine():
     assert tokenizer.render(CHAT)[:len(tokenizer.render_prefix(CHAT[:2]))] == \
         tokenizer.render_prefix(CHAT[:2])
     assert tokenizer.decode(tokenizer.encode("plain text")) == "plain text"
+
+
+def test_concurrent_renders_on_the_pool_agree():
+    tokenizer = ChatTokenizer(tiny_model())
+    chats = [[{"role": "user", "content": f"question {i}: " + "why? " * (200 * i)}]
+             for i in range(6)]
+
+    async def main():
+        return await asyncio.gather(*(tokenizer.off_loop(tokenizer.render, c) for c in chats))
+
+    assert asyncio.run(main()) == [tokenizer.render(c) for c in chats]
+    tokenizer.close()
+
+
+MEMORY_PROBE = """
+import asyncio, sys
+sys.path.insert(0, "tests")
+from forged_models import tiny_model
+from cluster.api.chat import ChatTokenizer
+
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
+
+async def main():
+    tokenizer = ChatTokenizer(tiny_model())
+    text = ("The quick brown fox jumps over the lazy dog. " * 30000)[:1 << 20]
+    before = rss_mb()
+    for _ in range(3):
+        await tokenizer.off_loop(tokenizer.render, [{"role": "user", "content": text}])
+    print(rss_mb() - before)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads RSS from /proc")
+def test_memory_comes_back_after_large_prompts():
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True,
+                         timeout=300, check=True, cwd=Path(__file__).parent.parent)
+    growth_mb = float(out.stdout.strip().splitlines()[-1])
+    assert growth_mb < 64, f"RSS grew {growth_mb:.0f} MB after three 1 MiB prompts"

@@ -16,13 +16,19 @@ from workers.messages import GenerateRequest, GenerateResult, LookupReport, Samp
 Sampler = Callable[[mx.array], mx.array]
 
 
+# Below this temperature sampling is greedy: 1/T times the log-probabilities overflows float32
+# near T = 1e-38 (every logit becomes -inf, and the draw is uniform), and long before that the
+# most likely token's probability rounds to 1.
+GREEDY_BELOW = 1e-5
+
+
 def make_sampler(params: SamplingParams) -> Sampler | None:
     """``None`` for greedy (the batch's shared argmax); otherwise a seeded sampler of its own.
 
     Each sampled request owns its PRNG key, split once per token, so its tokens depend only on
     its seed, never on which other requests share the batch.
     """
-    if params.temperature == 0:
+    if params.temperature < GREEDY_BELOW:
         return None
     key = mx.random.key(params.seed)
     scale = 1.0 / params.temperature

@@ -24,12 +24,16 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from google.protobuf import json_format
+
 from cluster.api.client import chat_request
 from proto.orchard.v1 import orchard_pb2 as pb
 
 URL = "/v1/chat/completions"
 DEFAULT_MAX_TOKENS = 128
-_SAMPLING_KEYS = ("temperature", "top_p", "seed")
+_SAMPLING_KEYS = ("temperature", "top_p")
+INT32_MAX = 2**31 - 1   # max_tokens is an int32 on the wire
+SEED_LIMIT = 2**64      # seed is a uint64
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,16 @@ def _sampling(body: dict, name: str, lineno: int) -> dict:
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise _bad(name, lineno, f"body.max_tokens must be an integer, got {max_tokens!r}")
+    if not 1 <= max_tokens <= INT32_MAX:
+        raise _bad(name, lineno, f"body.max_tokens must be between 1 and {INT32_MAX}, got "
+                   f"{max_tokens}")
     params: dict = {"max_tokens": max_tokens}
+    seed = body.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+            raise _bad(name, lineno, f"body.seed must be an integer from 0 to {SEED_LIMIT - 1}, "
+                       f"got {seed!r}")
+        params["seed"] = seed
     for key in _SAMPLING_KEYS:
         if key in body and body[key] is not None:
             value = body[key]
@@ -74,11 +87,13 @@ def line_shape(text: str | bytes, name: str, lineno: int) -> dict:
     """One input line parsed and its shape checked (no tokenizing): the line as a dict, or a
     ``ValueError`` naming ``name:lineno``. What acceptance does per line, and all it does."""
     try:
-        line = json.loads(text)
+        # decoded here: json.loads would guess UTF-16 or UTF-32 from the first bytes
+        line = json.loads(text.decode() if isinstance(text, bytes) else text)
     except json.JSONDecodeError as exc:
         raise _bad(name, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    except UnicodeDecodeError:
-        raise _bad(name, lineno, "not UTF-8 text") from None
+    except UnicodeDecodeError as exc:
+        raise _bad(name, lineno, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                   f"column {exc.start + 1})") from None
     if not isinstance(line, dict):
         raise _bad(name, lineno, "each line must be a JSON object")
     custom_id = line.get("custom_id")
@@ -104,15 +119,21 @@ def line_shape(text: str | bytes, name: str, lineno: int) -> dict:
 def request_of(line: dict, name: str = "input", lineno: int = 0) -> pb.Request:
     """The orchard.v1 request of a line that passed ``line_shape``."""
     body = line["body"]
-    return chat_request(line["custom_id"], body["messages"], **_sampling(body, name, lineno))
+    try:
+        return chat_request(line["custom_id"], body["messages"], **_sampling(body, name, lineno))
+    except (TypeError, ValueError, OverflowError, json_format.ParseError) as exc:
+        # a value protobuf cannot hold (the checks in line_shape name the common ones)
+        raise _bad(name, lineno, f"body: {exc}") from None
 
 
 def parse_line(text: str | bytes, name: str, lineno: int) -> pb.Request:
     return request_of(line_shape(text, name, lineno), name, lineno)
 
 
-def parse_batch(lines: Iterable[str], name: str = "input") -> Batch:
-    """Parse an OpenAI Batch input file; ``ValueError`` naming ``name:line`` on bad input."""
+def parse_batch(lines: Iterable[str | bytes], name: str = "input") -> Batch:
+    """Parse an OpenAI Batch input file (lines of text, or of bytes as read in binary mode, so
+    that a line that is not UTF-8 is named); ``ValueError`` naming ``name:line`` on bad
+    input."""
     requests, numbers = [], []
     for lineno, text in enumerate(lines, start=1):
         if not text.strip():

@@ -171,7 +171,10 @@ class Authenticator:
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
                 scheme, _, token = value.partition(" ")
-                return token.strip() if scheme.lower() == "bearer" else value.strip()
+                if scheme.lower() != "bearer" or not token.strip():
+                    raise Unauthenticated("authorization: use the Bearer scheme: "
+                                          "'authorization: Bearer <api key>'")
+                return token.strip()
         raise Unauthenticated("authorization: missing; send 'authorization: Bearer <api key>' "
                               "metadata")
 

@@ -38,6 +38,7 @@ from cluster.config import ADDRESS_NAME, Config, load_config, write_default_conf
 from cluster.api.edge import Authenticator, DecodeGuard
 from cluster.api.intake import prepare
 from cluster.jobs.store import JobStore
+from cluster.rundir import make_private
 from cluster.telemetry.job_tracing import frontend_tracing
 from cluster.jobs.runner import JobRunner
 from cluster.api.servicer import GenerateServicer, JobsServicer
@@ -106,7 +107,7 @@ def namespace_for(model: ModelInfo) -> Callable[[str], Namespace]:
 async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | None = None,
                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> Frontend:
     """Start the frontend over a started ``backend``; returns once it accepts calls."""
-    config.run_dir.mkdir(parents=True, exist_ok=True)
+    make_private(config.run_dir)  # 0700, files 0600, or a refusal saying how to fix it
     lock_fd = lock_run_dir(config.run_dir)
     try:
         return await _serve_locked(config, backend, tokenizer, clock_ms, lock_fd)
@@ -126,19 +127,22 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     runner = JobRunner(store, backend, namespace, model.block_size, limits.max_concurrent,
                        limits.max_pending_per_tenant, limits.max_pending_total,
                        limits.request_timeout_s,
-                       functools.partial(prepare, model=model, render=tokenizer.render), tracing)
+                       functools.partial(prepare, model=model, render=tokenizer.render,
+                                         max_prompt_bytes=limits.max_prompt_bytes), tracing)
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
     auth = Authenticator(config.tenant_keys, config.admin_keys)
-    server = grpc.aio.server(interceptors=[DecodeGuard()], options=[("grpc.max_receive_message_length", 64 << 20),
+    server = grpc.aio.server(interceptors=[DecodeGuard()],
+                             options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
     pb_grpc.add_JobsServicer_to_server(
         JobsServicer(auth, store, runner, model, limits.max_requests_per_job),
         server)
     pb_grpc.add_GenerateServicer_to_server(
-        GenerateServicer(auth, backend, runner, model, tokenizer.render), server)
+        GenerateServicer(auth, backend, runner, model, tokenizer, limits.max_prompt_bytes),
+        server)
     pb_grpc.add_AdminServicer_to_server(
-        AdminServicer(auth, backend, model, tokenizer.render_prefix, config.tenants(), namespace,
+        AdminServicer(auth, backend, model, tokenizer, config.tenants(), namespace,
                       tracing.invalidated),
         server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)

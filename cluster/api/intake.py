@@ -105,7 +105,8 @@ def _request_parts(request: pb.Request, where: str, model: ModelInfo) -> list[by
     raise validate.FieldError(f"{where}.prompt", "missing: set messages or tokens")
 
 
-def prepare(body: bytes, model: ModelInfo, render: validate.Render) -> NewRequest:
+def prepare(body: bytes, model: ModelInfo, render: validate.Render,
+            max_prompt_bytes: int = validate.MAX_PROMPT_BYTES) -> NewRequest:
     """A stored request templated, tokenized and checked against the model (``FieldError``
     naming the field when it cannot run). Blocking: called in a worker thread."""
     kind, data = body[:1], body[1:]
@@ -115,7 +116,7 @@ def prepare(body: bytes, model: ModelInfo, render: validate.Render) -> NewReques
         request = pb.Request.FromString(data)
     else:
         raise RuntimeError(f"a stored request has an unknown body format {kind!r}")
-    return validate.new_request(request, "request", model, render)
+    return validate.new_request(request, "request", model, render, max_prompt_bytes)
 
 
 @dataclass

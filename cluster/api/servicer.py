@@ -16,6 +16,7 @@ import secrets
 from typing import AsyncIterator, TypeVar
 
 from cluster.api import intake, validate
+from cluster.api.chat import ChatTokenizer
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
 from cluster.api.edge import Authenticator, Undecodable, grpc_errors
@@ -122,12 +123,14 @@ class JobsServicer(pb_grpc.JobsServicer):
 
 class GenerateServicer(pb_grpc.GenerateServicer):
     def __init__(self, auth: Authenticator, backend: Backend, runner: JobRunner,
-                 model: ModelInfo, render: validate.Render):
+                 model: ModelInfo, tokenizer: ChatTokenizer,
+                 max_prompt_bytes: int = validate.MAX_PROMPT_BYTES):
         self._auth = auth
         self._backend = backend
         self._runner = runner
         self._model = model
-        self._render = render
+        self._tokenizer = tokenizer
+        self._max_prompt_bytes = max_prompt_bytes
 
     def authenticate(self, context) -> str:
         return self._auth.tenant(context)
@@ -137,10 +140,28 @@ class GenerateServicer(pb_grpc.GenerateServicer):
         tenant = self._auth.tenant(context)
         self._runner.admit(tenant, 1)  # before tokenizing: an overloaded cluster does no work
         try:
-            new = validate.new_request(request.request, "request", self._model, self._render)
+            new = await self._tokenizer.off_loop(
+                validate.new_request, request.request, "request", self._model,
+                self._tokenizer.render, self._max_prompt_bytes)
+            # Closed with the RPC (a client that cancels or goes away): the request is aborted
+            # on its worker at once, not whenever the stream is collected. Its span is current
+            # in the pump's task only, never across this generator's yields.
+            async with contextlib.aclosing(until_rpc_done(
+                    context, self._responses(tenant, new, context))) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self._runner.release(tenant, 1)
+
+    async def _responses(self, tenant: str, new: NewRequest, context
+                         ) -> AsyncIterator[pb.GenerateResponse]:
+        """One Generate request on the backend, in one of the ``max_concurrent`` slots (shared
+        with jobs), traced; run by ``until_rpc_done``'s pump."""
+        async with self._runner.slot(tenant):
             request_id = f"gen-{secrets.token_hex(8)}"
-            with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
-                                              context.invocation_metadata()) as trace:
+            with self._runner.tracing.request(tenant, request_id, "", new.custom_id,
+                                              new.sampling, context.invocation_metadata()
+                                              ) as trace:
                 generate = GenerateRequest(request_id=request_id,
                                            namespace=self._runner.namespace(tenant),
                                            prompt=new.prompt, sampling=new.sampling,
@@ -149,23 +170,18 @@ class GenerateServicer(pb_grpc.GenerateServicer):
                 timeout_s = min(self._runner.timeout_s,
                                 math.inf if remaining is None else max(remaining, 0.001))
                 hashes = self._runner.block_hashes(tenant, new.prompt)
-                # Closed with the RPC (a client that cancels or goes away): the request is
-                # aborted on its worker at once, not whenever the stream is collected.
-                async with contextlib.aclosing(until_rpc_done(context, dispatch_stream(
-                        self._backend, generate, hashes, timeout_s))) as items:
-                    async for item in items:
-                        if isinstance(item, GenerateOutcome):
-                            stored = result_of(0, new.custom_id, item)
-                            try:  # the caller gets its result first; the trace is finished after
-                                yield pb.GenerateResponse(
-                                    result=result_to_pb(stored, self._model.model_id))
-                            finally:
-                                trace.done(generate, hashes, item)
-                        else:
-                            yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
-                                                                          text=item.text))
-        finally:
-            self._runner.release(tenant, 1)
+                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
+                    if isinstance(item, GenerateOutcome):
+                        stored = result_of(0, new.custom_id, item)
+                        try:  # the caller gets its result first; the trace is finished after
+                            yield pb.GenerateResponse(
+                                result=result_to_pb(stored, self._model.model_id))
+                            await asyncio.sleep(0)
+                        finally:
+                            trace.done(generate, hashes, item)
+                    else:
+                        yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
+                                                                      text=item.text))
 
 
 _END = object()

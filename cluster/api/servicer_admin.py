@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from cluster.api import validate
+from cluster.api.chat import ChatTokenizer
 from cluster.backend.protocol import Backend, ModelInfo, UnknownWorker
 from cluster.api.convert import stats_to_pb, worker_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
@@ -18,13 +19,13 @@ from router.key import Namespace
 
 class AdminServicer(pb_grpc.AdminServicer):
     def __init__(self, auth: Authenticator, backend: Backend, model: ModelInfo,
-                 render_prefix: validate.Render, tenants: list[str],
+                 tokenizer: ChatTokenizer, tenants: list[str],
                  namespace: Callable[[str], Namespace],
                  on_invalidated: Callable[[str], None] | None = None):
         self._auth = auth
         self._backend = backend
         self._model = model
-        self._render_prefix = render_prefix  # chat template without the generation prompt
+        self._tokenizer = tokenizer  # render_prefix: the template with no generation prompt
         self._tenants = tenants
         self._namespace = namespace
         self._on_invalidated = on_invalidated  # miss attribution learns of the invalidation
@@ -64,8 +65,9 @@ class AdminServicer(pb_grpc.AdminServicer):
         prefix: tuple[int, ...] | None = None
         kind = request.WhichOneof("prefix")
         if kind == "messages":
-            prefix = tuple(self._render_prefix(validate.messages_to_dicts(request.messages.messages,
-                                                                   "messages")))
+            messages = validate.messages_to_dicts(request.messages.messages, "messages")
+            prefix = tuple(await self._tokenizer.off_loop(self._tokenizer.render_prefix,
+                                                          messages))
         elif kind == "tokens":
             prefix = validate.check_token_ids(request.tokens.ids, "tokens.ids",
                                               self._model.vocab_size)

@@ -20,6 +20,7 @@ MAX_CUSTOM_ID_BYTES = 256
 MAX_STOP_STRINGS = 16        # as common APIs allow (OpenAI: 4, Anthropic: more)
 MAX_STOP_BYTES = 256
 QUOTE_CHARS = 64             # an error quotes at most this much of the offending value
+MAX_PROMPT_BYTES = 1 << 20   # [limits] max_prompt_bytes: the default
 
 Render = Callable[[Sequence[dict[str, str]]], list[int]]
 
@@ -79,6 +80,22 @@ def messages_to_dicts(messages: Sequence[pb.ChatMessage], field: str) -> list[di
     return out
 
 
+def check_prompt_bytes(messages: Sequence[dict[str, str]], field: str, max_bytes: int) -> None:
+    """The size cap, checked before tokenizing (1 MiB of text takes seconds to tokenize)."""
+    size = sum(len(m["content"].encode()) for m in messages)
+    if size > max_bytes:
+        raise FieldError(field, f"{size} bytes of text exceed the limit of {max_bytes} "
+                         "([limits] max_prompt_bytes); shorten the prompt")
+
+
+def check_context(ids: Sequence[int], field: str, context: int) -> Sequence[int]:
+    """The token cap, checked before each id is (a 64 MiB message holds 8M token ids)."""
+    if len(ids) >= context:
+        raise FieldError(f"{field}.prompt", f"{len(ids)} tokens reach the model's context of "
+                         f"{context}; shorten the prompt")
+    return ids
+
+
 def check_token_ids(ids: Sequence[int], field: str, vocab_size: int) -> tuple[int, ...]:
     if not ids:
         raise FieldError(field, "empty token list; give at least one token id")
@@ -89,14 +106,17 @@ def check_token_ids(ids: Sequence[int], field: str, vocab_size: int) -> tuple[in
     return tuple(int(t) for t in ids)
 
 
-def prompt_tokens(request: pb.Request, field: str, model: ModelInfo, render: Render
-                  ) -> tuple[int, ...]:
+def prompt_tokens(request: pb.Request, field: str, model: ModelInfo, render: Render,
+                  max_prompt_bytes: int = MAX_PROMPT_BYTES) -> tuple[int, ...]:
     kind = request.WhichOneof("prompt")
     if kind == "messages":
-        ids = render(messages_to_dicts(request.messages.messages, f"{field}.messages"))
+        messages = messages_to_dicts(request.messages.messages, f"{field}.messages")
+        check_prompt_bytes(messages, f"{field}.messages", max_prompt_bytes)
+        ids = check_context(render(messages), field, model.max_context)
         return check_token_ids(ids, f"{field}.messages (rendered)", model.vocab_size)
     if kind == "tokens":
-        return check_token_ids(request.tokens.ids, f"{field}.tokens.ids", model.vocab_size)
+        ids = check_context(request.tokens.ids, field, model.max_context)
+        return check_token_ids(ids, f"{field}.tokens.ids", model.vocab_size)
     raise FieldError(f"{field}.prompt", "missing: set messages or tokens")
 
 
@@ -106,9 +126,6 @@ def sampling_params(request: pb.Request, field: str, prompt_len: int, model: Mod
     context = model.max_context
     if s.max_tokens < 1:
         raise FieldError(f"{field}.sampling.max_tokens", f"must be >= 1, got {s.max_tokens}")
-    if prompt_len >= context:
-        raise FieldError(f"{field}.prompt", f"{prompt_len} tokens reach the model's context of "
-                         f"{context}; shorten the prompt")
     if prompt_len + s.max_tokens > context:
         raise FieldError(f"{field}.sampling.max_tokens",
                          f"{s.max_tokens} plus the {prompt_len}-token prompt exceeds the model's "
@@ -141,10 +158,10 @@ def check_custom_id(custom_id: str, field: str) -> str:
     return custom_id
 
 
-def new_request(request: pb.Request, field: str, model: ModelInfo, render: Render
-                ) -> NewRequest:
+def new_request(request: pb.Request, field: str, model: ModelInfo, render: Render,
+                max_prompt_bytes: int = MAX_PROMPT_BYTES) -> NewRequest:
     check_custom_id(request.custom_id, f"{field}.custom_id")
-    prompt = prompt_tokens(request, field, model, render)
+    prompt = prompt_tokens(request, field, model, render, max_prompt_bytes)
     sampling = sampling_params(request, field, len(prompt), model)
     return NewRequest(custom_id=request.custom_id, prompt=prompt, sampling=sampling)
 
@@ -165,7 +182,7 @@ def check_job_size(n: int, max_requests: int) -> None:
 
 
 def job_requests(requests: Sequence[pb.Request], max_requests: int, model: ModelInfo,
-                 render: Render) -> list[NewRequest]:
+                 render: Render, max_prompt_bytes: int = MAX_PROMPT_BYTES) -> list[NewRequest]:
     """Validate a whole job; the first problem found raises, naming its request and field."""
     check_job_size(len(requests), max_requests)
     seen: dict[str, int] = {}
@@ -178,5 +195,5 @@ def job_requests(requests: Sequence[pb.Request], max_requests: int, model: Model
             raise FieldError(f"{field}.custom_id", f"duplicate {quoted(request.custom_id)} (first at "
                              f"requests[{seen[request.custom_id]}]); custom ids must be unique")
         seen[request.custom_id] = i
-        out.append(new_request(request, field, model, render))
+        out.append(new_request(request, field, model, render, max_prompt_bytes))
     return out

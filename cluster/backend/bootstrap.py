@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 import ray
@@ -29,6 +30,7 @@ NODE_RESOURCE = "orchard_node"
 RAY_NAMESPACE = "orchard"
 LOCAL_SLOTS = 8                 # workers the embedded single-node cluster can host
 LOCAL_OBJECT_STORE_BYTES = 128 << 20
+JOIN_TIMEOUT_S = 30.0           # `orchard up --address` gives up on a silent head after this
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +88,17 @@ def start_local(num_cpus: int | None = None, slots: int = LOCAL_SLOTS,
     return _gcs_address()
 
 
-def join(address: str) -> str:
+def join(address: str, timeout_s: float = JOIN_TIMEOUT_S) -> str:
     """Connect this process to a running Ray cluster at ``address`` (``HOST:PORT``, or
-    ``auto``: the one ``ray start`` began on this machine)."""
+    ``auto``: the one ``ray start`` began on this machine); ``ValueError`` naming the address
+    when nothing there answers within ``timeout_s``."""
     if not address or (":" not in address and address != "auto"):
         raise ValueError(f"--address must be HOST:PORT of a Ray head (e.g. 10.0.0.1:6379), "
                          f"or 'auto' for the Ray started on this machine; got {address!r}")
     if ray.is_initialized():
         return _gcs_address()
+    if address != "auto":
+        check_reachable(address, timeout_s)
     try:
         ray.init(address=address, namespace=RAY_NAMESPACE, logging_level=logging.WARNING)
     except ConnectionError as exc:
@@ -105,6 +110,31 @@ def join(address: str) -> str:
             "'{\"%s\": 1}' (infra/start-worker.sh) or no worker can be placed",
             address, NODE_RESOURCE, NODE_RESOURCE)
     return _gcs_address()
+
+
+def check_reachable(address: str, timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    """Fail fast unless a gRPC server (Ray's GCS) answers at ``address`` within ``timeout_s``.
+
+    ``ray.init`` retries an unreachable head for minutes, silently, and ignores Ctrl-C
+    meanwhile; this check is what turns a wrong address or a stopped head into an error.
+    """
+    import grpc
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot reach the Ray head at {address}: {exc}; is `ray start "
+                         "--head` running there (see infra/README.md)?") from None
+    channel = grpc.insecure_channel(address)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        raise ValueError(f"cannot reach the Ray head at {address}: a connection opens but no "
+                         f"gRPC server answered within {timeout_s:g} s; is that the Ray head's "
+                         "GCS port (6379 by default)?") from None
+    finally:
+        channel.close()
 
 
 def shutdown() -> None:

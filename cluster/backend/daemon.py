@@ -25,8 +25,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from cluster.backend import leftovers
 from cluster.backend.bootstrap import Placement
 from cluster.config import load_config, write_default_config
+from cluster.rundir import make_private
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +87,20 @@ async def run_cluster(options: UpOptions, stop: asyncio.Event,
     from cluster.api.frontend import serve
     from cluster.backend.ray_backend import RayBackend
 
+    make_private(options.run_dir)  # before Ray starts: its processes inherit the umask
     write_default_config(options.run_dir)
     config = load_config(options.run_dir)
     _refuse_if_running(options.run_dir)
+    _clean_leftovers(options.run_dir)
     backend = RayBackend.from_config(config, options.workers, options.address,
                                      options.placement)
     try:
         await backend.start()
+        leftovers.record(options.run_dir)  # what a kill -9 of this process would leave
         frontend = await serve(config, backend)
     except BaseException:
         await backend.close()
+        leftovers.forget(options.run_dir)
         raise
     import ray
 
@@ -112,6 +118,7 @@ async def run_cluster(options: UpOptions, stop: asyncio.Event,
         (options.run_dir / STATE_NAME).unlink(missing_ok=True)
         await frontend.stop()
         await backend.close()
+        leftovers.forget(options.run_dir)
 
 
 def serve_until_stopped(options: UpOptions,
@@ -125,7 +132,7 @@ def serve_until_stopped(options: UpOptions,
 def spawn_detached(options: UpOptions, timeout_s: float = 600.0) -> ClusterState:
     """Run ``orchard up`` (foreground) in a background process; return once it serves."""
     run_dir = options.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_private(run_dir)  # the log below is created for the owner only
     _refuse_if_running(run_dir)
     argv = [sys.executable, "-m", "cluster.cli", "up", "--run-dir", str(run_dir),
             "--workers", str(options.workers),
@@ -150,14 +157,19 @@ def spawn_detached(options: UpOptions, timeout_s: float = 600.0) -> ClusterState
     raise RuntimeError(f"the cluster was not ready after {timeout_s:.0f} s; see {log_path}")
 
 
-def stop_detached(run_dir: Path, timeout_s: float = STOP_TIMEOUT_S) -> ClusterState:
-    """SIGTERM the run directory's cluster process and wait until it is gone."""
+def stop_detached(run_dir: Path, timeout_s: float = STOP_TIMEOUT_S) -> ClusterState | None:
+    """SIGTERM the run directory's cluster process and wait until it is gone; then stop what
+    a killed cluster process left (``cluster.backend.leftovers``). ``None``: no cluster
+    process was recorded, only what a killed one left was stopped."""
     state = ClusterState.read(run_dir)
     if state is None:
+        if _clean_leftovers(run_dir):
+            return None
         raise ValueError(f"no cluster runs from {run_dir} (no {STATE_NAME}); "
                          "start one with `orchard up --detach`")
     if not _alive(state.pid):
         (Path(run_dir) / STATE_NAME).unlink(missing_ok=True)
+        _clean_leftovers(run_dir)
         return state
     os.kill(state.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -166,7 +178,17 @@ def stop_detached(run_dir: Path, timeout_s: float = STOP_TIMEOUT_S) -> ClusterSt
     if _alive(state.pid):
         os.kill(state.pid, signal.SIGKILL)
         (Path(run_dir) / STATE_NAME).unlink(missing_ok=True)
+    _clean_leftovers(run_dir)
     return state
+
+
+def _clean_leftovers(run_dir: Path) -> list[leftovers.Process]:
+    stopped = leftovers.clean(run_dir)
+    if stopped:
+        log.warning("stopped %d process(es) that a killed cluster of %s left running: %s",
+                    len(stopped), run_dir,
+                    ", ".join(f"{p.pid} ({p.command[:40]})" for p in stopped))
+    return stopped
 
 
 def _refuse_if_running(run_dir: Path) -> None:

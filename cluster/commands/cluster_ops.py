@@ -94,7 +94,11 @@ def cmd_down(args) -> int:
 
     run_dir = args.run_dir or default_run_dir()
     state = daemon.stop_detached(run_dir)
-    print(f"orchard: cluster stopped (pid {state.pid}, run dir {run_dir})")
+    if state is None:
+        print(f"orchard: no cluster process recorded in {run_dir}; stopped what a killed one "
+              "left running")
+    else:
+        print(f"orchard: cluster stopped (pid {state.pid}, run dir {run_dir})")
     return 0
 
 

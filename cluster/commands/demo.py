@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.batch.exists():
         raise FileNotFoundError(f"{args.batch} does not exist: pass --batch FILE.jsonl")
-    with args.batch.open() as f:
+    with args.batch.open("rb") as f:
         batch = parse_batch(f, name=str(args.batch))
     options = UpOptions(args.run_dir or default_run_dir(), args.workers)
     print(f"orchard demo: starting a local cluster with {options.workers} workers in "

@@ -47,9 +47,15 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "orchard"
 
 
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
 class _JsonLines:
     def __init__(self, directory: Path, service: str) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        # Owner only, whatever the writing process's umask (a worker on a joined Ray node
+        # inherits its raylet's): the lines carry text of tenants' prompts.
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         host = _safe(socket.gethostname())
         self.path = directory / f"{_safe(service)}-{host}-{os.getpid()}.jsonl"
         self._lock = threading.Lock()
@@ -60,7 +66,7 @@ class _JsonLines:
 
     def write(self, request: dict[str, Any]) -> None:
         line = json.dumps(request, separators=(",", ":"))
-        with self._lock, open(self.path, "a", encoding="utf-8") as out:
+        with self._lock, open(self.path, "a", encoding="utf-8", opener=_private) as out:
             out.write(line + "\n")
 
 

@@ -1,0 +1,46 @@
+"""Batch input lines whose values protobuf cannot hold: each bad line is named, nothing crashes."""
+import json
+
+import pytest
+
+from cluster.api.batchfile import parse_batch
+from cluster.cli import main
+
+USER = [{"role": "user", "content": "hello"}]
+
+
+def line(custom_id: str, **body) -> str:
+    return json.dumps({"custom_id": custom_id, "body": {"messages": USER, **body}})
+
+
+@pytest.mark.parametrize("bad, message", [
+    (line("x", seed=1.5), "body.seed must be an integer from 0 to 18446744073709551615, got 1.5"),
+    (line("x", seed=2**64), "body.seed must be an integer from 0 to 18446744073709551615, got "
+                            "18446744073709551616"),
+    (line("x", seed=-1), "body.seed must be an integer from 0 to 18446744073709551615, got -1"),
+    (line("x", max_tokens=2**40), "body.max_tokens must be between 1 and 2147483647, got "
+                                  "1099511627776"),
+    (line("x", temperature=10**400), "body: int too large to convert to float"),
+])
+def test_values_out_of_range_name_their_line(bad, message):
+    with pytest.raises(ValueError) as err:
+        parse_batch([line("ok"), bad], name="b.jsonl")
+    assert str(err.value).startswith(f"b.jsonl:2: {message}")
+
+
+def test_a_line_that_is_not_utf8_is_named():
+    lines = [line("ok").encode() + b"\n", b'{"custom_id": "caf\xe9"}\n', line("ok2").encode()]
+    with pytest.raises(ValueError) as err:
+        parse_batch(lines, name="b.jsonl")
+    assert str(err.value) == "b.jsonl:2: not UTF-8 text (byte 0xe9 at column 19)"
+
+
+def test_orchard_submit_names_the_line_instead_of_a_traceback(tmp_path, capsys):
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes((line("a") + "\n" + line("b", seed=1.5) + "\n").encode())
+    assert main(["submit", str(path), "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: body.seed must be an integer" in err and "Traceback" not in err
+    path.write_bytes(line("a").encode() + b"\n\xff\xfe\n")
+    assert main(["submit", str(path), "--run-dir", str(tmp_path)]) == 2
+    assert f"{path}:2: not UTF-8 text (byte 0xff at column 1)" in capsys.readouterr().err
