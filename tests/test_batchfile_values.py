@@ -4,7 +4,6 @@ import json
 import pytest
 
 from cluster.api.batchfile import parse_batch
-from cluster.cli import main
 
 USER = [{"role": "user", "content": "hello"}]
 
@@ -33,14 +32,3 @@ def test_a_line_that_is_not_utf8_is_named():
     with pytest.raises(ValueError) as err:
         parse_batch(lines, name="b.jsonl")
     assert str(err.value) == "b.jsonl:2: not UTF-8 text (byte 0xe9 at column 19)"
-
-
-def test_orchard_submit_names_the_line_instead_of_a_traceback(tmp_path, capsys):
-    path = tmp_path / "batch.jsonl"
-    path.write_bytes((line("a") + "\n" + line("b", seed=1.5) + "\n").encode())
-    assert main(["submit", str(path), "--run-dir", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert f"{path}:2: body.seed must be an integer" in err and "Traceback" not in err
-    path.write_bytes(line("a").encode() + b"\n\xff\xfe\n")
-    assert main(["submit", str(path), "--run-dir", str(tmp_path)]) == 2
-    assert f"{path}:2: not UTF-8 text (byte 0xff at column 1)" in capsys.readouterr().err

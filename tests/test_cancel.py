@@ -96,7 +96,8 @@ def _wait_idle(harness, timeout_s: float = 5.0) -> bool:
 
 def test_a_cancelled_job_a_call_deadline_and_the_request_timeout_abort_their_requests(tmp_path):
     (tmp_path / "orchard.toml").write_text(
-        ACME_CONFIG + LIMITS + "request_timeout_s = 1.0\nmax_concurrent = 8\n")
+        ACME_CONFIG + LIMITS.replace("max_concurrent = 16", "max_concurrent = 8")
+        + "request_timeout_s = 1.0\n")
     with running_frontend(tmp_path, tiny_model(), workers=1) as harness, \
             harness.client("acme") as client:
         # CancelJob on requests already running

@@ -111,6 +111,19 @@ def test_server_side_errors_name_the_line(frontend, tmp_path, capsys):
         assert client.jobs() == before  # refused files leave no job
 
 
+def test_values_protobuf_cannot_hold_and_bytes_that_are_not_utf8_name_their_line(
+        frontend, tmp_path, capsys):
+    path = tmp_path / "batch.jsonl"
+    path.write_text(line("a", USER) + "\n" + line("b", USER, seed=1.5) + "\n")
+    assert cli(frontend, "submit", str(path)) == 2
+    err = capsys.readouterr().err
+    assert ("batch.jsonl:2: body.seed must be an integer from 0 to 18446744073709551615, got 1.5"
+            in err) and "Traceback" not in err
+    path.write_bytes(line("a", USER).encode() + b"\n\xff\xfe\n")
+    assert cli(frontend, "submit", str(path)) == 2
+    assert "batch.jsonl:2: not UTF-8 text (byte 0xff at column 1)" in capsys.readouterr().err
+
+
 def test_malformed_file_and_unknown_job_at_the_command_line(frontend, tmp_path, capsys):
     path = tmp_path / "broken.jsonl"
     path.write_text(line("a", USER) + "\n{oops\n")

@@ -109,9 +109,6 @@ def line_shape(text: str | bytes, name: str, lineno: int) -> dict:
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise _bad(name, lineno, "body.messages must be a list of {role, content} objects")
-    seed = body.get("seed")
-    if isinstance(seed, int) and seed < 0:
-        raise _bad(name, lineno, f"body.seed must be >= 0, got {seed}")
     _sampling(body, name, lineno)
     return line
 

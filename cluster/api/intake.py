@@ -98,8 +98,9 @@ def _request_parts(request: pb.Request, where: str, model: ModelInfo) -> list[by
         validate.sampling_params(request, where, 1, model)  # the length is known at dispatch
         return _message_parts(messages)
     if kind == "tokens":
-        ids = validate.check_token_ids(request.tokens.ids, f"{where}.tokens.ids",
-                                       model.vocab_size)
+        ids = validate.check_token_ids(
+            validate.check_context(request.tokens.ids, where, model.max_context),
+            f"{where}.tokens.ids", model.vocab_size)
         validate.sampling_params(request, where, len(ids), model)
         return _token_parts(ids)
     raise validate.FieldError(f"{where}.prompt", "missing: set messages or tokens")
