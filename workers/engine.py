@@ -282,11 +282,13 @@ class Engine:
         run_chunks(self._body, list(zip(jobs, body)))
         mx.eval([[c.keys, c.values] for job, n in zip(jobs, body) if n for c in job.cache])
         self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9)
+        bs = self.config.block_size
         for job, n, share in zip(jobs, body, shares):
             if job.need == 1 and share > n:  # its share covers the last token too
                 self._prefilling.remove(job)
                 self._start_decoding(job, deltas, finished)
-            elif n and self.config.use_store:  # the blocks this chunk completed
+            elif self.config.use_store and job.done // bs > (job.done - n) // bs:
+                # the chunk completed blocks: store them now, so other prompts can reuse them
                 job.seq.written += self.store.write(
                     job.request.namespace, job.prompt[:job.done], job.cache)
 
@@ -298,7 +300,7 @@ class Engine:
         instead of computing them again alongside.
         """
         chosen: list[PrefillJob] = []
-        ahead: set = set()
+        ahead: set[tuple] = set()
         for job in self._prefilling:
             if budget <= 0:
                 break
@@ -320,15 +322,16 @@ class Engine:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         token = job.sampler(logprobs) if job.sampler else mx.argmax(logprobs, axis=-1)
         mx.eval(token, logprobs)
-        added = seq.add(int(token.item()), self._now_ns(), self._eos)
-        deltas.append(TokenDelta(req.request_id, int(token.item()), added, logprobs[0]))
+        first = int(token.item())
+        added = seq.add(first, self._now_ns(), self._eos)
+        deltas.append(TokenDelta(req.request_id, first, added, logprobs[0]))
         if self.config.use_store:  # after the first token: storing never delays it
             seq.written += self.store.write(req.namespace, job.prompt, job.cache)
         if seq.finish_reason:
             finished.append(seq.result(self.config.worker_id))
             return
         (uid,) = self._batch.insert(
-            [[int(token.item())]], max_tokens=[req.sampling.max_tokens - 1], caches=[job.cache],
+            [[first]], max_tokens=[req.sampling.max_tokens - 1], caches=[job.cache],
             all_tokens=[job.prompt], samplers=[job.sampler] if job.sampler else None,
             stop_sequences=[self._stops])
         self._running[uid] = seq
