@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from cluster.backend.protocol import TokenChunk
-from cluster.backend.worker_actor import EngineWorker, WorkerDone
+from cluster.backend.worker_actor import ROUTER_SEND_S, EngineWorker, WorkerDone
 from router.key import Namespace, hash_blocks
 from router.router import Router
 from tests.forged_models import tiny_model
@@ -60,7 +60,9 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
         assert [b.seq for b in piggybacked] == list(range(1, len(piggybacked) + 1))
         assert sum(len(b.events) for b in piggybacked) == len(prompt) // BLOCK
 
-        # the store's block events reached the router: the prefix is routed home, matched
+        # the store's block events reached the router (sent after the result, together):
+        # the prefix is routed home, matched
+        await asyncio.sleep(3 * ROUTER_SEND_S)
         again = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
         assert again.worker_id == "w7" and again.expected_cached_tokens == len(prompt)
         done = await worker.run(_request(ns, "b", prompt + (5,)))
@@ -81,6 +83,7 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
         assert await worker.invalidate(Namespace("nobody", "x"), None) == 0
         removed = await worker.invalidate(ns, None)
         assert removed == len(prompt) // BLOCK and (await worker.holdings()).blocks == ()
+        await asyncio.sleep(3 * ROUTER_SEND_S)
         after = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
         assert after.expected_cached_tokens == 0, "invalidation reaches the router"
         await worker.close()

@@ -7,7 +7,8 @@
                  │                           ─► WorkerDone(result, block events) ─► apply
                  └─ router.finished ─► GenerateOutcome(result, decision, ...)
 
-One Ray round trip per request: a streaming generator on the chosen worker. The worker's block
+One Ray round trip per request: a streaming generator on the chosen worker (a unary call when
+nothing comes before the result: one token, not streamed). The worker's block
 events reach the frontend's router on its results and, between requests (evictions, TTL
 expiry), on a feed each worker streams (``EngineWorker.events``).
 
@@ -47,7 +48,7 @@ from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, No
 from cluster.backend.ray_pool import PoolWorker, WorkerPool
 from cluster.backend.retry import retried
 from cluster.backend.routing import FrontendRouter
-from cluster.backend.worker_actor import WorkerDone
+from cluster.backend.worker_actor import Prefilled, WorkerDone
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
 from router.key import BlockHash, Namespace
 from router.policy import NoWorkerAvailable, RoutingDecision
@@ -182,9 +183,8 @@ class RayBackend:
         settled = False
         try:
             first = True
-            async for ref in worker.actor.generate.options(num_returns="streaming").remote(
-                    request, routes.feed_after(worker.worker_id), streaming):
-                item = await ref
+            async for item in _call(worker, request, routes.feed_after(worker.worker_id),
+                                    streaming):
                 if isinstance(item, WorkerDone):
                     settled = True
                     routes.apply(worker.worker_id, item.events)
@@ -276,6 +276,18 @@ class RayBackend:
         except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
             log.info("worker %s: no stats (%s)", worker.worker_id, exc)
             return None
+
+
+async def _call(worker: PoolWorker, request: GenerateRequest, feed_after: int, streaming: bool
+                ) -> AsyncIterator[TokenChunk | Prefilled | WorkerDone]:
+    """The worker's items for ``request``: one unary call when nothing comes before the result
+    (not streaming, one token: its prefill is the whole request), else a streaming generator."""
+    if not streaming and request.sampling.max_tokens == 1:
+        yield await worker.actor.run.remote(request, feed_after)
+        return
+    async for ref in worker.actor.generate.options(num_returns="streaming").remote(
+            request, feed_after, streaming):
+        yield await ref
 
 
 def _fields(obj) -> dict:

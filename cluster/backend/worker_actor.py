@@ -58,7 +58,10 @@ __all__ = ["EngineWorker", "Prefilled", "WorkerActor", "WorkerDone", "WorkerFail
            "WorkerHello", "WorkerStats"]
 
 OUTBOX_BATCHES = 4096  # event batches kept for callers catching up (older: rebuild instead)
-FEED_COALESCE_S = 0.02  # the event feed waits this long after a batch, to send several at once
+# The feed waits this long after a new batch and then sends only what no result carried
+# meanwhile: while requests flow, results carry every batch and the feed stays quiet.
+FEED_QUIET_S = 0.25
+ROUTER_SEND_S = 0.05  # batches for the router actor go out together, after the results
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,8 @@ class EngineWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: collections.deque[EventBatch] = collections.deque(maxlen=OUTBOX_BATCHES)
         self._fed = asyncio.Event()    # set when a batch enters the outbox (actor loop only)
+        self._carried = 0              # the last batch a result carried (actor loop only)
+        self._for_router: list[EventBatch] = []   # not yet sent to the router actor (loop)
 
     async def start(self) -> WorkerHello:
         """Load the model on the engine thread; idempotent."""
@@ -153,7 +158,7 @@ class EngineWorker:
                     return
                 if chunks:
                     yield TokenChunk(request.request_id, (item.token,), item.text)
-                elif first:
+                elif first and request.sampling.max_tokens > 1:  # else: done at once
                     yield Prefilled(request.request_id)
                 first = False
 
@@ -173,18 +178,18 @@ class EngineWorker:
     # ---- the block event feed ----------------------------------------------------------------
 
     async def events(self, after: int) -> AsyncIterator[tuple[EventBatch, ...]]:
-        """Every event batch after ``after``, as they come (a Ray streaming generator that
-        lives as long as the caller reads it): evictions and TTL expiry reach the caller's
-        router between requests."""
+        """The event batches after ``after`` that no result carried, as they come (a Ray
+        streaming generator that lives as long as the caller reads it): evictions and TTL
+        expiry reach the caller's router between requests. (A second caller, whose router
+        a result did not reach, sees a gap in the sequence and rebuilds from ``holdings``.)"""
         while True:
             fed = self._fed
-            batches = self._since(after)
+            batches = self._since(max(after, self._carried))
             if batches:
                 after = batches[-1].seq
                 yield batches
-                await asyncio.sleep(FEED_COALESCE_S)
-            else:
-                await fed.wait()
+            await fed.wait()
+            await asyncio.sleep(FEED_QUIET_S)
 
     def _on_events(self, batch: EventBatch) -> None:   # the engine thread
         self._loop.call_soon_threadsafe(self._feed, batch)
@@ -193,8 +198,16 @@ class EngineWorker:
         self._outbox.append(batch)
         self._fed.set()
         self._fed = asyncio.Event()
+        if self._router is not None:  # off the request path: after the result goes out
+            if not self._for_router:
+                self._loop.call_later(ROUTER_SEND_S, self._send_to_router)
+            self._for_router.append(batch)
+
+    def _send_to_router(self) -> None:
+        batches, self._for_router = self._for_router, []
         if self._router is not None:
-            self._router.apply_events.remote(encode_batch(batch))
+            for batch in batches:
+                self._router.apply_events.remote(encode_batch(batch))
 
     def _since(self, after: int | None) -> tuple[EventBatch, ...]:
         if after is None:
@@ -251,14 +264,14 @@ class EngineWorker:
 
     def _done(self, request: GenerateRequest, item: Finished, feed_after: int | None
               ) -> WorkerDone:
-        return WorkerDone(item.result, item.worker_s, self._traced(request, item.result),
-                          self._since(feed_after))
-
-    def _traced(self, request: GenerateRequest, result: GenerateResult) -> bool:
-        """Draw a finished request's spans; False when they were not drawn here."""
-        if not request.trace_context or self._tel is None or not self._tel.enabled:
-            return False  # an untraced request draws no orphan trace
-        return spans.record_engine(self._tel, request, result, self._decode)
+        events = self._since(feed_after)
+        if events:
+            self._carried = max(self._carried, events[-1].seq)
+        traced = bool(request.trace_context) and self._tel is not None and self._tel.enabled
+        if traced:  # an untraced request draws no orphan trace; spans after the result
+            self._loop.call_soon(spans.record_engine, self._tel, request, item.result,
+                                 self._decode)
+        return WorkerDone(item.result, item.worker_s, traced, events)
 
 
 def _node_id() -> str:

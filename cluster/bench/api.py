@@ -170,6 +170,8 @@ def ray_cluster(model_dir: str | None, telemetry: str = "file") -> Iterator[Clie
     with _run_dir(model_dir, telemetry) as run_dir:
         print("starting a 1-worker Ray cluster (orchard up --detach) ...", file=sys.stderr)
         spawn_detached(UpOptions(run_dir, workers=1))
+        # SIGTERM (a timeout) still stops the cluster: it runs in a process of its own
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             with _client(run_dir) as client:
                 yield client
