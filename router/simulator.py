@@ -1,14 +1,17 @@
 """Trace replay: routing policies side by side on simulated workers with real store accounting.
 
 Each simulated worker is a ``BlockLedger`` (the same class a worker's prefix store runs, with
-the tensors taken out) plus a service-time model:
+the tensors taken out) plus a service model from ``router.service``:
 
-- **prefill** is one FIFO server per worker at ``prefill_tps`` tokens/s (chunked prefill):
-  a request starts when the worker's previous prefill ends, looks up its full blocks in the
-  ledger at that moment (the realised hit), prefills the rest, and stores its full blocks
-  when its prefill ends. Every running decode slows prefill by ``decode_share`` (a step
-  shared with decodes), so load builds up as in real traffic;
-- **decode** runs beside prefill (continuous batching) at ``decode_tps`` tokens/s per request.
+- **prefill** is one FIFO server per worker (chunked prefill): a request starts when the
+  worker's previous prefill ends (and, with a profile, when a batch slot is free), looks up
+  its full blocks in the ledger at that moment (the realised hit), prefills the rest, and
+  stores its full blocks when its prefill ends. Its duration is linear in the uncached
+  tokens at ``prefill_tps``, slowed by ``decode_share`` per running decode, or, with an
+  engine profile (``profile``), the measured time for those new tokens on that cached
+  context, the store's load time and one decode step of the batch;
+- **decode** runs beside prefill (continuous batching) at ``decode_tps`` tokens/s per
+  request, or, with a profile, one measured step time (by batch size and context) per token.
 
 TTFT = queueing + prefill. The workers' block events reach the policy ``event_delay_s`` after
 the prefill ends; the policy also hears when each request started, produced its first token
@@ -19,7 +22,7 @@ Figures per policy: ``goodput`` (the share of requests whose TTFT is within ``tt
 the headline: what users feel), ``hit_ratio`` (cached input tokens over input tokens, as
 realised on the workers), ``prefill_tokens`` (input tokens computed on all workers),
 ``ttft_mean_s``, ``imbalance`` (max over mean of prefilled tokens per worker), TTFT p50/p99
-(service model), decision p50/p99 (wall-clock time of the policy's choice, measured; also on the
+(service model), ``itl_p99_s`` (with a profile), decision p50/p99 (wall-clock time of the policy's choice, measured; also on the
 thread's CPU clock, which a busy shared machine does not inflate with time spent descheduled).
 """
 from __future__ import annotations
