@@ -97,13 +97,18 @@ def test_a_pending_block_is_served_before_its_file_exists(tmp_path):
 
 def test_restart_indexes_the_directory_and_announces_the_disk_blocks(tmp_path):
     store = spilled_a(tmp_path)
-    store.close()
+    store.close()  # A was on disk already; close writes B, the memory tier, too
     again = tiered(tmp_path / "w0")
     a0, a1 = ha()
-    assert again.stats().disk.start.restored == 2
+    b0, b1 = hash_blocks(B, BS, NS)
+    assert again.stats().disk.start.restored == 4
+    # oldest first (A was spilled before B was persisted), children before parents
     assert again.drain_events() == [BlockStored(a1, a0, BS, NS.label(), Tier.DISK),
-                                    BlockStored(a0, NS.root(), BS, NS.label(), Tier.DISK)]
-    assert [(h.block, h.tier) for h in again.holdings()] == [(a0, Tier.DISK), (a1, Tier.DISK)]
+                                    BlockStored(a0, NS.root(), BS, NS.label(), Tier.DISK),
+                                    BlockStored(b1, b0, BS, NS.label(), Tier.DISK),
+                                    BlockStored(b0, NS.root(), BS, NS.label(), Tier.DISK)]
+    assert [(h.block, h.tier) for h in again.holdings()] == [
+        (b0, Tier.DISK), (b1, Tier.DISK), (a0, Tier.DISK), (a1, Tier.DISK)]
     report = again.lookup(NS, A + [9]).report
     assert (report.matched_tokens, report.disk_tokens) == (8, 8)
     again.close()
@@ -118,7 +123,7 @@ def test_a_file_truncated_by_a_kill_is_dropped_at_restart_and_counted(tmp_path):
     (path.parent / (path.name + ".tmp")).write_bytes(b"ORKV\x01")  # a write never renamed
     again = tiered(tmp_path / "w0")
     start = again.stats().disk.start
-    assert (start.restored, start.torn) == (1, 2)
+    assert (start.restored, start.torn) == (3, 2)  # a0, b0, b1
     assert not path.exists() and not list((tmp_path / "w0").glob("*/*.tmp"))
     report = again.lookup(NS, A + [9]).report
     assert (report.matched_tokens, report.disk_tokens) == (4, 4)  # a0 only, a1 recomputed
@@ -175,7 +180,7 @@ def test_another_models_blocks_are_cleaned_up_and_never_served(tmp_path):
     store = spilled_a(tmp_path, model="m", revision="r1")
     store.close()
     again = tiered(tmp_path / "w0", model="m", revision="r2")  # new weights, same directory
-    assert again.stats().disk.start.foreign == 2
+    assert again.stats().disk.start.foreign == 4
     assert again.stats().disk.ledger.blocks == 0
     assert not list((tmp_path / "w0").glob("*/*.kv"))
     assert again.lookup(NS, A + [9]).report.outcome == LookupOutcome.MISS
@@ -187,12 +192,14 @@ def test_blocks_expired_while_down_are_dropped_at_restart(tmp_path):
     store = spilled_a(tmp_path, wall=wall)
     store.close()
     a0, a1 = ha()
-    os.utime(block_path(tmp_path / "w0", a0), (wall.now - 10, wall.now - 10))
+    b0, b1 = hash_blocks(B, BS, NS)
+    for h in (a0, b0, b1):
+        os.utime(block_path(tmp_path / "w0", h), (wall.now - 10, wall.now - 10))
     os.utime(block_path(tmp_path / "w0", a1), (wall.now - TTL - 1, wall.now - TTL - 1))
     again = tiered(tmp_path / "w0", wall=wall)
     start = again.stats().disk.start
-    assert (start.restored, start.expired) == (1, 1)
-    assert [h.block for h in again.holdings()] == [a0]
+    assert (start.restored, start.expired) == (3, 1)
+    assert {h.block for h in again.holdings()} == {a0, b0, b1}
     again.close()
 
 
@@ -266,3 +273,38 @@ def test_a_worker_without_disk_bytes_has_no_disk_tier():
     assert store.disk is None and store.stats().disk is None
     with pytest.raises(ValueError, match="needs a disk_dir"):
         open_store(SHAPE, BS, TTL, Clock(), memory_bytes=1, disk_bytes=1)
+
+
+def test_close_keeps_the_memory_tier_on_disk_for_the_next_start(tmp_path):
+    store = tiered(tmp_path / "w0", mem_blocks=10)
+    put(store, A)
+    store.close()  # nothing was evicted: close writes the memory tier's blocks
+    again = tiered(tmp_path / "w0", mem_blocks=10)
+    assert again.stats().disk.start.restored == 2
+    report = again.lookup(NS, A + [9]).report
+    assert (report.matched_tokens, report.disk_tokens) == (8, 8)
+    again.close()
+
+
+def test_an_engine_restarted_on_its_directory_reuses_its_cache_and_agrees(tmp_path):
+    from forged_models import tiny_model
+    from workers.engine import Engine, EngineConfig
+    from workers.messages import GenerateRequest, SamplingParams
+
+    config = EngineConfig(block_size=16, disk_bytes=1 << 26, disk_dir=str(tmp_path),
+                          worker_id="w0")
+    prompt = tuple(range(5, 5 + 16 * 5 + 3))
+
+    def run(engine):
+        req = GenerateRequest("r", engine.namespace("t"), prompt, SamplingParams(max_tokens=4))
+        (result,) = engine.generate([req])
+        return result
+
+    first = Engine.open(tiny_model(), config)
+    cold = run(first)
+    first.close()
+    second = Engine.open(tiny_model(), config)
+    warm = run(second)
+    second.close()
+    assert (cold.cached_tokens, warm.cached_tokens, warm.lookup.disk_tokens) == (0, 80, 80)
+    assert warm.output_tokens == cold.output_tokens

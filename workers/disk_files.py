@@ -17,9 +17,11 @@ at restart without reading its payload. Decoding rebuilds ``mx.array``s from the
 """
 from __future__ import annotations
 
+import io
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import mlx.core as mx
 import msgpack
@@ -73,16 +75,27 @@ def block_path(directory: Path, block: BlockHash) -> Path:
 def encode_block(record: BlockRecord, keys: tuple[mx.array, ...],
                  values: tuple[mx.array, ...]) -> bytes:
     """The file's bytes for one block (its arrays must already be evaluated)."""
+    out = io.BytesIO()
+    write_block(out, record, keys, values)
+    return out.getvalue()
+
+
+def write_block(f: BinaryIO, record: BlockRecord, keys: tuple[mx.array, ...],
+                values: tuple[mx.array, ...]) -> int:
+    """Write one block's file to ``f``; return its size. The arrays' bytes go from their own
+    buffers to the file (no joined copy): the digest is taken as they go."""
     arrays = [*keys, *values]
     specs = [[_dtype_name(a), list(a.shape)] for a in arrays]
     header = msgpack.packb([
         record.block.to_bytes(16, "little"), record.parent.to_bytes(16, "little"),
         record.namespace, record.model, record.revision, list(record.tokens), record.bits,
         len(keys), specs], use_bin_type=True)
-    parts = [_PREFIX.pack(MAGIC, VERSION, len(header)), header]
-    parts += [_raw(a) for a in arrays]
-    body = b"".join(parts)
-    return body + xxhash.xxh3_128_digest(body)
+    digest = xxhash.xxh3_128()
+    size = 0
+    for part in [_PREFIX.pack(MAGIC, VERSION, len(header)), header, *map(_raw, arrays)]:
+        digest.update(part)
+        size += f.write(part)
+    return size + f.write(digest.digest())
 
 
 def read_header(path: Path) -> BlockRecord:
@@ -166,7 +179,7 @@ def _dtype_name(a: mx.array) -> str:
     return name
 
 
-def _raw(a: mx.array) -> bytes:
+def _raw(a: mx.array) -> memoryview:
     if a.dtype == mx.bfloat16:
         a = a.view(mx.uint16)
-    return np.asarray(a).tobytes()
+    return memoryview(np.ascontiguousarray(a)).cast("B")

@@ -26,7 +26,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from router.key import BlockHash
-from workers.disk_files import BlockRecord, TMP_SUFFIX, block_path, encode_block
+from workers.disk_files import BlockRecord, TMP_SUFFIX, block_path, write_block
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +159,9 @@ class DiskWriter:
         path = block_path(self.directory, h)
         tmp = path.with_name(path.name + TMP_SUFFIX)
         try:
-            data = encode_block(op.record, op.keys, op.values)
             path.parent.mkdir(exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(data)
+                size = write_block(f, op.record, op.keys, op.values)
             os.replace(tmp, path)
         except OSError as exc:
             _unlink(tmp)
@@ -179,7 +178,7 @@ class DiskWriter:
             if self._pending.get(h) is op:
                 del self._pending[h]
             self.counts.written_blocks += 1
-            self.counts.written_bytes += len(data)
+            self.counts.written_bytes += size
         return 1
 
     def _fail(self, h: BlockHash) -> None:

@@ -379,6 +379,10 @@ class Engine:
         """The store's block events since the last call (for the router)."""
         return self.store.drain_events()
 
+    def close(self) -> None:
+        """Persist the store's blocks to its disk tier (if any) and release its directory."""
+        self.store.close()
+
     def holdings(self) -> list[BlockHash]:
         """Every block hash the store holds (for the router to rebuild its view)."""
         return [h.block for h in self.store.holdings()]

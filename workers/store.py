@@ -354,9 +354,14 @@ class PrefixStore:
             self.disk.flush()
 
     def close(self) -> None:
-        """Finish the disk tier's writes and release its directory."""
-        if self.disk is not None:
-            self.disk.close()
+        """Write the memory tier's blocks to disk too (so a restart keeps them), finish the
+        disk tier's writes and release its directory."""
+        if self.disk is None:
+            return
+        for holding in self.ledger.holdings():  # parents before children
+            if holding.block not in self.disk:
+                self._spill(holding.block, self._blocks[holding.block])
+        self.disk.close()
 
 
 def open_store(shape: KVShape, block_size: int, ttl_s: float, clock: Callable[[], float], *,
