@@ -19,19 +19,20 @@ Every measurement uses its own namespace, so nothing is reused by accident. The 
 """
 from __future__ import annotations
 
+import os
 import platform
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-import mlx.core as mx
+from typing import TYPE_CHECKING, Callable
 
 from router.key import Namespace
 from router.service import EngineProfile
-from workers.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
+
+if TYPE_CHECKING:  # the engine (and MLX) load when a profile is measured, not on import
+    from workers.engine import Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,8 @@ def measure_profile(model_dir: str | Path, block_size: int = 16, max_batch: int 
                     grid: ProfileGrid = ProfileGrid(),
                     progress: Callable[[str], None] | None = None) -> EngineProfile:
     """Measure ``model_dir`` on the real engine; ``progress`` hears one line per grid row."""
+    from workers.engine import Engine, EngineConfig
+
     say = progress or (lambda line: None)
     longest = max(grid.cached_tokens[-1] + grid.new_tokens[-1], grid.contexts[-1] + 2)
     engine = Engine.open(model_dir, EngineConfig(block_size=block_size, max_batch=max_batch,
@@ -134,6 +137,8 @@ def _prefill_s(engine: Engine, prompts: _Prompts, cached: int, new: int, repeats
 
 
 def _load_s_per_block(engine: Engine, prompts: _Prompts, grid: ProfileGrid) -> float:
+    import mlx.core as mx
+
     cached = max(grid.cached_tokens[-1], engine.config.block_size)
     blocks = cached // engine.config.block_size
     best = float("inf")
@@ -179,6 +184,4 @@ def _step_s(engine: Engine, prompts: _Prompts, context: int, batch: int,
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

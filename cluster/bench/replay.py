@@ -123,7 +123,7 @@ async def _send_all(backend, lines: Sequence[TraceRequest], block_tokens: int,
         outcome = await backend.generate(request, hash_blocks(prompt, info.block_size, namespace))
         r = outcome.result
         served.append(Served(r.input_tokens, r.cached_tokens, r.ttft_s, outcome.worker_id))
-        if len(served) % 25 == 0:
+        if len(served) % max(1, len(lines) // 10) == 0:
             say(f"{len(served)}/{len(lines)} requests done")
 
     await asyncio.gather(*(one(i, t) for i, t in enumerate(lines)))
