@@ -86,9 +86,10 @@ import xxhash
 from router.key import BlockHash
 
 HOME_CHOICES = 2  # a cold prompt's home: the less busy of its two rendezvous winners
-# Loading a token's K/V from a worker's disk tier, in tokens of prefill: TTFT of a prefix
-# served from disk over TTFT of it recomputed (docs/benchmarks.md, "Disk tier").
-DISK_TOKEN_COST = 0.1
+# Loading a token's K/V from a worker's disk tier, in tokens of prefill: 46,080 bytes per
+# token (the default model, float32) at 2 GB/s is 23 us, against 167 us to prefill a token
+# at the simulator's 6,000 tokens/s: 0.14 (docs/benchmarks.md, "A disk tier per worker").
+DISK_TOKEN_COST = 0.14
 
 
 class NoWorkerAvailable(Exception):
