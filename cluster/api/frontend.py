@@ -40,6 +40,7 @@ from cluster.telemetry.job_tracing import frontend_tracing
 from cluster.jobs.runner import JobRunner
 from cluster.api.servicer import GenerateServicer, JobsServicer
 from cluster.api.servicer_admin import AdminServicer
+from cluster.api.work import Work
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 from router.key import Namespace
@@ -129,11 +130,9 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     auth = Authenticator(config.tenant_keys, config.admin_keys)
     server = grpc.aio.server(interceptors=[DecodeGuard()], options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
-    pb_grpc.add_JobsServicer_to_server(
-        JobsServicer(auth, store, runner, model, tokenizer.render, limits.max_requests_per_job),
-        server)
-    pb_grpc.add_GenerateServicer_to_server(
-        GenerateServicer(auth, backend, runner, model, tokenizer.render), server)
+    work = Work(store, runner, backend, model, tokenizer.render, limits.max_requests_per_job)
+    pb_grpc.add_JobsServicer_to_server(JobsServicer(auth, store, runner, work), server)
+    pb_grpc.add_GenerateServicer_to_server(GenerateServicer(auth, work), server)
     pb_grpc.add_AdminServicer_to_server(
         AdminServicer(auth, backend, model, tokenizer.render_prefix, config.tenants(), namespace,
                       tracing.invalidated),

@@ -1,45 +1,37 @@
 """The tenant-facing servicers: ``orchard.v1.Jobs`` and ``orchard.v1.Generate``.
 
-Each method authenticates (the API key names the tenant), validates and tokenizes
-(``cluster.api.validate``), then hands over: jobs to the job store and the ``JobRunner``, single
-requests straight to the backend through ``dispatch_stream``. Errors are domain exceptions,
+Each method authenticates (the API key names the tenant) and hands the work to
+``cluster.api.work`` (validation, admission, the job store and the ``JobRunner``, or one
+request streamed from the backend), the path the HTTP API shares. Errors are domain exceptions,
 mapped to statuses by ``cluster.api.edge.grpc_errors``.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import secrets
 from typing import AsyncIterator, TypeVar
 
 from cluster.api import validate
-from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
 from cluster.api.convert import job_to_pb, result_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
-from cluster.jobs.store import JobNotFound, JobStore
-from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
-from cluster.telemetry.setup import attached, extract_metadata
+from cluster.api.work import Work
+from cluster.jobs.runner import JobRunner
+from cluster.jobs.store import JobNotFound, JobStore, StoredResult
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
-from workers.messages import GenerateRequest
 
 T = TypeVar("T")
 
 RESULT_PAGE = 500
-INLINE_VALIDATION = 16  # jobs up to this many requests are tokenized on the event loop
 FOLLOW_POLL_S = 1.0
 
 
 class JobsServicer(pb_grpc.JobsServicer):
-    def __init__(self, auth: Authenticator, store: JobStore, runner: JobRunner,
-                 model: ModelInfo, render: validate.Render, max_requests_per_job: int):
+    def __init__(self, auth: Authenticator, store: JobStore, runner: JobRunner, work: Work):
         self._auth = auth
         self._store = store
         self._runner = runner
-        self._model = model
-        self._render = render
-        self._max_requests = max_requests_per_job
+        self._work = work
 
     def authenticate(self, context) -> str:
         return self._auth.tenant(context)
@@ -47,27 +39,8 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
-        key = validate.idempotency_key(request.idempotency_key)
-        if key and (existing := self._store.find_job(tenant, key)) is not None:
-            return job_to_pb(existing)  # a retried submission: the first one's job
-        n = len(request.requests)
-        validate.check_job_size(n, self._max_requests)
-        self._runner.admit(tenant, n)  # before tokenizing: an overloaded cluster does no work
-        try:
-            args = (request.requests, self._max_requests, self._model, self._render)
-            if n <= INLINE_VALIDATION:
-                new = validate.job_requests(*args)
-            else:  # tokenizing a big job must not stall the other calls on the event loop
-                new = await asyncio.to_thread(validate.job_requests, *args)
-            job, created = self._store.submit(tenant, self._model.model_id, new, key)
-        except BaseException:
-            self._runner.release(tenant, n)
-            raise
-        if not created:  # the same key arrived twice while this one was tokenizing
-            self._runner.release(tenant, n)
-            return job_to_pb(job)
-        with attached(extract_metadata(context.invocation_metadata())):
-            self._runner.launch(job)  # the job's span joins the caller's trace, if any
+        job = await self._work.submit_job(tenant, request.requests, request.idempotency_key,
+                                          context.invocation_metadata() or ())
         return job_to_pb(job)
 
     @grpc_errors
@@ -99,7 +72,7 @@ class JobsServicer(pb_grpc.JobsServicer):
         while True:
             batch = self._store.results(job_id, offset, RESULT_PAGE)
             for result in batch:
-                yield result_to_pb(result, self._model.model_id)
+                yield result_to_pb(result, self._work.model.model_id)
                 offset = result.seq + 1
             if batch:
                 continue
@@ -114,13 +87,9 @@ class JobsServicer(pb_grpc.JobsServicer):
 
 
 class GenerateServicer(pb_grpc.GenerateServicer):
-    def __init__(self, auth: Authenticator, backend: Backend, runner: JobRunner,
-                 model: ModelInfo, render: validate.Render):
+    def __init__(self, auth: Authenticator, work: Work):
         self._auth = auth
-        self._backend = backend
-        self._runner = runner
-        self._model = model
-        self._render = render
+        self._work = work
 
     def authenticate(self, context) -> str:
         return self._auth.tenant(context)
@@ -128,37 +97,15 @@ class GenerateServicer(pb_grpc.GenerateServicer):
     @grpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
         tenant = self._auth.tenant(context)
-        self._runner.admit(tenant, 1)  # before tokenizing: an overloaded cluster does no work
-        try:
-            new = validate.new_request(request.request, "request", self._model, self._render)
-            request_id = f"gen-{secrets.token_hex(8)}"
-            with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
-                                              context.invocation_metadata()) as trace:
-                generate = GenerateRequest(request_id=request_id,
-                                           namespace=self._runner.namespace(tenant),
-                                           prompt=new.prompt, sampling=new.sampling,
-                                           trace_context=trace.context)
-                remaining = context.time_remaining()
-                timeout_s = min(self._runner.timeout_s,
-                                math.inf if remaining is None else max(remaining, 0.001))
-                hashes = self._runner.block_hashes(tenant, new.prompt)
-                # Closed with the RPC (a client that cancels or goes away): the request is
-                # aborted on its worker at once, not whenever the stream is collected.
-                async with contextlib.aclosing(until_rpc_done(context, dispatch_stream(
-                        self._backend, generate, hashes, timeout_s))) as items:
-                    async for item in items:
-                        if isinstance(item, GenerateOutcome):
-                            stored = result_of(0, new.custom_id, item)
-                            try:  # the caller gets its result first; the trace is finished after
-                                yield pb.GenerateResponse(
-                                    result=result_to_pb(stored, self._model.model_id))
-                            finally:
-                                trace.done(generate, hashes, item)
-                        else:
-                            yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
-                                                                          text=item.text))
-        finally:
-            self._runner.release(tenant, 1)
+        model = self._work.model.model_id
+        async for item in self._work.stream_one(tenant, request.request, "request",
+                                                context.invocation_metadata() or (),
+                                                context.time_remaining()):
+            if isinstance(item, StoredResult):
+                yield pb.GenerateResponse(result=result_to_pb(item, model))
+            else:
+                yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
+                                                              text=item.text))
 
 
 _END = object()
