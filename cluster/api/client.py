@@ -1,7 +1,7 @@
 """A Python client for orchard's gRPC API (blocking; one channel per ``Client``).
 
     from cluster.api.client import Client, chat_request
-    with Client.from_run_dir("run") as client:          # address and a tenant key from the run dir
+    with Client.from_run_dir("run") as client:   # address, a tenant key, TLS files: the run dir
         job = client.submit([chat_request("q1", [{"role": "user", "content": "Hi"}], 32)])
         job = client.wait(job.job_id, on_progress=print)
         for result in client.results(job.job_id):
@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.config import default_run_dir, load_config
 from cluster.api.convert import STATE_NAMES
+from cluster.api.tls import ClientTls, client_tls
 from cluster.telemetry.setup import inject_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
@@ -103,12 +104,14 @@ def _call(fn, *args, **kwargs):
 
 
 class Client:
-    def __init__(self, address: str, api_key: str, timeout_s: float = 60.0):
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),  # big jobs are one SubmitJob message
-            # server streams (results, generate) read on the calling thread: lower latency
-            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
+    def __init__(self, address: str, api_key: str, timeout_s: float = 60.0,
+                 tls: ClientTls | None = None):
+        options = [("grpc.max_receive_message_length", 64 << 20),
+                   ("grpc.max_send_message_length", 64 << 20),  # big jobs: one SubmitJob
+                   # server streams (results, generate) read on the calling thread: faster
+                   (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+        self._channel = (grpc.insecure_channel(address, options=options) if tls is None else
+                         grpc.secure_channel(address, tls.channel_credentials(), options=options))
         self._auth = (("authorization", f"Bearer {api_key}"),)
         self._timeout_s = timeout_s
         self._jobs = pb_grpc.JobsStub(self._channel)
@@ -124,9 +127,12 @@ class Client:
     @classmethod
     def from_run_dir(cls, run_dir: Path | str | None = None, tenant: str | None = None,
                      admin: bool = False, api_key: str | None = None,
-                     address: str | None = None) -> Client:
-        """Find the frontend (``frontend.json``) and a key (``orchard.toml``) in a run dir."""
+                     address: str | None = None, ca: Path | None = None,
+                     cert: Path | None = None, key: Path | None = None) -> Client:
+        """Find the frontend (``frontend.json``), a key (``orchard.toml``) and the TLS files
+        (``--ca``/``--cert``/``--key``, else ``RUN/tls/``: ``cluster.api.tls.client_tls``)."""
         run_dir = Path(run_dir) if run_dir else default_run_dir()
+        tls = client_tls(run_dir, ca, cert, key)
         address = address or os.environ.get("ORCHARD_ADDRESS") or frontend_address(run_dir)
         api_key = api_key or os.environ.get("ORCHARD_API_KEY")
         if not api_key:
@@ -139,7 +145,7 @@ class Client:
             if not api_key:
                 raise ValueError(f"no {'admin' if admin else 'tenant'} key in {run_dir}: "
                                  "pass --api-key or set ORCHARD_API_KEY")
-        return cls(address, api_key)
+        return cls(address, api_key, tls=tls)
 
     def close(self) -> None:
         self._channel.close()

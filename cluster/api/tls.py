@@ -51,9 +51,9 @@ class ClientTls:
     key: Path | None = None
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        chain = self.cert.read_bytes() if self.cert else None
-        key = self.key.read_bytes() if self.key else None
-        return grpc.ssl_channel_credentials(self.ca.read_bytes(), key, chain)
+        chain = Path(self.cert).read_bytes() if self.cert else None
+        key = Path(self.key).read_bytes() if self.key else None
+        return grpc.ssl_channel_credentials(Path(self.ca).read_bytes(), key, chain)
 
 
 def is_loopback(host: str) -> bool:

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from cluster.commands.tls import add_client_args
 from cluster.config import default_run_dir
 
 
@@ -59,6 +60,7 @@ def _run_dir(parser: argparse.ArgumentParser) -> None:
 def _admin_args(parser: argparse.ArgumentParser) -> None:
     _run_dir(parser)
     parser.add_argument("--address", default=None, help="frontend host:port")
+    add_client_args(parser)
     parser.add_argument("--api-key", default=None, help="an admin API key")
 
 
@@ -100,9 +102,10 @@ def cmd_down(args) -> int:
 
 def _admin(args):
     from cluster.api.client import Client
+    from cluster.commands.tls import client_files
 
     return Client.from_run_dir(args.run_dir, admin=True, api_key=args.api_key,
-                               address=args.address)
+                               address=args.address, **client_files(args))
 
 
 def _call(fn):

@@ -14,19 +14,21 @@ from pathlib import Path
 
 from cluster.api.batchfile import output_lines, parse_batch
 from cluster.api.client import Client, JobStatus, OrchardError
+from cluster.commands.tls import add_client_args, client_files
 
 
 def _connect_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="the cluster's run directory (default: $ORCHARD_RUN_DIR or ./run)")
     parser.add_argument("--address", default=None, help="frontend host:port")
+    add_client_args(parser)
     parser.add_argument("--api-key", default=None, help="a tenant API key")
     parser.add_argument("--tenant", default=None, help="use this tenant's key from the config")
 
 
 def _client(args) -> Client:
     return Client.from_run_dir(args.run_dir, tenant=args.tenant, api_key=args.api_key,
-                               address=args.address)
+                               address=args.address, **client_files(args))
 
 
 def _job_dict(job: JobStatus) -> dict:
