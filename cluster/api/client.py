@@ -170,10 +170,33 @@ class Client:
         return JobStatus.from_pb(_call(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id),
                                        metadata=self._metadata, timeout=self._timeout_s))
 
-    def jobs(self, limit: int = 50) -> list[JobStatus]:
-        reply = _call(self._jobs.ListJobs, pb.ListJobsRequest(limit=limit),
-                      metadata=self._metadata, timeout=self._timeout_s)
-        return [JobStatus.from_pb(j) for j in reply.jobs]
+    def jobs(self, limit: int = 50, states: Sequence[str] = (), since_ms: int = 0
+             ) -> list[JobStatus]:
+        """Up to ``limit`` of this tenant's jobs, newest first (filtered as ``jobs_page``)."""
+        jobs: list[JobStatus] = []
+        token = ""
+        while len(jobs) < limit:
+            page, token = self.jobs_page(min(limit - len(jobs), 1000), token, states, since_ms)
+            jobs += page
+            if not token:
+                break
+        return jobs
+
+    def jobs_page(self, page_size: int = 50, page_token: str = "", states: Sequence[str] = (),
+                  since_ms: int = 0) -> tuple[list[JobStatus], str]:
+        """One page of jobs in ``states`` (names: "queued", ...) created at or after
+        ``since_ms``, and the token of the next page ("" after the last)."""
+        by_name = {name: value for value, name in STATE_NAMES.items()}
+        unknown = [s for s in states if s not in by_name]
+        if unknown:
+            raise ValueError(f"--state: unknown state {unknown[0]!r}; use "
+                             f"{', '.join(by_name)}")
+        request = pb.ListJobsRequest(page_size=page_size, page_token=page_token,
+                                     states=[by_name[s] for s in states],
+                                     created_after_unix_ms=since_ms)
+        reply = _call(self._jobs.ListJobs, request, metadata=self._metadata,
+                      timeout=self._timeout_s)
+        return [JobStatus.from_pb(j) for j in reply.jobs], reply.next_page_token
 
     def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.from_pb(_call(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id),

@@ -12,7 +12,7 @@ import contextlib
 from typing import AsyncIterator, TypeVar
 
 from cluster.api import validate
-from cluster.api.convert import job_to_pb, result_to_pb
+from cluster.api.convert import job_to_pb, page_request, page_token, result_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
 from cluster.api.work import Work
 from cluster.jobs.runner import JobRunner
@@ -51,10 +51,13 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
         tenant = self._auth.tenant(context)
-        if request.limit < 0:
-            raise validate.FieldError("limit", f"must be >= 0, got {request.limit}")
-        jobs = self._store.list_jobs(tenant, min(request.limit or 50, 1000))
-        return pb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs])
+        page = page_request(request)
+        jobs = self._store.list_jobs(tenant, page.size + 1, page.states, page.since_ms,
+                                     page.after)
+        more = len(jobs) > page.size
+        jobs = jobs[:page.size]
+        return pb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs],
+                                   next_page_token=page_token(jobs[-1].job_id) if more else "")
 
     @grpc_errors
     async def CancelJob(self, request: pb.CancelJobRequest, context) -> pb.Job:

@@ -7,6 +7,7 @@ They talk to a running frontend through ``cluster.api.client``: the address come
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
@@ -33,7 +34,8 @@ def _client(args) -> Client:
 
 def _job_dict(job: JobStatus) -> dict:
     return {"job_id": job.job_id, "state": job.state, "total": job.total,
-            "completed": job.completed, "failed": job.failed, "cancelled": job.cancelled}
+            "completed": job.completed, "failed": job.failed, "cancelled": job.cancelled,
+            "created_unix_ms": job.created_unix_ms, "finished_unix_ms": job.finished_unix_ms}
 
 
 def _progress_line(job: JobStatus, started: float) -> str:
@@ -84,15 +86,42 @@ def results(args) -> int:
 
 
 def jobs(args) -> int:
+    since_ms = parse_since(args.since, time.time()) if args.since else 0
     with _client(args) as client:
-        listed = client.jobs(limit=args.limit)
+        listed = client.jobs(limit=args.limit, states=args.state or (), since_ms=since_ms)
     if args.json:
         print(json.dumps([_job_dict(j) for j in listed]))
         return 0
-    print(f"{'JOB':<22} {'STATE':<10} {'DONE':>9} {'FAILED':>6}")
+    print(f"{'JOB':<22} {'STATE':<10} {'DONE':>9} {'FAILED':>6}  {'CREATED (UTC)':<19}  "
+          "FINISHED (UTC)")
     for job in listed:
-        print(f"{job.job_id:<22} {job.state:<10} {f'{job.done}/{job.total}':>9} {job.failed:>6}")
+        print(f"{job.job_id:<22} {job.state:<10} {f'{job.done}/{job.total}':>9} "
+              f"{job.failed:>6}  {_when(job.created_unix_ms):<19}  "
+              f"{_when(job.finished_unix_ms)}")
     return 0
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else "-"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now_s: float) -> int:
+    """``--since``: a duration back from now (``90m``, ``6h``, ``2d``) or a UTC date or time
+    (``2026-11-30``, ``2026-11-30T08:00``); milliseconds since the epoch."""
+    text = text.strip()
+    if text[:-1].replace(".", "", 1).isdigit() and text[-1:] in _UNITS:
+        return int((now_s - float(text[:-1]) * _UNITS[text[-1]]) * 1000)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--since: {text!r} is neither a duration (90m, 6h, 2d) nor a UTC "
+                         "date or time (2026-11-30, 2026-11-30T08:00)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
 
 
 def cancel(args) -> int:
@@ -120,7 +149,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=results)
 
     p = subparsers.add_parser("jobs", help="list this tenant's jobs, newest first")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument("--state", action="append", metavar="STATE",
+                   choices=("queued", "running", "succeeded", "cancelled"),
+                   help="only jobs in STATE (repeat for several)")
+    p.add_argument("--since", default=None, metavar="WHEN",
+                   help="only jobs created since WHEN: 90m, 6h, 2d, or a UTC date/time")
     p.add_argument("--json", action="store_true")
     _connect_args(p)
     p.set_defaults(func=jobs)
