@@ -99,7 +99,9 @@ class HttpApi:
                     result = item
             if result is None:
                 raise RuntimeError("the backend's stream ended without a result")
-            return JSONResponse(shapes.response_body(endpoint, result, self._model_id, created))
+            # the worker's own time, as OpenAI reports its processing time in a header
+            return JSONResponse(shapes.response_body(endpoint, result, self._model_id, created),
+                                headers={"orchard-worker-ms": f"{result.worker_s * 1e3:.3f}"})
         feed = _Feed(items)
         try:  # a request refused before its first token gets a status, not a broken stream
             first = await feed.next()

@@ -34,9 +34,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from cluster.api.client import Client, chat_request
+
+if TYPE_CHECKING:  # the HTTP side needs the openai SDK (a test dependency): imported on use
+    import openai
+
+    from cluster.bench.http import TtftFigures
 
 TARGET_P50_MS = 5.0
 
@@ -119,10 +124,10 @@ def measure_job(client: Client, n: int, prompt_words: int, offset: int = 0
 
 
 @contextmanager
-def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
-                   ) -> Iterator[Client]:
-    """A frontend subprocess over one in-process worker, in a fresh run directory."""
-    from cluster.config import load_config, write_default_config
+def local_run(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
+              ) -> Iterator[Path]:
+    """A frontend subprocess over one in-process worker, serving a fresh run directory."""
+    from cluster.config import write_default_config
 
     with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
         run_dir = Path(tmp)
@@ -141,26 +146,46 @@ def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurren
                     raise RuntimeError("the frontend did not start: "
                                        + (run_dir / "frontend.log").read_text()[-2000:])
                 time.sleep(0.1)
-            config = load_config(run_dir)
-            with Client.from_run_dir(run_dir, api_key=config.key_for("default")) as client:
-                yield client
+            yield run_dir
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
 
 
-def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bool
-        ) -> list[PathFigures]:
+@contextmanager
+def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
+                   ) -> Iterator[Client]:
+    """A client of ``local_run``'s frontend (a tenant key from its config)."""
+    from cluster.config import load_config
+
+    with local_run(model_dir, telemetry, max_concurrent) as run_dir:
+        key = load_config(run_dir).key_for("default")
+        with Client.from_run_dir(run_dir, api_key=key) as client:
+            yield client
+
+
+def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bool,
+        http: openai.OpenAI | None = None) -> tuple[list[PathFigures], list[TtftFigures]]:
     measure_generate(client, warmup, prompt_words, offset=0)
     measure_job(client, warmup, prompt_words, offset=warmup)
     base = 2 * warmup
     figures = [_figures("generate", *measure_generate(client, requests, prompt_words, base))]
+    ttft: list[TtftFigures] = []
+    if http is not None:
+        from cluster.bench.http import measure_http_chat, measure_ttft
+
+        model = http.models.list().data[0].id
+        measure_http_chat(http, model, warmup, prompt_words, offset=0)
+        figures.append(_figures("http_chat", *measure_http_chat(http, model, requests,
+                                                                prompt_words, warmup)))
+        ttft = measure_ttft(client, http, model, max(requests // 4, 10), prompt_words,
+                            _percentile)
     if batch:  # needs a frontend running one request at a time (the local one does)
         base += requests
         figures.append(_figures("batch", *measure_batch(client, requests, prompt_words, base)))
     base += requests
     figures.append(_figures("job_single", *measure_job(client, requests, prompt_words, base)))
-    return figures
+    return figures, ttft
 
 
 def bench_api(args) -> int:
@@ -169,19 +194,30 @@ def bench_api(args) -> int:
     if bool(args.address) != bool(args.api_key):
         raise ValueError("--address and --api-key go together (a running cluster's frontend "
                          "and a tenant key)")
+    from cluster.bench.http import sdk
+
     if args.address:
+        http = sdk(args.http_address, args.api_key) if args.http_address else None
         with Client(args.address, args.api_key) as client:
-            figures = run(client, args.requests, args.warmup, args.prompt_words, batch=False)
+            figures, ttft = run(client, args.requests, args.warmup, args.prompt_words,
+                                batch=False, http=http)
     else:
         import workers  # noqa: F401  (OpenBLAS before mlx, for forging the default model)
         from workers.default_model import ensure_default_model
 
         model_dir = args.model or str(ensure_default_model())
-        with local_frontend(model_dir, args.telemetry) as client:
-            figures = run(client, args.requests, args.warmup, args.prompt_words, batch=True)
+        from cluster.config import load_config
+
+        with local_run(model_dir, args.telemetry) as run_dir:
+            key = load_config(run_dir).key_for("default")
+            address = json.loads((run_dir / "frontend.json").read_text())["http_address"]
+            with Client.from_run_dir(run_dir, api_key=key) as client:
+                figures, ttft = run(client, args.requests, args.warmup, args.prompt_words,
+                                    batch=True, http=sdk(address, key))
     if args.json:
         print(json.dumps({"target_p50_ms": TARGET_P50_MS,
-                          "paths": [asdict(f) for f in figures]}, indent=2))
+                          "paths": [asdict(f) for f in figures],
+                          "ttft": [asdict(t) for t in ttft]}, indent=2))
         return 0
     print(f"path overhead per request (wall - worker time), {args.requests} sequential "
           f"requests, max_tokens=1, target p50 <= {TARGET_P50_MS:g} ms")
@@ -190,6 +226,11 @@ def bench_api(args) -> int:
     for f in figures:
         print(f"{f.path:<11} {f.overhead_p50_ms:>8.2f} {f.overhead_p99_ms:>8.2f} "
               f"{f.overhead_mean_ms:>8.2f} {f.wall_p50_ms:>9.2f} {f.worker_p50_ms:>11.2f}")
+    if ttft:
+        print(f"\nstreamed TTFT (call -> first text), max_tokens=8, {ttft[0].requests} "
+              "requests each, alternating")
+        for t in ttft:
+            print(f"{t.path:<11} p50 {t.ttft_p50_ms:>8.2f} ms   p99 {t.ttft_p99_ms:>8.2f} ms")
     return 0
 
 
@@ -202,6 +243,8 @@ def register_bench(sub) -> None:
     p.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
     p.add_argument("--address", help="measure a running frontend instead (host:port)")
     p.add_argument("--api-key", help="a tenant key of that frontend")
+    p.add_argument("--http-address", help="and its HTTP API (http://host:port), to measure "
+                   "HTTP beside gRPC")
     p.add_argument("--telemetry", choices=("file", "none"), default="file",
                    help="the local frontend's trace exporter (default: file, as `orchard up`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
