@@ -238,3 +238,34 @@ def test_managed_keys_apply_without_restart_and_revoked_or_expired_are_refused(
         sdk(api, "sk-beta-never-issued").models.list()
     assert revoked.value.body == expired.value.body == unknown.value.body  # no hint of which
     assert sdk(api, "key-beta").models.list().data  # the orchard.toml key still works
+
+
+def test_each_http_request_is_one_trace_rooted_at_its_request(tmp_path):
+    from cluster.telemetry.attrs import REQUEST_ID
+    from cluster.telemetry.otlp_json import read_spans
+    from frontend_harness import ACME_CONFIG
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "orchard.toml").write_text(ACME_CONFIG)
+    with running_frontend(run_dir, tiny_model(), workers=1) as harness:
+        client = sdk(harness)
+        plain = client.chat.completions.create(model="llama", messages=messages("a"),
+                                               max_tokens=2)
+        caller = f"00-{'ab' * 16}-{'cd' * 8}-01"
+        child = client.chat.completions.create(model="llama", messages=messages("b"),
+                                               max_tokens=2, extra_headers={"traceparent": caller})
+    spans = read_spans(run_dir / "traces").spans
+
+    def request_span(reply):
+        request_id = reply.id.removeprefix("chatcmpl-")
+        (span,) = [s for s in spans if s.attributes.get("orchard.span") == "request"
+                   and s.attributes.get(REQUEST_ID) == request_id]
+        return span
+
+    root = request_span(plain)
+    assert not root.parent_span_id  # the HTTP request is the root of its own trace
+    inside = [s for s in spans if s.trace_id == root.trace_id]
+    assert len(inside) > 1 and all(s.trace_id != request_span(child).trace_id for s in inside)
+    assert request_span(child).trace_id == "ab" * 16
+    assert request_span(child).parent_span_id == "cd" * 8

@@ -49,7 +49,7 @@ from cluster.api.batch_store import BatchStore
 from cluster.api.http_app import HttpApi, HttpServer, start_http
 from cluster.api.http_batches import Batches
 from cluster.api.servicer_admin import AdminServicer
-from cluster.api.tls import check_binding, server_credentials
+from cluster.api.tls import TlsFiles, check_binding, server_credentials
 from cluster.api.work import Work
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
@@ -159,17 +159,7 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
         (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
     tls = config.tls_files()
-    warning = check_binding(config.host, tls, config.tls.allow_plaintext_lan)
-    if warning:
-        log.warning(warning)
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    if tls is None:
-        port = server.add_insecure_port(f"{host}:{config.port}")
-    else:
-        port = server.add_secure_port(f"{host}:{config.port}", server_credentials(tls))
-    if port == 0:
-        raise ValueError(f"cannot bind {config.host}:{config.port}: the port is in use; set "
-                         "[frontend] port = 0 to pick a free one")
+    port = _bind(server, config, tls)
     await server.start()
     http, batches = None, None
     if config.http.enabled:
@@ -180,6 +170,7 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
         try:
             http = await start_http(api.app(), config.host, config.http.port, tls)
         except BaseException:
+            batches.close()
             await server.stop(0)
             raise
     resumed = runner.resume()
@@ -195,6 +186,22 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     return frontend
 
 
+def _bind(server: grpc.aio.Server, config: Config, tls: TlsFiles | None) -> int:
+    """Add the gRPC port (TLS when configured, the LAN rule checked); the port bound."""
+    warning = check_binding(config.host, tls, config.tls.allow_plaintext_lan)
+    if warning:
+        log.warning(warning)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    if tls is None:
+        port = server.add_insecure_port(f"{host}:{config.port}")
+    else:
+        port = server.add_secure_port(f"{host}:{config.port}", server_credentials(tls))
+    if port == 0:
+        raise ValueError(f"cannot bind {config.host}:{config.port}: the port is in use; set "
+                         "[frontend] port = 0 to pick a free one")
+    return port
+
+
 async def _main(run_dir: Path, workers: int) -> None:
     import workers as _blas  # noqa: F401  (OpenBLAS before mlx)
     from cluster.backend.local import LocalBackend
@@ -203,7 +210,8 @@ async def _main(run_dir: Path, workers: int) -> None:
     backend = LocalBackend.from_config(config, workers=workers)
     await backend.start()
     frontend = await serve(config, backend)
-    print(f"orchard frontend listening on {frontend.address}", flush=True)
+    print(f"orchard frontend listening on {frontend.address}"
+          + (f", HTTP API on {frontend.http.address}" if frontend.http else ""), flush=True)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

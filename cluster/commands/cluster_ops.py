@@ -79,16 +79,25 @@ def cmd_up(args) -> int:
     if args.detach:
         state = daemon.spawn_detached(options)
         print(f"orchard: cluster up in the background (pid {state.pid}): frontend "
-              f"{state.frontend}, {state.workers} worker(s), Ray {state.ray_address}; "
-              f"stop it with `orchard down --run-dir {options.run_dir}`")
+              f"{state.frontend}{_http(options.run_dir)}, {state.workers} worker(s), Ray "
+              f"{state.ray_address}; stop it with `orchard down --run-dir {options.run_dir}`")
         return 0
 
     def ready(state) -> None:
-        print(f"orchard: cluster up: frontend {state.frontend}, {state.workers} worker(s), "
-              f"Ray {state.ray_address}; Ctrl-C to stop", flush=True)
+        print(f"orchard: cluster up: frontend {state.frontend}{_http(options.run_dir)}, "
+              f"{state.workers} worker(s), Ray {state.ray_address}; Ctrl-C to stop", flush=True)
     daemon.serve_until_stopped(options, ready)
     print("orchard: cluster stopped", flush=True)
     return 0
+
+
+def _http(run_dir: Path) -> str:
+    """", HTTP API http://..." from the frontend's address file (empty when it has none)."""
+    try:
+        address = json.loads((run_dir / "frontend.json").read_text()).get("http_address")
+    except (OSError, ValueError):
+        return ""
+    return f", HTTP API {address}" if address else ""
 
 
 def cmd_down(args) -> int:
