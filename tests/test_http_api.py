@@ -190,6 +190,19 @@ def test_errors_in_openai_shape_with_a_status_each(api, acme, model):
     assert caught.value.body["param"] == "model"
     with pytest.raises(openai.NotFoundError):  # NOT_FOUND -> 404
         acme.batches.retrieve("batch_nope")
+    lines = _batch_file(2).getvalue().decode().splitlines()
+    bad = [lines[0], "", lines[1].replace('"role": "user"', '"role": "robot"')]
+    uploaded = acme.files.create(file=("in.jsonl", io.BytesIO("\n".join(bad).encode())),
+                                 purpose="batch")
+    with pytest.raises(openai.BadRequestError) as caught:  # the file's line, not requests[1]
+        acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                            completion_window="24h")
+    assert caught.value.body["message"].startswith("line 3.messages[1].role: unknown role 'robot'")
+    uploaded = acme.files.create(file=("in.jsonl", io.BytesIO(b"{not json\n")),
+                                 purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="line 1: not valid JSON"):
+        acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                            completion_window="24h")
     uploaded = acme.files.create(file=("in.jsonl", _batch_file(9)), purpose="batch")
     with pytest.raises(openai.RateLimitError) as caught:  # RESOURCE_EXHAUSTED -> 429
         acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",

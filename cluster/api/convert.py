@@ -71,9 +71,10 @@ def page_token(job_id: str) -> str:
 
 def page_request(request: pb.ListJobsRequest) -> JobsPage:
     """A ListJobs request, checked: ``FieldError`` naming the field."""
+    for name in ("limit", "page_size"):
+        if not 0 <= getattr(request, name) <= 1000:
+            raise FieldError(name, f"must be in [0, 1000] (0: 50), got {getattr(request, name)}")
     size = request.page_size or request.limit or 50
-    if request.page_size < 0 or request.limit < 0 or size > 1000:
-        raise FieldError("page_size", f"must be in [1, 1000], got {size}")
     try:
         after = base64.urlsafe_b64decode(request.page_token.encode()).decode()
     except (binascii.Error, UnicodeDecodeError):

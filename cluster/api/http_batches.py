@@ -112,9 +112,13 @@ class Batches:
                              "purpose 'batch'")
         lines = self._store.content(file_id, tenant).decode("utf-8", "replace").splitlines()
         args = (lines, endpoint, self._encode)
-        requests = (shapes.batch_requests(*args) if len(lines) <= INLINE_LINES
-                    else await asyncio.to_thread(shapes.batch_requests, *args))
-        job = await self._work.submit_job(tenant, requests, metadata=list(request.headers.items()))
+        parsed = (shapes.batch_requests(*args) if len(lines) <= INLINE_LINES
+                  else await asyncio.to_thread(shapes.batch_requests, *args))
+        try:
+            job = await self._work.submit_job(tenant, parsed.requests,
+                                              metadata=list(request.headers.items()))
+        except FieldError as exc:  # validation names requests[i]: the file's line instead
+            raise parsed.on_line(exc) from None
         batch = self._store.add_batch(tenant, job.job_id, endpoint, file_id, window, metadata)
         return JSONResponse(self._object(batch, job))
 

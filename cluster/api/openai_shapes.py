@@ -13,6 +13,7 @@ read from a worker's prefix store as ``usage.prompt_tokens_details.cached_tokens
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -188,10 +189,23 @@ def batch_output_line(endpoint: str, r: StoredResult, model: str, created_s: int
                          "body": response_body(endpoint, r, model, created_s)}}
 
 
-def batch_requests(lines: Sequence[str], endpoint: str, encode: Encode) -> list[pb.Request]:
-    """The requests of a Batch input file; ``FieldError`` naming ``line N`` on bad input."""
+@dataclass(frozen=True, slots=True)
+class BatchInput:
+    requests: list[pb.Request]
+    lines: list[int]  # the 1-based line of each request
 
-    requests = []
+    def on_line(self, exc: FieldError) -> FieldError:
+        """``exc`` about ``requests[i]...`` (from validation) retold as ``line N...``."""
+        match = re.match(r"requests\[(\d+)\]", exc.field)
+        if match is None or int(match.group(1)) >= len(self.lines):
+            return exc
+        field = f"line {self.lines[int(match.group(1))]}{exc.field[match.end():]}"
+        return type(exc)(field, str(exc).removeprefix(f"{exc.field}: "))
+
+
+def batch_requests(lines: Sequence[str], endpoint: str, encode: Encode) -> BatchInput:
+    """The requests of a Batch input file; ``FieldError`` naming ``line N`` on bad input."""
+    requests, numbers = [], []
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
@@ -209,9 +223,10 @@ def batch_requests(lines: Sequence[str], endpoint: str, encode: Encode) -> list[
                              "batch's endpoint")
         try:
             requests.append(request_of(line.get("body"), endpoint, encode, custom_id))
+            numbers.append(number)
         except FieldError as exc:
             raise FieldError(f"line {number}.body.{exc.field}",
                              str(exc).removeprefix(f"{exc.field}: ")) from None
     if not requests:
         raise FieldError("input_file_id", "the input file has no requests")
-    return requests
+    return BatchInput(requests, numbers)
