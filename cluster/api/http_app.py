@@ -92,17 +92,20 @@ class HttpApi:
         items = self._work.stream_one(tenant, orchard_request, "body",
                                       list(request.headers.items()))
         created = int(self._clock_s())
-        if not mode.stream:
-            result = None
-            async for item in items:
-                if isinstance(item, StoredResult):
-                    result = item
-            if result is None:
-                raise RuntimeError("the backend's stream ended without a result")
+        feed = _Feed(items)
+        if not mode.stream:  # answered at the result; the request's trace finishes after
+            try:
+                result = await feed.next()
+                while not isinstance(result, StoredResult):
+                    result = await feed.next()
+            except StopAsyncIteration:
+                raise RuntimeError("the backend's stream ended without a result") from None
+            except BaseException:  # a failure, or the client went away: stop the request
+                feed.cancel()
+                raise
             # the worker's own time, as OpenAI reports its processing time in a header
             return JSONResponse(shapes.response_body(endpoint, result, self._model_id, created),
                                 headers={"orchard-worker-ms": f"{result.worker_s * 1e3:.3f}"})
-        feed = _Feed(items)
         try:  # a request refused before its first token gets a status, not a broken stream
             first = await feed.next()
         except BaseException:
@@ -114,7 +117,7 @@ class HttpApi:
 
     async def _events(self, endpoint: str, first, feed: _Feed, mode: shapes.Streaming,
                       created: int) -> AsyncIterator[bytes]:
-        request_id = ""
+        request_id, finished = "", False
         try:
             item = first
             while not isinstance(item, StoredResult):
@@ -124,6 +127,7 @@ class HttpApi:
                         yield _sse(shapes.chunk(endpoint, request_id, self._model_id, created, ""))
                 yield _sse(shapes.chunk(endpoint, request_id, self._model_id, created, item.text))
                 item = await feed.next()
+            finished = True
             args = (endpoint, item.request_id, self._model_id, created)
             yield _sse(shapes.chunk(*args, None, item.finish_reason))
             if mode.include_usage:
@@ -134,7 +138,8 @@ class HttpApi:
         except Exception as exc:  # after the first byte the status is sent: an error event
             yield _sse(error_body(*describe(exc)))
         finally:
-            feed.cancel()  # a client that went away stops its request
+            if not finished:
+                feed.cancel()  # a client that went away stops its request
 
 
 class _Feed:
@@ -207,6 +212,7 @@ async def start_http(app: Starlette, host: str, port: int, tls: TlsFiles | None)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
     try:
         sock.bind((host, port))
     except OSError as exc:
