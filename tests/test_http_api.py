@@ -7,7 +7,7 @@ import time
 import openai
 import pytest
 
-from cluster.api.client import chat_request
+from cluster.api.client import OrchardError, chat_request
 from cluster.api.http_errors import error_response
 from cluster.backend.protocol import NoWorkersAvailable
 from cluster.cli import main as orchard
@@ -241,6 +241,9 @@ def test_managed_keys_apply_without_restart_and_revoked_or_expired_are_refused(
     assert orchard(["keys", "revoke", key_id, "--run-dir", run_dir]) == 0
     with pytest.raises(openai.AuthenticationError) as revoked:
         client.models.list()
+    with api.client(api_key=key) as grpc_client:
+        with pytest.raises(OrchardError, match="UNAUTHENTICATED: authorization: unknown API key"):
+            grpc_client.jobs()
     # an expired key: created already past its expiry by giving the store a later clock
     from cluster.api.keys import KeyStore
     past = KeyStore(api.config.run_dir, lambda: time.time_ns() // 1_000_000 - 2 * 86_400_000)
