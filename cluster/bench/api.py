@@ -8,7 +8,7 @@ where the worker's own time is ``worker_s`` on the result (the engine's stamps, 
 received -> last token). What remains is the whole path around the model: gRPC both ways,
 auth, validation, tokenization, block hashing, routing, the hand-off to the worker and back,
 and, on the job path, the job store (an fsynced job insert, the result insert) and the result
-stream. Three paths are measured:
+stream. The paths measured:
 
 - ``generate``: the ``Generate`` RPC (one request, streamed back);
 - ``batch``: one job of ``--requests`` requests whose results are followed as they arrive;
@@ -16,7 +16,10 @@ stream. Three paths are measured:
   its result and the previous one at the client, less its worker time (the first request's
   gap starts at submission, so the job's fsynced acceptance is counted once, as it is paid);
 - ``job_single``: ``SubmitJob`` with a single request, then ``StreamResults(follow)`` until its
-  result: the worst case, one job acceptance (fsync) and two RPCs per request.
+  result: the worst case, one job acceptance (fsync) and two RPCs per request;
+- ``http_chat`` (and ``http_sdk_default`` with ``--sdk-default``): the same request through
+  the OpenAI-compatible HTTP API and the ``openai`` SDK, and streamed TTFT over HTTP beside
+  gRPC (``cluster.bench.http``).
 
 By default a frontend over in-process workers (``python -m cluster.api.frontend``, no Ray) is
 started as a separate process on the embedded model; ``--address`` and ``--api-key`` measure a
@@ -165,7 +168,8 @@ def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurren
 
 
 def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bool,
-        http: openai.OpenAI | None = None) -> tuple[list[PathFigures], list[TtftFigures]]:
+        http: openai.OpenAI | None = None, default_client: openai.OpenAI | None = None
+        ) -> tuple[list[PathFigures], list[TtftFigures]]:
     measure_generate(client, warmup, prompt_words, offset=0)
     measure_job(client, warmup, prompt_words, offset=warmup)
     base = 2 * warmup
@@ -178,6 +182,9 @@ def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bo
         measure_http_chat(http, model, warmup, prompt_words, offset=0)
         figures.append(_figures("http_chat", *measure_http_chat(http, model, requests,
                                                                 prompt_words, warmup)))
+        if default_client is not None:  # the SDK as it comes, without TCP_NODELAY
+            figures.append(_figures("http_sdk_default", *measure_http_chat(
+                default_client, model, requests, prompt_words, warmup + requests)))
         ttft = measure_ttft(client, http, model, max(requests // 4, 10), prompt_words,
                             _percentile)
     if batch:  # needs a frontend running one request at a time (the local one does)
@@ -211,9 +218,10 @@ def bench_api(args) -> int:
         with local_run(model_dir, args.telemetry) as run_dir:
             key = load_config(run_dir).key_for("default")
             address = json.loads((run_dir / "frontend.json").read_text())["http_address"]
+            default = sdk(address, key, nodelay=False) if args.sdk_default else None
             with Client.from_run_dir(run_dir, api_key=key) as client:
                 figures, ttft = run(client, args.requests, args.warmup, args.prompt_words,
-                                    batch=True, http=sdk(address, key))
+                                    batch=True, http=sdk(address, key), default_client=default)
     if args.json:
         print(json.dumps({"target_p50_ms": TARGET_P50_MS,
                           "paths": [asdict(f) for f in figures],
@@ -245,6 +253,8 @@ def register_bench(sub) -> None:
     p.add_argument("--api-key", help="a tenant key of that frontend")
     p.add_argument("--http-address", help="and its HTTP API (http://host:port), to measure "
                    "HTTP beside gRPC")
+    p.add_argument("--sdk-default", action="store_true",
+                   help="also measure HTTP with the openai SDK's default client (no TCP_NODELAY)")
     p.add_argument("--telemetry", choices=("file", "none"), default="file",
                    help="the local frontend's trace exporter (default: file, as `orchard up`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

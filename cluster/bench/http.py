@@ -37,14 +37,15 @@ def _messages(i: int, prompt_words: int, tag: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def sdk(http_address: str, api_key: str) -> openai.OpenAI:
+def sdk(http_address: str, api_key: str, nodelay: bool = True) -> openai.OpenAI:
     """The SDK with ``TCP_NODELAY`` on its sockets, as gRPC sets on its own.
 
     The SDK's HTTP stack writes a POST's headers and body in two sends; without
-    ``TCP_NODELAY`` the body waits for the server to acknowledge the headers, which Linux
-    delays up to 40 ms (measured here: 25.8 ms p50 overhead with the default client, 3 to
-    8 ms with this one, on the same frontend).
+    ``TCP_NODELAY`` the body can wait for the server to acknowledge the headers, which Linux
+    delays by up to 40 ms (docs/benchmarks.md has both clients measured).
     """
+    if not nodelay:
+        return openai.OpenAI(base_url=f"{http_address}/v1", api_key=api_key, max_retries=0)
     transport = httpx2.HTTPTransport(
         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
     return openai.OpenAI(base_url=f"{http_address}/v1", api_key=api_key, max_retries=0,
