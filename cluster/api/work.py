@@ -11,9 +11,10 @@ tokenization, tracing and dispatch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import secrets
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 from cluster.api import validate
 from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo, TokenChunk
@@ -26,6 +27,11 @@ from workers.messages import GenerateRequest
 INLINE_VALIDATION = 16  # jobs up to this many requests are tokenized on the event loop
 
 Metadata = Sequence[tuple[str, str]]
+Pump = Callable[[AsyncIterator], AsyncIterator]
+
+
+def _direct(items: AsyncIterator) -> AsyncIterator:
+    return items
 
 
 class Work:
@@ -69,12 +75,14 @@ class Work:
         return job
 
     async def stream_one(self, tenant: str, request: pb.Request, field: str,
-                         metadata: Metadata = (), remaining_s: float | None = None
-                         ) -> AsyncIterator[TokenChunk | StoredResult]:
+                         metadata: Metadata = (), remaining_s: float | None = None,
+                         pump: Pump = _direct) -> AsyncIterator[TokenChunk | StoredResult]:
         """Run one request outside any job: its token chunks as they come, then its result.
 
         ``remaining_s`` is the caller's own deadline, if it has one; the configured request
-        timeout applies either way.
+        timeout applies either way. ``pump`` wraps the backend's stream (the gRPC edge pumps
+        it from a task the RPC's end cancels); closing this stream early aborts the request
+        on its worker.
         """
         self._runner.admit(tenant, 1)  # before tokenizing: an overloaded cluster does no work
         try:
@@ -89,13 +97,15 @@ class Work:
                 timeout_s = min(self._runner.timeout_s,
                                 math.inf if remaining_s is None else max(remaining_s, 0.001))
                 hashes = self._runner.block_hashes(tenant, new.prompt)
-                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
-                    if isinstance(item, GenerateOutcome):
-                        try:  # the caller gets its result first; the trace is finished after
-                            yield result_of(0, new.custom_id, item)
-                        finally:
-                            trace.done(generate, hashes, item)
-                    else:
-                        yield item
+                async with contextlib.aclosing(pump(dispatch_stream(
+                        self._backend, generate, hashes, timeout_s))) as items:
+                    async for item in items:
+                        if isinstance(item, GenerateOutcome):
+                            try:  # the caller gets its result first; the trace finishes after
+                                yield result_of(0, new.custom_id, item)
+                            finally:
+                                trace.done(generate, hashes, item)
+                        else:
+                            yield item
         finally:
             self._runner.release(tenant, 1)
