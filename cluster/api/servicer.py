@@ -101,9 +101,12 @@ class GenerateServicer(pb_grpc.GenerateServicer):
     async def Generate(self, request: pb.GenerateRequest, context):
         tenant = self._auth.tenant(context)
         model = self._work.model.model_id
+        # Pumped by a task the RPC's end cancels (a client that cancels or goes away): the
+        # request is aborted on its worker at once, not whenever the stream is collected.
         async for item in self._work.stream_one(tenant, request.request, "request",
                                                 context.invocation_metadata() or (),
-                                                context.time_remaining()):
+                                                context.time_remaining(),
+                                                lambda items: until_rpc_done(context, items)):
             if isinstance(item, StoredResult):
                 yield pb.GenerateResponse(result=result_to_pb(item, model))
             else:
