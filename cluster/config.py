@@ -33,8 +33,16 @@ running cluster owns: this config, the job store, the frontend's address file, t
     dir = ""                     # an mlx-lm model directory; "" means the embedded default
 
     [frontend]
-    host = "127.0.0.1"           # loopback only
+    host = "127.0.0.1"           # loopback; any other address needs TLS (cluster.api.tls)
     port = 0                     # 0: pick a free port (written to frontend.json)
+    tls_cert = ""                # e.g. "tls/server.pem" (`orchard tls init`), relative to RUN
+    tls_key = ""                 # e.g. "tls/server.key"
+    client_ca = ""               # set: mutual TLS, clients need a certificate this CA signed
+    allow_plaintext_lan = false  # serve a non-loopback host without TLS (warned at each start)
+
+    [http]
+    enabled = true               # the OpenAI-compatible HTTP API beside gRPC
+    port = 0                     # 0: pick a free port (frontend.json's http_address)
 
     [telemetry]
     exporter = "file"            # "file" (OTLP JSON lines in RUN_DIR/traces), "otlp" or "none"
@@ -90,6 +98,20 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FrontendTls:
+    tls_cert: str = ""
+    tls_key: str = ""
+    client_ca: str = ""
+    allow_plaintext_lan: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    enabled: bool = True
+    port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     run_dir: Path
     tenant_keys: dict[str, str]          # api key -> tenant name
@@ -100,6 +122,8 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 0
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    tls: FrontendTls = field(default_factory=lambda: FrontendTls())
+    http: HttpConfig = field(default_factory=lambda: HttpConfig())
 
     @property
     def db_path(self) -> Path:
@@ -108,6 +132,16 @@ class Config:
     @property
     def address_path(self) -> Path:
         return self.run_dir / ADDRESS_NAME
+
+    def tls_files(self):
+        """The server's ``cluster.api.tls.TlsFiles`` (paths under the run dir), or None."""
+        from cluster.api.tls import TlsFiles
+
+        if not self.tls.tls_cert:
+            return None
+        ca = self.tls.client_ca
+        return TlsFiles(self.run_dir / self.tls.tls_cert, self.run_dir / self.tls.tls_key,
+                        self.run_dir / ca if ca else None)
 
     def tenants(self) -> list[str]:
         return sorted(set(self.tenant_keys.values()))
@@ -179,7 +213,10 @@ def load_config(run_dir: Path | str) -> Config:
     admin = _section(data, "admin", path).get("api_keys", [])
     if not all(isinstance(k, str) and k for k in admin):
         raise ValueError(f"{path}: [admin] api_keys must list non-empty strings")
-    frontend = _section(data, "frontend", path)
+    frontend = dict(_section(data, "frontend", path))
+    host, port = frontend.pop("host", "127.0.0.1"), frontend.pop("port", 0)
+    if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int):
+        raise ValueError(f"{path}: [frontend] host must be a string and port an integer")
     config = Config(
         run_dir=run_dir,
         tenant_keys=_tenant_keys(data, path),
@@ -187,17 +224,18 @@ def load_config(run_dir: Path | str) -> Config:
         limits=_build(Limits, _section(data, "limits", path), "limits", path),
         cache=_build(CacheConfig, _section(data, "cache", path), "cache", path),
         model_dir=str(_section(data, "model", path).get("dir", "")),
-        host=str(frontend.get("host", "127.0.0.1")),
-        port=int(frontend.get("port", 0)),
+        host=host,
+        port=port,
         telemetry=_build(TelemetryConfig, _section(data, "telemetry", path), "telemetry", path),
+        tls=_build(FrontendTls, frontend, "frontend", path),
+        http=_build(HttpConfig, _section(data, "http", path), "http", path),
     )
     _check(config, path)
     return config
 
 
 def _check(config: Config, path: Path) -> None:
-    if config.host not in ("127.0.0.1", "localhost", "::1"):
-        raise ValueError(f"{path}: [frontend] host must be a loopback address, got {config.host!r}")
+    _check_tls(config, path)
     limits = config.limits
     for name in ("max_requests_per_job", "max_pending_per_tenant", "max_pending_total",
                  "max_concurrent", "max_prompt_bytes"):
@@ -219,6 +257,28 @@ def _check(config: Config, path: Path) -> None:
                          f"with a disk_dir when > 0")
     if set(config.tenant_keys) & config.admin_keys:
         raise ValueError(f"{path}: a key may not be both a tenant key and an admin key")
+
+
+def _check_tls(config: Config, path: Path) -> None:
+    from cluster.api.tls import check_binding
+
+    tls = config.tls
+    if bool(tls.tls_cert) != bool(tls.tls_key):
+        raise ValueError(f"{path}: [frontend] tls_cert and tls_key go together")
+    if tls.client_ca and not tls.tls_cert:
+        raise ValueError(f"{path}: [frontend] client_ca (mutual TLS) needs tls_cert and tls_key")
+    files = config.tls_files()
+    for name, file in (("tls_cert", files and files.cert), ("tls_key", files and files.key),
+                       ("client_ca", files and files.client_ca)):
+        if file and not file.is_file():
+            raise ValueError(f"{path}: [frontend] {name}: {file} does not exist (create the "
+                             "files with `orchard tls init`)")
+    try:
+        check_binding(config.host, files, tls.allow_plaintext_lan)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not 0 <= config.http.port < 65536 or not 0 <= config.port < 65536:
+        raise ValueError(f"{path}: ports must be in [0, 65535]")
 
 
 def write_default_config(run_dir: Path | str, tenants: tuple[str, ...] = ("default",),

@@ -1,7 +1,7 @@
 """A Python client for orchard's gRPC API (blocking; one channel per ``Client``).
 
     from cluster.api.client import Client, chat_request
-    with Client.from_run_dir("run") as client:          # address and a tenant key from the run dir
+    with Client.from_run_dir("run") as client:   # address, a tenant key, TLS files: the run dir
         job = client.submit([chat_request("q1", [{"role": "user", "content": "Hi"}], 32)])
         job = client.wait(job.job_id, on_progress=print)
         for result in client.results(job.job_id):
@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.config import default_run_dir, load_config
 from cluster.api.convert import STATE_NAMES
+from cluster.api.tls import ClientTls, client_tls
 from cluster.telemetry.setup import inject_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
@@ -109,12 +110,14 @@ def _call(fn, *args, **kwargs):
 
 
 class Client:
-    def __init__(self, address: str, api_key: str, timeout_s: float = 60.0):
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),  # big jobs are one SubmitJob message
-            # server streams (results, generate) read on the calling thread: lower latency
-            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
+    def __init__(self, address: str, api_key: str, timeout_s: float = 60.0,
+                 tls: ClientTls | None = None):
+        options = [("grpc.max_receive_message_length", 64 << 20),
+                   ("grpc.max_send_message_length", 64 << 20),  # big jobs: one SubmitJob
+                   # server streams (results, generate) read on the calling thread: faster
+                   (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+        self._channel = (grpc.insecure_channel(address, options=options) if tls is None else
+                         grpc.secure_channel(address, tls.channel_credentials(), options=options))
         self._auth = (("authorization", f"Bearer {api_key}"),)
         self._timeout_s = timeout_s
         self._jobs = pb_grpc.JobsStub(self._channel)
@@ -130,9 +133,12 @@ class Client:
     @classmethod
     def from_run_dir(cls, run_dir: Path | str | None = None, tenant: str | None = None,
                      admin: bool = False, api_key: str | None = None,
-                     address: str | None = None) -> Client:
-        """Find the frontend (``frontend.json``) and a key (``orchard.toml``) in a run dir."""
+                     address: str | None = None, ca: Path | None = None,
+                     cert: Path | None = None, key: Path | None = None) -> Client:
+        """Find the frontend (``frontend.json``), a key (``orchard.toml``) and the TLS files
+        (``--ca``/``--cert``/``--key``, else ``RUN/tls/``: ``cluster.api.tls.client_tls``)."""
         run_dir = Path(run_dir) if run_dir else default_run_dir()
+        tls = client_tls(run_dir, ca, cert, key)
         address = address or os.environ.get("ORCHARD_ADDRESS") or frontend_address(run_dir)
         api_key = api_key or os.environ.get("ORCHARD_API_KEY")
         if not api_key:
@@ -145,7 +151,7 @@ class Client:
             if not api_key:
                 raise ValueError(f"no {'admin' if admin else 'tenant'} key in {run_dir}: "
                                  "pass --api-key or set ORCHARD_API_KEY")
-        return cls(address, api_key)
+        return cls(address, api_key, tls=tls)
 
     def close(self) -> None:
         self._channel.close()
@@ -196,10 +202,33 @@ class Client:
         return JobStatus.from_pb(_call(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id),
                                        metadata=self._metadata, timeout=self._timeout_s))
 
-    def jobs(self, limit: int = 50) -> list[JobStatus]:
-        reply = _call(self._jobs.ListJobs, pb.ListJobsRequest(limit=limit),
-                      metadata=self._metadata, timeout=self._timeout_s)
-        return [JobStatus.from_pb(j) for j in reply.jobs]
+    def jobs(self, limit: int = 50, states: Sequence[str] = (), since_ms: int = 0
+             ) -> list[JobStatus]:
+        """Up to ``limit`` of this tenant's jobs, newest first (filtered as ``jobs_page``)."""
+        jobs: list[JobStatus] = []
+        token = ""
+        while len(jobs) < limit:
+            page, token = self.jobs_page(min(limit - len(jobs), 1000), token, states, since_ms)
+            jobs += page
+            if not token:
+                break
+        return jobs
+
+    def jobs_page(self, page_size: int = 50, page_token: str = "", states: Sequence[str] = (),
+                  since_ms: int = 0) -> tuple[list[JobStatus], str]:
+        """One page of jobs in ``states`` (names: "queued", ...) created at or after
+        ``since_ms``, and the token of the next page ("" after the last)."""
+        by_name = {name: value for value, name in STATE_NAMES.items()}
+        unknown = [s for s in states if s not in by_name]
+        if unknown:
+            raise ValueError(f"--state: unknown state {unknown[0]!r}; use "
+                             f"{', '.join(by_name)}")
+        request = pb.ListJobsRequest(page_size=page_size, page_token=page_token,
+                                     states=[by_name[s] for s in states],
+                                     created_after_unix_ms=since_ms)
+        reply = _call(self._jobs.ListJobs, request, metadata=self._metadata,
+                      timeout=self._timeout_s)
+        return [JobStatus.from_pb(j) for j in reply.jobs], reply.next_page_token
 
     def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.from_pb(_call(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id),

@@ -5,6 +5,11 @@ below them speaks dataclasses.
 """
 from __future__ import annotations
 
+import base64
+import binascii
+from dataclasses import dataclass
+
+from cluster.api.validate import FieldError
 from cluster.backend.protocol import CacheStats, WorkerInfo
 from cluster.jobs.store import JobRecord, JobState, StoredResult
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -50,3 +55,38 @@ def stats_to_pb(s: CacheStats) -> pb.CacheStats:
                          input_tokens=s.input_tokens, cached_tokens=s.cached_tokens,
                          computed_tokens=s.computed_tokens, written_tokens=s.written_tokens,
                          hit_ratio=s.hit_ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class JobsPage:
+    size: int
+    states: tuple[JobState, ...]
+    since_ms: int
+    after: str  # the last job id of the previous page
+
+
+def page_token(job_id: str) -> str:
+    return base64.urlsafe_b64encode(job_id.encode()).decode()
+
+
+def page_request(request: pb.ListJobsRequest) -> JobsPage:
+    """A ListJobs request, checked: ``FieldError`` naming the field."""
+    for name in ("limit", "page_size"):
+        if not 0 <= getattr(request, name) <= 1000:
+            raise FieldError(name, f"must be in [0, 1000] (0: 50), got {getattr(request, name)}")
+    size = request.page_size or request.limit or 50
+    try:
+        after = base64.urlsafe_b64decode(request.page_token.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        after = ""
+    if request.page_token and not after.startswith("job-"):
+        raise FieldError("page_token", "not a token from a previous page; start again with ''")
+    by_pb = {v: k for k, v in JOB_STATES.items()}
+    unknown = [s for s in request.states if s not in by_pb]
+    if unknown:
+        raise FieldError("states", f"unknown state {unknown[0]}; use QUEUED, RUNNING, "
+                         "SUCCEEDED or CANCELLED")
+    if request.created_after_unix_ms < 0:
+        raise FieldError("created_after_unix_ms", "must be >= 0")
+    return JobsPage(size, tuple(by_pb[s] for s in request.states),
+                    request.created_after_unix_ms, after)

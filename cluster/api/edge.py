@@ -36,6 +36,7 @@ from google.protobuf.message import DecodeError
 from cluster.backend.protocol import NoWorkersAvailable, UnknownWorker
 from cluster.jobs.store import JobFinished, JobNotFound, StoreFull
 from cluster.jobs.runner import Overloaded
+from cluster.api.keys import KeyStore
 from cluster.api.validate import LimitExceeded
 
 log = logging.getLogger(__name__)
@@ -160,38 +161,58 @@ def grpc_errors(method):
 
 
 class Authenticator:
-    """API keys from the config: ``authorization: Bearer <key>`` metadata on every call."""
+    """API keys: ``authorization: Bearer <key>`` on every call (gRPC metadata or HTTP header).
 
-    def __init__(self, tenant_keys: dict[str, str], admin_keys: frozenset[str]):
+    Tenant keys come from the config and, when given, from the operator's ``KeyStore``
+    (``orchard keys``), read again as it changes.
+    """
+
+    def __init__(self, tenant_keys: dict[str, str], admin_keys: frozenset[str],
+                 managed: KeyStore | None = None):
         self._tenant_keys = dict(tenant_keys)
         self._admin_keys = admin_keys
+        self._managed = managed
 
     @staticmethod
     def _key(context) -> str:
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
-                scheme, _, token = value.partition(" ")
-                if scheme.lower() != "bearer" or not token.strip():
-                    raise Unauthenticated("authorization: use the Bearer scheme: "
-                                          "'authorization: Bearer <api key>'")
-                return token.strip()
+                return bearer_token(value)
         raise Unauthenticated("authorization: missing; send 'authorization: Bearer <api key>' "
                               "metadata")
 
     def tenant(self, context) -> str:
-        key = self._key(context)
+        return self.tenant_of(self._key(context))
+
+    def admin(self, context) -> None:
+        self.admin_of(self._key(context))
+
+    def tenant_of(self, key: str) -> str:
         if key in self._tenant_keys:
             return self._tenant_keys[key]
         if key in self._admin_keys:
             raise PermissionDenied("authorization: an admin key cannot submit work; use a "
                                    "tenant's API key")
-        raise Unauthenticated("authorization: unknown API key")
+        tenant = self._managed.tenant_of(key) if self._managed is not None and key else None
+        if tenant is None:
+            raise Unauthenticated("authorization: unknown API key")
+        return tenant
 
-    def admin(self, context) -> None:
-        key = self._key(context)
+    def admin_of(self, key: str) -> None:
         if key in self._admin_keys:
             return
-        if key in self._tenant_keys:
+        if key in self._tenant_keys or (self._managed is not None and key
+                                        and self._managed.tenant_of(key) is not None):
             raise PermissionDenied("authorization: admin calls need an admin key, not a "
                                    "tenant's API key")
         raise Unauthenticated("authorization: unknown API key")
+
+
+def bearer_token(value: str) -> str:
+    """The key in an ``authorization`` value: ``Bearer <key>``; any other scheme, or a bare
+    key, is ``Unauthenticated``."""
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("authorization: use the Bearer scheme: "
+                              "'authorization: Bearer <api key>'")
+    return token.strip()

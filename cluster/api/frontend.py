@@ -1,13 +1,18 @@
-"""The gRPC frontend: one ``grpc.aio`` server on loopback serving orchard.v1 over a Backend.
+"""The frontend: one ``grpc.aio`` server serving orchard.v1 over a Backend, and beside it, on
+the same event loop, the OpenAI-compatible HTTP API (``cluster.api.http_app``).
 
     serve(config, backend) ─► Frontend(server, port)       (backend already started)
         Jobs, Generate      tenant API keys       cluster.api.servicer
         Admin               admin keys            cluster.api.servicer_admin
         grpc.health.v1      no key                standard health checking
         reflection          no key                standard server reflection
+        HTTP /v1/...        tenant API keys       cluster.api.http_app (own port)
+
+Both bind ``[frontend] host``: loopback as it is, any other address with TLS only
+(``cluster.api.tls``).
 
 ``serve`` opens the job store in the run directory, resumes its unfinished jobs, binds, and
-writes ``frontend.json`` (address and pid) there so that clients on this machine find it.
+writes ``frontend.json`` (address, pid, tls, http_address) there so that clients on this machine find it.
 ``orchard up`` calls it with a RayBackend; tests and ``python -m cluster.api.frontend`` with a
 ``LocalBackend``. ``Frontend.stop`` stops serving, then the job runner; the backend belongs to
 the caller.
@@ -36,13 +41,19 @@ from cluster.backend.protocol import Backend, ModelInfo
 from cluster.api.chat import ChatTokenizer
 from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
 from cluster.api.edge import Authenticator, DecodeGuard
-from cluster.api.intake import prepare
+from cluster.api.intake import JobIntakeService, prepare
+from cluster.api.keys import KeyStore
 from cluster.jobs.store import JobStore
 from cluster.rundir import make_private
 from cluster.telemetry.job_tracing import frontend_tracing
 from cluster.jobs.runner import JobRunner
 from cluster.api.servicer import GenerateServicer, JobsServicer
+from cluster.api.batch_store import BatchStore
+from cluster.api.http_app import HttpApi, HttpServer, start_http
+from cluster.api.http_batches import Batches
 from cluster.api.servicer_admin import AdminServicer
+from cluster.api.tls import TlsFiles, check_binding, server_credentials
+from cluster.api.work import Work
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 from router.key import Namespace
@@ -60,8 +71,10 @@ class Frontend:
     runner: JobRunner
     health: health.HealthServicer
     address_path: Path
-    lock_fd: int
-    host: str = "127.0.0.1"  # holds the run directory's frontend.lock while serving
+    lock_fd: int             # holds the run directory's frontend.lock while serving
+    host: str = "127.0.0.1"
+    http: HttpServer | None = None
+    batches: BatchStore | None = None
 
     @property
     def address(self) -> str:
@@ -70,9 +83,13 @@ class Frontend:
     async def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving, then stop the runner (unfinished requests resume on the next start)."""
         self.health.enter_graceful_shutdown()
+        if self.http is not None:
+            await self.http.stop(grace_s)
         await self.server.stop(grace_s)
         await self.runner.close()
         self.store.close()
+        if self.batches is not None:
+            self.batches.close()
         if self.address_path.exists() and _owner_pid(self.address_path) == os.getpid():
             self.address_path.unlink()
         os.close(self.lock_fd)  # releases the lock (a killed process releases it too)
@@ -131,16 +148,14 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
                                          max_prompt_bytes=limits.max_prompt_bytes), tracing)
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
-    auth = Authenticator(config.tenant_keys, config.admin_keys)
+    auth = Authenticator(config.tenant_keys, config.admin_keys, KeyStore(config.run_dir, clock_ms))
     server = grpc.aio.server(interceptors=[DecodeGuard()],
                              options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
-    pb_grpc.add_JobsServicer_to_server(
-        JobsServicer(auth, store, runner, model, limits.max_requests_per_job),
-        server)
-    pb_grpc.add_GenerateServicer_to_server(
-        GenerateServicer(auth, backend, runner, model, tokenizer, limits.max_prompt_bytes),
-        server)
+    intake = JobIntakeService(store, runner, model, limits.max_requests_per_job)
+    work = Work(runner, backend, model, tokenizer, intake, limits.max_prompt_bytes)
+    pb_grpc.add_JobsServicer_to_server(JobsServicer(auth, store, runner, work), server)
+    pb_grpc.add_GenerateServicer_to_server(GenerateServicer(auth, work), server)
     pb_grpc.add_AdminServicer_to_server(
         AdminServicer(auth, backend, model, tokenizer, config.tenants(), namespace,
                       tracing.invalidated),
@@ -150,21 +165,48 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     reflection.enable_server_reflection(
         (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    port = server.add_insecure_port(f"{host}:{config.port}")
-    if port == 0:
-        raise ValueError(f"cannot bind {config.host}:{config.port}: the port is in use; set "
-                         "[frontend] port = 0 to pick a free one")
+    tls = config.tls_files()
+    port = _bind(server, config, tls)
     await server.start()
+    http, batches = None, None
+    if config.http.enabled:
+        batches = BatchStore(config.run_dir, lambda: clock_ms() // 1000)
+        api = HttpApi(auth, work, tokenizer.encode,
+                      Batches(auth, work, store, runner, batches, tokenizer.encode),
+                      lambda: clock_ms() / 1000)
+        try:
+            http = await start_http(api.app(), config.host, config.http.port, tls)
+        except BaseException:
+            batches.close()
+            await server.stop(0)
+            raise
     resumed = runner.resume()
     if resumed:
         log.info("resumed %d unfinished job(s): %s", len(resumed), ", ".join(resumed))
     for name in ("", *SERVICES):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     frontend = Frontend(server, port, store, runner, health_servicer, config.address_path,
-                        lock_fd, config.host)
-    config.address_path.write_text(json.dumps({"address": frontend.address, "pid": os.getpid()}))
+                        lock_fd, config.host, http, batches)
+    config.address_path.write_text(json.dumps({
+        "address": frontend.address, "pid": os.getpid(), "tls": tls is not None,
+        "http_address": http.address if http is not None else ""}))
     return frontend
+
+
+def _bind(server: grpc.aio.Server, config: Config, tls: TlsFiles | None) -> int:
+    """Add the gRPC port (TLS when configured, the LAN rule checked); the port bound."""
+    warning = check_binding(config.host, tls, config.tls.allow_plaintext_lan)
+    if warning:
+        log.warning(warning)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    if tls is None:
+        port = server.add_insecure_port(f"{host}:{config.port}")
+    else:
+        port = server.add_secure_port(f"{host}:{config.port}", server_credentials(tls))
+    if port == 0:
+        raise ValueError(f"cannot bind {config.host}:{config.port}: the port is in use; set "
+                         "[frontend] port = 0 to pick a free one")
+    return port
 
 
 async def _main(run_dir: Path, workers: int) -> None:
@@ -175,7 +217,8 @@ async def _main(run_dir: Path, workers: int) -> None:
     backend = LocalBackend.from_config(config, workers=workers)
     await backend.start()
     frontend = await serve(config, backend)
-    print(f"orchard frontend listening on {frontend.address}", flush=True)
+    print(f"orchard frontend listening on {frontend.address}"
+          + (f", HTTP API on {frontend.http.address}" if frontend.http else ""), flush=True)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,31 +1,24 @@
 """The tenant-facing servicers: ``orchard.v1.Jobs`` and ``orchard.v1.Generate``.
 
-Each method authenticates (the API key names the tenant), then hands over: jobs are accepted
-into the job store by ``cluster.api.intake`` (shape checks only; templating and tokenization
-wait for dispatch) and launched on the ``JobRunner``; single requests are validated and
-tokenized (``cluster.api.validate``) and go straight to the backend through
-``dispatch_stream``. Errors are domain exceptions, mapped to statuses by
-``cluster.api.edge.grpc_errors``.
+Each method authenticates (the API key names the tenant) and hands the work to
+``cluster.api.work`` (validation, admission, the job store and the ``JobRunner``, or one
+request streamed from the backend), the path the HTTP API shares. Errors are domain exceptions,
+mapped to statuses by ``cluster.api.edge.grpc_errors``.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import secrets
 from typing import AsyncIterator, TypeVar
 
-from cluster.api import intake, validate
-from cluster.api.chat import ChatTokenizer
-from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo
-from cluster.api.convert import job_to_pb, result_to_pb
+from cluster.api import validate
+from cluster.api.convert import job_to_pb, page_request, page_token, result_to_pb
 from cluster.api.edge import Authenticator, Undecodable, grpc_errors
-from cluster.jobs.store import JobNotFound, JobStore
-from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
-from cluster.telemetry.setup import attached, extract_metadata
+from cluster.api.work import Work
+from cluster.jobs.runner import JobRunner
+from cluster.jobs.store import JobNotFound, JobStore, StoredResult
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
-from workers.messages import GenerateRequest
 
 T = TypeVar("T")
 
@@ -34,13 +27,11 @@ FOLLOW_POLL_S = 1.0
 
 
 class JobsServicer(pb_grpc.JobsServicer):
-    def __init__(self, auth: Authenticator, store: JobStore, runner: JobRunner,
-                 model: ModelInfo, max_requests_per_job: int):
+    def __init__(self, auth: Authenticator, store: JobStore, runner: JobRunner, work: Work):
         self._auth = auth
         self._store = store
         self._runner = runner
-        self._model = model
-        self._intake = intake.JobIntakeService(store, runner, model, max_requests_per_job)
+        self._work = work
 
     def authenticate(self, context) -> str:
         return self._auth.tenant(context)
@@ -48,10 +39,8 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
-        with attached(extract_metadata(context.invocation_metadata())):
-            # the job's span joins the caller's trace, if any
-            job = await self._intake.submit_requests(tenant, request.requests,
-                                                     request.idempotency_key)
+        job = await self._work.submit_job(tenant, request.requests, request.idempotency_key,
+                                          context.invocation_metadata() or ())
         return job_to_pb(job)
 
     @grpc_errors
@@ -73,9 +62,9 @@ class JobsServicer(pb_grpc.JobsServicer):
                 yield chunk.data
                 chunk = await anext(request_iterator, None)
 
-        with attached(extract_metadata(context.invocation_metadata())):
-            job = await self._intake.submit_file(tenant, chunks(), _file_name(first.file_name),
-                                                 first.idempotency_key)
+        job = await self._work.submit_file(tenant, chunks(), _file_name(first.file_name),
+                                           first.idempotency_key,
+                                           context.invocation_metadata() or ())
         return job_to_pb(job)
 
     @grpc_errors
@@ -86,10 +75,13 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
         tenant = self._auth.tenant(context)
-        if request.limit < 0:
-            raise validate.FieldError("limit", f"must be >= 0, got {request.limit}")
-        jobs = self._store.list_jobs(tenant, min(request.limit or 50, 1000))
-        return pb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs])
+        page = page_request(request)
+        jobs = self._store.list_jobs(tenant, page.size + 1, page.states, page.since_ms,
+                                     page.after)
+        more = len(jobs) > page.size
+        jobs = jobs[:page.size]
+        return pb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs],
+                                   next_page_token=page_token(jobs[-1].job_id) if more else "")
 
     @grpc_errors
     async def CancelJob(self, request: pb.CancelJobRequest, context) -> pb.Job:
@@ -107,7 +99,7 @@ class JobsServicer(pb_grpc.JobsServicer):
         while True:
             batch = self._store.results(job_id, offset, RESULT_PAGE)
             for result in batch:
-                yield result_to_pb(result, self._model.model_id)
+                yield result_to_pb(result, self._work.model.model_id)
                 offset = result.seq + 1
             if batch:
                 continue
@@ -122,15 +114,9 @@ class JobsServicer(pb_grpc.JobsServicer):
 
 
 class GenerateServicer(pb_grpc.GenerateServicer):
-    def __init__(self, auth: Authenticator, backend: Backend, runner: JobRunner,
-                 model: ModelInfo, tokenizer: ChatTokenizer,
-                 max_prompt_bytes: int = validate.MAX_PROMPT_BYTES):
+    def __init__(self, auth: Authenticator, work: Work):
         self._auth = auth
-        self._backend = backend
-        self._runner = runner
-        self._model = model
-        self._tokenizer = tokenizer
-        self._max_prompt_bytes = max_prompt_bytes
+        self._work = work
 
     def authenticate(self, context) -> str:
         return self._auth.tenant(context)
@@ -138,50 +124,18 @@ class GenerateServicer(pb_grpc.GenerateServicer):
     @grpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
         tenant = self._auth.tenant(context)
-        self._runner.admit(tenant, 1)  # before tokenizing: an overloaded cluster does no work
-        try:
-            new = await self._tokenizer.off_loop(
-                validate.new_request, request.request, "request", self._model,
-                self._tokenizer.render, self._max_prompt_bytes)
-            # Closed with the RPC (a client that cancels or goes away): the request is aborted
-            # on its worker at once, not whenever the stream is collected. Its span is current
-            # in the pump's task only, never across this generator's yields.
-            async with contextlib.aclosing(until_rpc_done(
-                    context, self._responses(tenant, new, context))) as responses:
-                async for response in responses:
-                    yield response
-        finally:
-            self._runner.release(tenant, 1)
-
-    async def _responses(self, tenant: str, new: NewRequest, context
-                         ) -> AsyncIterator[pb.GenerateResponse]:
-        """One Generate request on the backend, in one of the ``max_concurrent`` slots (shared
-        with jobs), traced; run by ``until_rpc_done``'s pump."""
-        async with self._runner.slot(tenant):
-            request_id = f"gen-{secrets.token_hex(8)}"
-            with self._runner.tracing.request(tenant, request_id, "", new.custom_id,
-                                              new.sampling, context.invocation_metadata()
-                                              ) as trace:
-                generate = GenerateRequest(request_id=request_id,
-                                           namespace=self._runner.namespace(tenant),
-                                           prompt=new.prompt, sampling=new.sampling,
-                                           trace_context=trace.context)
-                remaining = context.time_remaining()
-                timeout_s = min(self._runner.timeout_s,
-                                math.inf if remaining is None else max(remaining, 0.001))
-                hashes = self._runner.block_hashes(tenant, new.prompt)
-                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
-                    if isinstance(item, GenerateOutcome):
-                        stored = result_of(0, new.custom_id, item)
-                        try:  # the caller gets its result first; the trace is finished after
-                            yield pb.GenerateResponse(
-                                result=result_to_pb(stored, self._model.model_id))
-                            await asyncio.sleep(0)
-                        finally:
-                            trace.done(generate, hashes, item)
-                    else:
-                        yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
-                                                                      text=item.text))
+        model = self._work.model.model_id
+        # Pumped by a task the RPC's end cancels (a client that cancels or goes away): the
+        # request is aborted on its worker at once, not whenever the stream is collected.
+        async for item in self._work.stream_one(tenant, request.request, "request",
+                                                context.invocation_metadata() or (),
+                                                context.time_remaining(),
+                                                lambda items: until_rpc_done(context, items)):
+            if isinstance(item, StoredResult):
+                yield pb.GenerateResponse(result=result_to_pb(item, model))
+            else:
+                yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
+                                                              text=item.text))
 
 
 _END = object()

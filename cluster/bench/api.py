@@ -8,7 +8,7 @@ where the worker's own time is ``worker_s`` on the result (the engine's stamps, 
 received -> last token). What remains is the whole path around the model: gRPC both ways,
 auth, validation, tokenization, block hashing, routing, the hand-off to the worker and back,
 and, on the job path, the job store (an fsynced job insert, the result insert) and the result
-stream. Three paths are measured:
+stream. The paths measured:
 
 - ``generate``: the ``Generate`` RPC (one request, streamed back);
 - ``batch``: one job of ``--requests`` requests whose results are followed as they arrive;
@@ -16,7 +16,10 @@ stream. Three paths are measured:
   its result and the previous one at the client, less its worker time (the first request's
   gap starts at submission, so the job's fsynced acceptance is counted once, as it is paid);
 - ``job_single``: ``SubmitJob`` with a single request, then ``StreamResults(follow)`` until its
-  result: the worst case, one job acceptance (fsync) and two RPCs per request.
+  result: the worst case, one job acceptance (fsync) and two RPCs per request;
+- ``http_chat`` (and ``http_sdk_default`` with ``--sdk-default``): the same request through
+  the OpenAI-compatible HTTP API and the ``openai`` SDK, and streamed TTFT over HTTP beside
+  gRPC (``cluster.bench.http``).
 
 By default a frontend over in-process workers (``python -m cluster.api.frontend``, no Ray) is
 started as a separate process on the default model; ``--ray`` starts a 1-worker Ray cluster
@@ -35,9 +38,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from cluster.api.client import Client, chat_request
+
+if TYPE_CHECKING:  # the HTTP side needs the openai SDK (a test dependency): imported on use
+    import openai
+
+    from cluster.bench.http import TtftFigures
 
 TARGET_P50_MS = 5.0
 
@@ -120,14 +128,15 @@ def measure_job(client: Client, n: int, prompt_words: int, offset: int = 0
 
 
 @contextmanager
-def _run_dir(model_dir: str | None, telemetry: str) -> Iterator[Path]:
-    """A fresh run directory whose frontend runs one request at a time, limits out of the way."""
+def _run_dir(model_dir: str | None, telemetry: str, max_concurrent: int = 1) -> Iterator[Path]:
+    """A fresh run directory whose frontend runs ``max_concurrent`` requests at a time, the
+    other limits out of the way."""
     from cluster.config import write_default_config
 
     with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
         run_dir = Path(tmp)
         write_default_config(run_dir, model_dir=model_dir or "", max_pending_per_tenant=100000,
-                             max_pending_total=100000, max_concurrent=1)
+                             max_pending_total=100000, max_concurrent=max_concurrent)
         with (run_dir / "orchard.toml").open("a") as f:
             f.write(f'[telemetry]\nexporter = "{telemetry}"\n')
         yield run_dir
@@ -140,9 +149,10 @@ def _client(run_dir: Path) -> Client:
 
 
 @contextmanager
-def local_frontend(model_dir: str | None, telemetry: str = "file") -> Iterator[Client]:
-    """A frontend subprocess over one in-process worker, in a fresh run directory."""
-    with _run_dir(model_dir, telemetry) as run_dir:
+def local_run(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
+              ) -> Iterator[Path]:
+    """A frontend subprocess over one in-process worker, serving a fresh run directory."""
+    with _run_dir(model_dir, telemetry, max_concurrent) as run_dir:
         log = open(run_dir / "frontend.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
                                  str(run_dir), "--workers", "1"], stdout=log, stderr=log,
@@ -154,11 +164,18 @@ def local_frontend(model_dir: str | None, telemetry: str = "file") -> Iterator[C
                     raise RuntimeError("the frontend did not start: "
                                        + (run_dir / "frontend.log").read_text()[-2000:])
                 time.sleep(0.1)
-            with _client(run_dir) as client:
-                yield client
+            yield run_dir
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+
+
+@contextmanager
+def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
+                   ) -> Iterator[Client]:
+    """A client of ``local_run``'s frontend (a tenant key from its config)."""
+    with local_run(model_dir, telemetry, max_concurrent) as run_dir, _client(run_dir) as client:
+        yield client
 
 
 @contextmanager
@@ -179,18 +196,32 @@ def ray_cluster(model_dir: str | None, telemetry: str = "file") -> Iterator[Clie
             stop_detached(run_dir)
 
 
-def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bool
-        ) -> list[PathFigures]:
+def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bool,
+        http: openai.OpenAI | None = None, default_client: openai.OpenAI | None = None
+        ) -> tuple[list[PathFigures], list[TtftFigures]]:
     measure_generate(client, warmup, prompt_words, offset=0)
     measure_job(client, warmup, prompt_words, offset=warmup)
     base = 2 * warmup
     figures = [_figures("generate", *measure_generate(client, requests, prompt_words, base))]
+    ttft: list[TtftFigures] = []
+    if http is not None:
+        from cluster.bench.http import measure_http_chat, measure_ttft
+
+        model = http.models.list().data[0].id
+        measure_http_chat(http, model, warmup, prompt_words, offset=0)
+        figures.append(_figures("http_chat", *measure_http_chat(http, model, requests,
+                                                                prompt_words, warmup)))
+        if default_client is not None:  # the SDK as it comes, without TCP_NODELAY
+            figures.append(_figures("http_sdk_default", *measure_http_chat(
+                default_client, model, requests, prompt_words, warmup + requests)))
+        ttft = measure_ttft(client, http, model, max(requests // 4, 10), prompt_words,
+                            _percentile)
     if batch:  # needs a frontend running one request at a time (the local one does)
         base += requests
         figures.append(_figures("batch", *measure_batch(client, requests, prompt_words, base)))
     base += requests
     figures.append(_figures("job_single", *measure_job(client, requests, prompt_words, base)))
-    return figures
+    return figures, ttft
 
 
 def bench_api(args) -> int:
@@ -202,20 +233,37 @@ def bench_api(args) -> int:
     if bool(args.address) != bool(args.api_key):
         raise ValueError("--address and --api-key go together (a running cluster's frontend "
                          "and a tenant key)")
+    from cluster.bench.http import sdk
+
     if args.address:
+        http = sdk(args.http_address, args.api_key) if args.http_address else None
         with Client(args.address, args.api_key) as client:
-            figures = run(client, args.requests, args.warmup, args.prompt_words, batch=False)
+            figures, ttft = run(client, args.requests, args.warmup, args.prompt_words,
+                                batch=False, http=http)
     else:
         import workers  # noqa: F401  (OpenBLAS before mlx, for forging the default model)
         from workers.default_model import ensure_default_model
 
         model_dir = args.model or str(ensure_default_model())
-        serving = ray_cluster if args.ray else local_frontend
-        with serving(model_dir, args.telemetry) as client:
-            figures = run(client, args.requests, args.warmup, args.prompt_words, batch=True)
+        if args.ray:
+            with ray_cluster(model_dir, args.telemetry) as client:
+                figures, ttft = run(client, args.requests, args.warmup, args.prompt_words,
+                                    batch=True)
+        else:
+            from cluster.config import load_config
+
+            with local_run(model_dir, args.telemetry) as run_dir:
+                key = load_config(run_dir).key_for("default")
+                address = json.loads((run_dir / "frontend.json").read_text())["http_address"]
+                default = sdk(address, key, nodelay=False) if args.sdk_default else None
+                with Client.from_run_dir(run_dir, api_key=key) as client:
+                    figures, ttft = run(client, args.requests, args.warmup, args.prompt_words,
+                                        batch=True, http=sdk(address, key),
+                                        default_client=default)
     if args.json:
         print(json.dumps({"target_p50_ms": TARGET_P50_MS, "ray": bool(args.ray),
-                          "paths": [asdict(f) for f in figures]}, indent=2))
+                          "paths": [asdict(f) for f in figures],
+                          "ttft": [asdict(t) for t in ttft]}, indent=2))
         return 0
     print(f"path overhead per request (wall - worker time), {args.requests} sequential "
           f"requests, max_tokens=1, target p50 <= {TARGET_P50_MS:g} ms")
@@ -224,6 +272,11 @@ def bench_api(args) -> int:
     for f in figures:
         print(f"{f.path:<11} {f.overhead_p50_ms:>8.2f} {f.overhead_p99_ms:>8.2f} "
               f"{f.overhead_mean_ms:>8.2f} {f.wall_p50_ms:>9.2f} {f.worker_p50_ms:>11.2f}")
+    if ttft:
+        print(f"\nstreamed TTFT (call -> first text), max_tokens=8, {ttft[0].requests} "
+              "requests each, alternating")
+        for t in ttft:
+            print(f"{t.path:<11} p50 {t.ttft_p50_ms:>8.2f} ms   p99 {t.ttft_p99_ms:>8.2f} ms")
     return 0
 
 
@@ -238,6 +291,10 @@ def register_bench(sub) -> None:
     p.add_argument("--api-key", help="a tenant key of that frontend")
     p.add_argument("--ray", action="store_true",
                    help="measure through Ray: a 1-worker cluster (`orchard up`) started for it")
+    p.add_argument("--http-address", help="and its HTTP API (http://host:port), to measure "
+                   "HTTP beside gRPC")
+    p.add_argument("--sdk-default", action="store_true",
+                   help="also measure HTTP with the openai SDK's default client (no TCP_NODELAY)")
     p.add_argument("--telemetry", choices=("file", "none"), default="file",
                    help="the local frontend's trace exporter (default: file, as `orchard up`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -9,11 +9,12 @@ import json
 from pathlib import Path
 
 from cluster.api.client import Client
+from cluster.commands.tls import add_client_args, client_files
 
 
 def _admin(args) -> Client:
     return Client.from_run_dir(args.run_dir, admin=True, api_key=args.api_key,
-                               address=args.address)
+                               address=args.address, **client_files(args))
 
 
 def cache(args) -> int:
@@ -63,6 +64,7 @@ def _connect_args(parser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="the cluster's run directory (default: $ORCHARD_RUN_DIR or ./run)")
     parser.add_argument("--address", default=None, help="frontend host:port")
+    add_client_args(parser)
     parser.add_argument("--api-key", default=None, help="an admin key")
 
 

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from cluster.commands.tls import add_client_args
 from cluster.config import default_run_dir
 
 
@@ -59,6 +60,7 @@ def _run_dir(parser: argparse.ArgumentParser) -> None:
 def _admin_args(parser: argparse.ArgumentParser) -> None:
     _run_dir(parser)
     parser.add_argument("--address", default=None, help="frontend host:port")
+    add_client_args(parser)
     parser.add_argument("--api-key", default=None, help="an admin API key")
 
 
@@ -77,16 +79,25 @@ def cmd_up(args) -> int:
     if args.detach:
         state = daemon.spawn_detached(options)
         print(f"orchard: cluster up in the background (pid {state.pid}): frontend "
-              f"{state.frontend}, {state.workers} worker(s), Ray {state.ray_address}; "
-              f"stop it with `orchard down --run-dir {options.run_dir}`")
+              f"{state.frontend}{_http(options.run_dir)}, {state.workers} worker(s), Ray "
+              f"{state.ray_address}; stop it with `orchard down --run-dir {options.run_dir}`")
         return 0
 
     def ready(state) -> None:
-        print(f"orchard: cluster up: frontend {state.frontend}, {state.workers} worker(s), "
-              f"Ray {state.ray_address}; Ctrl-C to stop", flush=True)
+        print(f"orchard: cluster up: frontend {state.frontend}{_http(options.run_dir)}, "
+              f"{state.workers} worker(s), Ray {state.ray_address}; Ctrl-C to stop", flush=True)
     daemon.serve_until_stopped(options, ready)
     print("orchard: cluster stopped", flush=True)
     return 0
+
+
+def _http(run_dir: Path) -> str:
+    """", HTTP API http://..." from the frontend's address file (empty when it has none)."""
+    try:
+        address = json.loads((run_dir / "frontend.json").read_text()).get("http_address")
+    except (OSError, ValueError):
+        return ""
+    return f", HTTP API {address}" if address else ""
 
 
 def cmd_down(args) -> int:
@@ -104,9 +115,10 @@ def cmd_down(args) -> int:
 
 def _admin(args):
     from cluster.api.client import Client
+    from cluster.commands.tls import client_files
 
     return Client.from_run_dir(args.run_dir, admin=True, api_key=args.api_key,
-                               address=args.address)
+                               address=args.address, **client_files(args))
 
 
 def _call(fn):

@@ -10,6 +10,7 @@ directory's ``orchard.toml`` (``--tenant``).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
@@ -20,6 +21,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from cluster.api.batchfile import output_lines
 from cluster.api.client import Client, JobStatus, OrchardError
+from cluster.commands.tls import add_client_args, client_files
 from cluster.config import default_run_dir, load_config
 from cluster.jobs.store import JobStore
 
@@ -30,18 +32,20 @@ def _connect_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="the cluster's run directory (default: $ORCHARD_RUN_DIR or ./run)")
     parser.add_argument("--address", default=None, help="frontend host:port")
+    add_client_args(parser)
     parser.add_argument("--api-key", default=None, help="a tenant API key")
     parser.add_argument("--tenant", default=None, help="use this tenant's key from the config")
 
 
 def _client(args) -> Client:
     return Client.from_run_dir(args.run_dir, tenant=args.tenant, api_key=args.api_key,
-                               address=args.address)
+                               address=args.address, **client_files(args))
 
 
 def _job_dict(job: JobStatus) -> dict:
     return {"job_id": job.job_id, "state": job.state, "total": job.total,
-            "completed": job.completed, "failed": job.failed, "cancelled": job.cancelled}
+            "completed": job.completed, "failed": job.failed, "cancelled": job.cancelled,
+            "created_unix_ms": job.created_unix_ms, "finished_unix_ms": job.finished_unix_ms}
 
 
 def _progress_line(job: JobStatus, started: float) -> str:
@@ -103,14 +107,18 @@ def results(args) -> int:
 
 
 def jobs(args) -> int:
+    since_ms = parse_since(args.since, time.time()) if args.since else 0
     with _client(args) as client:
-        listed = client.jobs(limit=args.limit)
+        listed = client.jobs(limit=args.limit, states=args.state or (), since_ms=since_ms)
     if args.json:
         print(json.dumps([_job_dict(j) for j in listed]))
         return 0
-    print(f"{'JOB':<22} {'STATE':<10} {'DONE':>9} {'FAILED':>6}")
+    print(f"{'JOB':<22} {'STATE':<10} {'DONE':>9} {'FAILED':>6}  {'CREATED (UTC)':<19}  "
+          "FINISHED (UTC)")
     for job in listed:
-        print(f"{job.job_id:<22} {job.state:<10} {f'{job.done}/{job.total}':>9} {job.failed:>6}")
+        print(f"{job.job_id:<22} {job.state:<10} {f'{job.done}/{job.total}':>9} "
+              f"{job.failed:>6}  {_when(job.created_unix_ms):<19}  "
+              f"{_when(job.finished_unix_ms)}")
     return 0
 
 
@@ -133,6 +141,29 @@ def prune(args) -> int:
     print(f"pruned {removed} finished job(s) older than {args.older_than:g} days; "
           f"{db_path} {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
     return 0
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else "-"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now_s: float) -> int:
+    """``--since``: a duration back from now (``90m``, ``6h``, ``2d``) or a UTC date or time
+    (``2026-11-30``, ``2026-11-30T08:00``); milliseconds since the epoch."""
+    text = text.strip()
+    if text[:-1].replace(".", "", 1).isdigit() and text[-1:] in _UNITS:
+        return int((now_s - float(text[:-1]) * _UNITS[text[-1]]) * 1000)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--since: {text!r} is neither a duration (90m, 6h, 2d) nor a UTC "
+                         "date or time (2026-11-30, 2026-11-30T08:00)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
 
 
 def cancel(args) -> int:
@@ -161,7 +192,12 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("jobs", help="list this tenant's jobs, newest first; "
                               "`jobs prune` deletes old finished ones")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument("--state", action="append", metavar="STATE",
+                   choices=("queued", "running", "succeeded", "cancelled"),
+                   help="only jobs in STATE (repeat for several)")
+    p.add_argument("--since", default=None, metavar="WHEN",
+                   help="only jobs created since WHEN: 90m, 6h, 2d, or a UTC date/time")
     p.add_argument("--json", action="store_true")
     _connect_args(p)
     p.set_defaults(func=jobs)

@@ -96,10 +96,23 @@ class JobStore:
     def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord:
         return get_job(self._db, job_id, tenant)
 
-    def list_jobs(self, tenant: str, limit: int = 50) -> list[JobRecord]:
+    def list_jobs(self, tenant: str, limit: int = 50, states: Sequence[JobState] = (),
+                  since_ms: int = 0, after: str = "") -> list[JobRecord]:
+        """``tenant``'s jobs, newest first: in ``states`` (any if empty), created at or after
+        ``since_ms``, and older than the job ``after`` (a page's last job; JobNotFound if
+        it is not the tenant's)."""
+        where, args = ["tenant = ?", "created_ms >= ?"], [tenant, since_ms]
+        if states:
+            where.append(f"state IN ({', '.join('?' * len(states))})")
+            args += [state.value for state in states]
+        if after:
+            self.get_job(after, tenant)
+            where.append("(created_ms, rowid) < (SELECT created_ms, rowid FROM jobs "
+                         "WHERE job_id = ?)")
+            args.append(after)
         rows = self._db.execute(
-            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE tenant = ? "
-            "ORDER BY created_ms DESC, rowid DESC LIMIT ?", (tenant, limit)).fetchall()
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {' AND '.join(where)} "
+            "ORDER BY created_ms DESC, rowid DESC LIMIT ?", (*args, limit)).fetchall()
         return [_job(row) for row in rows]
 
     def unfinished_jobs(self) -> list[JobRecord]:

@@ -1,0 +1,239 @@
+"""The OpenAI-compatible HTTP API: a Starlette app served by uvicorn on the frontend's loop.
+
+    GET  /v1/models                        the served model
+    POST /v1/chat/completions              chat, streamed (server-sent events) or not
+    POST /v1/completions                   text or token-id prompt, streamed or not
+    /v1/files, /v1/batches                 the Batch API (cluster.api.http_batches)
+
+It is a second edge beside gRPC over the same objects: the same ``Authenticator`` (keys and
+tenants, ``Authorization: Bearer``), the same ``Work`` (validation, admission and
+backpressure, tracing, dispatch: one trace per request), errors mapped in one place
+(``cluster.api.http_errors``). ``start_http`` binds its own port (``[http] port``, 0 picks
+one) with the same TLS files as gRPC and runs uvicorn as a task on the running event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from cluster.api import openai_shapes as shapes
+from cluster.api.edge import Authenticator
+from cluster.api.http_batches import Batches
+from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, json_body,
+                                     openai_errors, tenant_of)
+from cluster.api.tls import TlsFiles
+from cluster.api.validate import FieldError
+from cluster.api.work import Work
+from cluster.jobs.store import StoredResult
+
+
+def _sse(data: dict | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+class HttpApi:
+    def __init__(self, auth: Authenticator, work: Work, encode: shapes.Encode,
+                 batches: Batches, clock_s: Callable[[], float] = time.time):
+        self._auth = auth
+        self._work = work
+        self._encode = encode
+        self._batches = batches
+        self._clock_s = clock_s
+        self._model_id = work.model.model_id
+
+    def app(self) -> Starlette:
+        routes = [Route("/v1/models", openai_errors(self.models), methods=["GET"]),
+                  Route("/v1/models/{model_id:path}", openai_errors(self.model),
+                        methods=["GET"]),
+                  Route(shapes.CHAT, openai_errors(self.chat), methods=["POST"]),
+                  Route(shapes.COMPLETIONS, openai_errors(self.completions), methods=["POST"]),
+                  *self._batches.routes()]
+        return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
+
+    def _model_card(self) -> dict:
+        return {"id": self._model_id, "object": "model", "created": 0, "owned_by": "orchard"}
+
+    async def models(self, request: Request) -> Response:
+        tenant_of(self._auth, request)
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        tenant_of(self._auth, request)
+        if request.path_params["model_id"] != self._model_id:
+            raise FieldError("model", f"unknown model {request.path_params['model_id']!r}; "
+                             f"this cluster serves {self._model_id!r}")
+        return JSONResponse(self._model_card())
+
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, shapes.CHAT)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, shapes.COMPLETIONS)
+
+    async def _complete(self, request: Request, endpoint: str) -> Response:
+        tenant = tenant_of(self._auth, request)
+        body = await json_body(request)
+        shapes.check_model(body, self._model_id)
+        mode = shapes.streaming(body)
+        orchard_request = shapes.request_of(body, endpoint, self._encode)
+        items = self._work.stream_one(tenant, orchard_request, "body",
+                                      list(request.headers.items()))
+        created = int(self._clock_s())
+        feed = _Feed(items)
+        if not mode.stream:  # answered at the result; the request's trace finishes after
+            try:
+                result = await feed.next()
+                while not isinstance(result, StoredResult):
+                    result = await feed.next()
+            except StopAsyncIteration:
+                raise RuntimeError("the backend's stream ended without a result") from None
+            except BaseException:  # a failure, or the client went away: stop the request
+                feed.cancel()
+                raise
+            # the worker's own time, as OpenAI reports its processing time in a header
+            return JSONResponse(shapes.response_body(endpoint, result, self._model_id, created),
+                                headers={"orchard-worker-ms": f"{result.worker_s * 1e3:.3f}"})
+        try:  # a request refused before its first token gets a status, not a broken stream
+            first = await feed.next()
+        except BaseException:
+            feed.cancel()
+            raise
+        return StreamingResponse(self._events(endpoint, first, feed, mode, created),
+                                 media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache"})
+
+    async def _events(self, endpoint: str, first, feed: _Feed, mode: shapes.Streaming,
+                      created: int) -> AsyncIterator[bytes]:
+        request_id, finished = "", False
+        try:
+            item = first
+            while not isinstance(item, StoredResult):
+                if not request_id:
+                    request_id = item.request_id
+                    if endpoint == shapes.CHAT:  # OpenAI's first chunk names the role
+                        yield _sse(shapes.chunk(endpoint, request_id, self._model_id, created, ""))
+                yield _sse(shapes.chunk(endpoint, request_id, self._model_id, created, item.text))
+                item = await feed.next()
+            finished = True
+            args = (endpoint, item.request_id, self._model_id, created)
+            yield _sse(shapes.chunk(*args, None, item.finish_reason))
+            if mode.include_usage:
+                yield _sse(shapes.chunk(*args, None, result=item))
+            yield _sse("[DONE]")
+        except StopAsyncIteration:
+            yield _sse(error_body(*describe(RuntimeError("the stream ended without a result"))))
+        except Exception as exc:  # after the first byte the status is sent: an error event
+            yield _sse(error_body(*describe(exc)))
+        finally:
+            if not finished:
+                feed.cancel()  # a client that went away stops its request
+
+
+class _Feed:
+    """One streamed request run in a task of its own, its items handed over through a queue.
+
+    The request's trace context is attached and detached inside that task: Starlette sends
+    a streamed body from another task than the endpoint's, and a context opened in one task
+    cannot be closed in another.
+    """
+
+    _END = object()
+
+    def __init__(self, items: AsyncIterator):
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run(items))
+
+    async def _run(self, items: AsyncIterator) -> None:
+        try:
+            async for item in items:
+                self._queue.put_nowait(item)
+        except Exception as exc:
+            self._queue.put_nowait(exc)
+        finally:
+            self._queue.put_nowait(self._END)
+            await items.aclose()  # cancelled mid-stream: the request's own cleanup runs
+
+    async def next(self):
+        item = await self._queue.get()
+        if item is self._END:
+            raise StopAsyncIteration
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+# ------------------------------------------------------------------ the server
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield  # the frontend's process owns its signals; uvicorn must not take them
+
+
+@dataclass(slots=True)
+class HttpServer:
+    server: uvicorn.Server
+    task: asyncio.Task
+    host: str
+    port: int
+    scheme: str
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(self.task, grace_s + 5)
+        except TimeoutError:
+            self.task.cancel()
+
+
+async def start_http(app: Starlette, host: str, port: int, tls: TlsFiles | None) -> HttpServer:
+    """Serve ``app`` on ``host:port`` (0: a free port) on this event loop; TLS when given."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot bind the HTTP API to {host}:{port} ({exc.strerror}); set "
+                         "[http] port = 0 to pick a free one") from None
+    sock.set_inheritable(True)
+    options: dict = {}
+    if tls is not None:
+        options = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
+        if tls.client_ca is not None:
+            options |= {"ssl_ca_certs": str(tls.client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=1, **options)
+    server = _Server(config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="http")
+    while not server.started:
+        if task.done():
+            sock.close()
+            task.result()  # raises what stopped it
+            raise RuntimeError("the HTTP server stopped while starting")
+        await asyncio.sleep(0.01)
+    return HttpServer(server, task, host, sock.getsockname()[1],
+                      "https" if tls is not None else "http")

@@ -1,0 +1,232 @@
+"""OpenAI's request and response shapes, converted to and from orchard's own.
+
+A request body (``/v1/chat/completions`` or ``/v1/completions``) becomes an orchard.v1
+``Request``, which then takes the same validation as a gRPC call (``cluster.api.validate``):
+the checks here are only about the JSON's shape (types, unsupported options), each raising a
+``FieldError`` naming the body field. A ``StoredResult`` becomes a completion object, a
+streamed chunk or a Batch output line. Usage is reported as OpenAI does, with the tokens
+read from a worker's prefix store as ``usage.prompt_tokens_details.cached_tokens``.
+
+    chat body ──► Request(messages, sampling)      completion body ──► Request(tokens, sampling)
+    StoredResult ──► chat.completion | text_completion (+ chunks when streamed)
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from cluster.api.client import chat_request, sampling, token_request
+from cluster.api.validate import FieldError
+from cluster.jobs.store import StoredResult
+from proto.orchard.v1 import orchard_pb2 as pb
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+ENDPOINTS = (CHAT, COMPLETIONS)
+DEFAULT_MAX_TOKENS = {CHAT: 128, COMPLETIONS: 16}  # OpenAI's completions default is 16
+
+Encode = Callable[[str], list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Streaming:
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _number(body: dict, key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FieldError(key, f"must be a number, got {value!r}")
+    return value
+
+
+def _integer(body: dict, key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FieldError(key, f"must be an integer, got {value!r}")
+    return value
+
+
+def _unsupported(body: dict) -> None:
+    if (_integer(body, "n") or 1) != 1:
+        raise FieldError("n", "only n = 1 is supported; send the request n times")
+    if (_integer(body, "best_of") or 1) != 1:
+        raise FieldError("best_of", "only best_of = 1 is supported")
+    for key in ("logprobs", "echo", "tools", "functions"):
+        if body.get(key):
+            raise FieldError(key, "not supported by orchard; leave it out")
+
+
+def sampling_params(body: dict, endpoint: str) -> pb.SamplingParams:
+    max_tokens = _integer(body, "max_tokens")
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_completion_tokens")
+    temperature = _number(body, "temperature")
+    seed = _integer(body, "seed")
+    if seed is not None and seed < 0:
+        raise FieldError("seed", f"must be >= 0, got {seed}")
+    stop = body.get("stop")
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise FieldError("stop", "must be a string or a list of strings")
+    return sampling(DEFAULT_MAX_TOKENS[endpoint] if max_tokens is None else max_tokens,
+                    temperature=1.0 if temperature is None else float(temperature),
+                    top_p=_number(body, "top_p"), seed=seed or 0, stop=stops)
+
+
+def check_model(body: dict, model_id: str) -> None:
+    model = body.get("model")
+    if model != model_id:
+        raise FieldError("model", f"unknown model {model!r}; this cluster serves {model_id!r} "
+                         "(GET /v1/models)")
+
+
+def streaming(body: dict) -> Streaming:
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise FieldError("stream", f"must be true or false, got {stream!r}")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise FieldError("stream_options", "must be an object")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise FieldError("stream_options.include_usage", "must be true or false")
+    return Streaming(stream, include_usage)
+
+
+def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "") -> pb.Request:
+    """The orchard.v1 ``Request`` a chat or completion body asks for."""
+    if not isinstance(body, dict):
+        raise FieldError("body", "must be a JSON object")
+    _unsupported(body)
+    params = sampling_params(body, endpoint)
+    if endpoint == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise FieldError("messages", "must be a list of {role, content} objects")
+        request = chat_request(custom_id, messages, 1)
+    else:
+        request = token_request(custom_id, _prompt_ids(body.get("prompt"), encode), 1)
+    request.sampling.CopyFrom(params)
+    return request
+
+
+def _prompt_ids(prompt: Any, encode: Encode) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # one prompt in a list: the SDK sends this shape too
+    if isinstance(prompt, str):
+        if not prompt:
+            raise FieldError("prompt", "empty; give some text")
+        return encode(prompt)
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    raise FieldError("prompt", "must be a string or a list of token ids (one prompt per "
+                     "request; send several prompts as several requests or as a batch)")
+
+
+# ------------------------------------------------------------------ responses
+
+def usage(r: StoredResult) -> dict:
+    completion = len(r.output_tokens)
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": r.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
+
+
+def completion_id(endpoint: str, request_id: str) -> str:
+    return f"{'chatcmpl' if endpoint == CHAT else 'cmpl'}-{request_id}"
+
+
+def response_body(endpoint: str, r: StoredResult, model: str, created_s: int) -> dict:
+    """The whole (non-streamed) response for a finished request."""
+    if endpoint == CHAT:
+        choice = {"index": 0, "finish_reason": r.finish_reason, "logprobs": None,
+                  "message": {"role": "assistant", "content": r.text}}
+    else:
+        choice = {"index": 0, "finish_reason": r.finish_reason, "logprobs": None,
+                  "text": r.text}
+    return {"id": completion_id(endpoint, r.request_id),
+            "object": "chat.completion" if endpoint == CHAT else "text_completion",
+            "created": created_s, "model": model, "choices": [choice], "usage": usage(r)}
+
+
+def chunk(endpoint: str, request_id: str, model: str, created_s: int, text: str | None,
+          finish_reason: str | None = None, result: StoredResult | None = None) -> dict:
+    """One streamed chunk: text (``None``: none), a finish reason, or the usage alone."""
+    choices: list[dict] = []
+    if result is None:
+        if endpoint == CHAT:
+            delta = {} if text is None else {"content": text}
+            if text == "":
+                delta["role"] = "assistant"
+            choices = [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                        "logprobs": None}]
+        else:
+            choices = [{"index": 0, "text": text or "", "finish_reason": finish_reason,
+                        "logprobs": None}]
+    return {"id": completion_id(endpoint, request_id),
+            "object": "chat.completion.chunk" if endpoint == CHAT else "text_completion",
+            "created": created_s, "model": model, "choices": choices,
+            "usage": None if result is None else usage(result)}
+
+
+def batch_output_line(endpoint: str, r: StoredResult, model: str, created_s: int) -> dict:
+    """One line of a Batch output (``ok``) or error file, as OpenAI writes it."""
+    line: dict = {"id": f"batch_req_{r.request_id}", "custom_id": r.custom_id}
+    if not r.ok:
+        return {**line, "response": None,
+                "error": {"code": r.error_code, "message": r.error_message}}
+    return {**line, "error": None,
+            "response": {"status_code": 200, "request_id": r.request_id,
+                         "body": response_body(endpoint, r, model, created_s)}}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInput:
+    requests: list[pb.Request]
+    lines: list[int]  # the 1-based line of each request
+
+    def on_line(self, exc: FieldError) -> FieldError:
+        """``exc`` about ``requests[i]...`` (from validation) retold as ``line N...``."""
+        match = re.match(r"requests\[(\d+)\]", exc.field)
+        if match is None or int(match.group(1)) >= len(self.lines):
+            return exc
+        field = f"line {self.lines[int(match.group(1))]}{exc.field[match.end():]}"
+        return type(exc)(field, str(exc).removeprefix(f"{exc.field}: "))
+
+
+def batch_requests(lines: Sequence[str], endpoint: str, encode: Encode) -> BatchInput:
+    """The requests of a Batch input file; ``FieldError`` naming ``line N`` on bad input."""
+    requests, numbers = [], []
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise FieldError(f"line {number}", f"not valid JSON ({exc.msg})") from None
+        if not isinstance(line, dict):
+            raise FieldError(f"line {number}", "each line must be a JSON object")
+        custom_id = line.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            raise FieldError(f"line {number}.custom_id", "must be a non-empty string")
+        if line.get("method", "POST") != "POST" or line.get("url", endpoint) != endpoint:
+            raise FieldError(f"line {number}.url", f"every line must be POST {endpoint}, the "
+                             "batch's endpoint")
+        try:
+            requests.append(request_of(line.get("body"), endpoint, encode, custom_id))
+            numbers.append(number)
+        except FieldError as exc:
+            raise FieldError(f"line {number}.body.{exc.field}",
+                             str(exc).removeprefix(f"{exc.field}: ")) from None
+    if not requests:
+        raise FieldError("input_file_id", "the input file has no requests")
+    return BatchInput(requests, numbers)

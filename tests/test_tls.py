@@ -1,0 +1,86 @@
+"""TLS: ``orchard tls init``'s files, the rule for which addresses may serve plaintext, and a
+frontend on loopback over TLS reached by gRPC and by the openai SDK."""
+import ipaddress
+import json
+import ssl
+
+import openai
+import pytest
+from cryptography import x509
+
+from cluster.api.client import Client, token_request
+from cluster.api.tls import check_binding, client_tls, init_tls
+from cluster.cli import main as orchard
+from cluster.config import load_config
+from forged_models import tiny_model
+from frontend_harness import ACME_CONFIG, running_frontend
+
+TLS_CONFIG = ACME_CONFIG + '[frontend]\ntls_cert = "tls/server.pem"\ntls_key = "tls/server.key"\n'
+
+
+def test_init_writes_a_ca_that_signs_a_server_certificate_for_the_hosts(tmp_path, capsys):
+    assert orchard(["tls", "init", "--run-dir", str(tmp_path), "--hosts",
+                    "head.local,10.0.0.5"]) == 0
+    assert 'tls_cert = "tls/server.pem"' in capsys.readouterr().out
+    folder = tmp_path / "tls"
+    ca = x509.load_pem_x509_certificate((folder / "ca.pem").read_bytes())
+    server = x509.load_pem_x509_certificate((folder / "server.pem").read_bytes())
+    client = x509.load_pem_x509_certificate((folder / "client.pem").read_bytes())
+    server.verify_directly_issued_by(ca)
+    client.verify_directly_issued_by(ca)
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["head.local", "localhost"]
+    assert sans.get_values_for_type(x509.IPAddress) == [
+        ipaddress.ip_address("10.0.0.5"), ipaddress.ip_address("127.0.0.1"),
+        ipaddress.ip_address("::1")]
+    for key in ("ca.key", "server.key", "client.key"):
+        assert (folder / key).stat().st_mode & 0o777 == 0o600
+    assert orchard(["tls", "init", "--run-dir", str(tmp_path)]) == 2  # no silent replacement
+    assert "pass --force" in capsys.readouterr().err
+
+
+def test_a_lan_address_needs_tls_or_an_explicit_plaintext_setting(tmp_path):
+    (tmp_path / "orchard.toml").write_text(ACME_CONFIG + '[frontend]\nhost = "10.0.0.5"\n')
+    with pytest.raises(ValueError, match="is not loopback: serving it needs TLS"):
+        load_config(tmp_path)
+    (tmp_path / "orchard.toml").write_text(
+        ACME_CONFIG + '[frontend]\nhost = "10.0.0.5"\nallow_plaintext_lan = true\n')
+    config = load_config(tmp_path)
+    assert "WITHOUT TLS" in check_binding(config.host, None, True)
+    init_tls(tmp_path, ["10.0.0.5"])
+    (tmp_path / "orchard.toml").write_text(TLS_CONFIG + 'host = "10.0.0.5"\n')
+    assert load_config(tmp_path).tls_files().cert == tmp_path / "tls" / "server.pem"
+    assert check_binding("127.0.0.1", None, False) is None  # loopback stays as it was
+
+
+def test_tls_config_errors_name_the_key(tmp_path):
+    (tmp_path / "orchard.toml").write_text(TLS_CONFIG)
+    with pytest.raises(ValueError, match=r"tls_cert: .*server.pem does not exist"):
+        load_config(tmp_path)
+    (tmp_path / "orchard.toml").write_text(ACME_CONFIG + '[frontend]\ntls_cert = "x.pem"\n')
+    with pytest.raises(ValueError, match="tls_cert and tls_key go together"):
+        load_config(tmp_path)
+
+
+def test_loopback_over_tls_for_grpc_and_the_openai_sdk(tmp_path):
+    run_dir = tmp_path / "run"
+    init_tls(run_dir, [])
+    (run_dir / "orchard.toml").write_text(TLS_CONFIG)
+    with running_frontend(run_dir, tiny_model(), workers=1):
+        info = json.loads((run_dir / "frontend.json").read_text())
+        assert info["tls"] and info["http_address"].startswith("https://127.0.0.1:")
+        assert client_tls(run_dir).ca == run_dir / "tls" / "ca.pem"  # found in the run dir
+        with Client.from_run_dir(run_dir) as client:
+            events = list(client.generate(token_request("", [5, 6, 7], 2), timeout_s=30))
+            assert events[-1].result.usage.completion_tokens == 2
+        with Client(info["address"], "key-acme", timeout_s=5) as plaintext:
+            with pytest.raises(Exception, match="UNAVAILABLE"):
+                plaintext.health()
+        context = ssl.create_default_context(cafile=str(run_dir / "tls" / "ca.pem"))
+        sdk = openai.OpenAI(base_url=info["http_address"] + "/v1", api_key="key-acme",
+                            max_retries=0, http_client=openai.DefaultHttpxClient(verify=context))
+        assert [m.id for m in sdk.models.list().data] == ["llama"]
+        untrusted = openai.OpenAI(base_url=info["http_address"] + "/v1", api_key="key-acme",
+                                  max_retries=0)
+        with pytest.raises(openai.APIConnectionError):
+            untrusted.models.list()
