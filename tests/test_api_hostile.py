@@ -14,6 +14,8 @@ import pytest
 
 from cluster.api.chat import ChatTokenizer
 from cluster.api.edge import Authenticator
+from cluster.api.intake import JobIntakeService
+from cluster.api.work import Work
 from cluster.api.servicer import GenerateServicer
 from cluster.api.client import Client, OrchardError, chat_request, token_request
 from forged_models import tiny_model
@@ -300,9 +302,11 @@ def test_a_generate_stream_closed_from_another_task_detaches_no_span(api, caplog
     """grpc closes a stream the client cancelled while it was suspended at a yield from
     another task: no span context may be attached across that yield."""
     caplog.set_level(logging.WARNING)
-    servicer = GenerateServicer(Authenticator({"key-acme": "acme"}, frozenset()), api.backend,
-                                api.frontend.runner, api.backend.tokenizer_info(),
-                                ChatTokenizer(api.backend.tokenizer_info().model_dir))
+    model = api.backend.tokenizer_info()
+    runner = api.frontend.runner
+    work = Work(runner, api.backend, model, ChatTokenizer(model.model_dir),
+                JobIntakeService(api.frontend.store, runner, model, 100))
+    servicer = GenerateServicer(Authenticator({"key-acme": "acme"}, frozenset()), work)
     request = pb.GenerateRequest(request=token_request("", list(range(1, 11)), 500))
 
     async def first_delta():

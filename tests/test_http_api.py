@@ -262,7 +262,7 @@ def test_each_http_request_is_one_trace_rooted_at_its_request(tmp_path):
     from frontend_harness import ACME_CONFIG
 
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(mode=0o700)
     (run_dir / "orchard.toml").write_text(ACME_CONFIG)
     with running_frontend(run_dir, tiny_model(), workers=1) as harness:
         client = sdk(harness)

@@ -7,14 +7,13 @@ import pytest
 from cluster.api.client import OrchardError, token_request
 from cluster.cli import main as orchard
 from cluster.commands.jobs import parse_since
-from cluster.jobs.store import JobNotFound, JobState, JobStore, NewRequest
+from cluster.jobs.store import JobNotFound, JobState, JobStore, StagedRequest
 from forged_models import tiny_model
 from frontend_harness import ACME_CONFIG, running_frontend
-from workers.messages import SamplingParams
 
 
-def _request(i: int) -> NewRequest:
-    return NewRequest(f"r{i}", (1, 2, 3), SamplingParams(max_tokens=1))
+def _request(i: int) -> StagedRequest:
+    return StagedRequest(0, f"r{i}", b"", b"")
 
 
 @pytest.fixture
@@ -66,7 +65,7 @@ def test_since_takes_durations_and_utc_times():
 
 def test_list_jobs_over_grpc_and_the_command(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(mode=0o700)
     (run_dir / "orchard.toml").write_text(ACME_CONFIG)
     with running_frontend(run_dir, tiny_model(), workers=1) as api:
         with api.client("acme") as client:
