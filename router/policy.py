@@ -92,8 +92,10 @@ HOME_CHOICES = 2  # a cold prompt's home: the less busy of its two rendezvous wi
 DISK_TOKEN_COST = 0.14
 
 
-class NoWorkerAvailable(Exception):
+class NoWorkerAvailable(RuntimeError):
     """No worker can take a request now (none registered, or all draining): retry later.
+
+    The one no-workers error: the router raises it and the backends pass it through unchanged.
 
     The cluster maps it to gRPC ``UNAVAILABLE``.
     """

@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from cluster.backend.protocol import (GenerateOutcome, NoWorkersAvailable, TokenChunk,  # noqa: E402
+from cluster.backend.protocol import (GenerateOutcome, NoWorkerAvailable, TokenChunk,  # noqa: E402
                              UnknownWorker)
 from cluster.backend.ray_backend import RayBackend  # noqa: E402
 from cluster.backend.ray_pool import NoRoom  # noqa: E402
@@ -261,6 +261,6 @@ def test_with_every_worker_drained_requests_are_unavailable(cluster):
     backend, loop = cluster  # last: leaves no worker
     for worker in backend.pool.ready():
         loop.run(backend.drain(worker.worker_id))
-    with pytest.raises(NoWorkersAvailable):
+    with pytest.raises(NoWorkerAvailable):
         _generate(backend, loop, "none-left", _prompt(90))
 

@@ -13,21 +13,19 @@ real router, no Ray; used by fast tests and as the reference) and ``cluster.back
 slotted dataclass; the router's ``RoutingDecision`` travels back inside ``GenerateOutcome`` so
 that traces can carry it.
 
-Errors: ``NoWorkersAvailable`` when no worker can take a request (the frontend answers
-``UNAVAILABLE``); ``ValueError`` for bad input the frontend did not catch (``INVALID_ARGUMENT``);
+Errors: ``NoWorkerAvailable`` (the router's, re-exported here) when no worker can take a request
+(the frontend answers ``UNAVAILABLE``); ``ValueError`` for bad input the frontend did not catch
+(``INVALID_ARGUMENT``);
 ``UnknownWorker`` for an admin call naming a worker that does not exist (``NOT_FOUND``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol, Sequence, runtime_checkable
+from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
 
 from router.key import BlockHash, Namespace
+from router.policy import NoWorkerAvailable, RoutingDecision  # the router's, used unchanged
 from workers.messages import GenerateRequest, GenerateResult, WorkerStats
-
-
-class NoWorkersAvailable(RuntimeError):
-    """No live, non-draining worker can take the request; the caller may retry later."""
 
 
 class UnknownWorker(LookupError):

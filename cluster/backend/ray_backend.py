@@ -43,7 +43,7 @@ import ray
 from cluster.backend import bootstrap
 from cluster.config import engine_config
 from cluster.backend.bootstrap import Placement
-from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, NoWorkersAvailable,
+from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, NoWorkerAvailable,
                                       TokenChunk, WorkerInfo)
 from cluster.backend.ray_pool import PoolWorker, WorkerPool
 from cluster.backend.retry import retried
@@ -51,7 +51,7 @@ from cluster.backend.routing import FrontendRouter
 from cluster.backend.worker_actor import Prefilled, WorkerDone
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
 from router.key import BlockHash, Namespace
-from router.policy import NoWorkerAvailable, RoutingDecision
+from router.policy import RoutingDecision
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
 
@@ -223,13 +223,10 @@ class RayBackend:
         if self._policy == "round_robin":
             ready = sorted(self.pool.ready(), key=lambda w: w.worker_id)
             if not ready:
-                raise NoWorkersAvailable("no ready worker: scale up or wait for a restart")
+                raise NoWorkerAvailable("no ready worker: scale up or wait for a restart")
             return None, ready[next(self._rr) % len(ready)]
-        try:
-            decision = self.pool.routes.router.route(request.namespace, block_hashes,
-                                                     len(request.prompt))
-        except NoWorkerAvailable as exc:
-            raise NoWorkersAvailable(str(exc)) from None
+        decision = self.pool.routes.router.route(request.namespace, block_hashes,
+                                                 len(request.prompt))
         worker = self.pool.get(decision.worker_id)
         if worker is None or worker.state != "ready":  # the pool removes both at once
             raise RuntimeError(f"router chose {decision.worker_id}, which the pool does not "

@@ -23,7 +23,7 @@ the store, so a restarted frontend resumes where it stopped: requests without a 
 (again), and the store keeps one result per request.
 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
-``NoWorkersAvailable`` is retried with backoff until the request's deadline, then recorded as
+``NoWorkerAvailable`` is retried with backoff until the request's deadline, then recorded as
 ``UNAVAILABLE``; a deadline as ``DEADLINE_EXCEEDED``; a ``ValueError`` as ``INVALID_ARGUMENT``,
 and so does a request that ``prepare`` finds invalid (a prompt over the context).
 """
@@ -34,7 +34,7 @@ import contextlib
 import logging
 from typing import AsyncIterator, Callable, Sequence
 
-from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
+from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkerAvailable, TokenChunk
 from cluster.backend.retry import NO_WORKER_BACKOFF_S
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
@@ -58,7 +58,7 @@ async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Seq
                    timeout_s: float) -> GenerateOutcome:
     """Run one request on the backend within ``timeout_s``: the one call per request.
 
-    ``NoWorkersAvailable`` is retried with backoff while time remains (workers may be scaling
+    ``NoWorkerAvailable`` is retried with backoff while time remains (workers may be scaling
     or restarting); ``TimeoutError`` when the deadline passes.
     """
     loop = asyncio.get_running_loop()
@@ -68,7 +68,7 @@ async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Seq
         try:
             return await asyncio.wait_for(backend.generate(request, block_hashes),
                                           max(deadline - loop.time(), 0.001))
-        except NoWorkersAvailable:
+        except NoWorkerAvailable:
             pause = NO_WORKER_BACKOFF_S[min(attempt, len(NO_WORKER_BACKOFF_S) - 1)]
             if loop.time() + pause >= deadline:
                 raise
@@ -293,7 +293,7 @@ class JobRunner:
         hashes = self.block_hashes(request.namespace.tenant, pending.prompt)
         try:
             outcome = await dispatch(self._backend, request, hashes, self._timeout_s)
-        except NoWorkersAvailable as exc:
+        except NoWorkerAvailable as exc:
             return error_of(pending, "UNAVAILABLE", f"no worker could take the request: {exc}")
         except TimeoutError:
             return error_of(pending, "DEADLINE_EXCEEDED",
