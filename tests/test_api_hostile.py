@@ -301,8 +301,8 @@ def test_a_generate_stream_closed_from_another_task_detaches_no_span(api, caplog
     another task: no span context may be attached across that yield."""
     caplog.set_level(logging.WARNING)
     servicer = GenerateServicer(Authenticator({"key-acme": "acme"}, frozenset()), api.backend,
-                                api.frontend.runner, api.backend.tokenizer_info(),
-                                ChatTokenizer(api.backend.tokenizer_info().model_dir))
+                                api.frontend.runner, api.backend.model_info(),
+                                ChatTokenizer(api.backend.model_info().model_dir))
     request = pb.GenerateRequest(request=token_request("", list(range(1, 11)), 500))
 
     async def first_delta():

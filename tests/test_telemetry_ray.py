@@ -44,7 +44,7 @@ def run(tmp_path_factory):
                          telemetry=TelemetrySettings("orchard", run_dir))
     try:
         loop.run(backend.start(), timeout_s=300)
-        info = backend.tokenizer_info()
+        info = backend.model_info()
         tel = setup_telemetry(TelemetrySettings(SERVICE_FRONTEND, run_dir))
         tracing = JobTracing(RequestObserver(tel, load_price_table(None), info.model_id, BLOCK,
                                              300.0, 1_000_000))

@@ -118,7 +118,7 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
 
 async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokenizer | None,
                         clock_ms: Callable[[], int], lock_fd: int) -> Frontend:
-    model = backend.tokenizer_info()
+    model = backend.model_info()
     tokenizer = tokenizer or await asyncio.to_thread(ChatTokenizer, model.model_dir)
     limits = config.limits
     namespace = namespace_for(model)

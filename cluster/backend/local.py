@@ -91,9 +91,9 @@ class LocalBackend:
         self._runtime = None
         self._workers.clear()
 
-    def tokenizer_info(self) -> ModelInfo:
+    def model_info(self) -> ModelInfo:
         if self._info is None:
-            raise RuntimeError("tokenizer_info() before start(): start the backend first")
+            raise RuntimeError("model_info() before start(): start the backend first")
         return self._info
 
     @property

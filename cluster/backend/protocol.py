@@ -134,7 +134,7 @@ class Backend(Protocol):
     async def close(self) -> None:
         """Stop workers and release resources; idempotent."""
 
-    def tokenizer_info(self) -> ModelInfo:
+    def model_info(self) -> ModelInfo:
         """The served model; valid after ``start``."""
 
     async def generate(

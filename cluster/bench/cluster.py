@@ -88,7 +88,7 @@ async def run_policy(policy: str, model_dir: str, workers: int, workload: Worklo
     backend = RayBackend(model_dir, workers, placement=placement, policy=policy)
     await backend.start()
     try:
-        info = backend.tokenizer_info()
+        info = backend.model_info()
         namespace = Namespace("bench", info.model_id, info.revision)
         outcomes: list = []
         started = time.monotonic()

@@ -103,7 +103,7 @@ async def _send_all(backend, lines: Sequence[TraceRequest], block_tokens: int,
     from router.key import Namespace, hash_blocks
     from workers.messages import GenerateRequest, SamplingParams
 
-    info = backend.tokenizer_info()
+    info = backend.model_info()
     check(info)
     namespace = Namespace("replay", info.model_id, info.revision)
     too_long = [i for i, t in enumerate(lines) if t.input_length + t.output_length > info.max_context]
