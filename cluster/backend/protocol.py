@@ -57,12 +57,12 @@ class TokenChunk:
 class GenerateOutcome:
     """A finished request, with how it was placed.
 
-    ``decision`` is the router's ``RoutingDecision`` for the attempt that succeeded (typed
-    loosely here so that this module does not depend on the router's policy module).
+    ``decision`` is the router's ``RoutingDecision`` for the attempt that succeeded; ``None``
+    under the round-robin baseline, which does not consult the router.
     """
 
     result: GenerateResult
-    decision: Any
+    decision: RoutingDecision | None
     attempts: int          # 1 unless a worker died and the request was retried elsewhere
     worker_id: str
     # The worker's own wall time on the request: received -> result handed back, cache

@@ -212,8 +212,8 @@ class RayBackend:
                 worker.actor.abort.remote(rid)  # fire and forget: out at its next step
             self.pool.retire_if_drained(worker)
 
-    def _outcome(self, done: WorkerDone, decision, attempt: int, worker: PoolWorker
-                 ) -> GenerateOutcome:
+    def _outcome(self, done: WorkerDone, decision: RoutingDecision | None, attempt: int,
+                 worker: PoolWorker) -> GenerateOutcome:
         return GenerateOutcome(done.result, decision, attempt, worker.worker_id,
                                worker_s=done.worker_s, worker_traced=done.traced)
 
