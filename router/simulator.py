@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 from router.events import EventBatch, Tier
 from router.key import BlockHash, Namespace, reusable_tokens
-from router.ledger import BlockLedger, RemovalReason
+from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, RemovalReason
 from router.policy import PolicyConfig
 from router.service import EngineProfile, LinearService, ProfileService
 from router.sim_policies import SimPolicy, SimRequest, make_policy
@@ -54,7 +54,7 @@ class SimConfig:
     capacity_tokens: int = 1_000_000
     block_size: int = 512
     ttl_s: float = 3600.0
-    eviction: str = "reuse"
+    eviction: Eviction = DEFAULT_EVICTION
     prefill_tps: float = 6000.0
     decode_tps: float = 30.0
     decode_share: float = 0.01
