@@ -130,6 +130,12 @@ class Engine:
     def revision(self) -> str:
         return self._m.revision
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K/V bytes one cached token takes in this engine's memory tier, as its store accounts
+        it (the model's dtype, or ``kv_bits``): the one figure a capacity in tokens comes from."""
+        return self.store.ledger.bytes_per_token
+
     def namespace(self, tenant: str, adapter: str = "") -> Namespace:
         """The cache namespace of ``tenant`` on this model and weights revision."""
         return Namespace(tenant, self.model_id, self.revision, adapter)

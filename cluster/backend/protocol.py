@@ -42,6 +42,7 @@ class ModelInfo:
     max_context: int       # prompt + output tokens may not exceed this
     model_dir: str         # local mlx-lm model directory: tokenizer and chat template live here
     block_size: int        # tokens per cache block, one value per cluster
+    kv_bytes_per_token: int  # the engine's memory tier, as its store accounts it
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,7 @@ class WorkerHello:
     max_context: int
     block_size: int
     openblas: bool
+    kv_bytes_per_token: int
 
 
 @dataclass(frozen=True, slots=True)
