@@ -24,7 +24,8 @@ Rules, stated once:
 - **Capacity is a value.** ``insert`` stores what fits, evicting LRU leaves outside the chain
   being inserted; when nothing more can be evicted it returns the blocks it did store.
 - **Eviction policy** (``Eviction``; ``DEFAULT_EVICTION`` is ``"reuse"``). ``"lru"`` (above)
-  is the contract. ``"reuse"`` keeps TTL and the leaves-first rule but evicts by priority ``last use + horizon x min(hits, 3)``, where
+  is the contract. ``"reuse"`` keeps TTL and the leaves-first rule but evicts by priority
+  ``last use + horizon x min(hits, 3)``, where
   ``hits`` counts the lookups that reused the block and ``horizon`` is the age at which the
   last victim left (how far back the cache currently reaches): a block reused before gets
   one more cache-lifetime per reuse. A block's priority never drops below its descendants'

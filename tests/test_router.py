@@ -7,17 +7,10 @@ from router.ledger import BlockLedger
 from router.policy import (NoWorkerAvailable, PolicyConfig, Reason, WorkerLoad, decide,
                            rendezvous)
 from router.router import Router
+from tests.conftest import Clock
 
 NS = Namespace("acme", "tiny")
 BS = 16
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def prompt(conv: int, blocks: int, tail: int = 5) -> list[int]:

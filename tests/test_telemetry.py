@@ -14,18 +14,11 @@ from router.key import Namespace, hash_blocks
 from router.policy import Reason
 from telemetry_factories import T0, decision, in_memory, result
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
+from tests.conftest import Clock
 
 BS = 4
 NS = Namespace("acme", "tiny")
 SYSTEM = tuple(range(100, 116))  # four blocks
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture
