@@ -8,7 +8,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from router.events import BlockRemoved, BlockStored
-from router.key import Namespace
+from router.key import Namespace, hash_blocks
 from router.ledger import Eviction, LedgerEventKind
 from workers.messages import LookupOutcome
 from workers.store import KVShape, PrefixStore
@@ -118,6 +118,8 @@ def test_eviction_drops_tensors_and_emits_events(eviction):
     assert store.lookup(NS, list(range(1, 9))).report.matched_tokens == 4
     events = store.drain_events()
     assert [type(e) for e in events] == [BlockStored] * 3 + [BlockRemoved] + [BlockStored]
+    a1 = hash_blocks(list(range(1, 9)), BS, NS)[1]
+    assert events[3] == BlockRemoved(a1, NS.label())  # exactly a1, under either policy
     kinds = [e.kind for e in store.log()]
     assert LedgerEventKind.EVICTED in kinds and LedgerEventKind.HIT in kinds
 
