@@ -53,7 +53,8 @@ def test_store_ledger_engine_config_forecast_and_simulator_share_one_eviction_de
                 "disk": default(DiskTier, "eviction"), "engine": EngineConfig().eviction,
                 "config": CacheConfig().eviction, "simulator": SimConfig().eviction,
                 "forecast": CacheModel(16, 100, 60.0).eviction}
-    assert defaults == dict.fromkeys(defaults, Eviction.REUSE) and DEFAULT_EVICTION is Eviction.REUSE
+    assert defaults == dict.fromkeys(defaults, Eviction.REUSE)
+    assert DEFAULT_EVICTION is Eviction.REUSE
     with pytest.raises(ValueError, match="lru, reuse"):
         BlockLedger(10, 1.0, lambda: 0.0, 1, policy="fifo")
 
