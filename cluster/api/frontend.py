@@ -40,7 +40,7 @@ from cluster.api.intake import prepare
 from cluster.jobs.store import JobStore
 from cluster.rundir import make_private
 from cluster.telemetry.job_tracing import frontend_tracing
-from cluster.jobs.runner import JobRunner
+from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.api.servicer import GenerateServicer, JobsServicer
 from cluster.api.servicer_admin import AdminServicer
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -124,11 +124,12 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     namespace = namespace_for(model)
     store = JobStore(config.db_path, clock_ms)
     tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode)
-    runner = JobRunner(store, backend, namespace, model.block_size, limits.max_concurrent,
-                       limits.max_pending_per_tenant, limits.max_pending_total,
-                       limits.request_timeout_s,
+    runner = JobRunner(store, backend,
                        functools.partial(prepare, model=model, render=tokenizer.render,
-                                         max_prompt_bytes=limits.max_prompt_bytes), tracing)
+                                         max_prompt_bytes=limits.max_prompt_bytes),
+                       RunnerLimits(limits.max_concurrent, limits.max_pending_per_tenant,
+                                    limits.max_pending_total, limits.request_timeout_s),
+                       namespace=namespace, block_size=model.block_size, tracing=tracing)
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
     auth = Authenticator(config.tenant_keys, config.admin_keys)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkerAvailable, TokenChunk
@@ -104,20 +105,29 @@ def error_of(pending: PendingRequest | StoredRequest, code: str, message: str) -
                         error_message=message)
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerLimits:
+    """Admission and execution limits (``cluster.config.Limits``, narrowed to the runner's)."""
+
+    max_concurrent: int            # requests in flight to the backend at once
+    max_pending_per_tenant: int    # accepted but unfinished requests, per tenant
+    max_pending_total: int         # ... and over all tenants
+    request_timeout_s: float       # one request's deadline, retries included
+
+
 class JobRunner:
-    def __init__(self, store: JobStore, backend: Backend, namespace: Callable[[str], Namespace],
-                 block_size: int, max_concurrent: int, max_pending_per_tenant: int,
-                 max_pending_total: int, request_timeout_s: float, prepare: Prepare,
-                 tracing: JobTracing | None = None):
+    def __init__(self, store: JobStore, backend: Backend, prepare: Prepare,
+                 limits: RunnerLimits, *, namespace: Callable[[str], Namespace],
+                 block_size: int, tracing: JobTracing | None = None):
         self._store = store
         self._prepare = prepare
         self._backend = backend
         self._namespace = namespace
         self._block_size = block_size
-        self._slots = SlotPool(max_concurrent)
-        self._max_tenant = max_pending_per_tenant
-        self._max_total = max_pending_total
-        self._timeout_s = request_timeout_s
+        self._slots = SlotPool(limits.max_concurrent)
+        self._max_tenant = limits.max_pending_per_tenant
+        self._max_total = limits.max_pending_total
+        self._timeout_s = limits.request_timeout_s
         self._pending: dict[str, int] = {}
         self._jobs: dict[str, asyncio.Task] = {}
         self._running: dict[str, set[asyncio.Task]] = {}  # job id -> its requests in flight
