@@ -6,7 +6,7 @@ import pytest
 
 from cluster.telemetry import spans
 from cluster.telemetry import attrs as A
-from cluster.telemetry.observe import RequestObserver
+from cluster.telemetry.observe import RequestObserver, ServedCache
 from cluster.telemetry.metrics import StoreGauges
 from cluster.telemetry.setup import Telemetry, context_of, extract_metadata, inject_metadata
 from router.cost import PriceTable
@@ -25,8 +25,8 @@ SYSTEM = tuple(range(100, 116))  # four blocks
 def setup(tmp_path):
     tel, exporter, reader = in_memory(tmp_path)
     clock = Clock()
-    observer = RequestObserver(tel, PriceTable(), "tiny", BS, ttl_s=300.0,
-                               capacity_tokens=10_000, clock=clock)
+    observer = RequestObserver(tel, PriceTable(), ServedCache("tiny", BS, 300.0, 10_000),
+                               clock=clock)
     return tel, exporter, reader, observer, clock
 
 
@@ -207,7 +207,7 @@ def test_a_tracing_failure_is_logged_once_and_never_fails_the_request(setup, cap
 
 def test_disabled_telemetry_records_nothing_and_runs():
     tel = Telemetry.disabled()
-    observer = RequestObserver(tel, PriceTable(), "tiny", BS, 300.0, 1000)
+    observer = RequestObserver(tel, PriceTable(), ServedCache("tiny", BS, 300.0, 1000))
     prompt = SYSTEM + (5,)
     observed = run(observer, tel, "r1", prompt, None,
                    result("r1", 17, 0, 16, "w0", LookupOutcome.MISS))

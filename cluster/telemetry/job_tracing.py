@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from opentelemetry.trace import Span
 
 from cluster.telemetry import spans
-from cluster.telemetry.observe import Observed, RequestObserver
+from cluster.telemetry.observe import Observed, RequestObserver, ServedCache
 from cluster.telemetry.setup import extract_metadata, guarded, settings_from_config, setup_telemetry
 from cluster.telemetry.metrics import StoreGauges
 from router.cost import load_price_table
@@ -189,5 +189,5 @@ def frontend_tracing(config: Any, model: Any, workers: int,
     prices = load_price_table(config.telemetry.prices or None)
     # The engine's own figure (model dtype, kv_bits), never one recomputed from config.json.
     capacity = max(1, workers) * config.cache.capacity_bytes // model.kv_bytes_per_token
-    return JobTracing(RequestObserver(tel, prices, model.model_id, model.block_size,
-                                      config.cache.ttl_s, capacity, decode=decode))
+    cache = ServedCache(model.model_id, model.block_size, config.cache.ttl_s, capacity)
+    return JobTracing(RequestObserver(tel, prices, cache, decode=decode))
