@@ -59,9 +59,10 @@ import os
 import secrets
 import tomllib
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
-from router.ledger import EVICTION_POLICIES
+from router.ledger import DEFAULT_EVICTION, Eviction
 
 CONFIG_NAME = "orchard.toml"
 ADDRESS_NAME = "frontend.json"
@@ -82,7 +83,7 @@ class CacheConfig:
     block_size: int = 16
     ttl_s: float = 300.0
     capacity_bytes: int = 1 << 30
-    eviction: str = "reuse"
+    eviction: Eviction = DEFAULT_EVICTION
     kv_bits: int = 0
     disk_bytes: int = 0
     disk_dir: str = "cache"
@@ -174,13 +175,24 @@ def _build(cls, values: dict, section: str, path: Path):
                          f"known: {', '.join(sorted(known))}")
     defaults = cls()
     for key, value in values.items():
-        want = type(getattr(defaults, key))
+        default = getattr(defaults, key)
+        want = str if isinstance(default, StrEnum) else type(default)
         if want is float and isinstance(value, int):
             continue
         if not isinstance(value, want):
             raise ValueError(f"{path}: [{section}] {key} must be a {want.__name__}")
-    return cls(**{k: (float(v) if isinstance(getattr(defaults, k), float) else v)
-                  for k, v in values.items()})
+        if isinstance(default, StrEnum) and value not in set(type(default)):
+            raise ValueError(f"{path}: [{section}] {key} must be one of "
+                             f"{', '.join(type(default))}, got {value!r}")
+    return cls(**{k: _typed(getattr(defaults, k), v) for k, v in values.items()})
+
+
+def _typed(default, value):
+    """``value`` as the type of the field's default: float for a float, the enum member for
+    an enum (``"lru"`` becomes ``Eviction.LRU``)."""
+    if isinstance(default, float):
+        return float(value)
+    return type(default)(value) if isinstance(default, StrEnum) else value
 
 
 def _tenant_keys(data: dict, path: Path) -> dict[str, str]:
@@ -245,9 +257,6 @@ def _check(config: Config, path: Path) -> None:
         raise ValueError(f"{path}: [limits] request_timeout_s must be > 0")
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
-    if config.cache.eviction not in EVICTION_POLICIES:
-        raise ValueError(f"{path}: [cache] eviction must be one of "
-                         f"{', '.join(EVICTION_POLICIES)}, got {config.cache.eviction!r}")
     cache = config.cache
     for name in ("kv_bits", "disk_kv_bits"):
         if getattr(cache, name) not in (0, 8, 4):

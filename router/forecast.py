@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 from router.cost import TokenUsage
 from router.key import BlockHash, Namespace, reusable_tokens
-from router.ledger import BlockLedger
+from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class CacheModel:
     block_size: int
     capacity_tokens: int     # summed over the workers that will serve the job, both tiers
     ttl_s: float
-    eviction: str = "lru"    # the stores' policy (``router.ledger.EVICTION_POLICIES``)
+    eviction: Eviction = DEFAULT_EVICTION    # the stores' policy
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.capacity_tokens < 0 or self.ttl_s <= 0:

@@ -23,8 +23,9 @@ Rules, stated once:
   ``expire()``; ``peek`` treats them as absent without removing them.
 - **Capacity is a value.** ``insert`` stores what fits, evicting LRU leaves outside the chain
   being inserted; when nothing more can be evicted it returns the blocks it did store.
-- **Eviction policy.** ``"lru"`` (above) is the contract. ``"reuse"`` keeps TTL and the
-  leaves-first rule but evicts by priority ``last use + horizon x min(hits, 3)``, where
+- **Eviction policy** (``Eviction``; ``DEFAULT_EVICTION`` is ``"reuse"``). ``"lru"`` (above)
+  is the contract. ``"reuse"`` keeps TTL and the leaves-first rule but evicts by priority
+  ``last use + horizon x min(hits, 3)``, where
   ``hits`` counts the lookups that reused the block and ``horizon`` is the age at which the
   last victim left (how far back the cache currently reaches): a block reused before gets
   one more cache-lifetime per reuse. A block's priority never drops below its descendants'
@@ -46,11 +47,24 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Callable, Iterable, Sequence
 
 from router.events import BlockEvent, BlockRemoved, BlockStored, Tier
 from router.key import BlockHash
+
+
+class Eviction(StrEnum):
+    """How a full ledger picks its victim (the rules in this module's header)."""
+
+    LRU = "lru"
+    REUSE = "reuse"
+
+
+# The one default, for store, ledger, engine, config, forecast and simulator: "reuse" raises the
+# hit ratio on the Mooncake conversation trace at 8M tokens from 0.266 to 0.28 (header above).
+DEFAULT_EVICTION = Eviction.REUSE
+EVICTION_POLICIES = tuple(e.value for e in Eviction)
 
 
 class LedgerEventKind(str, Enum):
@@ -120,7 +134,7 @@ class BlockLedger:
         ttl_s: float,
         clock: Callable[[], float],
         bytes_per_token: int,
-        policy: str = "lru",
+        policy: Eviction | str = DEFAULT_EVICTION,
         on_remove: Callable[[BlockHash, RemovalReason], None] | None = None,
         log_limit: int = 10_000,
         tier: Tier = Tier.MEMORY,
@@ -137,7 +151,7 @@ class BlockLedger:
         self.capacity_bytes = capacity_bytes
         self.ttl_s = float(ttl_s)
         self.bytes_per_token = bytes_per_token
-        self.policy = policy
+        self.policy = Eviction(policy)
         self.tier = tier
         self._clock = clock
         self._on_remove = on_remove
@@ -291,7 +305,7 @@ class BlockLedger:
         if h in self._entries or self.used_bytes + tokens * self.bytes_per_token > self.capacity_bytes:
             return False
         self._add(h, parent, tokens, namespace, last_used)
-        if self.policy == "reuse":
+        if self.policy is Eviction.REUSE:
             self._heap_seq += 1
             heapq.heappush(self._heap, (last_used, self._heap_seq, h))
         return True
@@ -340,7 +354,7 @@ class BlockLedger:
             entry = self._entries[h]
             entry.last_used = now
             self._lru.move_to_end(h)
-            if self.policy == "reuse":
+            if self.policy is Eviction.REUSE:
                 bonus = self._horizon * min(entry.hits, _MAX_REUSE_BONUS)
                 deeper = entry.priority = max(entry.priority, now + bonus, deeper)
                 self._heap_seq += 1
@@ -349,7 +363,7 @@ class BlockLedger:
     def _make_room(self, need: int, protected: set[BlockHash]) -> bool:
         if need > self.capacity_bytes:
             return False
-        if self.policy == "reuse":
+        if self.policy is Eviction.REUSE:
             return self._make_room_by_priority(need, protected)
         while self.used_bytes + need > self.capacity_bytes:
             if not self._lru:
@@ -436,7 +450,6 @@ class BlockLedger:
             self._on_remove(h, reason)
 
 
-EVICTION_POLICIES = ("lru", "reuse")
 _MAX_REUSE_BONUS = 3
 
 

@@ -79,7 +79,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Collection, Iterator, Sequence
+from typing import Collection, Iterator, Mapping, Sequence
 
 import xxhash
 
@@ -92,8 +92,10 @@ HOME_CHOICES = 2  # a cold prompt's home: the less busy of its two rendezvous wi
 DISK_TOKEN_COST = 0.14
 
 
-class NoWorkerAvailable(Exception):
+class NoWorkerAvailable(RuntimeError):
     """No worker can take a request now (none registered, or all draining): retry later.
+
+    The one no-workers error: the router raises it and the backends pass it through unchanged.
 
     The cluster maps it to gRPC ``UNAVAILABLE``.
     """
@@ -214,20 +216,9 @@ def rendezvous(key: BlockHash, workers: Sequence[str], seed: int, choices: int =
     return [w for _, w in weighted[:choices]]
 
 
-def decide(
-    config: PolicyConfig,
-    block_size: int,
-    hashes: Sequence[BlockHash],
-    prompt_tokens: int,
-    matched_blocks: dict[str, int],
-    loads: Sequence[WorkerLoad],
-    seed: int,
-    shared_blocks: int = 0,
-    recent_scale: float = 1.0,
-    shared_stored_on: Collection[str] = (),
-    disk_blocks: dict[str, int] | None = None,
-) -> RoutingDecision:
-    """Choose a worker among ``loads`` (the eligible workers) for one prompt.
+@dataclass(frozen=True, slots=True)
+class RouteQuery:
+    """What the router knows about one prompt when it routes it.
 
     ``hashes`` is the prompt's chain (at least one entry: the namespace root stands in for a
     prompt shorter than a block); ``matched_blocks`` the index's answer for it;
@@ -235,6 +226,22 @@ def decide(
     ``shared_stored_on`` the workers whose events say they store all of it;
     ``disk_blocks`` how many of each worker's matched blocks only its disk tier holds.
     """
+
+    hashes: Sequence[BlockHash]
+    prompt_tokens: int
+    matched_blocks: Mapping[str, int]
+    shared_blocks: int = 0
+    shared_stored_on: Collection[str] = ()
+    disk_blocks: Mapping[str, int] | None = None
+
+
+def decide(config: PolicyConfig, query: RouteQuery, loads: Sequence[WorkerLoad], *,
+           block_size: int, seed: int, recent_scale: float = 1.0) -> RoutingDecision:
+    """Choose a worker among ``loads`` (the eligible workers) for one prompt (``query``);
+    ``block_size`` and ``seed`` are the router's, ``recent_scale`` scales the balance term."""
+    hashes, prompt_tokens, matched_blocks = query.hashes, query.prompt_tokens, query.matched_blocks
+    shared_blocks, shared_stored_on = query.shared_blocks, query.shared_stored_on
+    disk_blocks = query.disk_blocks
     if not loads:
         raise NoWorkerAvailable("no worker is accepting requests: add a worker or retry")
     weight, cache_weight = config.decode_weight_tokens, config.cache_weight - 1.0

@@ -28,7 +28,8 @@ from typing import Callable, Iterable, Sequence
 from router.events import EventBatch, decode_batch
 from router.index import DEFAULT_MAX_BLOCKS, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
 from router.key import BlockHash, Namespace
-from router.policy import NoWorkerAvailable, PolicyConfig, RoutingDecision, WorkerLoad, decide
+from router.policy import (NoWorkerAvailable, PolicyConfig, RouteQuery, RoutingDecision, WorkerLoad,
+                           decide)
 from router.sharing import SharedPrefixes
 
 
@@ -161,8 +162,9 @@ class Router:
         self._shared.note(block_hashes, deepest)
         stored = self._index.holders(block_hashes[shared - 1]) if shared else ()
         chain = block_hashes if block_hashes else (namespace.root(),)
-        decision = decide(self.config, self.block_size, chain, prompt_tokens, matched,
-                          loads, self.seed, shared, recent_scale, stored, found.disk_blocks)
+        query = RouteQuery(chain, prompt_tokens, matched, shared, stored, found.disk_blocks)
+        decision = decide(self.config, query, loads, block_size=self.block_size, seed=self.seed,
+                          recent_scale=recent_scale)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision

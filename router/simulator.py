@@ -40,10 +40,11 @@ from typing import Callable, Sequence
 
 from router.events import EventBatch, Tier
 from router.key import BlockHash, Namespace, reusable_tokens
-from router.ledger import BlockLedger, RemovalReason
+from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, RemovalReason
 from router.policy import PolicyConfig
 from router.service import EngineProfile, LinearService, ProfileService
 from router.sim_policies import SimPolicy, SimRequest, make_policy
+from router.stats import percentile
 from router.trace import TraceRequest
 
 
@@ -53,7 +54,7 @@ class SimConfig:
     capacity_tokens: int = 1_000_000
     block_size: int = 512
     ttl_s: float = 3600.0
-    eviction: str = "reuse"
+    eviction: Eviction = DEFAULT_EVICTION
     prefill_tps: float = 6000.0
     decode_tps: float = 30.0
     decode_share: float = 0.01
@@ -289,12 +290,12 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         prefill_tokens=sum(prefilled),
         imbalance=max(prefilled) / mean if mean else 1.0,
         ttft_mean_s=sum(ttfts) / len(ttfts) if ttfts else 0.0,
-        ttft_p50_s=_quantile(ttfts, 0.50), ttft_p99_s=_quantile(ttfts, 0.99),
-        decision_p50_us=_quantile(decisions, 0.50), decision_p99_us=_quantile(decisions, 0.99),
-        decision_cpu_p50_us=_quantile(decisions_cpu, 0.50),
-        decision_cpu_p99_us=_quantile(decisions_cpu, 0.99),
+        ttft_p50_s=percentile(ttfts, 0.50), ttft_p99_s=percentile(ttfts, 0.99),
+        decision_p50_us=percentile(decisions, 0.50), decision_p99_us=percentile(decisions, 0.99),
+        decision_cpu_p50_us=percentile(decisions_cpu, 0.50),
+        decision_cpu_p99_us=percentile(decisions_cpu, 0.99),
         reasons=dict(policy.reasons),
-        itl_p99_s=_quantile(itls, 0.99) if service.per_step else None)
+        itl_p99_s=percentile(itls, 0.99) if service.per_step else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,13 +348,6 @@ def _deliver(policy: SimPolicy, kind: str, payload: object) -> None:
         policy.prefilled(payload)
     else:
         policy.finished(payload)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def simulate(trace: Sequence[TraceRequest], names: Sequence[str], config: SimConfig,

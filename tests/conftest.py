@@ -1,2 +1,33 @@
-"""Shared pytest set-up: the project root on sys.path, and OpenBLAS before any MLX import."""
+"""Shared pytest set-up: OpenBLAS before any MLX import, the test clock, the eviction policies.
+
+``Clock`` is the one clock tests hand to stores, ledgers, routers and tracers: it reads
+``clock.now``, which the test sets. The ``eviction`` fixture runs a test once per eviction
+policy (``router.ledger.Eviction``).
+"""
+from __future__ import annotations
+
+import pytest
+
 import workers  # noqa: F401  (loads OpenBLAS before mlx on Linux)
+from router.ledger import Eviction
+
+
+class Clock:
+    """Time that moves only when the test sets ``now``."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=list(Eviction), ids=[e.value for e in Eviction])
+def eviction(request) -> Eviction:
+    """Each eviction policy in turn: store behaviour that does not depend on it holds under both."""
+    return request.param

@@ -177,7 +177,7 @@ BAD_JOBS = {
 def test_bad_job_is_invalid_argument_naming_the_field(api, acme, case):
     requests, field = BAD_JOBS[case]
     if callable(requests):  # sized from the served model's context
-        requests = requests(api.backend.tokenizer_info().max_context)
+        requests = requests(api.backend.model_info().max_context)
     with pytest.raises(OrchardError) as err:
         acme.submit(requests)
     assert err.value.code == "INVALID_ARGUMENT"

@@ -302,7 +302,7 @@ def test_a_generate_stream_closed_from_another_task_detaches_no_span(api, caplog
     """grpc closes a stream the client cancelled while it was suspended at a yield from
     another task: no span context may be attached across that yield."""
     caplog.set_level(logging.WARNING)
-    model = api.backend.tokenizer_info()
+    model = api.backend.model_info()
     runner = api.frontend.runner
     work = Work(runner, api.backend, model, ChatTokenizer(model.model_dir),
                 JobIntakeService(api.frontend.store, runner, model, 100))

@@ -2,6 +2,7 @@
 import pytest
 
 from cluster.config import engine_config, load_config, write_default_config
+from router.ledger import Eviction
 
 
 def test_default_config_has_fresh_keys_and_loopback(tmp_path):
@@ -58,4 +59,4 @@ def test_cache_settings_narrow_to_the_engine_config(tmp_path):
     assert default.eviction == "reuse" and default.block_size == 16
     toml = tmp_path / "orchard.toml"
     toml.write_text(toml.read_text().replace('eviction = "reuse"', 'eviction = "lru"'))
-    assert engine_config(load_config(tmp_path)).eviction == "lru"
+    assert engine_config(load_config(tmp_path)).eviction is Eviction.LRU

@@ -2,15 +2,16 @@
 import pytest
 
 from cluster.jobs.store import JobStore
-from cluster.jobs.runner import JobRunner, Overloaded
+from cluster.jobs.runner import JobRunner, Overloaded, RunnerLimits
 from router.key import Namespace
 
 
 def test_admit_limits_per_tenant_and_in_total(tmp_path):
     store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
-    runner = JobRunner(store, backend=None, namespace=lambda t: Namespace(t, "m"), block_size=16,
-                       max_concurrent=2, max_pending_per_tenant=5, max_pending_total=8,
-                       request_timeout_s=10.0, prepare=None)
+    runner = JobRunner(store, None, None,
+                       RunnerLimits(max_concurrent=2, max_pending_per_tenant=5,
+                                    max_pending_total=8, request_timeout_s=10.0),
+                       namespace=lambda t: Namespace(t, "m"), block_size=16)
     runner.admit("a", 5)
     with pytest.raises(Overloaded, match="tenant 'a' has 5 requests pending"):
         runner.admit("a", 1)

@@ -9,7 +9,8 @@ from cluster.api.validate import LimitExceeded
 from cluster.backend.protocol import ModelInfo
 from cluster.jobs.store import JobStore
 
-MODEL = ModelInfo("m", "r", vocab_size=100, max_context=64, model_dir="", block_size=4)
+MODEL = ModelInfo("m", "r", vocab_size=100, max_context=64, model_dir="", block_size=4,
+                  kv_bytes_per_token=64)
 SYSTEMS = ["You are A.", "You are B.", "You are C."]
 
 

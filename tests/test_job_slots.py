@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from cluster.jobs.runner import JobRunner
+from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import JobStore, NewRequest, StagedRequest
 from router.key import Namespace
@@ -44,9 +44,10 @@ def _prepare(body: bytes) -> NewRequest:  # every stored request runs as the sam
 
 def _runner(tmp_path, backend, max_concurrent: int) -> tuple[JobStore, JobRunner]:
     store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
-    runner = JobRunner(store, backend, namespace=lambda t: Namespace(t, "m"), block_size=16,
-                       max_concurrent=max_concurrent, max_pending_per_tenant=10_000,
-                       max_pending_total=10_000, request_timeout_s=60.0, prepare=_prepare)
+    runner = JobRunner(store, backend, _prepare,
+                       RunnerLimits(max_concurrent, max_pending_per_tenant=10_000,
+                                    max_pending_total=10_000, request_timeout_s=60.0),
+                       namespace=lambda t: Namespace(t, "m"), block_size=16)
     return store, runner
 
 

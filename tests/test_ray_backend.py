@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from cluster.backend.protocol import (GenerateOutcome, NoWorkersAvailable, TokenChunk,  # noqa: E402
+from cluster.backend.protocol import (GenerateOutcome, NoWorkerAvailable, TokenChunk,  # noqa: E402
                              UnknownWorker)
 from cluster.backend.ray_backend import RayBackend  # noqa: E402
 from cluster.backend.ray_pool import NoRoom  # noqa: E402
@@ -62,7 +62,7 @@ def cluster():
 
 def _request(backend: RayBackend, rid: str, prompt: tuple[int, ...], max_tokens: int = 4,
              tenant: str = "t"):
-    info = backend.tokenizer_info()
+    info = backend.model_info()
     ns = Namespace(tenant, info.model_id, info.revision)
     return (GenerateRequest(rid, ns, prompt, SamplingParams(max_tokens=max_tokens)),
             hash_blocks(prompt, BLOCK, ns))
@@ -84,7 +84,7 @@ def test_workers_start_on_node_slots_with_openblas(cluster):
     for w in backend.pool.live():
         assert w.hello.openblas, "the worker actor's process must load OpenBLAS before MLX"
         assert w.hello.pid != os.getpid()
-    info = backend.tokenizer_info()
+    info = backend.model_info()
     assert info.block_size == BLOCK and info.vocab_size > 0
 
 
@@ -160,7 +160,7 @@ def test_a_lost_router_actor_is_replaced_and_rebuilt_from_the_workers(cluster):
         time.sleep(0.2)
     new = backend.pool.router_actor
     assert new is not old and ray.get(new.ping.remote(), timeout=30) != old_pid
-    info = backend.tokenizer_info()
+    info = backend.model_info()
     ns = Namespace("t", info.model_id, info.revision)
     prompt = _prompt(62, shared=128)
     decision = ray.get(new.route.remote(ns, hash_blocks(prompt, BLOCK, ns), len(prompt)))
@@ -237,7 +237,7 @@ def test_invalidate_drops_a_tenants_blocks(cluster):
     backend, loop = cluster
     _generate(backend, loop, "inv-0", _prompt(80))
     time.sleep(0.3)
-    info = backend.tokenizer_info()
+    info = backend.model_info()
     removed = loop.run(backend.invalidate(Namespace("t", info.model_id, info.revision), None))
     assert removed > 0
     again = _generate(backend, loop, "inv-1", _prompt(81))
@@ -261,6 +261,6 @@ def test_with_every_worker_drained_requests_are_unavailable(cluster):
     backend, loop = cluster  # last: leaves no worker
     for worker in backend.pool.ready():
         loop.run(backend.drain(worker.worker_id))
-    with pytest.raises(NoWorkersAvailable):
+    with pytest.raises(NoWorkerAvailable):
         _generate(backend, loop, "none-left", _prompt(90))
 

@@ -9,16 +9,10 @@ from cluster.cli import main
 from cluster.telemetry.setup import TelemetrySettings, setup_telemetry
 from cluster.backend.traced_cluster import TracedCluster, Turn
 from router.key import hash_blocks
+from tests.conftest import Clock
 from tests.forged_models import tiny_model
 
 SYSTEM = "You are a careful assistant for orchard. Answer briefly and cite the manual. " * 3
-
-
-class Clock:
-    now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def conversation(tc, tenant, name, job, turns, drift_at=None):

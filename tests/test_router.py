@@ -4,20 +4,13 @@ import pytest
 from router.events import EventBatch, encode_batch
 from router.key import Namespace, hash_blocks
 from router.ledger import BlockLedger
-from router.policy import (NoWorkerAvailable, PolicyConfig, Reason, WorkerLoad, decide,
-                           rendezvous)
+from router.policy import (NoWorkerAvailable, PolicyConfig, Reason, RouteQuery, WorkerLoad,
+                           decide, rendezvous)
 from router.router import Router
+from tests.conftest import Clock
 
 NS = Namespace("acme", "tiny")
 BS = 16
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def prompt(conv: int, blocks: int, tail: int = 5) -> list[int]:
@@ -144,7 +137,8 @@ def test_a_cold_prompt_takes_the_less_busy_of_its_two_hash_homes():
 
     def cold(queued: dict[str, int], elsewhere: int = 400):
         loads = [WorkerLoad(w, queued.get(w, elsewhere), 0) for w in workers]
-        return decide(PolicyConfig(), BS, hashes, 10 * BS + 5, {}, loads, 7)
+        return decide(PolicyConfig(), RouteQuery(hashes, 10 * BS + 5, {}), loads,
+                      block_size=BS, seed=7)
 
     assert cold({}, elsewhere=1000).worker_id == first  # a tie keeps the first
     decision = cold({first: 1000, second: 500})
@@ -263,8 +257,9 @@ def test_a_known_shared_prefix_stored_on_one_worker_is_weighted_there():
     loads = [WorkerLoad("a", 300, 0), WorkerLoad("b", 0, 0), WorkerLoad("c", 0, 0)]
 
     def choose(weight: float, stored_on: tuple[str, ...]):
-        return decide(PolicyConfig(shared_weight=weight), BS, hashes, 11 * BS + 5, {"a": 8},
-                      loads, 7, shared_blocks=8, shared_stored_on=stored_on)
+        query = RouteQuery(hashes, 11 * BS + 5, {"a": 8}, shared_blocks=8,
+                           shared_stored_on=stored_on)
+        return decide(PolicyConfig(shared_weight=weight), query, loads, block_size=BS, seed=7)
 
     weighted = choose(4.0, ("a",))
     homes = rendezvous(hashes[8], list(workers), 7, choices=2)  # the first unshared block
@@ -275,8 +270,9 @@ def test_a_known_shared_prefix_stored_on_one_worker_is_weighted_there():
     # routed there but not yet stored (no event): no weight, so a burst still spreads
     assert choose(4.0, ()).worker_id != "a"
     # held by two workers: nothing is only a's, no weight
-    two = decide(PolicyConfig(), BS, hashes, 11 * BS + 5, {"a": 8, "b": 8}, loads, 7,
-                 shared_blocks=8, shared_stored_on=("a", "b"))
+    query = RouteQuery(hashes, 11 * BS + 5, {"a": 8, "b": 8}, shared_blocks=8,
+                       shared_stored_on=("a", "b"))
+    two = decide(PolicyConfig(), query, loads, block_size=BS, seed=7)
     assert two.worker_id == "b"
 
 

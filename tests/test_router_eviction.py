@@ -3,16 +3,9 @@ import pytest
 
 from router.key import BlockHash
 from router.ledger import BlockLedger
+from tests.conftest import Clock
 
 ROOT = BlockHash(999)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def ledger(policy: str, clock: Clock, blocks: int = 2) -> BlockLedger:

@@ -8,22 +8,15 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from router.events import BlockRemoved, BlockStored
-from router.key import Namespace
-from router.ledger import LedgerEventKind
+from router.key import Namespace, hash_blocks
+from router.ledger import Eviction, LedgerEventKind
 from workers.messages import LookupOutcome
 from workers.store import KVShape, PrefixStore
+from tests.conftest import Clock
 
 BS = 4
 SHAPE = KVShape(layers=2, kv_heads=2, head_dim=8, dtype=mx.float32)
 NS = Namespace("tenant-a", "m", "r1")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def kv_for(tokens: list[int]) -> list[KVCache]:
@@ -43,16 +36,18 @@ def kv_for(tokens: list[int]) -> list[KVCache]:
     return caches
 
 
-def make_store(blocks: int = 1000, ttl: float = 60.0, clock: Clock | None = None) -> PrefixStore:
-    return PrefixStore(SHAPE, BS, blocks * BS * SHAPE.bytes_per_token, ttl, clock or Clock())
+def make_store(eviction: Eviction, blocks: int = 1000, ttl: float = 60.0,
+               clock: Clock | None = None) -> PrefixStore:
+    return PrefixStore(SHAPE, BS, blocks * BS * SHAPE.bytes_per_token, ttl, clock or Clock(),
+                       eviction)
 
 
 def put(store: PrefixStore, tokens: list[int], ns: Namespace = NS) -> int:
     return store.write(ns, tokens, kv_for(tokens))
 
 
-def test_bytes_per_cached_token_is_exactly_theoretical():
-    store = make_store()
+def test_bytes_per_cached_token_is_exactly_theoretical(eviction):
+    store = make_store(eviction)
     assert SHAPE.bytes_per_token == 2 * 2 * 2 * 8 * 4
     assert put(store, list(range(1, 19))) == 16  # 4 full blocks; the 2-token tail is not stored
     stats = store.stats()
@@ -60,8 +55,8 @@ def test_bytes_per_cached_token_is_exactly_theoretical():
     assert stats.tensor_bytes == 16 * SHAPE.bytes_per_token
 
 
-def test_shared_prefix_is_stored_once():
-    store = make_store()
+def test_shared_prefix_is_stored_once(eviction):
+    store = make_store(eviction)
     system = list(range(100, 140))  # 10 blocks
     for conv in range(100):
         put(store, system + [conv + 1, conv + 2, conv + 3, conv + 4])
@@ -70,8 +65,8 @@ def test_shared_prefix_is_stored_once():
     assert stats.tensor_bytes == (10 + 100) * BS * SHAPE.bytes_per_token
 
 
-def test_hit_reuses_at_most_len_minus_one_and_returns_the_stored_kv():
-    store = make_store()
+def test_hit_reuses_at_most_len_minus_one_and_returns_the_stored_kv(eviction):
+    store = make_store(eviction)
     tokens = list(range(1, 13))  # 3 blocks exactly
     put(store, tokens)
     found = store.lookup(NS, tokens)
@@ -84,8 +79,8 @@ def test_hit_reuses_at_most_len_minus_one_and_returns_the_stored_kv():
         assert mx.array_equal(got.values, want.values[:, :, :11])
 
 
-def test_outcomes_partial_near_miss_and_miss():
-    store = make_store()
+def test_outcomes_partial_near_miss_and_miss(eviction):
+    store = make_store(eviction)
     put(store, list(range(1, 9)))                        # blocks [1..4] [5..8]
     longer = store.lookup(NS, list(range(1, 15))).report  # runs past what is stored
     assert (longer.outcome, longer.matched_tokens, longer.common_prefix) == (LookupOutcome.PARTIAL, 8, 8)
@@ -105,16 +100,16 @@ def test_outcomes_partial_near_miss_and_miss():
     assert (none.outcome, none.common_prefix, none.entry_age_s) == (LookupOutcome.MISS, 0, None)
 
 
-def test_namespaces_never_share():
-    store = make_store()
+def test_namespaces_never_share(eviction):
+    store = make_store(eviction)
     put(store, list(range(1, 9)))
     other = Namespace("tenant-b", "m", "r1")
     assert store.lookup(other, list(range(1, 9))).report.outcome == LookupOutcome.MISS
     assert store.lookup(Namespace("tenant-a", "m", "r2"), list(range(1, 9))).report.matched_tokens == 0
 
 
-def test_eviction_drops_tensors_and_emits_events():
-    store = make_store(blocks=3)
+def test_eviction_drops_tensors_and_emits_events(eviction):
+    store = make_store(eviction, blocks=3)
     put(store, list(range(1, 9)))       # a0 a1
     put(store, list(range(20, 28)))     # b0 b1 -> evicts a1 (the LRU leaf) before a0
     stats = store.stats()
@@ -123,13 +118,15 @@ def test_eviction_drops_tensors_and_emits_events():
     assert store.lookup(NS, list(range(1, 9))).report.matched_tokens == 4
     events = store.drain_events()
     assert [type(e) for e in events] == [BlockStored] * 3 + [BlockRemoved] + [BlockStored]
+    a1 = hash_blocks(list(range(1, 9)), BS, NS)[1]
+    assert events[3] == BlockRemoved(a1, NS.label())  # exactly a1, under either policy
     kinds = [e.kind for e in store.log()]
     assert LedgerEventKind.EVICTED in kinds and LedgerEventKind.HIT in kinds
 
 
-def test_ttl_expiry_with_injected_clock():
+def test_ttl_expiry_with_injected_clock(eviction):
     clock = Clock()
-    store = make_store(ttl=10, clock=clock)
+    store = make_store(eviction, ttl=10, clock=clock)
     put(store, list(range(1, 9)))
     clock.now = 9
     assert store.lookup(NS, list(range(1, 10))).report.matched_tokens == 8
@@ -141,8 +138,8 @@ def test_ttl_expiry_with_injected_clock():
     assert store.stats().ledger.expirations == 2 and store.stats().tensor_bytes == 0
 
 
-def test_invalidation_by_namespace_and_prefix():
-    store = make_store()
+def test_invalidation_by_namespace_and_prefix(eviction):
+    store = make_store(eviction)
     put(store, list(range(1, 13)))
     put(store, list(range(1, 5)) + [40, 41, 42, 43])
     other = Namespace("tenant-b", "m", "r1")
@@ -156,13 +153,13 @@ def test_invalidation_by_namespace_and_prefix():
     assert store.stats().tensor_bytes == 2 * BS * SHAPE.bytes_per_token
 
 
-def test_capacity_exhaustion_stores_what_fits():
-    store = make_store(blocks=2)
+def test_capacity_exhaustion_stores_what_fits(eviction):
+    store = make_store(eviction, blocks=2)
     assert put(store, list(range(1, 21))) == 8
     assert store.lookup(NS, list(range(1, 21))).report.outcome == LookupOutcome.PARTIAL
 
 
-def test_a_hash_collision_is_caught_by_the_token_check(monkeypatch):
+def test_a_hash_collision_is_caught_by_the_token_check(eviction, monkeypatch):
     import workers.store as store_module
     from router.key import BlockHash
 
@@ -170,17 +167,17 @@ def test_a_hash_collision_is_caught_by_the_token_check(monkeypatch):
         return [BlockHash(1000 + i) for i in range(len(tokens) // block_size)]
 
     monkeypatch.setattr(store_module, "hash_blocks", colliding)
-    store = make_store()
+    store = make_store(eviction)
     put(store, list(range(1, 13)))
     report = store.lookup(NS, list(range(1, 5)) + [60, 61, 62, 63, 64]).report
     assert report.matched_tokens == 4  # block 0 really matches; block 1 only by hash
     assert store.stats().hash_mismatches == 1
 
 
-def test_blocks_hold_their_own_slices_not_the_cache_buffer():
+def test_blocks_hold_their_own_slices_not_the_cache_buffer(eviction):
     import gc
 
-    store = make_store()
+    store = make_store(eviction)
     tokens = list(range(1, 4001))
     cache = kv_for(tokens)  # per layer: 4,256 positions allocated, 4,000 used
     mx.eval([c.keys for c in cache], [c.values for c in cache])

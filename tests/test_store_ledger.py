@@ -5,25 +5,19 @@ import pytest
 
 from router.events import BlockRemoved, BlockStored
 from router.key import BlockHash, Namespace, hash_blocks
-from router.ledger import BlockLedger, LedgerEventKind
+from router.ledger import BlockLedger, Eviction, LedgerEventKind
+from tests.conftest import Clock
 
 BS = 4  # tokens per block
 NS = Namespace("tenant-a", "m")
 ROOT = NS.root()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_ledger(blocks: int = 100, ttl: float = 60.0, clock: Clock | None = None, removed=None):
+def make_ledger(eviction: Eviction, blocks: int = 100, ttl: float = 60.0,
+                clock: Clock | None = None, removed=None):
     """A ledger with room for ``blocks`` blocks of BS tokens at 1 byte per token."""
     on_remove = (lambda h, why: removed.append((h, why))) if removed is not None else None
-    return BlockLedger(blocks * BS, ttl, clock or Clock(), 1, on_remove=on_remove)
+    return BlockLedger(blocks * BS, ttl, clock or Clock(), 1, eviction, on_remove=on_remove)
 
 
 def chain(*tokens: int) -> list[BlockHash]:
@@ -39,8 +33,8 @@ A = chain(*range(0, 12))           # a0 a1 a2
 B = chain(*range(0, 8), 90, 91, 92, 93)  # shares a0 a1, then b2
 
 
-def test_match_counts_leading_blocks_and_dedups_shared_prefix():
-    ledger = make_ledger()
+def test_match_counts_leading_blocks_and_dedups_shared_prefix(eviction):
+    ledger = make_ledger(eviction)
     assert store(ledger, A) == A
     assert store(ledger, B) == [B[2]]  # a0 a1 stored once
     assert ledger.stats().blocks == 4
@@ -50,10 +44,10 @@ def test_match_counts_leading_blocks_and_dedups_shared_prefix():
     assert ledger.peek(B) == 3
 
 
-def test_evicts_least_recently_used_leaves_before_parents():
+def test_evicts_least_recently_used_leaves_before_parents(eviction):
     clock = Clock()
     removed: list = []
-    ledger = make_ledger(blocks=4, clock=clock, removed=removed)
+    ledger = make_ledger(eviction, blocks=4, clock=clock, removed=removed)
     store(ledger, A)            # a0 a1 a2
     clock.now = 1
     store(ledger, B)            # b2 (a0 a1 touched)
@@ -71,8 +65,8 @@ def test_evicts_least_recently_used_leaves_before_parents():
     assert ledger.stats().evictions == 4
 
 
-def test_capacity_exhaustion_returns_what_fits():
-    ledger = make_ledger(blocks=2)
+def test_capacity_exhaustion_returns_what_fits(eviction):
+    ledger = make_ledger(eviction, blocks=2)
     long = chain(*range(100, 120))  # 5 blocks, room for 2
     assert store(ledger, long) == long[:2]
     assert ledger.stats().blocks == 2
@@ -81,10 +75,10 @@ def test_capacity_exhaustion_returns_what_fits():
     assert big.insert(A, BS, NS.label(), ROOT) == []
 
 
-def test_ttl_is_measured_from_last_use():
+def test_ttl_is_measured_from_last_use(eviction):
     clock = Clock()
     removed: list = []
-    ledger = make_ledger(ttl=10, clock=clock, removed=removed)
+    ledger = make_ledger(eviction, ttl=10, clock=clock, removed=removed)
     store(ledger, A)
     clock.now = 8
     assert ledger.match(A[:1]) == 1   # touches a0 only... and its chain to the root
@@ -97,8 +91,8 @@ def test_ttl_is_measured_from_last_use():
     assert ledger.stats().expirations == 3
 
 
-def test_invalidate_namespace_and_prefix():
-    ledger = make_ledger()
+def test_invalidate_namespace_and_prefix(eviction):
+    ledger = make_ledger(eviction)
     other = Namespace("tenant-b", "m")
     store(ledger, A)
     ledger.insert(hash_blocks(list(range(12)), BS, other), BS, other.label(), other.root())
@@ -113,8 +107,8 @@ def test_invalidate_namespace_and_prefix():
     assert ledger.stats().blocks == 1
 
 
-def test_events_and_log():
-    ledger = make_ledger(blocks=3)
+def test_events_and_log(eviction):
+    ledger = make_ledger(eviction, blocks=3)
     store(ledger, A)
     ledger.match(A)
     store(ledger, chain(7, 7, 7, 7))
@@ -130,8 +124,8 @@ def test_events_and_log():
     assert ledger.log()[3].blocks == 3
 
 
-def test_holdings_list_parents_before_children():
-    ledger = make_ledger()
+def test_holdings_list_parents_before_children(eviction):
+    ledger = make_ledger(eviction)
     store(ledger, A)
     store(ledger, B)
     seen = set()
@@ -141,10 +135,10 @@ def test_holdings_list_parents_before_children():
     assert seen == set(A) | set(B)
 
 
-def test_bad_config_is_a_value_error():
+def test_bad_config_is_a_value_error(eviction):
     with pytest.raises(ValueError, match="policy"):
         BlockLedger(10, 1.0, Clock(), 1, policy="fifo")
     with pytest.raises(ValueError, match="ttl_s"):
         BlockLedger(10, 0.0, Clock(), 1)
     with pytest.raises(ValueError, match="token_counts"):
-        make_ledger().insert(A, [4, 4], NS.label(), ROOT)
+        make_ledger(eviction).insert(A, [4, 4], NS.label(), ROOT)

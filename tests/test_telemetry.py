@@ -6,7 +6,7 @@ import pytest
 
 from cluster.telemetry import spans
 from cluster.telemetry import attrs as A
-from cluster.telemetry.observe import RequestObserver
+from cluster.telemetry.observe import RequestObserver, ServedCache
 from cluster.telemetry.metrics import StoreGauges
 from cluster.telemetry.setup import Telemetry, context_of, extract_metadata, inject_metadata
 from router.cost import PriceTable
@@ -14,26 +14,19 @@ from router.key import Namespace, hash_blocks
 from router.policy import Reason
 from telemetry_factories import T0, decision, in_memory, result
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
+from tests.conftest import Clock
 
 BS = 4
 NS = Namespace("acme", "tiny")
 SYSTEM = tuple(range(100, 116))  # four blocks
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 @pytest.fixture
 def setup(tmp_path):
     tel, exporter, reader = in_memory(tmp_path)
     clock = Clock()
-    observer = RequestObserver(tel, PriceTable(), "tiny", BS, ttl_s=300.0,
-                               capacity_tokens=10_000, clock=clock)
+    observer = RequestObserver(tel, PriceTable(), ServedCache("tiny", BS, 300.0, 10_000),
+                               clock=clock)
     return tel, exporter, reader, observer, clock
 
 
@@ -214,7 +207,7 @@ def test_a_tracing_failure_is_logged_once_and_never_fails_the_request(setup, cap
 
 def test_disabled_telemetry_records_nothing_and_runs():
     tel = Telemetry.disabled()
-    observer = RequestObserver(tel, PriceTable(), "tiny", BS, 300.0, 1000)
+    observer = RequestObserver(tel, PriceTable(), ServedCache("tiny", BS, 300.0, 1000))
     prompt = SYSTEM + (5,)
     observed = run(observer, tel, "r1", prompt, None,
                    result("r1", 17, 0, 16, "w0", LookupOutcome.MISS))

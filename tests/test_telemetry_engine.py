@@ -8,21 +8,14 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 from cluster.telemetry import attrs as A
 from cluster.backend.traced_cluster import TracedCluster, Turn
 from telemetry_factories import in_memory
+from tests.conftest import Clock
 from tests.forged_models import tiny_model
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture
 def cluster(tmp_path):
     tel, exporter, _ = in_memory(tmp_path)
-    clock = Clock()
+    clock = Clock(1000.0)
     tc = TracedCluster(tiny_model("llama"), 2, tel, block_size=16, ttl_s=300.0, clock=clock)
     rng = random.Random(7)
     prompt = tuple(rng.randrange(tc.engine().vocab_size) for _ in range(70))

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 from cluster.telemetry import attrs as A  # noqa: E402
 from cluster.telemetry.job_tracing import JobTracing  # noqa: E402
-from cluster.telemetry.observe import RequestObserver  # noqa: E402
+from cluster.telemetry.observe import RequestObserver, ServedCache  # noqa: E402
 from cluster.telemetry.otlp_json import read_spans  # noqa: E402
 from cluster.backend.ray_backend import RayBackend  # noqa: E402
 from cluster.report.build import build_report, request_rows  # noqa: E402
@@ -44,10 +44,10 @@ def run(tmp_path_factory):
                          telemetry=TelemetrySettings("orchard", run_dir))
     try:
         loop.run(backend.start(), timeout_s=300)
-        info = backend.tokenizer_info()
+        info = backend.model_info()
         tel = setup_telemetry(TelemetrySettings(SERVICE_FRONTEND, run_dir))
-        tracing = JobTracing(RequestObserver(tel, load_price_table(None), info.model_id, BLOCK,
-                                             300.0, 1_000_000))
+        cache = ServedCache(info.model_id, BLOCK, 300.0, 1_000_000)
+        tracing = JobTracing(RequestObserver(tel, load_price_table(None), cache))
         ns = Namespace("t", info.model_id, info.revision)
 
         async def one(rid: str, prompt: tuple[int, ...]):

@@ -18,10 +18,10 @@ round of each.
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from router.stats import percentile
 from workers.engine import Engine
 from workers.messages import GenerateRequest, SamplingParams
 
@@ -48,11 +48,6 @@ class BatchedPrefill:
 
 def _prompt(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
     return tuple(rng.randrange(vocab // 4, vocab // 2) for _ in range(n))
-
-
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _window(engine: Engine, steps: int, stop_on: str = "") -> list[float]:
@@ -100,9 +95,10 @@ def decode_stall(engine: Engine, long_prompt: int = 4000, window: int = 8, round
         _window(engine, 1)  # the step after the abort: drop it from the figures
     for r in decodes:
         engine.abort(r.request_id)
-    idle_p50, admitting_p50 = statistics.median(idle), statistics.median(admitting)
-    return StallFigures(idle_p50, _p(idle, 0.99), admitting_p50, _p(admitting, 0.99),
-                        _p(admitting, 0.99) / _p(idle, 0.99), admitting_p50 / idle_p50,
+    idle_p50, admitting_p50 = percentile(idle, 0.5), percentile(admitting, 0.5)
+    idle_p99, admitting_p99 = percentile(idle, 0.99), percentile(admitting, 0.99)
+    return StallFigures(idle_p50, idle_p99, admitting_p50, admitting_p99,
+                        admitting_p99 / idle_p99, admitting_p50 / idle_p50,
                         long_prompt, prefilled // rounds)
 
 

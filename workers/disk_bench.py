@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from router.ledger import Eviction
 from workers.disk_files import SUFFIX
 from workers.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, GenerateResult, SamplingParams
@@ -77,7 +78,7 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
         memory = (prefix_tokens // block_size + 1) * block_size * per_token
         # a TTL far beyond the run: on a loaded machine one recomputed trial can outlast the
         # default 300 s, and the prefix would expire from disk instead of being read back
-        cfg = EngineConfig(block_size=block_size, store_bytes=memory, eviction="lru",
+        cfg = EngineConfig(block_size=block_size, store_bytes=memory, eviction=Eviction.LRU,
                            ttl_s=BENCH_TTL_S, disk_bytes=1 << 40, disk_dir=tmp,
                            worker_id="bench")
         tiered = Engine(loaded, cfg, *clock)

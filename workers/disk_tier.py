@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 from router.events import BlockEvent, Tier
 from router.key import BlockHash
-from router.ledger import BlockLedger, LedgerStats, RemovalReason
+from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, LedgerStats, RemovalReason
 from workers.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, CorruptBlock,
                                 block_path, decode_block, read_header)
 from workers.disk_writer import DiskWriter, PendingBlock
@@ -84,7 +84,7 @@ class DiskTier:
 
     def __init__(self, directory: Path | str, capacity_bytes: int, ttl_s: float,
                  clock: Callable[[], float], codec: KVCodec, bytes_per_token: int,
-                 model: str, revision: str, eviction: str = "lru",
+                 model: str, revision: str, eviction: Eviction = DEFAULT_EVICTION,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.directory = Path(directory)
         self.codec = codec

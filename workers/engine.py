@@ -37,6 +37,7 @@ from mlx_lm.models.cache import KVCache
 
 from router.events import BlockEvent
 from router.key import BlockHash, Namespace
+from router.ledger import DEFAULT_EVICTION, Eviction
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
 from workers.model_dir import LoadedModel, open_model_dir
 from workers.prefill import PrefillJob, run_chunks
@@ -50,7 +51,7 @@ class EngineConfig:
     block_size: int = 16
     store_bytes: int = 1 << 30
     ttl_s: float = 300.0
-    eviction: str = "reuse"   # the store's eviction policy: "reuse" or plain "lru"
+    eviction: Eviction = DEFAULT_EVICTION   # the store's eviction policy
     kv_bits: int = 0           # memory tier K/V: 0 (model dtype), 8 or 4 bits
     disk_bytes: int = 0        # disk tier budget; 0: no disk tier
     disk_dir: str = ""         # the disk tier lives in disk_dir/<worker_id>
@@ -128,6 +129,12 @@ class Engine:
     @property
     def revision(self) -> str:
         return self._m.revision
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K/V bytes one cached token takes in this engine's memory tier, as its store accounts
+        it (the model's dtype, or ``kv_bits``): the one figure a capacity in tokens comes from."""
+        return self.store.ledger.bytes_per_token
 
     def namespace(self, tenant: str, adapter: str = "") -> Namespace:
         """The cache namespace of ``tenant`` on this model and weights revision."""

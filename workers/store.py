@@ -51,7 +51,8 @@ from mlx_lm.models.cache import KVCache
 
 from router.events import BlockEvent
 from router.key import BlockHash, Namespace, hash_blocks, reusable_tokens
-from router.ledger import BlockLedger, Holding, LedgerEvent, LedgerStats, RemovalReason
+from router.ledger import (DEFAULT_EVICTION, BlockLedger, Eviction, Holding, LedgerEvent,
+                           LedgerStats, RemovalReason)
 from workers.disk_files import BlockData, BlockRecord
 from workers.disk_tier import DiskStats, DiskTier
 from workers.kv_quant import KVCodec, nbytes
@@ -109,7 +110,7 @@ class PrefixStore:
     """Deduplicated per-block K/V storage with LRU/TTL/invalidation from ``BlockLedger``."""
 
     def __init__(self, shape: KVShape, block_size: int, capacity_bytes: int, ttl_s: float,
-                 clock: Callable[[], float], eviction: str = "lru", *, kv_bits: int = 0,
+                 clock: Callable[[], float], eviction: Eviction = DEFAULT_EVICTION, *, kv_bits: int = 0,
                  disk: DiskTier | None = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -365,7 +366,7 @@ class PrefixStore:
 
 
 def open_store(shape: KVShape, block_size: int, ttl_s: float, clock: Callable[[], float], *,
-               memory_bytes: int, eviction: str = "lru", kv_bits: int = 0,
+               memory_bytes: int, eviction: Eviction = DEFAULT_EVICTION, kv_bits: int = 0,
                disk_dir: Path | str | None = None, disk_bytes: int = 0, disk_kv_bits: int = 0,
                model: str = "", revision: str = "",
                wall_clock: Callable[[], float] = time.time) -> PrefixStore:

@@ -12,7 +12,7 @@ turn into gRPC statuses; below the edge, code raises plain domain errors:
     Overloaded             RESOURCE_EXHAUSTED   backpressure: retry later
     LimitExceeded          RESOURCE_EXHAUSTED   a job over the size limit: split it
     StoreFull              RESOURCE_EXHAUSTED   the job store's disk is full: job not created
-    NoWorkersAvailable     UNAVAILABLE
+    NoWorkerAvailable     UNAVAILABLE
     TimeoutError           DEADLINE_EXCEEDED
 
 Anything else is a bug: logged with its traceback, answered ``INTERNAL``, and the server keeps
@@ -33,7 +33,7 @@ import logging
 import grpc
 from google.protobuf.message import DecodeError
 
-from cluster.backend.protocol import NoWorkersAvailable, UnknownWorker
+from cluster.backend.protocol import NoWorkerAvailable, UnknownWorker
 from cluster.jobs.store import JobFinished, JobNotFound, StoreFull
 from cluster.jobs.runner import Overloaded
 from cluster.api.keys import KeyStore
@@ -59,7 +59,7 @@ STATUS = (
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StoreFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (NoWorkersAvailable, grpc.StatusCode.UNAVAILABLE),
+    (NoWorkerAvailable, grpc.StatusCode.UNAVAILABLE),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
 )

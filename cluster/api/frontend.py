@@ -46,7 +46,7 @@ from cluster.api.keys import KeyStore
 from cluster.jobs.store import JobStore
 from cluster.rundir import make_private
 from cluster.telemetry.job_tracing import frontend_tracing
-from cluster.jobs.runner import JobRunner
+from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.api.servicer import GenerateServicer, JobsServicer
 from cluster.api.batch_store import BatchStore
 from cluster.api.http_app import HttpApi, HttpServer, start_http
@@ -135,17 +135,18 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
 
 async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokenizer | None,
                         clock_ms: Callable[[], int], lock_fd: int) -> Frontend:
-    model = backend.tokenizer_info()
+    model = backend.model_info()
     tokenizer = tokenizer or await asyncio.to_thread(ChatTokenizer, model.model_dir)
     limits = config.limits
     namespace = namespace_for(model)
     store = JobStore(config.db_path, clock_ms)
     tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode)
-    runner = JobRunner(store, backend, namespace, model.block_size, limits.max_concurrent,
-                       limits.max_pending_per_tenant, limits.max_pending_total,
-                       limits.request_timeout_s,
+    runner = JobRunner(store, backend,
                        functools.partial(prepare, model=model, render=tokenizer.render,
-                                         max_prompt_bytes=limits.max_prompt_bytes), tracing)
+                                         max_prompt_bytes=limits.max_prompt_bytes),
+                       RunnerLimits(limits.max_concurrent, limits.max_pending_per_tenant,
+                                    limits.max_pending_total, limits.request_timeout_s),
+                       namespace=namespace, block_size=model.block_size, tracing=tracing)
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
     auth = Authenticator(config.tenant_keys, config.admin_keys, KeyStore(config.run_dir, clock_ms))

@@ -151,8 +151,18 @@ def on_this_node() -> dict:
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node_id = ray.get_runtime_context().get_node_id()
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id(), soft=False)}
+
+
+def node_id() -> str:
+    """This process's Ray node id, the one every worker, span and placement names; ``"local"``
+    outside Ray (the in-process backend)."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+
+
+def node_address() -> str:
+    """This process's node IP address as Ray reports it; ``"local"`` outside Ray."""
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "local"
 
 
 def nodes() -> list[NodeInfo]:

@@ -28,13 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable, Sequence
 
-from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, NoWorkersAvailable,
-                                      TokenChunk, UnknownWorker, WorkerInfo)
+from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, TokenChunk,
+                                      UnknownWorker, WorkerInfo)
 from cluster.backend.retry import retried
 from cluster.config import engine_config
 from router.events import EventBatch
 from router.key import BlockHash, Namespace
-from router.policy import NoWorkerAvailable
 from router.router import Router
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
@@ -92,9 +91,9 @@ class LocalBackend:
         self._runtime = None
         self._workers.clear()
 
-    def tokenizer_info(self) -> ModelInfo:
+    def model_info(self) -> ModelInfo:
         if self._info is None:
-            raise RuntimeError("tokenizer_info() before start(): start the backend first")
+            raise RuntimeError("model_info() before start(): start the backend first")
         return self._info
 
     @property
@@ -131,10 +130,7 @@ class LocalBackend:
 
     async def _attempt(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
                        attempt: int) -> AsyncIterator[TokenChunk | GenerateOutcome]:
-        try:
-            decision = self._router.route(request.namespace, block_hashes, len(request.prompt))
-        except NoWorkerAvailable as exc:
-            raise NoWorkersAvailable(str(exc)) from None
+        decision = self._router.route(request.namespace, block_hashes, len(request.prompt))
         worker = self._workers[decision.worker_id]
         rid = request.request_id
         self._router.started(rid, decision)
@@ -187,7 +183,7 @@ class LocalBackend:
             if self._info is None:
                 self._info = ModelInfo(engine.model_id, engine.revision, engine.vocab_size,
                                        engine.max_context, str(self._model_dir),
-                                       engine.config.block_size)
+                                       engine.config.block_size, engine.kv_bytes_per_token)
         return await self.workers()
 
     async def drain(self, worker_id: str) -> WorkerInfo:

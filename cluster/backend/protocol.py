@@ -13,21 +13,19 @@ real router, no Ray; used by fast tests and as the reference) and ``cluster.back
 slotted dataclass; the router's ``RoutingDecision`` travels back inside ``GenerateOutcome`` so
 that traces can carry it.
 
-Errors: ``NoWorkersAvailable`` when no worker can take a request (the frontend answers
-``UNAVAILABLE``); ``ValueError`` for bad input the frontend did not catch (``INVALID_ARGUMENT``);
+Errors: ``NoWorkerAvailable`` (the router's, re-exported here) when no worker can take a request
+(the frontend answers ``UNAVAILABLE``); ``ValueError`` for bad input the frontend did not catch
+(``INVALID_ARGUMENT``);
 ``UnknownWorker`` for an admin call naming a worker that does not exist (``NOT_FOUND``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol, Sequence, runtime_checkable
+from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
 
 from router.key import BlockHash, Namespace
+from router.policy import NoWorkerAvailable, RoutingDecision  # the router's, used unchanged
 from workers.messages import GenerateRequest, GenerateResult, WorkerStats
-
-
-class NoWorkersAvailable(RuntimeError):
-    """No live, non-draining worker can take the request; the caller may retry later."""
 
 
 class UnknownWorker(LookupError):
@@ -44,6 +42,7 @@ class ModelInfo:
     max_context: int       # prompt + output tokens may not exceed this
     model_dir: str         # local mlx-lm model directory: tokenizer and chat template live here
     block_size: int        # tokens per cache block, one value per cluster
+    kv_bytes_per_token: int  # the engine's memory tier, as its store accounts it
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +58,12 @@ class TokenChunk:
 class GenerateOutcome:
     """A finished request, with how it was placed.
 
-    ``decision`` is the router's ``RoutingDecision`` for the attempt that succeeded (typed
-    loosely here so that this module does not depend on the router's policy module).
+    ``decision`` is the router's ``RoutingDecision`` for the attempt that succeeded; ``None``
+    under the round-robin baseline, which does not consult the router.
     """
 
     result: GenerateResult
-    decision: Any
+    decision: RoutingDecision | None
     attempts: int          # 1 unless a worker died and the request was retried elsewhere
     worker_id: str
     # The worker's own wall time on the request: received -> result handed back, cache
@@ -136,7 +135,7 @@ class Backend(Protocol):
     async def close(self) -> None:
         """Stop workers and release resources; idempotent."""
 
-    def tokenizer_info(self) -> ModelInfo:
+    def model_info(self) -> ModelInfo:
         """The served model; valid after ``start``."""
 
     async def generate(

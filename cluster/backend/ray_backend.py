@@ -43,7 +43,7 @@ import ray
 from cluster.backend import bootstrap
 from cluster.config import engine_config
 from cluster.backend.bootstrap import Placement
-from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, NoWorkersAvailable,
+from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, NoWorkerAvailable,
                                       TokenChunk, WorkerInfo)
 from cluster.backend.ray_pool import PoolWorker, WorkerPool
 from cluster.backend.retry import retried
@@ -51,7 +51,7 @@ from cluster.backend.routing import FrontendRouter
 from cluster.backend.worker_actor import Prefilled, WorkerDone
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
 from router.key import BlockHash, Namespace
-from router.policy import NoWorkerAvailable, RoutingDecision
+from router.policy import RoutingDecision
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
 
@@ -117,7 +117,8 @@ class RayBackend:
         self._pool.start_checks()
         hello = self._pool.first_hello
         self._info = ModelInfo(hello.model_id, hello.revision, hello.vocab_size,
-                               hello.max_context, self._model_dir, hello.block_size)
+                               hello.max_context, self._model_dir, hello.block_size,
+                               hello.kv_bytes_per_token)
 
     async def close(self) -> None:
         if self._pool is None:
@@ -134,9 +135,9 @@ class RayBackend:
             bootstrap.shutdown()
             self._started_ray = False
 
-    def tokenizer_info(self) -> ModelInfo:
+    def model_info(self) -> ModelInfo:
         if self._info is None:
-            raise RuntimeError("tokenizer_info() before start(): start the backend first")
+            raise RuntimeError("model_info() before start(): start the backend first")
         return self._info
 
     @property
@@ -212,8 +213,8 @@ class RayBackend:
                 worker.actor.abort.remote(rid)  # fire and forget: out at its next step
             self.pool.retire_if_drained(worker)
 
-    def _outcome(self, done: WorkerDone, decision, attempt: int, worker: PoolWorker
-                 ) -> GenerateOutcome:
+    def _outcome(self, done: WorkerDone, decision: RoutingDecision | None, attempt: int,
+                 worker: PoolWorker) -> GenerateOutcome:
         return GenerateOutcome(done.result, decision, attempt, worker.worker_id,
                                worker_s=done.worker_s, worker_traced=done.traced)
 
@@ -223,13 +224,10 @@ class RayBackend:
         if self._policy == "round_robin":
             ready = sorted(self.pool.ready(), key=lambda w: w.worker_id)
             if not ready:
-                raise NoWorkersAvailable("no ready worker: scale up or wait for a restart")
+                raise NoWorkerAvailable("no ready worker: scale up or wait for a restart")
             return None, ready[next(self._rr) % len(ready)]
-        try:
-            decision = self.pool.routes.router.route(request.namespace, block_hashes,
-                                                     len(request.prompt))
-        except NoWorkerAvailable as exc:
-            raise NoWorkersAvailable(str(exc)) from None
+        decision = self.pool.routes.router.route(request.namespace, block_hashes,
+                                                 len(request.prompt))
         worker = self.pool.get(decision.worker_id)
         if worker is None or worker.state != "ready":  # the pool removes both at once
             raise RuntimeError(f"router chose {decision.worker_id}, which the pool does not "

@@ -6,9 +6,9 @@ A request whose worker dies under it runs again on another worker::
       ├─ nothing sent to the caller yet, attempts left ─► routed again (the dead worker is
       │                                                    already out of the router)
       └─ chunks already sent (they cannot be taken back), or MAX_ATTEMPTS spent
-                                                       ─► NoWorkersAvailable ("retry it")
+                                                       ─► NoWorkerAvailable ("retry it")
 
-No worker to route to at all (``NoWorkersAvailable`` from routing) is not retried here: the job
+No worker to route to at all (``NoWorkerAvailable`` from routing) is not retried here: the job
 runner waits ``NO_WORKER_BACKOFF_S`` between tries while the request's deadline allows
 (workers may be scaling or restarting); a streamed ``Generate`` reports it at once.
 """
@@ -18,7 +18,7 @@ import contextlib
 import logging
 from typing import AsyncIterator, Callable, TypeVar
 
-from cluster.backend.protocol import NoWorkersAvailable
+from cluster.backend.protocol import NoWorkerAvailable
 from workers.messages import WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ async def retried(request_id: str, attempt: Callable[[int], AsyncIterator[T]],
             return
         except WorkerFailed as exc:
             if sent or n == MAX_ATTEMPTS:
-                raise NoWorkersAvailable(
+                raise NoWorkerAvailable(
                     f"request {request_id}: {exc} (attempt {n} of {MAX_ATTEMPTS}); "
                     "retry the request") from None
             log.info("request %s: retrying after %s", request_id, exc)

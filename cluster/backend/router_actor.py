@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 import ray
 
+from cluster.backend.bootstrap import node_address, node_id
 from cluster.telemetry import spans
 from cluster.telemetry.setup import (SERVICE_ROUTER, TelemetrySettings, process_settings,
                                      process_telemetry)
@@ -43,7 +44,7 @@ class TracedRouter:
                  config: PolicyConfig = PolicyConfig(), seed: int = 0) -> None:
         self._router = Router(block_size, config, seed=seed)
         self._tel = process_telemetry(process_settings(
-            telemetry, SERVICE_ROUTER, (), *_node()))
+            telemetry, SERVICE_ROUTER, (), node_address(), node_id()))
 
     async def ping(self) -> int:
         """Liveness: the actor's process id."""
@@ -107,12 +108,6 @@ class TracedRouter:
     async def flush(self) -> None:
         """Export the spans drawn so far (before the actor is stopped)."""
         await asyncio.to_thread(self._tel.flush)
-
-
-def _node() -> tuple[str, str]:
-    if not ray.is_initialized():
-        return "local", "local"
-    return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
 
 TracedRouterActor = ray.remote(num_cpus=0)(TracedRouter)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from cluster.telemetry import spans
-from cluster.telemetry.observe import Observed, RequestObserver
+from cluster.telemetry.observe import Observed, RequestObserver, ServedCache
 from cluster.telemetry.setup import Telemetry
 from router.cost import PriceTable, TokenUsage
 from router.events import EventBatch
@@ -66,8 +66,9 @@ class TracedCluster:
             self.router.add_worker(worker)
         first = next(iter(self.engines.values()))
         bytes_per_token = first.stats().bytes_per_token
-        self.observer = RequestObserver(tel, prices, first.model_id, block_size, ttl_s,
-                                        workers * store_bytes // bytes_per_token, clock)
+        cache = ServedCache(first.model_id, block_size, ttl_s,
+                            workers * store_bytes // bytes_per_token)
+        self.observer = RequestObserver(tel, prices, cache, clock=clock)
         self._seq = {w: 0 for w in self.engines}
 
     @property

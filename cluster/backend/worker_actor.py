@@ -42,6 +42,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 import ray
 
+from cluster.backend.bootstrap import node_address, node_id
 from cluster.backend.protocol import TokenChunk
 from cluster.telemetry import attrs as A
 from cluster.telemetry import spans
@@ -78,6 +79,7 @@ class WorkerHello:
     max_context: int
     block_size: int
     openblas: bool
+    kv_bytes_per_token: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +127,8 @@ class EngineWorker:
         """Load the model on the engine thread; idempotent."""
         if self._tel is None:
             self._tel = process_telemetry(process_settings(
-                self._settings, SERVICE_WORKER, ((A.WORKER, self._id),), _node_address(),
-                _node_id()))
+                self._settings, SERVICE_WORKER, ((A.WORKER, self._id),), node_address(),
+                node_id()))
         if self._runtime is None:
             self._loop = asyncio.get_running_loop()
             self._runtime = EngineRuntime(self._on_events, self._clock, f"engine-{self._id}")
@@ -135,10 +137,10 @@ class EngineWorker:
                                               self._clock)
             tokenizer = engine.tokenizer
             self._decode = lambda ids: tokenizer.decode(list(ids))
-            self._hello = WorkerHello(self._id, _node_id(), _node_address(), os.getpid(),
+            self._hello = WorkerHello(self._id, node_id(), node_address(), os.getpid(),
                                       engine.model_id, engine.revision, engine.vocab_size,
                                       engine.max_context, engine.config.block_size,
-                                      openblas_in_use())
+                                      openblas_in_use(), engine.kv_bytes_per_token)
         return self._hello
 
     # ---- requests ----------------------------------------------------------------------------
@@ -272,14 +274,6 @@ class EngineWorker:
             self._loop.call_soon(spans.record_engine, self._tel, request, item.result,
                                  self._decode)
         return WorkerDone(item.result, item.worker_s, traced, events)
-
-
-def _node_id() -> str:
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
-
-
-def _node_address() -> str:
-    return ray.util.get_node_ip_address() if ray.is_initialized() else "local"
 
 
 def _fields(obj) -> dict:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from cluster.api.client import Client, chat_request
+from router.stats import percentile
 
 if TYPE_CHECKING:  # the HTTP side needs the openai SDK (a test dependency): imported on use
     import openai
@@ -61,16 +62,11 @@ class PathFigures:
     worker_p50_ms: float
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def _figures(path: str, walls: list[float], workers: list[float]) -> PathFigures:
     overhead = [(w - k) * 1e3 for w, k in zip(walls, workers)]
-    return PathFigures(path, len(walls), _percentile(overhead, 0.5), _percentile(overhead, 0.99),
-                       statistics.fmean(overhead), _percentile(walls, 0.5) * 1e3,
-                       _percentile(workers, 0.5) * 1e3)
+    return PathFigures(path, len(walls), percentile(overhead, 0.5), percentile(overhead, 0.99),
+                       statistics.fmean(overhead), percentile(walls, 0.5) * 1e3,
+                       percentile(workers, 0.5) * 1e3)
 
 
 def _request(i: int, prompt_words: int):

@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from cluster.backend.bootstrap import Placement
+from router.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +63,6 @@ class PolicyResult:
     retried: int
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 async def _conversation(backend, workload: Workload, index: int, vocab: int, namespace,
                         block_size: int, outcomes: list) -> None:
     from router.key import hash_blocks
@@ -94,7 +88,7 @@ async def run_policy(policy: str, model_dir: str, workers: int, workload: Worklo
     backend = RayBackend(model_dir, workers, placement=placement, policy=policy)
     await backend.start()
     try:
-        info = backend.tokenizer_info()
+        info = backend.model_info()
         namespace = Namespace("bench", info.model_id, info.revision)
         outcomes: list = []
         started = time.monotonic()
@@ -113,7 +107,7 @@ async def run_policy(policy: str, model_dir: str, workers: int, workload: Worklo
         computed_tokens=sum(r.computed_tokens for r in results),
         hit_ratio=cached / input_tokens if input_tokens else 0.0, wall_s=wall_s,
         ttft_p50_s=statistics.median(ttfts) if ttfts else 0.0,
-        ttft_p99_s=_percentile(ttfts, 0.99),
+        ttft_p99_s=percentile(ttfts, 0.99),
         per_worker=dict(sorted(Counter(o.worker_id for o in outcomes).items())),
         retried=sum(1 for o in outcomes if o.attempts > 1))
 

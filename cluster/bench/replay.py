@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from router.simulator import TRACE_BLOCK
+from router.stats import percentile
 from router.trace import TraceRequest
 
 
@@ -103,7 +103,7 @@ async def _send_all(backend, lines: Sequence[TraceRequest], block_tokens: int,
     from router.key import Namespace, hash_blocks
     from workers.messages import GenerateRequest, SamplingParams
 
-    info = backend.tokenizer_info()
+    info = backend.model_info()
     check(info)
     namespace = Namespace("replay", info.model_id, info.revision)
     too_long = [i for i, t in enumerate(lines) if t.input_length + t.output_length > info.max_context]
@@ -165,10 +165,6 @@ def replay_on_cluster(model_dir: str, workers: int, lines: Sequence[TraceRequest
         per_worker[s.worker] = per_worker.get(s.worker, 0) + 1
     return ReplayResult(len(served), workers,
                         sum(s.cached_tokens for s in served) / total if total else 0.0,
-                        statistics.median(ttfts), _quantile(ttfts, 0.99), wall,
+                        percentile(ttfts, 0.5), percentile(ttfts, 0.99), wall,
                         dict(sorted(per_worker.items())))
 
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0

@@ -15,7 +15,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from router.ledger import EVICTION_POLICIES
+from router.ledger import DEFAULT_EVICTION, EVICTION_POLICIES
 from router.policy import PolicyConfig
 from router.sim_policies import POLICY_NAMES
 
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=512)
     p.add_argument("--policies", default=",".join(POLICY_NAMES),
                    help=f"comma-separated, from: {', '.join(POLICY_NAMES)}")
-    p.add_argument("--eviction", default="reuse", choices=EVICTION_POLICIES,
+    p.add_argument("--eviction", default=DEFAULT_EVICTION.value, choices=EVICTION_POLICIES,
                    help="the workers' store eviction policy (default: reuse; lru is the plain one)")
     p.add_argument("--ttl-s", type=float, default=3600.0, help="store TTL from last use")
     p.add_argument("--prefill-tps", type=float, default=6000.0,

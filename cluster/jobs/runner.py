@@ -23,7 +23,7 @@ the store, so a restarted frontend resumes where it stopped: requests without a 
 (again), and the store keeps one result per request.
 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
-``NoWorkersAvailable`` is retried with backoff until the request's deadline, then recorded as
+``NoWorkerAvailable`` is retried with backoff until the request's deadline, then recorded as
 ``UNAVAILABLE``; a deadline as ``DEADLINE_EXCEEDED``; a ``ValueError`` as ``INVALID_ARGUMENT``,
 and so does a request that ``prepare`` finds invalid (a prompt over the context).
 """
@@ -32,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
-from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkersAvailable, TokenChunk
+from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkerAvailable, TokenChunk
 from cluster.backend.retry import NO_WORKER_BACKOFF_S
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
@@ -58,7 +59,7 @@ async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Seq
                    timeout_s: float) -> GenerateOutcome:
     """Run one request on the backend within ``timeout_s``: the one call per request.
 
-    ``NoWorkersAvailable`` is retried with backoff while time remains (workers may be scaling
+    ``NoWorkerAvailable`` is retried with backoff while time remains (workers may be scaling
     or restarting); ``TimeoutError`` when the deadline passes.
     """
     loop = asyncio.get_running_loop()
@@ -68,7 +69,7 @@ async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Seq
         try:
             return await asyncio.wait_for(backend.generate(request, block_hashes),
                                           max(deadline - loop.time(), 0.001))
-        except NoWorkersAvailable:
+        except NoWorkerAvailable:
             pause = NO_WORKER_BACKOFF_S[min(attempt, len(NO_WORKER_BACKOFF_S) - 1)]
             if loop.time() + pause >= deadline:
                 raise
@@ -104,20 +105,29 @@ def error_of(pending: PendingRequest | StoredRequest, code: str, message: str) -
                         error_message=message)
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerLimits:
+    """Admission and execution limits (``cluster.config.Limits``, narrowed to the runner's)."""
+
+    max_concurrent: int            # requests in flight to the backend at once
+    max_pending_per_tenant: int    # accepted but unfinished requests, per tenant
+    max_pending_total: int         # ... and over all tenants
+    request_timeout_s: float       # one request's deadline, retries included
+
+
 class JobRunner:
-    def __init__(self, store: JobStore, backend: Backend, namespace: Callable[[str], Namespace],
-                 block_size: int, max_concurrent: int, max_pending_per_tenant: int,
-                 max_pending_total: int, request_timeout_s: float, prepare: Prepare,
-                 tracing: JobTracing | None = None):
+    def __init__(self, store: JobStore, backend: Backend, prepare: Prepare,
+                 limits: RunnerLimits, *, namespace: Callable[[str], Namespace],
+                 block_size: int, tracing: JobTracing | None = None):
         self._store = store
         self._prepare = prepare
         self._backend = backend
         self._namespace = namespace
         self._block_size = block_size
-        self._slots = SlotPool(max_concurrent)
-        self._max_tenant = max_pending_per_tenant
-        self._max_total = max_pending_total
-        self._timeout_s = request_timeout_s
+        self._slots = SlotPool(limits.max_concurrent)
+        self._max_tenant = limits.max_pending_per_tenant
+        self._max_total = limits.max_pending_total
+        self._timeout_s = limits.request_timeout_s
         self._pending: dict[str, int] = {}
         self._jobs: dict[str, asyncio.Task] = {}
         self._running: dict[str, set[asyncio.Task]] = {}  # job id -> its requests in flight
@@ -293,7 +303,7 @@ class JobRunner:
         hashes = self.block_hashes(request.namespace.tenant, pending.prompt)
         try:
             outcome = await dispatch(self._backend, request, hashes, self._timeout_s)
-        except NoWorkersAvailable as exc:
+        except NoWorkerAvailable as exc:
             return error_of(pending, "UNAVAILABLE", f"no worker could take the request: {exc}")
         except TimeoutError:
             return error_of(pending, "DEADLINE_EXCEEDED",

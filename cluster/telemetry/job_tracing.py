@@ -17,19 +17,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import logging
 import re
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from opentelemetry.trace import Span
 
 from cluster.telemetry import spans
-from cluster.telemetry.observe import Observed, RequestObserver
+from cluster.telemetry.observe import Observed, RequestObserver, ServedCache
 from cluster.telemetry.setup import extract_metadata, guarded, settings_from_config, setup_telemetry
 from cluster.telemetry.metrics import StoreGauges
 from router.cost import load_price_table
@@ -183,21 +181,13 @@ class JobTracing:
             self._job_context.popitem(last=False)
 
 
-def kv_bytes_per_token(model_dir: str | Path) -> int:
-    """K/V bytes one token takes in the store: 2 x layers x kv_heads x head_dim x 4 (float32)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-    kv_heads = int(config.get("num_key_value_heads", heads))
-    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * 4
-
-
 def frontend_tracing(config: Any, model: Any, workers: int,
                      decode: Callable[[Sequence[int]], str] | None) -> JobTracing:
     """The frontend's ``JobTracing`` from ``cluster.config.Config`` and the served
     ``cluster.backend.protocol.ModelInfo``; telemetry ``exporter = "none"`` still attributes and prices."""
     tel = setup_telemetry(settings_from_config(config, "orchard-frontend"))
     prices = load_price_table(config.telemetry.prices or None)
-    capacity = max(1, workers) * config.cache.capacity_bytes // kv_bytes_per_token(model.model_dir)
-    return JobTracing(RequestObserver(tel, prices, model.model_id, model.block_size,
-                                      config.cache.ttl_s, capacity, decode=decode))
+    # The engine's own figure (model dtype, kv_bits), never one recomputed from config.json.
+    capacity = max(1, workers) * config.cache.capacity_bytes // model.kv_bytes_per_token
+    cache = ServedCache(model.model_id, model.block_size, config.cache.ttl_s, capacity)
+    return JobTracing(RequestObserver(tel, prices, cache, decode=decode))

@@ -49,22 +49,31 @@ class Observed:
     miss: Attribution | None
 
 
+@dataclass(frozen=True, slots=True)
+class ServedCache:
+    """The served model and the cluster's cache, as the observer models them."""
+
+    model: str
+    block_size: int
+    ttl_s: float
+    capacity_tokens: int   # summed over workers: store bytes / the engine's K/V bytes per token
+
+
 class RequestObserver:
-    def __init__(self, tel: Telemetry, prices: PriceTable, model: str, block_size: int,
-                 ttl_s: float, capacity_tokens: int, clock: Callable[[], float] = time.time,
-                 max_history_blocks: int = 1_000_000,
+    def __init__(self, tel: Telemetry, prices: PriceTable, cache: ServedCache, *,
+                 clock: Callable[[], float] = time.time, max_history_blocks: int = 1_000_000,
                  decode: Callable[[Sequence[int]], str] | None = None) -> None:
         self.tel = tel
         self.prices = prices
-        self.model = model
-        self.block_size = block_size
-        self.ttl_s = ttl_s
-        self.capacity_tokens = capacity_tokens
+        self.model = cache.model
+        self.block_size = cache.block_size
+        self.ttl_s = cache.ttl_s
+        self.capacity_tokens = cache.capacity_tokens
         self._clock = clock
         self.decode = decode  # token ids -> text, for the text around a near miss
         self._prefill_s = 0.05  # running mean of lookup + prefill time, for job forecasts
         self._modelled = self._realised = 0.0  # decayed sums: one-cache model vs realised reads
-        self.attributor = MissAttributor(block_size, ttl_s, max_history_blocks)
+        self.attributor = MissAttributor(cache.block_size, cache.ttl_s, max_history_blocks)
 
     @contextmanager
     def request(self, info: spans.RequestInfo, parent: Any = None) -> Iterator[Span]:
