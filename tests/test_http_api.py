@@ -9,7 +9,7 @@ import pytest
 
 from cluster.api.client import OrchardError, chat_request
 from cluster.api.http_errors import error_response
-from cluster.backend.protocol import NoWorkersAvailable
+from cluster.backend.protocol import NoWorkerAvailable
 from cluster.cli import main as orchard
 from forged_models import tiny_model
 from frontend_harness import running_frontend
@@ -211,7 +211,7 @@ def test_errors_in_openai_shape_with_a_status_each(api, acme, model):
 
 
 @pytest.mark.parametrize("exc, status, kind", [
-    (NoWorkersAvailable("no ready worker"), 503, "server_error"),    # UNAVAILABLE
+    (NoWorkerAvailable("no ready worker"), 503, "server_error"),    # UNAVAILABLE
     (TimeoutError("ran 600 s"), 504, "server_error"),                # DEADLINE_EXCEEDED
     (KeyError("a bug"), 500, "server_error"),                        # INTERNAL
 ])
