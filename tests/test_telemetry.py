@@ -33,7 +33,7 @@ def setup(tmp_path):
     tel, exporter, reader = in_memory(tmp_path)
     clock = Clock()
     observer = RequestObserver(tel, PriceTable(), "tiny", BS, ttl_s=300.0,
-                               capacity_tokens=10_000, clock=clock)
+                               worker_capacity_tokens=10_000, clock=clock)
     return tel, exporter, reader, observer, clock
 
 

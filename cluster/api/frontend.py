@@ -123,7 +123,8 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     limits = config.limits
     namespace = namespace_for(model)
     store = JobStore(config.db_path, clock_ms)
-    tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode)
+    tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode,
+                               tokenizer.render)
     runner = JobRunner(store, backend, namespace, model.block_size, limits.max_concurrent,
                        limits.max_pending_per_tenant, limits.max_pending_total,
                        limits.request_timeout_s,
