@@ -85,7 +85,8 @@ def _causes_panel(ax, report: dict) -> None:
     if causes:
         names = list(causes)
         ax.barh([n + (" *" if n in timing else "") for n in names], [causes[n] for n in names],
-                color=["tab:orange" if n in timing else "tab:red" for n in names])
+                color=["lightcoral" if n in timing else "tab:red" for n in names],
+                hatch=["//" if n in timing else "" for n in names])
         ax.invert_yaxis()
     else:
         ax.text(0.5, 0.5, "no misses", ha="center", va="center")
