@@ -32,6 +32,7 @@ PROTOCOLS = ("http", "grpc")
 EXPORT_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.sdk.trace.export",
     "opentelemetry.sdk.metrics._internal.export",
