@@ -132,13 +132,18 @@ class ClusterHoldings:
         count = len(self._serving) if self._serving is not None else self._workers
         return self.worker_capacity_tokens * max(1, count)
 
-    def held(self, chain: Sequence[BlockHash]) -> dict[BlockHash, float]:
+    def held(self, chain: Sequence[BlockHash], as_of: float | None = None
+             ) -> dict[BlockHash, float]:
         """The leading blocks of ``chain`` some serving worker holds, each with its longest
-        TTL left (the one-cache model of ``forecast_job``)."""
+        TTL left (the one-cache model of ``forecast_job``); with ``as_of``, only blocks that
+        were already stored then (a request in flight could not read what its concurrent
+        siblings stored after it was sent)."""
+        newest = None if as_of is None else self._clock() - as_of   # minimum age
         out: dict[BlockHash, float] = {}
         for block in chain:
             left = max((m.ttl_left(block) for m in self._mirrors.values()
-                        if m.peek([block]) == 1), default=0.0)
+                        if m.peek([block]) == 1 and (newest is None or m.age(block) >= newest)),
+                       default=0.0)
             if left <= 0:
                 break
             out[block] = left

@@ -133,9 +133,12 @@ class RequestObserver:
             engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS,
             sent=self._sent.get(request.request_id))
         now = self._clock()
-        # What the one-cache model would have read, before this request joins the history.
+        # What the one-cache model would have read when the request was sent: blocks its
+        # concurrent siblings stored later were not there to read, and do not count against
+        # routing's realisation.
         modelled = reusable_tokens(result.input_tokens,
-                                   len(self.holdings.held(block_hashes)), self.block_size)
+                                   len(self.holdings.held(block_hashes, seen.sent)),
+                                   self.block_size)
         self._modelled = 0.99 * self._modelled + modelled
         self._realised = 0.99 * self._realised + min(result.cached_tokens, modelled)
         miss = self.attributor.observe(seen, now)
