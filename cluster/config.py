@@ -45,7 +45,9 @@ running cluster owns: this config, the job store, the frontend's address file, t
     port = 0                     # 0: pick a free port (frontend.json's http_address)
 
     [telemetry]
-    exporter = "file"            # "file" (OTLP JSON lines in RUN_DIR/traces), "otlp" or "none"
+    exporter = "file"            # "file" (OTLP JSON lines in RUN_DIR/traces), "otlp",
+                                 # both ("file,otlp") or "none"
+    metrics = ""                 # "file", "otlp" or "none"; "" follows exporter
     endpoint = ""                # for "otlp", e.g. "http://127.0.0.1:4318"
     protocol = "http"            # for "otlp": "http" (OTLP/HTTP protobuf) or "grpc"
     prices = ""                  # a price table TOML; "" means orchard's defaults
@@ -96,6 +98,7 @@ class TelemetryConfig:
     endpoint: str = ""
     protocol: str = "http"
     prices: str = ""
+    metrics: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,13 @@ checked in this order::
                            engine's lookup says so, or b2's parent had another child
     8. first_sight         none of the above: these tokens were never seen
 
+Concurrent requests: history is read as it stood when the request was sent (``sent``), so
+blocks another request stored while this one was in flight count as never seen. Two requests
+that compute the same new prefix at once are then both first_sight (or both near_miss),
+whichever finishes first, and the causes do not depend on finishing order. What still
+depends on timing is routing: which worker a request is sent to, and so whether a sibling's
+blocks were stored there before it was sent; the report says so (``TIMING_DEPENDENT``).
+
 A request that reused every token it could (``reusable_tokens`` of its full blocks) is a
 hit and gets no cause. ``Attribution.tokens`` is the request's computed tokens, so summing
 it per cause splits a job's prefill work by why it was not read from cache.
@@ -51,6 +58,12 @@ class MissCause(str, Enum):
     FIRST_SIGHT = "first_sight"
 
 
+# Between these causes the split follows routing order, which concurrency makes timing-
+# dependent (which sibling's blocks were stored before the other was sent); their sum, the
+# tokens no request had stored before, does not.
+TIMING_DEPENDENT = frozenset({MissCause.NEAR_MISS, MissCause.FIRST_SIGHT})
+
+
 @dataclass(frozen=True, slots=True)
 class Attribution:
     cause: MissCause
@@ -71,6 +84,7 @@ class RequestSeen:
     candidate_matches: Mapping[str, int] = field(default_factory=dict)
     engine_near_miss: bool = False   # the worker's lookup said near_miss
     block_hashes: Sequence[BlockHash] = ()  # the prompt's chain when already computed
+    sent: float | None = None   # when it was sent (attributor's clock); None: when observed
 
 
 class _Bounded(OrderedDict):
@@ -94,8 +108,9 @@ class MissAttributor:
         self.block_size = block_size
         self.ttl_s = ttl_s
         self._used: _Bounded = _Bounded(max_blocks)      # block -> {worker: last use}
-        self._tenants: _Bounded = _Bounded(max_blocks)   # tenant-free block -> {tenants}
-        self._child: _Bounded = _Bounded(max_blocks)     # parent block -> first child seen
+        self._tenants: _Bounded = _Bounded(max_blocks)   # tenant-free block -> {tenant: when}
+        self._child: _Bounded = _Bounded(max_blocks)     # parent block -> (first child, when)
+        self._born: _Bounded = _Bounded(max_blocks)      # block -> when first stored
         self._invalidated: dict[str, float] = {}         # tenant -> time of last invalidation
 
     def invalidated(self, tenant: str, now: float) -> None:
@@ -141,7 +156,9 @@ class MissAttributor:
             return None
         k = min(math.ceil(seen.cached_tokens / self.block_size), len(chain) - 1)
         block = chain[k]
-        users = self._used.get(block, {})
+        sent = now if seen.sent is None else seen.sent
+        # A block first stored after this request was sent was not there to read.
+        users = self._used.get(block, {}) if self._born.get(block, -math.inf) <= sent else {}
         holder = self._elsewhere(seen, users, now)
         if holder:
             return Attribution(MissCause.ROUTED_ELSEWHERE, computed, holder)
@@ -154,12 +171,12 @@ class MissAttributor:
             if self._invalidated.get(seen.namespace.tenant, -math.inf) >= last:
                 return Attribution(MissCause.INVALIDATED, computed)
             return Attribution(MissCause.EVICTED, computed)
-        tenants = self._tenants.get(neutral[k], set())
-        if tenants - {seen.namespace.tenant}:
+        tenants = self._tenants.get(neutral[k], {})
+        if any(t != seen.namespace.tenant and at <= sent for t, at in tenants.items()):
             return Attribution(MissCause.TENANT_BOUNDARY, computed)
         parent = chain[k - 1] if k else seen.namespace.root()
-        sibling = self._child.get(parent)
-        if seen.engine_near_miss or (sibling is not None and sibling != block):
+        sibling, born = self._child.get(parent, (None, math.inf))
+        if seen.engine_near_miss or (sibling is not None and sibling != block and born <= sent):
             return Attribution(MissCause.NEAR_MISS, computed)
         return Attribution(MissCause.FIRST_SIGHT, computed)
 
@@ -183,9 +200,11 @@ class MissAttributor:
                 users = self._used.get(block) or {}
                 users[seen.worker] = now
                 self._used.put(block, users)
-            tenants = self._tenants.get(neutral[i]) or set()
-            tenants.add(seen.namespace.tenant)
+                if block not in self._born:
+                    self._born.put(block, now)
+            tenants = self._tenants.get(neutral[i]) or {}
+            tenants.setdefault(seen.namespace.tenant, now)
             self._tenants.put(neutral[i], tenants)
             parent = chain[i - 1] if i else seen.namespace.root()
             if parent not in self._child:
-                self._child.put(parent, block)
+                self._child.put(parent, (block, now))

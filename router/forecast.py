@@ -24,12 +24,24 @@ Events are processed in time order; at equal times writes come before lookups::
     t=s  C looks up [a0 a1 a2 c3]: reads 3 blocks, writes c3
 
 The output is a ``TokenUsage`` per request (``router.cost``), priced like the measured ones.
+
+What the cluster holds when a job is submitted comes from ``ClusterHoldings``: one
+``BlockLedger`` per serving worker, mirroring that worker's store from the requests it
+finished (the blocks it read and wrote, at the time it did). Because the mirror is the
+stores' own ledger with their capacity, TTL and policy, what the forecast believes is held
+follows the events that empty a store::
+
+    eviction      another job's blocks filled the worker's mirror: LRU leaves went first
+    TTL expiry    a block unused for ``ttl_s`` is not held (``BlockLedger.peek``)
+    invalidation  ``invalidated(tenant)`` drops the tenant's namespaces from every mirror
+    worker loss,  ``serving(workers)`` drops the mirror of a worker that left (dead or
+    drain, scale  draining: no request will read it) and sizes the capacity by the rest
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from router.cost import TokenUsage
 from router.key import BlockHash, Namespace, reusable_tokens
@@ -58,6 +70,84 @@ class CacheModel:
         if self.block_size <= 0 or self.capacity_tokens < 0 or self.ttl_s <= 0:
             raise ValueError(f"cache model needs block_size > 0, capacity_tokens >= 0 and "
                              f"ttl_s > 0, got {self}")
+
+
+class ClusterHoldings:
+    """What each serving worker's store holds, as the frontend can know it (see the header).
+
+    ``stored`` is called for every finished request, ``invalidated`` and ``serving`` when
+    the operator or the pool changes the cluster; ``held`` and ``capacity_tokens`` are what
+    a job's forecast starts from. Time comes from ``clock`` (the stores' clock).
+    """
+
+    def __init__(self, block_size: int, worker_capacity_tokens: int, ttl_s: float,
+                 clock: Callable[[], float], workers: int = 1, eviction: str = "lru") -> None:
+        if block_size <= 0 or worker_capacity_tokens < 0 or ttl_s <= 0 or workers < 0:
+            raise ValueError("cluster holdings need block_size > 0, worker_capacity_tokens "
+                             ">= 0, ttl_s > 0 and workers >= 0")
+        self.block_size = block_size
+        self.worker_capacity_tokens = worker_capacity_tokens
+        self.ttl_s = ttl_s
+        self.eviction = eviction
+        self._clock = clock
+        self._workers = workers  # serving workers, until the first ``serving`` call names them
+        self._mirrors: dict[str, BlockLedger] = {}
+        self._serving: set[str] | None = None
+        self._tenants: dict[str, str] = {}  # namespace label -> its tenant
+
+    def _mirror(self, worker: str) -> BlockLedger:
+        mirror = self._mirrors.get(worker)
+        if mirror is None:
+            mirror = BlockLedger(self.worker_capacity_tokens, self.ttl_s, self._clock,
+                                 bytes_per_token=1, policy=self.eviction)
+            self._mirrors[worker] = mirror
+            if self._serving is not None:
+                self._serving.add(worker)  # a result from a worker the last poll missed
+        return mirror
+
+    def stored(self, worker: str, namespace: Namespace, chain: Sequence[BlockHash],
+               blocks: int) -> None:
+        """``worker`` read or wrote the first ``blocks`` blocks of ``chain`` just now."""
+        if blocks > 0:
+            self._tenants[namespace.label()] = namespace.tenant
+            self._mirror(worker).insert(list(chain[:blocks]), self.block_size,
+                                        namespace.label(), namespace.root())
+
+    def invalidated(self, tenant: str) -> None:
+        """Every worker dropped ``tenant``'s cached blocks (the admin API's invalidate)."""
+        for mirror in self._mirrors.values():
+            for label in mirror.namespaces():
+                if self._tenants.get(label) == tenant:
+                    mirror.invalidate_namespace(label)
+
+    def serving(self, workers: Collection[str]) -> None:
+        """The workers requests can be routed to now; any other worker's blocks are lost
+        to the forecast (a dead worker's store is gone, a draining one is not routed to)."""
+        for gone in set(self._mirrors) - set(workers):
+            del self._mirrors[gone]
+        self._serving = set(workers)
+
+    def capacity_tokens(self) -> int:
+        """The summed capacity of the serving workers."""
+        count = len(self._serving) if self._serving is not None else self._workers
+        return self.worker_capacity_tokens * max(1, count)
+
+    def held(self, chain: Sequence[BlockHash], as_of: float | None = None
+             ) -> dict[BlockHash, float]:
+        """The leading blocks of ``chain`` some serving worker holds, each with its longest
+        TTL left (the one-cache model of ``forecast_job``); with ``as_of``, only blocks that
+        were already stored then (a request in flight could not read what its concurrent
+        siblings stored after it was sent)."""
+        newest = None if as_of is None else self._clock() - as_of   # minimum age
+        out: dict[BlockHash, float] = {}
+        for block in chain:
+            left = max((m.ttl_left(block) for m in self._mirrors.values()
+                        if m.peek([block]) == 1 and (newest is None or m.age(block) >= newest)),
+                       default=0.0)
+            if left <= 0:
+                break
+            out[block] = left
+        return out
 
 
 def batch_arrivals(n: int, concurrency: int, request_s: float) -> list[float]:

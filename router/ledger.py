@@ -191,6 +191,11 @@ class BlockLedger:
             n += 1
         return n
 
+    def ttl_left(self, block: BlockHash) -> float:
+        """Seconds ``block`` stays held unless used again (0.0 when not held)."""
+        entry = self._entries.get(block)
+        return max(0.0, self.ttl_s - (self._clock() - entry.last_used)) if entry else 0.0
+
     def children(self, parent: BlockHash) -> list[BlockHash]:
         """Stored blocks whose parent is ``parent`` (a block or a namespace root)."""
         return list(self._children.get(parent, ()))

@@ -97,3 +97,38 @@ def test_memory_is_bounded():
     for i in range(50):
         attr.observe(seen([i * 1000 + t for t in range(17)]), float(i))
     assert len(attr._used) <= 8
+
+
+def _concurrent_batch(order):
+    """Three requests sharing SYSTEM with their own tails, all sent at t=0 to w0 and w1 and
+    computed at once; ``order`` is the order they finish in."""
+    attr = MissAttributor(block_size=BS, ttl_s=300)
+    prompts = {"a": SYSTEM + [1, 2, 3, 4, 9], "b": SYSTEM + [5, 6, 7, 8, 9, 9, 9, 9, 9],
+               "c": SYSTEM + [1, 2, 3, 5, 9]}
+    workers = {"a": "w0", "b": "w1", "c": "w0"}
+    causes = {}
+    for i, name in enumerate(order):
+        got = attr.observe(seen(prompts[name], worker=workers[name], sent=0.0), 1.0 + i)
+        causes[name] = (got.cause, got.tokens)
+    return causes, attr
+
+
+def test_concurrent_causes_do_not_depend_on_finishing_order():
+    first, _ = _concurrent_batch("abc")
+    for order in ("acb", "bac", "bca", "cab", "cba"):
+        assert _concurrent_batch(order)[0] == first
+    # None of them could read what the others stored while they were in flight.
+    assert first == {"a": (MissCause.FIRST_SIGHT, 17), "b": (MissCause.FIRST_SIGHT, 21),
+                     "c": (MissCause.FIRST_SIGHT, 17)}
+
+
+def test_a_later_request_sees_what_the_concurrent_ones_stored():
+    _, attr = _concurrent_batch("abc")
+    # Sent after they finished: c's tail block diverges from a's (same parent): near miss.
+    later = seen(SYSTEM + [1, 2, 3, 6, 7], worker="w0", cached=12, sent=10.0)
+    assert attr.observe(later, 11.0) == Attribution(MissCause.NEAR_MISS, 5)
+
+
+def test_timing_dependent_causes_are_named():
+    from router.attribution import TIMING_DEPENDENT
+    assert TIMING_DEPENDENT == {MissCause.NEAR_MISS, MissCause.FIRST_SIGHT}

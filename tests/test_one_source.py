@@ -112,4 +112,4 @@ def test_the_forecast_capacity_comes_from_the_engines_bytes_per_token_for_a_bf16
     config = Config(tmp_path, {}, frozenset(), cache=CacheConfig(capacity_bytes=1 << 20),
                     telemetry=TelemetryConfig(exporter="none"))
     tracing = frontend_tracing(config, info, workers=2, decode=None)
-    assert tracing.observer.capacity_tokens == 2 * (1 << 20) // 256 == 8192
+    assert tracing.observer.holdings.capacity_tokens() == 2 * (1 << 20) // 256 == 8192

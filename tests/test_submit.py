@@ -7,6 +7,7 @@ import pytest
 
 from cluster.api.batchfile import parse_batch
 from cluster.cli import main
+from router.cost import load_price_table
 from forged_models import tiny_model
 from frontend_harness import ACME_CONFIG as CONFIG, running_frontend
 
@@ -73,7 +74,8 @@ def cli(frontend, *args):
 
 
 def test_submit_wait_json_then_results_in_openai_format(frontend, tmp_path, capsys):
-    assert cli(frontend, "submit", str(EXAMPLES / "demo_batch.jsonl"), "--wait", "--json") == 0
+    assert cli(frontend, "submit", str(EXAMPLES / "demo_batch.jsonl"), "--wait", "--json",
+               "--run-dir", str(frontend.config.run_dir)) == 0
     captured = capsys.readouterr()
     job = json.loads(captured.out)
     assert (job["state"], job["total"], job["completed"], job["failed"]) == (
@@ -89,6 +91,14 @@ def test_submit_wait_json_then_results_in_openai_format(frontend, tmp_path, caps
     cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usage]
     assert sum(cached) > 0.5 * sum(u["prompt_tokens"] for u in usage)  # shared prefixes reused
     assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usage)
+    # --wait ends with the job's summary line, its counts the results' own.
+    summary = captured.err.strip().splitlines()[-1]
+    computed = sum(u["prompt_tokens"] for u in usage) - sum(cached)
+    assert summary.startswith(f"{job['job_id']}: 24 requests (0 failed), {sum(cached)} cached + "
+                              f"{computed} computed input tokens; M forecast 0.")
+    version = load_price_table(None).version
+    assert "measured 0." in summary and summary.endswith(f"uncached-token units (price table "
+                                                         f"{version})")
     assert cli(frontend, "jobs", "--json") == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed[0]["job_id"] == job["job_id"]

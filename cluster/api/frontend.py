@@ -140,7 +140,8 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     limits = config.limits
     namespace = namespace_for(model)
     store = JobStore(config.db_path, clock_ms)
-    tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode)
+    tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode,
+                               tokenizer.render)
     runner = JobRunner(store, backend,
                        functools.partial(prepare, model=model, render=tokenizer.render,
                                          max_prompt_bytes=limits.max_prompt_bytes),

@@ -93,7 +93,7 @@ class Work:
         async with self._runner.slot(tenant):
             request_id = f"gen-{secrets.token_hex(8)}"
             with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
-                                              metadata) as trace:
+                                              metadata, prompt=new.prompt) as trace:
                 generate = GenerateRequest(request_id=request_id,
                                            namespace=self._runner.namespace(tenant),
                                            prompt=new.prompt, sampling=new.sampling,

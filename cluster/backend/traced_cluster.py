@@ -66,10 +66,12 @@ class TracedCluster:
             self.router.add_worker(worker)
         first = next(iter(self.engines.values()))
         bytes_per_token = first.stats().bytes_per_token
-        cache = ServedCache(first.model_id, block_size, ttl_s,
-                            workers * store_bytes // bytes_per_token)
+        cache = ServedCache(first.model_id, block_size, ttl_s, store_bytes // bytes_per_token,
+                            workers)
         self.observer = RequestObserver(tel, prices, cache, clock=clock)
         self._seq = {w: 0 for w in self.engines}
+        self._clock = clock
+        self._ttl_s = ttl_s
 
     @property
     def block_size(self) -> int:
@@ -117,12 +119,39 @@ class TracedCluster:
             (result,) = engine.generate([request])
         finally:
             self.router.finished(turn.request_id)
-        events = tuple(engine.drain_events())
-        self._seq[worker] += 1
-        self.router.apply_events(EventBatch(worker, self._seq[worker], events))
+        self._send_events(worker)
         if not isinstance(result, GenerateResult):
             raise ValueError(f"request {turn.request_id} failed: {result.error}")
         return result
+
+    def invalidate(self, tenant: str) -> int:
+        """Drop ``tenant``'s blocks on every worker, as the admin API does; blocks removed."""
+        removed = 0
+        for worker, engine in self.engines.items():
+            removed += engine.invalidate(engine.namespace(tenant))
+            self._send_events(worker)
+        self.observer.invalidated(tenant)
+        return removed
+
+    def remove_worker(self, worker: str) -> None:
+        """``worker`` leaves (lost, or drained and stopped): its store goes with it."""
+        del self.engines[worker]
+        self.router.remove_worker(worker)
+        self.observer.serving(list(self.engines))
+
+    def add_worker(self, worker: str, model_dir: Path | str, store_bytes: int) -> None:
+        """Scale out by one worker with an empty store."""
+        self.engines[worker] = Engine.open(model_dir, EngineConfig(
+            block_size=self.block_size, store_bytes=store_bytes, ttl_s=self._ttl_s,
+            worker_id=worker), clock=self._clock)
+        self._seq[worker] = 0
+        self.router.add_worker(worker)
+        self.observer.serving(list(self.engines))
+
+    def _send_events(self, worker: str) -> None:
+        self._seq[worker] += 1
+        self.router.apply_events(EventBatch(worker, self._seq[worker],
+                                            tuple(self.engines[worker].drain_events())))
 
     def forecast(self, turns: Sequence[Turn], concurrency: int = 1,
                  request_s: float = 1.0) -> list[TokenUsage]:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
@@ -123,8 +124,11 @@ def bench_overhead(model_dir: Path, workers: int = 2, conversations: int = 6, tu
             "export_s_per_request": per["export"]}
 
 
-def _serve_and_submit(run_dir: Path, model_dir: Path, workers: int, batch_path: Path) -> str:
-    """Run the batch through a real frontend over LocalBackend; returns the job id."""
+def _serve_and_submit(run_dir: Path, model_dir: Path, workers: int, batch_path: Path,
+                      steps: Sequence[str] = ("job",)) -> list[str]:
+    """Run the batch through a real frontend over LocalBackend once per ``"job"`` step, with
+    ``"invalidate"`` steps (the default tenant's cache, through the admin API) between;
+    returns the job ids."""
     from cluster.api.batchfile import parse_batch
     from cluster.api.client import Client
     from cluster.config import load_config, write_default_config
@@ -143,9 +147,15 @@ def _serve_and_submit(run_dir: Path, model_dir: Path, workers: int, batch_path: 
         frontend = await serve(config, backend)
         try:
             def submit() -> None:
-                with Client(frontend.address, config.key_for("default")) as client:
-                    job = client.submit(batch.requests)
-                    box["job"] = client.wait(job.job_id, poll_s=0.1, timeout_s=1800)
+                with Client(frontend.address, config.key_for("default")) as client, \
+                        Client(frontend.address, sorted(config.admin_keys)[0]) as admin:
+                    for step in steps:
+                        if step == "invalidate":
+                            admin.invalidate("default")
+                            continue
+                        job = client.submit(batch.requests)
+                        box.setdefault("jobs", []).append(
+                            client.wait(job.job_id, poll_s=0.1, timeout_s=1800))
             await asyncio.to_thread(submit)
         finally:
             await frontend.stop()
@@ -154,22 +164,31 @@ def _serve_and_submit(run_dir: Path, model_dir: Path, workers: int, batch_path: 
     thread = threading.Thread(target=asyncio.run, args=(main(),))
     thread.start()
     thread.join()
-    if "job" not in box:
+    jobs = box.get("jobs", [])
+    if len(jobs) != list(steps).count("job"):
         raise RuntimeError("the demo batch did not finish; see the log above")
-    if box["job"].failed:
-        raise RuntimeError(f"{box['job'].failed} requests of the demo batch failed")
-    return box["job"].job_id
+    if any(job.failed for job in jobs):
+        raise RuntimeError(f"{sum(j.failed for j in jobs)} requests of the demo batch failed")
+    return [job.job_id for job in jobs]
 
 
-def bench_demo_forecast(batch_path: Path, model_dir: Path, workers: int = 2) -> dict:
-    """Job forecast at submission against the measured M of the served demo batch."""
+def bench_demo_forecast(batch_path: Path, model_dir: Path, workers: int = 2,
+                        steps: Sequence[str] = ("job",)) -> dict:
+    """Job forecast at submission against the measured M of the served demo batch, for the
+    last job of ``steps`` (each job's figures under ``"jobs"``)."""
     from cluster.telemetry.otlp_json import read_spans
     from cluster.report.build import build_report
 
     with tempfile.TemporaryDirectory(prefix="orchard-demo-") as tmp:
         run_dir = Path(tmp)
-        job_id = _serve_and_submit(run_dir, model_dir, workers, batch_path)
-        report = build_report(read_spans(run_dir / "traces").spans, job=job_id)
+        job_ids = _serve_and_submit(run_dir, model_dir, workers, batch_path, steps)
+        spans = read_spans(run_dir / "traces").spans
+        results = [_demo_job(build_report(spans, job=j), batch_path, workers, j)
+                   for j in job_ids]
+    return {**results[-1], "steps": list(steps), "jobs": results}
+
+
+def _demo_job(report: dict, batch_path: Path, workers: int, job_id: str) -> dict:
     (job,) = report["jobs"]
     return {"batch": str(batch_path), "workers": workers, "job_id": job_id,
             "requests": job["requests"], "input_tokens": job["input_tokens"],
@@ -227,15 +246,19 @@ def forecast_command(args) -> int:
         import workers  # noqa: F401  (OpenBLAS before mlx)
         from workers.default_model import ensure_default_model
 
+        steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+        if "job" not in steps or set(steps) - {"job", "invalidate"}:
+            raise ValueError(f"--steps lists job and invalidate steps with at least one job, "
+                             f"e.g. job,job,invalidate,job; got {args.steps!r}")
         r = bench_demo_forecast(Path(args.demo),
                                 Path(args.model) if args.model else ensure_default_model(),
-                                args.workers or 2)
-        return _print(r, args.json, [
-            f"{r['batch']}: {r['requests']} requests on {r['workers']} workers, "
-            f"{r['cached_tokens']}/{r['input_tokens']} input tokens cached",
-            f"forecast M {r['forecast_multiplier']:.4f} (at submission), "
-            f"measured M {r['measured_multiplier']:.4f}",
-            f"|error| {r['forecast_error']:.4f} (target <= 0.05)"])
+                                args.workers or 2, steps)
+        return _print(r, args.json, [f"{r['batch']} on {r['workers']} workers, steps "
+                                     f"{','.join(steps)}"] + [
+            f"job {i + 1}: {j['requests']} requests, {j['cached_tokens']}/{j['input_tokens']} "
+            f"input tokens cached; forecast M {j['forecast_multiplier']:.4f} (at submission), "
+            f"measured M {j['measured_multiplier']:.4f}, |error| {j['forecast_error']:.4f} "
+            f"(target <= 0.05)" for i, j in enumerate(r["jobs"])])
     r = bench_trace_forecast(Path(args.trace), args.workers or 8, args.capacity_tokens,
                              args.block_size, args.window)
     return _print(r, args.json, [
@@ -268,5 +291,8 @@ def add_parsers(sub) -> None:
     f.add_argument("--block-size", type=int, default=512)
     f.add_argument("--window", type=float, default=600.0,
                    help="--trace: seconds of arrivals per job (600)")
+    f.add_argument("--steps", default="job", metavar="STEPS",
+                   help="for --demo: jobs and cache invalidations in order, e.g. "
+                        "job,job,invalidate,job (default: job)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=forecast_command)

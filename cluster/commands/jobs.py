@@ -22,8 +22,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from cluster.api.batchfile import output_lines
 from cluster.api.client import Client, JobStatus, OrchardError
 from cluster.commands.tls import add_client_args, client_files
-from cluster.config import default_run_dir, load_config
+from cluster.config import CacheConfig, default_run_dir, load_config
 from cluster.jobs.store import JobStore
+from cluster.report.summary import forecast_of, summarize_job
+from router.cost import load_price_table
 
 PROGRESS_BYTES = 4 << 20  # files smaller than this are sent without a progress bar
 
@@ -67,6 +69,23 @@ def _send_file(client: Client, path: Path, idempotency_key: str) -> JobStatus:
             raise ValueError(f"{exc.code}: {exc.message}") from None
 
 
+def _summary_line(args, client: Client, job: JobStatus) -> str:
+    """Requests, tokens, forecast and measured M and cost (``cluster.report.summary``),
+    priced with the run directory's price table, TTL and block size (orchard's defaults
+    when this machine has no run directory)."""
+    run_dir = args.run_dir if args.run_dir is not None else default_run_dir()
+    try:
+        config = load_config(run_dir)
+    except FileNotFoundError:
+        config = None
+    cache = config.cache if config else CacheConfig()
+    prices = load_price_table((config.telemetry.prices if config else "") or None)
+    forecast, model = forecast_of(job.job_id, run_dir / "traces")
+    summary = summarize_job(job.job_id, client.results(job.job_id), prices, model or job.model,
+                            cache.ttl_s, cache.block_size, forecast)
+    return summary.line()
+
+
 def submit(args) -> int:
     path = Path(args.file)
     if not path.is_file():
@@ -85,6 +104,7 @@ def submit(args) -> int:
                 print(_progress_line(status, started), end=end, file=sys.stderr, flush=True)
 
             job = client.wait(job.job_id, on_progress=show)
+            print(_summary_line(args, client, job), file=sys.stderr)
     if args.json:
         print(json.dumps(_job_dict(job)))
     else:

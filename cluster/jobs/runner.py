@@ -289,7 +289,7 @@ class JobRunner:
 
     async def _execute(self, tenant: str, pending: PendingRequest) -> StoredResult:
         with self._tracing.request(tenant, pending.request_id, pending.job_id, pending.custom_id,
-                                   pending.sampling) as trace:
+                                   pending.sampling, prompt=pending.prompt) as trace:
             request = GenerateRequest(request_id=pending.request_id,
                                       namespace=self._namespace(tenant), prompt=pending.prompt,
                                       sampling=pending.sampling, trace_context=trace.context)

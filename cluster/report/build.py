@@ -10,7 +10,13 @@ grouped per job, per tenant and per time window. Every group carries:
   its numerator, so the weighted mean of the requests' ``M`` is the group's ``M``); for a job,
   the forecast is the one made at submission (its ``orchard.job`` span) when the trace has it,
   else the routing-time forecasts of its requests; the error is forecast minus measured;
-* miss causes: cause -> computed tokens of the requests attributed to it.
+* miss causes: cause -> computed tokens of the requests attributed to it. The split between
+  ``near_miss`` and ``first_sight`` follows routing order, which concurrency makes
+  timing-dependent (``router.attribution.TIMING_DEPENDENT``); the report lists those causes
+  and their sum, which does not depend on timing.
+
+Jobs are listed newest first by submission (the job span's start, else the first request's),
+each with its span of time; the report names the price tables its figures were priced with.
 
 Also: the worst near misses (the longest shared run that still missed, "common=5919 of 5923",
 with the decoded text around the divergence when the worker recorded it) and template drift
@@ -24,6 +30,7 @@ from typing import Any, Iterable, Sequence
 
 from cluster.telemetry import attrs as A
 from cluster.telemetry.otlp_json import SpanRecord
+from router.attribution import TIMING_DEPENDENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,18 @@ def request_rows(spans: Iterable[SpanRecord]) -> list[RequestRow]:
     rows = [_request_row(s, lookups.get(s.trace_id, {})) for s in spans
             if s.attributes.get(A.SPAN_KIND) == "request" and A.GEN_AI_INPUT_TOKENS in s.attributes]
     return sorted(rows, key=lambda r: (r.start_ns, r.request_id))
+
+
+def job_submissions(spans: Iterable[SpanRecord]) -> dict[str, int]:
+    """When each job was submitted (its ``orchard.job`` span's start, ns since the epoch)."""
+    return {str(s.attributes[A.JOB_ID]): s.start_ns for s in spans
+            if s.attributes.get(A.SPAN_KIND) == "job" and A.JOB_ID in s.attributes}
+
+
+def price_tables(spans: Iterable[SpanRecord]) -> list[str]:
+    """The price table versions the traced costs were computed with."""
+    return sorted({str(s.attributes[A.COST_PRICE_VERSION]) for s in spans
+                   if A.COST_PRICE_VERSION in s.attributes})
 
 
 def job_forecasts(spans: Iterable[SpanRecord]) -> dict[str, float]:
@@ -185,18 +204,27 @@ def build_report(spans: Sequence[SpanRecord], job: str | None = None,
     for s in spans:
         if s.attributes.get(A.SPAN_KIND) == "request" and A.ERROR_TYPE in s.attributes:
             failed[str(s.attributes.get(A.JOB_ID, "")) or "(no job)"] += 1
+    submitted = job_submissions(spans)
     jobs = []
-    for key in sorted(set(groups["jobs"]) | ({job} & set(failed) if job else set(failed))):
-        summary = summarize(key, groups["jobs"].get(key, []), forecasts.get(key))
+    for key in set(groups["jobs"]) | ({job} & set(failed) if job else set(failed)):
+        members = groups["jobs"].get(key, [])
+        summary = summarize(key, members, forecasts.get(key))
         summary["job_id"] = summary.pop("key")
         summary["failed_requests"] = failed.get(key, 0)
+        first = min((r.start_ns for r in members), default=0)
+        summary["submitted_ns"] = submitted.get(key, first)
+        summary["first_s"] = (first - t0) / 1e9 if members else None
+        summary["last_s"] = (max(r.start_ns for r in members) - t0) / 1e9 if members else None
         jobs.append(summary)
-    report["jobs"] = jobs
+    report["jobs"] = sorted(jobs, key=lambda g: (-g["submitted_ns"], g["job_id"]))
+    report["price_tables"] = price_tables(spans)
+    report["timing_dependent_causes"] = sorted(c.value for c in TIMING_DEPENDENT)
     report["tenants"] = [summarize(k, v) for k, v in groups["tenants"].items()]
     report["windows"] = [summarize(k, v) for k, v in groups["windows"].items()]
     report["near_misses"] = near_misses(rows)
     report["template_drift"] = template_drift(rows)
     report["series"] = [{"t_s": (r.start_ns - t0) / 1e9, "request_id": r.request_id,
+                         "job_id": r.job_id or "(no job)",
                          "input_tokens": r.input_tokens,
                          "forecast_m": r.forecast_m, "measured_m": r.measured_m,
                          "miss_cause": r.miss_cause, "miss_tokens": r.miss_tokens}

@@ -22,6 +22,10 @@ GEN_AI_CACHE_WRITE = "gen_ai.usage.cache_write.input_tokens"
 GEN_AI_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"  # older name, same value
 GEN_AI_TTFT_METRIC = "gen_ai.server.time_to_first_token"
 GEN_AI_TPOT_METRIC = "gen_ai.server.time_per_output_token"
+GEN_AI_TOKEN_USAGE_METRIC = "gen_ai.client.token.usage"
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"             # "input" or "output"
+OPERATION_CHAT = "chat"                             # the prompt came as messages
+OPERATION_TEXT = "text_completion"                  # the prompt came as token ids
 ERROR_TYPE = "error.type"                           # a failed request's gRPC status name
 PROVIDER = "orchard"
 

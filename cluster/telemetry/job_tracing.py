@@ -3,14 +3,16 @@
 ``JobTracing`` wraps the frontend's ``cluster.telemetry.observe.RequestObserver`` (or nothing: then
 every call is a no-op and nothing is traced)::
 
-    with tracing.request(tenant, request_id, job_id, custom_id, sampling, metadata) as trace:
+    with tracing.request(tenant, request_id, job_id, custom_id, sampling, metadata,
+                         operation) as trace:
         request = GenerateRequest(..., trace_context=trace.context)
         outcome = await dispatch(...)
         observed = trace.done(request, hashes, outcome)      # or trace.failed(code, message)
     tracing.job_launched(job_id, tenant, namespace, pending)  # the job's forecast and span
     tracing.watch(backend, queue_depths)                      # store and queue gauges
 
-``frontend_tracing`` builds it from the cluster config and the served model.
+``frontend_tracing`` builds it from the cluster config and the served model, named in spans
+and metrics by its own name (``model_name``), so price tables in other tools match it.
 """
 from __future__ import annotations
 
@@ -19,20 +21,25 @@ import dataclasses
 import functools
 import logging
 import re
+import socket
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from opentelemetry.trace import Span
 
 from cluster.telemetry import spans
+from cluster.telemetry.attrs import HOST_NAME
 from cluster.telemetry.observe import Observed, RequestObserver, ServedCache
 from cluster.telemetry.setup import extract_metadata, guarded, settings_from_config, setup_telemetry
 from cluster.telemetry.metrics import StoreGauges
 from router.cost import load_price_table
 from router.key import BlockHash, hash_blocks
 from workers.messages import GenerateRequest
+from workers.model_import import read_provenance
+from workers.model_import import read_provenance
 
 log = logging.getLogger("orchard.telemetry")
 MAX_JOB_CONTEXTS = 10_000
@@ -97,23 +104,36 @@ class JobTracing:
         self._poller: asyncio.Task | None = None
         self._backend: Any = None
         self._stores: dict[str, StoreGauges] = {}
+        self.chat_opening: tuple[int, ...] = ()   # see ``chat_opening``
 
     @contextmanager
     def request(self, tenant: str, request_id: str, job_id: str, custom_id: str,
-                sampling: Any, metadata: Sequence[tuple[str, Any]] | None = None
-                ) -> Iterator[RequestTrace]:
+                sampling: Any, metadata: Sequence[tuple[str, Any]] | None = None,
+                operation: str = "", prompt: Sequence[int] = ()) -> Iterator[RequestTrace]:
         """Around one request's run: its root span (a child of the caller's context when
-        gRPC ``metadata`` carries one, else the root of a new trace linked to its job)."""
+        gRPC ``metadata`` carries one, else the root of a new trace linked to its job).
+
+        ``operation`` is ``"chat"`` for messages and ``"text_completion"`` for token ids;
+        when the caller no longer knows (a stored batch request keeps only its tokens), it
+        is read from ``prompt``: ``"chat"`` when it opens as the model's chat template does.
+        """
         if self.observer is None:
             yield RequestTrace(None, None, ())
             return
         conversation, turn = conversation_of(custom_id)
         info = spans.RequestInfo(
             request_id, tenant, self.observer.model, job_id, conversation, turn,
-            "text_completion", sampling.max_tokens, sampling.temperature,
+            operation or self.operation_of(prompt), sampling.max_tokens, sampling.temperature,
             self._job_context.get(job_id, ()))
         with self.observer.request(info, extract_metadata(metadata)) as span:
             yield RequestTrace(self.observer, span, self.observer.context())
+
+    def operation_of(self, prompt: Sequence[int]) -> str:
+        """``"chat"`` when ``prompt`` starts with the tokens every rendered conversation
+        starts with (``chat_opening``), else ``"text_completion"``."""
+        opening = self.chat_opening
+        chat = bool(opening) and tuple(prompt[:len(opening)]) == opening
+        return spans.A.OPERATION_CHAT if chat else spans.A.OPERATION_TEXT
 
     def watch(self, backend: Any, queue_depths: Callable[[], Mapping[str, int]],
               interval_s: float = 5.0) -> None:
@@ -138,6 +158,7 @@ class JobTracing:
         except Exception:  # one failed poll must not stop the metrics
             log.exception("polling the workers for store metrics failed")
             return
+        self.observer.serving([i.worker_id for i in infos if i.state in ("starting", "ready")])
         instruments = self.observer.tel.instruments
         for info in infos:
             if info.worker_id not in self._stores:
@@ -148,9 +169,10 @@ class JobTracing:
 
     def invalidated(self, tenant: str) -> None:
         """An operator invalidated ``tenant``'s cached prefixes: later misses on blocks used
-        before now are attributed to the invalidation."""
+        before now are attributed to the invalidation, and job forecasts no longer count
+        them as held."""
         if self.observer is not None:
-            self.observer.attributor.invalidated(tenant, self.observer.now())
+            self.observer.invalidated(tenant)
 
     async def aclose(self) -> None:
         """Take a last store snapshot, then flush and stop telemetry."""
@@ -181,13 +203,48 @@ class JobTracing:
             self._job_context.popitem(last=False)
 
 
+def model_name(model_dir: str | Path, model_id: str) -> str:
+    """The model's own name: the file or directory it was imported from (``SmolLM2-135M-
+    Instruct`` for ``SmolLM2-135M-Instruct.Q4_1.gguf``), else its directory's name."""
+    source = read_provenance(Path(model_dir)).get("source", "")
+    if not source:
+        return model_id
+    name = Path(source).name
+    return name.split(".", 1)[0] if name.endswith(".gguf") else name
+
+
+def chat_opening(render: Callable[[Sequence[dict[str, str]]], Sequence[int]]) -> tuple[int, ...]:
+    """The tokens every conversation the model's chat template renders starts with (the
+    common prefix of two unlike conversations); () when the template renders none."""
+    first = render([{"role": "user", "content": "a"}])
+    second = render([{"role": "system", "content": "b"}, {"role": "user", "content": "c"}])
+    common = 0
+    while common < min(len(first), len(second)) and first[common] == second[common]:
+        common += 1
+    return tuple(first[:common])
+
+
 def frontend_tracing(config: Any, model: Any, workers: int,
-                     decode: Callable[[Sequence[int]], str] | None) -> JobTracing:
+                     decode: Callable[[Sequence[int]], str] | None,
+                     render: Callable[[Sequence[dict[str, str]]], Sequence[int]] | None = None
+                     ) -> JobTracing:
     """The frontend's ``JobTracing`` from ``cluster.config.Config`` and the served
-    ``cluster.backend.protocol.ModelInfo``; telemetry ``exporter = "none"`` still attributes and prices."""
-    tel = setup_telemetry(settings_from_config(config, "orchard-frontend"))
+    ``cluster.backend.protocol.ModelInfo``; telemetry ``exporter = "none"`` still attributes
+    and prices. ``render`` (the chat template) tells chat prompts from token prompts."""
+    settings = settings_from_config(config, "orchard-frontend")
+    settings = dataclasses.replace(settings, resource=(*settings.resource,
+                                                       (HOST_NAME, socket.gethostname())))
+    tel = setup_telemetry(settings)
     prices = load_price_table(config.telemetry.prices or None)
     # The engine's own figure (model dtype, kv_bits), never one recomputed from config.json.
-    capacity = max(1, workers) * config.cache.capacity_bytes // model.kv_bytes_per_token
-    cache = ServedCache(model.model_id, model.block_size, config.cache.ttl_s, capacity)
-    return JobTracing(RequestObserver(tel, prices, cache, decode=decode))
+    capacity = config.cache.capacity_bytes // model.kv_bytes_per_token
+    cache = ServedCache(model_name(model.model_dir, model.model_id), model.block_size,
+                        config.cache.ttl_s, capacity, max(1, workers))
+    tracing = JobTracing(RequestObserver(tel, prices, cache, decode=decode))
+    if render is not None:
+        try:
+            tracing.chat_opening = chat_opening(render)
+        except Exception:  # a model without a usable chat template serves token prompts only
+            log.warning("the model's chat template did not render; every request is traced "
+                        "as text_completion")
+    return tracing

@@ -8,6 +8,9 @@ Pushed by whoever sees the event (``record_request`` after a request finishes)::
     orchard.cache.written_tokens  counter    {worker, tenant}
     gen_ai.server.time_to_first_token   histogram (s) {worker, tenant}
     gen_ai.server.time_per_output_token histogram (s) {worker, tenant}
+    gen_ai.client.token.usage     histogram  {gen_ai.token.type, gen_ai.operation.name,
+                                              gen_ai.provider.name, gen_ai.request.model,
+                                              gen_ai.response.model}   (GenAI conventions)
 
 Observed at each export from callbacks the owners register (``watch_store``, ``watch_queue``)::
 
@@ -27,9 +30,29 @@ from typing import Callable, Iterable, Mapping
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from cluster.telemetry.attrs import GEN_AI_TPOT_METRIC, GEN_AI_TTFT_METRIC
+from cluster.telemetry import attrs as A
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# The GenAI conventions' advised boundaries for gen_ai.client.token.usage.
+_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                  16777216, 67108864)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUsage:
+    """One finished request, as the metrics count it."""
+
+    worker: str
+    tenant: str
+    outcome: str          # the cache lookup's outcome
+    operation: str        # gen_ai.operation.name: "chat" or "text_completion"
+    model: str            # the served model's own name
+    input_tokens: int     # cached ones included
+    cached_tokens: int
+    written_tokens: int
+    output_tokens: int
+    ttft_s: float
+    tpot_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +83,14 @@ class Instruments:
         self._written = meter.create_counter("orchard.cache.written_tokens", "{token}",
                                              "Input tokens newly stored in the prefix store")
         self._ttft = meter.create_histogram(
-            GEN_AI_TTFT_METRIC, "s", "Time to first token",
+            A.GEN_AI_TTFT_METRIC, "s", "Time to first token",
             explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS)
         self._tpot = meter.create_histogram(
-            GEN_AI_TPOT_METRIC, "s", "Time per output token after the first",
+            A.GEN_AI_TPOT_METRIC, "s", "Time per output token after the first",
             explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS)
+        self._token_usage = meter.create_histogram(
+            A.GEN_AI_TOKEN_USAGE_METRIC, "{token}", "Input and output tokens per request",
+            explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS)
         meter.create_observable_gauge("orchard.cache.hit_ratio", [self._observe_hit_ratio],
                                       "1", "Cached over input tokens so far")
         meter.create_observable_gauge("orchard.store.bytes", [self._observe_store("bytes")],
@@ -78,23 +104,25 @@ class Instruments:
         meter.create_observable_gauge("orchard.queue.depth", [self._observe_queues],
                                       "{request}", "Requests accepted and not finished")
 
-    def record_request(self, worker: str, tenant: str, outcome: str, input_tokens: int,
-                       cached_tokens: int, written_tokens: int, ttft_s: float,
-                       tpot_s: float) -> None:
+    def record_request(self, u: RequestUsage) -> None:
         if self._meter is None:
             return
-        attrs = {"worker": worker, "tenant": tenant}
-        self._requests.add(1, {**attrs, "outcome": outcome})
-        self._input.add(input_tokens, attrs)
-        self._cached.add(cached_tokens, attrs)
-        self._written.add(written_tokens, attrs)
-        self._ttft.record(ttft_s, attrs)
-        if tpot_s > 0:
-            self._tpot.record(tpot_s, attrs)
+        attrs = {"worker": u.worker, "tenant": u.tenant}
+        self._requests.add(1, {**attrs, "outcome": u.outcome})
+        self._input.add(u.input_tokens, attrs)
+        self._cached.add(u.cached_tokens, attrs)
+        self._written.add(u.written_tokens, attrs)
+        self._ttft.record(u.ttft_s, attrs)
+        if u.tpot_s > 0:
+            self._tpot.record(u.tpot_s, attrs)
+        gen_ai = {A.GEN_AI_OPERATION: u.operation, A.GEN_AI_SYSTEM: A.PROVIDER,
+                  A.GEN_AI_REQUEST_MODEL: u.model, A.GEN_AI_RESPONSE_MODEL: u.model}
+        self._token_usage.record(u.input_tokens, {**gen_ai, A.GEN_AI_TOKEN_TYPE: "input"})
+        self._token_usage.record(u.output_tokens, {**gen_ai, A.GEN_AI_TOKEN_TYPE: "output"})
         with self._lock:
-            sums = self._tokens.setdefault((worker, tenant), [0, 0])
-            sums[0] += input_tokens
-            sums[1] += cached_tokens
+            sums = self._tokens.setdefault((u.worker, u.tenant), [0, 0])
+            sums[0] += u.input_tokens
+            sums[1] += u.cached_tokens
 
     def watch_store(self, worker: str, gauges: Callable[[], StoreGauges]) -> None:
         """Observe ``worker``'s store at each export (replaces an earlier callback)."""

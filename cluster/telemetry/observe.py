@@ -19,8 +19,10 @@ routing span always (routing runs in the frontend), the worker's on the in-proce
 
 Forecast per request: the router's ``expected_cached_tokens`` at routing time
 (``router.cost.forecast_request``). Forecast per job: ``router.forecast.forecast_job`` over
-the job's own chains, what the cluster holds (blocks the router's index matched), the TTL
-and the cluster's capacity. Measured: the engine's cached / written counts.
+the job's own chains, what the cluster holds (``router.forecast.ClusterHoldings``: a mirror
+of each serving worker's store, fed by every finished request and told of invalidations and
+of workers leaving or joining), the TTL and the serving workers' capacity. Measured: the
+engine's cached / written counts.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ from cluster.telemetry.setup import Telemetry, guarded, request_context
 from router.attribution import Attribution, MissAttributor, RequestSeen
 from router.cost import (CostComparison, PriceTable, TokenUsage, compare, forecast_request,
                          measured_usage, total_usage)
-from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
+from router.forecast import (CacheModel, ClusterHoldings, PlannedRequest, batch_arrivals,
+                             forecast_job)
 from router.key import BlockHash, reusable_tokens
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
 
@@ -56,7 +59,8 @@ class ServedCache:
     model: str
     block_size: int
     ttl_s: float
-    capacity_tokens: int   # summed over workers: store bytes / the engine's K/V bytes per token
+    worker_capacity_tokens: int  # one worker's store bytes / the engine's K/V bytes per token
+    workers: int = 1
 
 
 class RequestObserver:
@@ -68,17 +72,32 @@ class RequestObserver:
         self.model = cache.model
         self.block_size = cache.block_size
         self.ttl_s = cache.ttl_s
-        self.capacity_tokens = cache.capacity_tokens
         self._clock = clock
         self.decode = decode  # token ids -> text, for the text around a near miss
         self._prefill_s = 0.05  # running mean of lookup + prefill time, for job forecasts
         self._modelled = self._realised = 0.0  # decayed sums: one-cache model vs realised reads
         self.attributor = MissAttributor(cache.block_size, cache.ttl_s, max_history_blocks)
+        self._sent: dict[str, float] = {}  # request id -> when its span began (in flight)
+        self.holdings = ClusterHoldings(cache.block_size, cache.worker_capacity_tokens,
+                                        cache.ttl_s, clock, cache.workers)
+
+    def invalidated(self, tenant: str) -> None:
+        """Every worker dropped ``tenant``'s cached blocks just now."""
+        self.attributor.invalidated(tenant, self._clock())
+        self.holdings.invalidated(tenant)
+
+    def serving(self, workers: Sequence[str]) -> None:
+        """The workers requests are routed to now (after a scale, drain or worker loss)."""
+        self.holdings.serving(workers)
 
     @contextmanager
     def request(self, info: spans.RequestInfo, parent: Any = None) -> Iterator[Span]:
-        with spans.request_span(self.tel, info, parent) as span:
-            yield span
+        self._sent[info.request_id] = self._clock()
+        try:
+            with spans.request_span(self.tel, info, parent) as span:
+                yield span
+        finally:
+            self._sent.pop(info.request_id, None)
 
     def context(self) -> tuple[tuple[str, str], ...]:
         """The current span's context, for ``GenerateRequest.trace_context``."""
@@ -99,7 +118,7 @@ class RequestObserver:
         observed = self._conclude(request, block_hashes, result, decision) or Observed(None, None)
         spans.record_outcome(self.tel, span, spans.OutcomeRecord(
             result=result, block_size=self.block_size, block_hashes=block_hashes,
-            cost=observed.cost, miss=observed.miss, attempts=attempts))
+            cost=observed.cost, miss=observed.miss, attempts=attempts, model=self.model))
         return observed
 
     def prefill_s(self) -> float:
@@ -122,14 +141,20 @@ class RequestObserver:
             namespace=request.namespace, prompt=request.prompt, worker=result.worker_id,
             cached_tokens=result.cached_tokens, written_tokens=result.written_tokens,
             candidate_matches=matches, block_hashes=block_hashes,
-            engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS)
+            engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS,
+            sent=self._sent.get(request.request_id))
         now = self._clock()
-        # What the one-cache model would have read, before this request joins the history.
+        # What the one-cache model would have read when the request was sent: blocks its
+        # concurrent siblings stored later were not there to read, and do not count against
+        # routing's realisation.
         modelled = reusable_tokens(result.input_tokens,
-                                   len(self.attributor.held(block_hashes, now)), self.block_size)
+                                   len(self.holdings.held(block_hashes, seen.sent)),
+                                   self.block_size)
         self._modelled = 0.99 * self._modelled + modelled
         self._realised = 0.99 * self._realised + min(result.cached_tokens, modelled)
         miss = self.attributor.observe(seen, now)
+        kept = -(-result.cached_tokens // self.block_size) + result.written_tokens // self.block_size
+        self.holdings.stored(result.worker_id, request.namespace, block_hashes, kept)
         took_s = (result.timings.first_token_ns - result.timings.lookup_start_ns) / 1e9
         self._prefill_s = 0.9 * self._prefill_s + 0.1 * max(took_s, 0.0)
         if result.input_tokens == 0:
@@ -151,15 +176,14 @@ class RequestObserver:
         arrivals = batch_arrivals(len(chains), concurrency, request_s)
         plans = [PlannedRequest(tuple(c), n, t, request_s, out)
                  for c, n, out, t in zip(chains, input_tokens, output_tokens, arrivals)]
-        now = self._clock()
         held: dict[BlockHash, float] = {}
         for chain in chains:
-            held.update(self.attributor.held(chain, now))
+            held.update(self.holdings.held(chain))
         return plans, held
 
     def forecast_job(self, plans: Sequence[PlannedRequest],
                      held: Mapping[BlockHash, float]) -> list[TokenUsage]:
-        model = CacheModel(self.block_size, self.capacity_tokens, self.ttl_s)
+        model = CacheModel(self.block_size, self.holdings.capacity_tokens(), self.ttl_s)
         return forecast_job(plans, held, model, self.realisation())
 
     @guarded(default=())

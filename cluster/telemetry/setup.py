@@ -26,12 +26,14 @@ decision itself, and a rerouted request shows each decision. The worker draws it
 were drawn remotely, so the frontend draws only what no other process did: the routing span
 always, the worker's spans on the in-process ``LocalBackend`` (one process).
 
-Exporters: ``exporter = "file"`` (default) writes OTLP/JSON lines under ``RUN_DIR/traces/`` and
-``RUN_DIR/metrics/``, one file per process (``<service>-<host>-<pid>.jsonl``; a worker on
-another machine writes under the same path on its own disk); ``"otlp"`` sends to
-``endpoint`` over ``protocol`` ``"http"`` (OTLP/HTTP protobuf, e.g. ``http://127.0.0.1:4318``)
-or ``"grpc"`` (e.g. ``127.0.0.1:4317``); ``"none"`` records nothing. A tracing failure is
-logged once per call site and never fails a request, in every process.
+Exporters (``cluster.telemetry.exporters``): ``exporter = "file"`` (default) writes OTLP/JSON
+lines under ``RUN_DIR/traces/`` and ``RUN_DIR/metrics/``, one file per process
+(``<service>-<host>-<pid>.jsonl``; a worker on another machine writes under the same path on
+its own disk); ``"otlp"`` sends to ``endpoint`` over ``protocol`` ``"http"`` (OTLP/HTTP
+protobuf, e.g. ``http://127.0.0.1:4318``) or ``"grpc"`` (e.g. ``127.0.0.1:4317``);
+``"file,otlp"`` does both at once; ``"none"`` records nothing. ``metrics`` picks the metric
+exporter on its own (``"file"``, ``"otlp"`` or ``"none"``). A tracing failure is logged once
+per call site and never fails a request, in every process; a failing exporter once a minute.
 """
 from __future__ import annotations
 
@@ -48,13 +50,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanProcessor
 from opentelemetry.trace import Link, Span, SpanKind
 
-from cluster.telemetry.otlp_json import JsonLinesMetricExporter, JsonLinesSpanExporter
+from cluster.telemetry import exporters
+from cluster.telemetry.exporters import EXPORTERS, PROTOCOLS  # noqa: F401  (re-exported)
 from cluster.telemetry.attrs import *  # noqa: F401,F403  (the names, re-exported)
 from cluster.telemetry.attrs import HOST_NAME, NODE_ADDRESS, NODE_ID, SPAN_KIND
 from cluster.telemetry.metrics import Instruments
@@ -62,8 +65,6 @@ from cluster.telemetry.metrics import Instruments
 log = logging.getLogger("orchard.telemetry")
 T = TypeVar("T")
 
-EXPORTERS = ("file", "otlp", "none")
-PROTOCOLS = ("http", "grpc")
 SERVICE_FRONTEND = "orchard-frontend"
 SERVICE_ROUTER = "orchard-router"
 SERVICE_WORKER = "orchard-worker"
@@ -75,18 +76,20 @@ class TelemetrySettings:
 
     service: str                 # "orchard-frontend", "orchard-router" or "orchard-worker"
     run_dir: Path
-    exporter: str = "file"
+    exporter: str = "file"       # one or more of file / otlp, comma-separated; or "none"
     endpoint: str = ""
     protocol: str = "http"
     metric_interval_s: float = 10.0
     resource: tuple[tuple[str, str], ...] = ()   # extra resource attributes (worker id, node)
+    metrics: str = ""            # "file", "otlp", "none"; "" follows the span exporters
 
     def __post_init__(self) -> None:
-        if self.exporter not in EXPORTERS:
-            raise ValueError(f"[telemetry] exporter must be one of {', '.join(EXPORTERS)}, "
-                             f"got {self.exporter!r}")
-        if self.exporter == "otlp" and not self.endpoint:
-            raise ValueError("[telemetry] exporter = \"otlp\" needs an endpoint, e.g. "
+        spans = exporters.parse_exporters(self.exporter)
+        if self.metrics not in ("", *EXPORTERS):
+            raise ValueError(f"[telemetry] metrics must be \"file\", \"otlp\" or \"none\", "
+                             f"got {self.metrics!r}")
+        if "otlp" in (*spans, self.metrics) and not self.endpoint:
+            raise ValueError("[telemetry] exporting to \"otlp\" needs an endpoint, e.g. "
                              "endpoint = \"http://127.0.0.1:4318\"")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"[telemetry] protocol must be \"http\" or \"grpc\", got {self.protocol!r}")
@@ -111,19 +114,6 @@ def guarded(default: Any = None) -> Callable[[Callable[..., T]], Callable[..., T
                 return default
         return call
     return wrap
-
-
-def _otlp_exporters(settings: TelemetrySettings) -> tuple[SpanExporter, MetricExporter]:
-    if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        endpoint = settings.endpoint.removeprefix("http://")
-        return (OTLPSpanExporter(endpoint=endpoint, insecure=True),
-                OTLPMetricExporter(endpoint=endpoint, insecure=True))
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HM
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HS
-    base = settings.endpoint.rstrip("/")
-    return HS(endpoint=f"{base}/v1/traces"), HM(endpoint=f"{base}/v1/metrics")
 
 
 class Telemetry:
@@ -173,18 +163,20 @@ def setup_telemetry(
         return Telemetry.disabled()
     resource = Resource.create({"service.name": settings.service, "service.namespace": "orchard",
                                 **dict(settings.resource)})
-    if span_processor is None or metric_reader is None:
-        if settings.exporter == "otlp":
-            span_exporter, metric_exporter = _otlp_exporters(settings)
-        else:
-            span_exporter = JsonLinesSpanExporter(settings.run_dir / "traces", settings.service)
-            metric_exporter = JsonLinesMetricExporter(settings.run_dir / "metrics", settings.service)
-        span_processor = span_processor or BatchSpanProcessor(span_exporter)
-        metric_reader = metric_reader or PeriodicExportingMetricReader(
-            metric_exporter, export_interval_millis=settings.metric_interval_s * 1000)
+    args = (settings.run_dir, settings.service, settings.endpoint, settings.protocol)
+    processors = [span_processor] if span_processor else [
+        BatchSpanProcessor(exporters.span_exporter(kind, *args))
+        for kind in exporters.parse_exporters(settings.exporter)]
+    metrics = settings.metrics or exporters.default_metrics(
+        exporters.parse_exporters(settings.exporter))
+    readers = [metric_reader] if metric_reader else [] if metrics == "none" else [
+        PeriodicExportingMetricReader(exporters.metric_exporter(metrics, *args),
+                                      export_interval_millis=settings.metric_interval_s * 1000)]
+    exporters.quiet_export_failures()
     tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(span_processor)
-    meter_provider = MeterProvider(resource=resource, metric_readers=[metric_reader])
+    for processor in processors:
+        tracer_provider.add_span_processor(processor)
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     return Telemetry(tracer_provider, meter_provider)
 
 
@@ -218,7 +210,7 @@ def settings_from_config(config: Any, service: str) -> TelemetrySettings:
     tel = config.telemetry
     return TelemetrySettings(service=service, run_dir=Path(config.run_dir),
                              exporter=tel.exporter, endpoint=tel.endpoint,
-                             protocol=tel.protocol)
+                             protocol=tel.protocol, metrics=tel.metrics)
 
 
 # --- W3C trace context -------------------------------------------------------------------

@@ -34,6 +34,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from cluster.telemetry import attrs as A
+from cluster.telemetry.metrics import RequestUsage
 from cluster.telemetry.setup import (Telemetry, context_of, guarded, request_context,
                                span_context_link, start_span)
 from router.attribution import Attribution
@@ -57,7 +58,7 @@ class RequestInfo:
     job_id: str = ""
     conversation_id: str = ""
     turn: int = 0
-    operation: str = "chat"          # "chat" or "text_completion" (token ids)
+    operation: str = A.OPERATION_CHAT   # "chat" (messages) or "text_completion" (token ids)
     max_tokens: int = 0
     temperature: float = 0.0
     job_context: tuple[tuple[str, str], ...] = ()  # the job span's context: linked
@@ -73,6 +74,7 @@ class OutcomeRecord:
     cost: CostComparison | None = None
     miss: Attribution | None = None
     attempts: int = 1
+    model: str = ""       # the model that answered: gen_ai.response.model
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,7 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
     written = record.cost.measured.written_tokens if record.cost else r.written_tokens
     span.set_attributes({
         A.GEN_AI_RESPONSE_ID: r.request_id, A.GEN_AI_FINISH_REASONS: [r.finish_reason],
+        A.GEN_AI_RESPONSE_MODEL: record.model,
         A.GEN_AI_INPUT_TOKENS: r.input_tokens, A.GEN_AI_OUTPUT_TOKENS: len(r.output_tokens),
         A.GEN_AI_CACHE_READ: r.cached_tokens, A.GEN_AI_CACHE_WRITE: written,
         A.GEN_AI_CACHE_CREATION: written, A.COMPUTED_TOKENS: r.computed_tokens,
@@ -154,10 +157,11 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
     if record.miss is not None:
         span.set_attributes({A.MISS_CAUSE: record.miss.cause.value,
                              A.MISS_TOKENS: record.miss.tokens, A.MISS_HOLDER: record.miss.holder})
-    tenant = span.attributes.get(A.TENANT, "") if hasattr(span, "attributes") else ""
-    tel.instruments.record_request(r.worker_id, str(tenant), r.lookup.outcome.value,
-                                   r.input_tokens, r.cached_tokens, written,
-                                   r.ttft_s, r.tpot_s)
+    known = getattr(span, "attributes", None) or {}
+    tel.instruments.record_request(RequestUsage(
+        r.worker_id, str(known.get(A.TENANT, "")), r.lookup.outcome.value,
+        str(known.get(A.GEN_AI_OPERATION, A.OPERATION_CHAT)), record.model, r.input_tokens,
+        r.cached_tokens, written, len(r.output_tokens), r.ttft_s, r.tpot_s))
 
 
 @guarded()
