@@ -101,7 +101,7 @@ def test_the_model_is_named_by_its_own_name(tmp_path):
 def test_frontend_resource_has_host_name(tmp_path):
     (tmp_path / "orchard.toml").write_text('[[tenants]]\nname = "acme"\napi_keys = ["k"]\n')
     model_dir = tiny_model("llama")
-    info = ModelInfo("llama", "r1", 256, 512, str(model_dir), BS)
+    info = ModelInfo("llama", "r1", 256, 512, str(model_dir), BS, kv_bytes_per_token=4096)
     tracing = frontend_tracing(load_config(tmp_path), info, 2, None,
                                ChatTokenizer(model_dir).render)
     run(tracing, "t1", [7, 8, 9, 10, 11])

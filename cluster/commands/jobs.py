@@ -28,6 +28,7 @@ from cluster.report.summary import forecast_of, summarize_job
 from router.cost import load_price_table
 
 PROGRESS_BYTES = 4 << 20  # files smaller than this are sent without a progress bar
+SPAN_FLUSH_S = 6.0  # the trace exporter's batch delay (OpenTelemetry's default 5 s) and a margin
 
 
 def _connect_args(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +82,12 @@ def _summary_line(args, client: Client, job: JobStatus) -> str:
     cache = config.cache if config else CacheConfig()
     prices = load_price_table((config.telemetry.prices if config else "") or None)
     forecast, model = forecast_of(job.job_id, run_dir / "traces")
+    # The job's span reaches the trace files with the exporter's next batch (up to
+    # SPAN_FLUSH_S after the job started): a job that finished sooner waits for it.
+    deadline = time.monotonic() + SPAN_FLUSH_S
+    while forecast is None and (run_dir / "traces").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.25)
+        forecast, model = forecast_of(job.job_id, run_dir / "traces")
     summary = summarize_job(job.job_id, client.results(job.job_id), prices, model or job.model,
                             cache.ttl_s, cache.block_size, forecast)
     return summary.line()
