@@ -150,3 +150,21 @@ def test_an_empty_planned_prompt_is_refused_by_index():
     with pytest.raises(ValueError, match=r"^realisation must be in \[0, 1\], got -0.1$"):
         forecast_job([], {}, model, realisation=-0.1)
     assert forecast_job([], {}, model, realisation=0.0) == []
+
+
+def test_a_bad_price_table_file_is_named_in_the_message(tmp_path):
+    from router.cost import load_price_table
+
+    path = tmp_path / "prices.toml"
+    path.write_text('version = "1"\n[default]\ncache_read = -1\n', encoding="utf-8")
+    with pytest.raises(ValueError) as info:
+        load_price_table(path)
+    assert str(info.value) == f"{path}: default.cache_read must be a non-negative number, got -1"
+    path.write_text('version = "é"\n[models."modèle"]\ncache_read = 0.5\n', encoding="utf-8")
+    assert load_price_table(path).rates("modèle").cache_read == 0.5
+
+
+def test_an_empty_prompt_has_no_multiplier_and_says_so():
+    with pytest.raises(ValueError) as info:
+        TokenUsage(0, 0, 0).multiplier(Rates(), 60)
+    assert str(info.value) == "an empty prompt has no effective input multiplier"

@@ -69,3 +69,16 @@ def test_token_ids_span_exactly_the_uint32_range():
 ])
 def test_reusable_tokens_leaves_exactly_one_token_to_compute(prompt_len, matched, expected):
     assert reusable_tokens(prompt_len, matched, 16) == expected
+
+
+def test_any_sequence_or_buffer_of_ids_gives_the_list_hashes():
+    from collections import deque
+
+    ns = Namespace("t", "m")
+    expected = hash_blocks(list(range(32)), 16, ns)
+    assert hash_blocks(deque(range(32)), 16, ns) == expected      # a sequence, not a buffer
+    assert hash_blocks(array("L", range(32)), 16, ns) == expected  # 8-byte items on Linux
+    assert hash_blocks(tuple(range(32)), 16, ns) == expected
+    assert hash_blocks(list(range(3)), 1, ns) == [
+        block_hash(ns.root(), [0]), block_hash(block_hash(ns.root(), [0]), [1]),
+        block_hash(block_hash(block_hash(ns.root(), [0]), [1]), [2])]
