@@ -144,3 +144,22 @@ def test_counters_and_log_name_each_removal_reason():
     assert led.log()[2] == LedgerEvent(LedgerEventKind.HIT, BlockHash(1), NS, 1.0, 1)
     with pytest.raises(ValueError, match=r"unknown namespace 'ns': held namespaces are none"):
         led.invalidate_namespace(NS)
+
+
+def test_children_age_and_touch_report_exact_values():
+    clock = Clock()
+    led = BlockLedger(100, 10.0, clock, 1)
+    led.insert(blocks(1, 2), 4, NS, ROOT)
+    led.insert(blocks(1, 3), 4, NS, ROOT)
+    assert sorted(led.children(BlockHash(1))) == blocks(2, 3)
+    assert led.children(ROOT) == blocks(1)
+    assert led.children(BlockHash(2)) == []
+    assert led.parent(BlockHash(3)) == BlockHash(1)
+    clock.now = 6.0
+    assert led.age(BlockHash(2)) == 6.0
+    led.touch(blocks(1, 2, 7))  # 7 is not held: ignored; 1 and 2 used now, 3 is not
+    assert led.log()[-1].kind is LedgerEventKind.CREATED  # touching logs no hit
+    clock.now = 10.0            # 3 idle for exactly 10 s: expired; 1 and 2 idle for 4 s
+    assert led.expire() == blocks(3)
+    assert led.age(BlockHash(2)) == 10.0  # age counts from creation, not last use
+    assert led.chain_to(BlockHash(9)) == []
