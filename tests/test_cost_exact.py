@@ -168,3 +168,14 @@ def test_an_empty_prompt_has_no_multiplier_and_says_so():
     with pytest.raises(ValueError) as info:
         TokenUsage(0, 0, 0).multiplier(Rates(), 60)
     assert str(info.value) == "an empty prompt has no effective input multiplier"
+
+
+def test_one_output_token_completes_no_block_and_one_token_blocks_work():
+    # 63 tokens at 16: after one output token the K/V of 63 tokens is held, 3 full blocks.
+    assert forecast_request(63, 0, 16) == TokenUsage(63, 0, 48)
+    assert forecast_request(63, 0, 16, output_tokens=2) == TokenUsage(63, 0, 63)
+    assert forecast_request(3, 1, 1) == TokenUsage(3, 1, 2)
+    assert measured_usage(3, 1, 2, 1) == TokenUsage(3, 1, 2)
+    assert forecast_request(0, 0, 16) == TokenUsage(0, 0, 0)
+    with pytest.raises(ValueError, match=r"^expected_cached 1 must be in"):
+        forecast_request(1, 1, 16)
