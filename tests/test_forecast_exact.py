@@ -40,3 +40,16 @@ def test_the_tail_is_written_only_when_the_output_completes_its_block():
     # Two at once: the second finds both blocks pending and writes only its own tail.
     plan = [_request([1, 2], 9, 0.0, 1.0, output=4), _request([1, 2], 9, 0.0, 1.0, output=4)]
     assert forecast_job(plan, {}, model) == [TokenUsage(9, 0, 9), TokenUsage(9, 0, 1)]
+
+
+def test_a_block_with_half_a_second_left_is_still_read():
+    model = CacheModel(block_size=4, capacity_tokens=100, ttl_s=300.0)
+    assert forecast_job([_request([1], 5, 0.0)], {BlockHash(1): 0.5}, model) == [
+        TokenUsage(5, 4, 0)]
+    assert forecast_job([_request([1], 5, 0.5)], {BlockHash(1): 0.5}, model) == [
+        TokenUsage(5, 0, 4)]
+
+
+def test_a_one_token_prompt_is_forecast():
+    model = CacheModel(block_size=4, capacity_tokens=100, ttl_s=300.0)
+    assert forecast_job([_request([], 1, 0.0)], {}, model) == [TokenUsage(1, 0, 0)]
