@@ -39,8 +39,34 @@ install_python_packages() {
 need_debian_packages && install_debian_packages
 install_python_packages
 
+install_mutmut() {
+  .venv/bin/python -c "import mutmut" 2>/dev/null && return
+  local spec
+  spec=$(.venv/bin/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["mutation"])')
+  echo "orchard: installing $spec (the \`mutation\` extra)" >&2
+  .venv/bin/python -m pip install -q "$spec"
+}
+
+# Mutation testing, one core module at a time (a benchmark, not CI): `./run.sh mutants
+# router/key.py router/ledger.py`. MUTANT_CHILDREN sets the parallelism (default 1).
+run_mutants() {
+  [ $# -gt 0 ] || { echo "usage: ./run.sh mutants MODULE.py... (the core: see [tool.mutmut] in pyproject.toml)" >&2; exit 2; }
+  install_mutmut
+  local module name start
+  for module in "$@"; do
+    [ -f "$module" ] || { echo "orchard: no module $module" >&2; exit 2; }
+    name=${module%.py}; name=${name//\//.}
+    echo "== $module" >&2
+    start=$(date +%s)
+    .venv/bin/mutmut run "$name.*" --max-children "${MUTANT_CHILDREN:-1}"
+    echo "== $module: $(( $(date +%s) - start )) s" >&2
+  done
+  .venv/bin/mutmut results
+}
+
 case "${1:-}" in
   demo) shift; exec .venv/bin/orchard demo "$@" ;;
   test) shift; exec .venv/bin/python -m pytest "$@" ;;
-  *) echo "usage: ./run.sh demo | ./run.sh test [pytest args]" >&2; exit 2 ;;
+  mutants) shift; run_mutants "$@" ;;
+  *) echo "usage: ./run.sh demo | ./run.sh test [pytest args] | ./run.sh mutants MODULE.py..." >&2; exit 2 ;;
 esac

@@ -226,6 +226,8 @@ def forecast_job(
             pending.difference_update(to_write.pop(index))
             continue
         req = plan[index]
+        if usages[index] is not None:
+            raise RuntimeError(f"planned request {index} was looked up twice")
         if req.input_tokens <= 0:
             raise ValueError(f"planned request {index} has no input tokens; drop empty prompts")
         matched = cache.match(req.block_hashes, now)

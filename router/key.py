@@ -40,6 +40,16 @@ class Namespace:
     revision: str = ""
     adapter: str = ""
 
+    def __post_init__(self) -> None:
+        # The root joins the fields with NUL: a NUL inside a field would let two namespaces
+        # share a root (tenant "a\0b" + model "c" against tenant "a" + model "b\0c").
+        fields = {"tenant": self.tenant, "model": self.model, "revision": self.revision,
+                  "adapter": self.adapter}
+        for name, value in fields.items():
+            if "\x00" in value:
+                raise ValueError(f"namespace {name} {value!r} contains a NUL character; "
+                                 "remove it")
+
     def root(self) -> BlockHash:
         """The parent hash of a prompt's first block."""
         fields = (self.tenant, self.model, self.revision, self.adapter)
