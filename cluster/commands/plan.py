@@ -1,0 +1,212 @@
+"""``orchard plan``: the smallest cluster (workers, memory, disk, TTL) that meets a TTFT target.
+
+    orchard plan [--trace FILE | --run-dir RUN] [--ttft-slo-s 2] [--goodput 0.9]
+                 [--requests 3000] [--workers 2,4,8] [--memory-tokens 250000,1000000]
+                 [--disk-tokens 0,8000000] [--ttls-s 300,3600] [--json] [--plot FILE.png]
+
+Replays the first ``--requests`` requests of the workload over the grid (``router.planner``)
+and prints the configurations that meet the target, smallest first, each with its hit ratio
+and effective input multiplier M. Without a source it plans for the shipped conversation
+trace. This module parses, reads the run's spans, prints and draws.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+_DEFAULT_REQUESTS = 3000
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v.replace("_", "")) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan", help="size a cluster: workers, cache memory and disk, TTL for a TTFT target",
+        description="Replay a workload over a grid of workers x memory x disk x TTL and print "
+                    "the smallest configurations that meet the TTFT target for the given "
+                    "share of requests, with hit ratio and effective input multiplier M.")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--trace", help="Mooncake-format JSONL trace (default: the shipped "
+                                        "conversation trace, router/traces/)")
+    source.add_argument("--run-dir", type=Path, help="plan for the requests recorded in "
+                                                     "RUN/traces by a cluster that has run")
+    p.add_argument("--ttft-slo-s", type=float, default=2.0, help="TTFT target in seconds")
+    p.add_argument("--goodput", type=float, default=0.9,
+                   help="share of requests that must meet the TTFT target, in (0, 1]")
+    p.add_argument("--requests", type=int, default=_DEFAULT_REQUESTS,
+                   help=f"replay the first N requests (default {_DEFAULT_REQUESTS}; 0: all)")
+    p.add_argument("--workers", type=_ints, default=(2, 4, 8), help="grid: worker counts")
+    p.add_argument("--memory-tokens", type=_ints, default=(250_000, 1_000_000),
+                   help="grid: memory tier per worker, tokens")
+    p.add_argument("--disk-tokens", type=_ints, default=(0, 8_000_000),
+                   help="grid: disk tier per worker, tokens (0: memory only)")
+    p.add_argument("--ttls-s", type=_floats, default=(300.0, 3600.0),
+                   help="grid: store TTLs in seconds (priced at the 5-minute or 1-hour rate)")
+    p.add_argument("--policy", default="orchard", help="routing policy (as in simulate)")
+    p.add_argument("--prefill-tps", type=float, default=6000.0,
+                   help="prefill throughput per worker, tokens/s")
+    p.add_argument("--decode-tps", type=float, default=30.0, help="decode tokens/s per request")
+    p.add_argument("--disk-read-gbps", type=float, default=2.0, help="disk tier read GB/s")
+    p.add_argument("--kv-bytes-per-token", type=int, default=46_080,
+                   help="K/V bytes per cached token (the default model's, float32)")
+    p.add_argument("--prices", default=None, help="price table TOML (default: router/prices.toml)")
+    p.add_argument("--model", default="", help="price the model's rates from the table")
+    p.add_argument("--top", type=int, default=10, help="print this many configurations")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                   help="draw goodput and M against cache size per worker")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from router.cost import load_price_table
+    from router.planner import Grid, check_goodput, plan
+    from router.sim_policies import POLICY_NAMES
+    from router.simulator import SimConfig
+
+    check_goodput(args.goodput)
+    if args.requests < 0:
+        raise ValueError(f"--requests must be >= 0 (0: all), got {args.requests}")
+    if args.policy not in POLICY_NAMES:
+        raise ValueError(f"unknown --policy {args.policy}: choose from {', '.join(POLICY_NAMES)}")
+    grid = Grid(args.workers, args.memory_tokens, args.disk_tokens, args.ttls_s)
+    rates = load_price_table(args.prices).rates(args.model)
+    trace, block, source = _workload(args)
+    total = len(trace)
+    if args.requests:
+        trace = trace[:args.requests]
+    base = SimConfig(block_size=block, trace_block=block, prefill_tps=args.prefill_tps,
+                     decode_tps=args.decode_tps, ttft_slo_s=args.ttft_slo_s,
+                     disk_read_gbps=args.disk_read_gbps,
+                     kv_bytes_per_token=args.kv_bytes_per_token,
+                     capacity_tokens=max(block, min(grid.memory_tokens)))
+    started = time.monotonic()
+    result = _run_grid(trace, grid, base, rates, args)
+    elapsed = time.monotonic() - started
+    if args.plot is not None:
+        print(f"wrote {_plot(result, args.plot)}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"source": source, "source_requests": total,
+                          "seconds": round(elapsed, 1), **result.as_json()}))
+        return 0
+    _print(result, source, total, elapsed, args.top)
+    return 0
+
+
+def _workload(args: argparse.Namespace) -> tuple[list, int, str]:
+    """The requests to plan for, the tokens per block id, and where they came from."""
+    from router.trace import DEFAULT_TRACE, load_trace
+
+    if args.run_dir is None:
+        path = args.trace or DEFAULT_TRACE
+        return load_trace(path), 512, str(path)
+    from cluster.report.build import request_rows
+    from cluster.telemetry import attrs as A
+    from cluster.telemetry.otlp_json import read_spans
+    from router.planner import RecordedRequest, trace_from_spans
+
+    spans = read_spans(args.run_dir / "traces").spans
+    outputs = {s.trace_id: int(s.attributes.get(A.GEN_AI_OUTPUT_TOKENS, 0)) for s in spans
+               if s.attributes.get(A.SPAN_KIND) == "request"}
+    recorded = [RecordedRequest(r.start_ns, r.input_tokens, outputs.get(r.trace_id, 0),
+                                r.block_hashes, r.block_size) for r in request_rows(spans)]
+    trace, block = trace_from_spans(recorded)
+    return trace, block, f"{args.run_dir}/traces"
+
+
+def _run_grid(trace, grid, base, rates, args):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from router.planner import plan
+
+    points = len(grid.points())
+    with Progress(TextColumn("replaying {task.description}"), BarColumn(),
+                  MofNCompleteColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"{len(trace)} requests", total=points)
+        return plan(trace, grid, base, rates, args.goodput, args.policy,
+                    progress=lambda _: bar.advance(task))
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k" if n >= 1000 else str(n)
+
+
+def _print(result, source: str, total: int, elapsed: float, top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    subsample = (f"the first {result.requests} of {total} requests"
+                 if result.requests < total else f"all {total} requests")
+    console.print(f"{source}: {subsample}; {len(result.outcomes)} configurations replayed "
+                  f"in {elapsed:.0f} s", soft_wrap=True)
+    feasible = result.feasible()
+    if not feasible:
+        best = max(result.outcomes, key=lambda o: o.goodput)
+        console.print(f"no configuration meets TTFT <= {result.ttft_slo_s:g} s for "
+                      f"{result.goodput:.0%} of requests; the best reaches {best.goodput:.1%} "
+                      f"({best.point.workers} workers): widen the grid (--workers)",
+                      soft_wrap=True)
+        return
+    table = Table(title=f"smallest configurations with TTFT <= {result.ttft_slo_s:g} s for "
+                        f">= {result.goodput:.0%} of requests")
+    for name in ("workers", "memory/worker", "disk/worker", "TTL", "goodput", "hit ratio",
+                 "M", "TTFT p99"):
+        table.add_column(name, justify="right")
+    for o in feasible[:top]:
+        p = o.point
+        table.add_row(str(p.workers), _tokens(p.memory_tokens), _tokens(p.disk_tokens),
+                      f"{p.ttl_s:g} s", f"{o.goodput:.1%}", f"{o.hit_ratio:.3f}",
+                      f"{o.multiplier:.3f}", f"{o.ttft_p99_s:.2f} s")
+    console.print(table)
+    if len(feasible) > top:
+        console.print(f"({len(feasible) - top} more meet the target: --top N or --json)")
+
+
+def _plot(result, path: Path) -> Path:
+    """Goodput and M against cache size per worker: one line per (workers, TTL)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    series: dict[tuple[int, float], list] = {}
+    for o in result.outcomes:
+        series.setdefault((o.point.workers, o.point.ttl_s), []).append(o)
+    for (workers, ttl), outcomes in sorted(series.items()):
+        _line(top, bottom, sorted(outcomes, key=lambda o: o.point.cache_tokens),
+              f"{workers} workers, TTL {ttl:g} s")
+    top.axhline(result.goodput, color="grey", linestyle="--", linewidth=1)
+    top.set_ylabel(f"goodput (TTFT <= {result.ttft_slo_s:g} s)")
+    top.set_ylim(0, 1.02)
+    bottom.set_ylabel("effective input multiplier M")
+    bottom.set_xlabel("cache per worker, tokens (memory + disk)")
+    bottom.set_xscale("log")
+    top.legend(fontsize=8, loc="lower right")
+    top.set_title(f"orchard plan: {result.requests} requests")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _line(top, bottom, outcomes: Sequence, label: str) -> None:
+    xs = [o.point.cache_tokens for o in outcomes]
+    line, = top.plot(xs, [o.goodput for o in outcomes], marker="o", label=label)
+    bottom.plot(xs, [o.multiplier for o in outcomes], marker="o", color=line.get_color())

@@ -1,0 +1,135 @@
+"""``orchard plan``: a grid whose answer is known, priced exactly, and bad input.
+
+The workload: two prompts A and B of 4 full 512-token blocks plus a 100-token tail
+(2,148 tokens), alternating A B A B ... 100 s apart, so nothing ever queues. At 6,000
+prefill tokens/s a miss takes 2148/6000 = 0.358 s and a hit (100 new tokens, plus the disk
+load of 2048 x 46,080 bytes at 2 GB/s = 0.047 s when read from disk) under 0.07 s; the TTFT
+target is 0.2 s, so goodput is the share of hits. The first A and B always miss: at most 6 of
+8 requests hit (goodput 0.75).
+
+- one worker, 2,048 memory tokens (one prompt), no disk: A and B evict each other, nothing hits;
+- 2,048 memory + 4,096 disk: the evicted prompt waits on disk, every later request hits;
+- 4,096 memory: both prompts stay in memory;
+- TTL 50 s (< the 100 s between requests): everything expires, nothing hits.
+"""
+import json
+
+import pytest
+
+from cluster.cli import main
+from router.cost import Rates
+from router.planner import Grid, Point, RecordedRequest, plan, trace_from_spans
+from router.simulator import SimConfig
+from router.trace import TraceRequest
+
+A = (0, 1, 2, 3, 4)
+B = (5, 6, 7, 8, 9)
+INPUT = 4 * 512 + 100
+SLO = 0.2
+RATES = Rates()  # uncached 1, read 0.1, write 1.25 (5 min) / 2.0 (1 h)
+
+
+def workload() -> list[TraceRequest]:
+    return [TraceRequest(100.0 * i, INPUT, 10, A if i % 2 == 0 else B) for i in range(8)]
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    path = tmp_path / "ab.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": int(t.arrival_s * 1000),
+                                        "input_length": t.input_length,
+                                        "output_length": t.output_length,
+                                        "hash_ids": list(t.hash_ids)}) + "\n"
+                            for t in workload()))
+    return path
+
+
+GRID = Grid(workers=(1,), memory_tokens=(2048, 4096), disk_tokens=(0, 4096), ttls_s=(50, 3600))
+
+
+def test_the_known_grid_answer_with_exact_prices():
+    result = plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, goodput=0.75)
+    by_point = {o.point: o for o in result.outcomes}
+    assert len(by_point) == 8
+    # every expiring (TTL 50 s) or too small configuration misses everything: each request
+    # writes its 4 blocks, priced at the TTL's rate
+    for point, outcome in by_point.items():
+        if point.ttl_s == 50 or point == Point(1, 2048, 0, 3600):
+            assert (outcome.goodput, outcome.hit_ratio, outcome.meets) == (0.0, 0.0, False)
+            write = 1.25 if point.ttl_s == 50 else 2.0
+            assert outcome.multiplier == pytest.approx((100 + 2048 * write) / INPUT)
+    # the hits: 6 of 8 requests read 2,048 tokens; only the first A and B wrote theirs
+    hit = (100 * 8 + 2 * 2048 * 2.0 + 6 * 2048 * 0.1) / (8 * INPUT)
+    for point in (Point(1, 2048, 4096, 3600), Point(1, 4096, 0, 3600), Point(1, 4096, 4096, 3600)):
+        outcome = by_point[point]
+        assert outcome.goodput == 0.75 and outcome.meets
+        assert outcome.hit_ratio == pytest.approx(6 * 2048 / (8 * INPUT))
+        assert outcome.multiplier == pytest.approx(hit)
+    smallest = [o.point for o in result.feasible()]
+    assert smallest == [Point(1, 2048, 4096, 3600), Point(1, 4096, 0, 3600),
+                        Point(1, 4096, 4096, 3600)]
+    # asking for more than 6 of 8 requests within the target: nothing in this grid meets it
+    assert plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, 0.8).feasible() == []
+
+
+def test_a_second_worker_is_not_smaller_than_a_disk_tier():
+    grid = Grid(workers=(1, 2), memory_tokens=(2048,), disk_tokens=(0, 4096), ttls_s=(3600,))
+    result = plan(workload(), grid, SimConfig(ttft_slo_s=SLO), RATES, goodput=0.75)
+    assert result.feasible()[0].point == Point(1, 2048, 4096, 3600)
+
+
+def test_cli_json_and_table_and_plot(trace_file, tmp_path, capsys):
+    args = ["plan", "--trace", str(trace_file), "--ttft-slo-s", str(SLO), "--goodput", "0.75",
+            "--workers", "1", "--memory-tokens", "2048,4096", "--disk-tokens", "0,4096",
+            "--ttls-s", "50,3600"]
+    assert main([*args, "--json", "--plot", str(tmp_path / "plan.png")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests"] == 8 and out["source_requests"] == 8
+    assert [(r["memory_tokens"], r["disk_tokens"], r["ttl_s"]) for r in out["smallest"]] == [
+        (2048, 4096, 3600), (4096, 0, 3600), (4096, 4096, 3600)]
+    assert out["smallest"][0]["goodput"] == 0.75 and len(out["grid"]) == 8
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+    assert main([*args, "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "all 8 requests; 8 configurations replayed" in text
+    assert "(2 more meet the target: --top N or --json)" in text
+    assert main([*args, "--requests", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "the first 4 of 8 requests" in text
+    # 4 requests: the two that hit are half; 0.75 is out of reach
+    assert "no configuration meets" in text and "the best reaches 50.0%" in text
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--workers", ""], "--workers is empty"),
+    (["--ttls-s", ","], "--ttls-s is empty"),
+    (["--goodput", "0"], "--goodput is a share of requests in (0, 1]"),
+    (["--goodput", "1.5"], "--goodput is a share of requests in (0, 1]"),
+    (["--disk-tokens", "-1"], "--disk-tokens must all be >= 0"),
+    (["--requests", "-3"], "--requests must be >= 0"),
+    (["--policy", "nope"], "unknown --policy nope"),
+])
+def test_bad_grid_and_targets_are_clear_errors(trace_file, capsys, extra, message):
+    assert main(["plan", "--trace", str(trace_file), *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_trace_and_empty_run_are_clear_errors(tmp_path, capsys):
+    assert main(["plan", "--trace", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl' not found" in capsys.readouterr().err
+    assert main(["plan", "--run-dir", str(tmp_path / "norun")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "run" / "traces").mkdir(parents=True)
+    assert main(["plan", "--run-dir", str(tmp_path / "run")]) == 2
+    assert "record no finished requests" in capsys.readouterr().err
+
+
+def test_recorded_requests_become_a_trace():
+    rows = [RecordedRequest(3_500_000_000, 40, 4, ("aa", "bb"), 16),
+            RecordedRequest(1_000_000_000, 20, 2, ("aa",), 16),
+            RecordedRequest(2_000_000_000, 0, 0, (), 16)]  # failed before prefill: left out
+    trace, block = trace_from_spans(rows)
+    assert block == 16
+    assert trace == [TraceRequest(0.0, 20, 2, (0,)), TraceRequest(2.5, 40, 4, (0, 1))]
+    with pytest.raises(ValueError, match="several block sizes"):
+        trace_from_spans([*rows, RecordedRequest(4, 40, 1, ("cc",), 32)])
