@@ -105,3 +105,32 @@ def test_a_broken_engine_fails_its_runs_and_leaves():
             await runtime.stats("w0")
         await runtime.close()
     asyncio.run(scenario())
+
+
+def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tmp_path):
+    prompt = tuple(range(30, 30 + 4 * BLOCK))
+
+    async def held_after_restart(directory, stop) -> list:
+        config = EngineConfig(block_size=BLOCK, max_batch=4, worker_id="w0",
+                              disk_dir=str(directory), disk_bytes=64 * 2**20)
+        runtime = EngineRuntime()
+        await runtime.open("w0", str(tiny_model()), config)
+        [i async for i in runtime.run("w0", _request("a", prompt, 3))]
+        await stop(runtime)
+        again = EngineRuntime()
+        await again.open("w0", str(tiny_model()), config)
+        blocks = (await again.holdings("w0")).blocks
+        await again.close()
+        return blocks
+
+    async def retire(runtime):
+        runtime.retire("w0")
+        with pytest.raises(WorkerFailed, match="no engine"):  # the retire has been handled
+            await runtime.stats("w0")
+        await runtime.close()
+
+    async def scenario():
+        # nothing was evicted: only closing the engine wrote its 4 memory blocks to disk
+        assert len(await held_after_restart(tmp_path / "retired", retire)) == 4
+        assert len(await held_after_restart(tmp_path / "stopped", EngineRuntime.close)) == 4
+    asyncio.run(scenario())

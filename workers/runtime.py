@@ -12,7 +12,8 @@ through the command queue. This is the one place that drives an engine::
       closed before Finished ──────────────── Abort ───► engine.abort: leaves at the next step
     abort(request_id) (from elsewhere) ─────── Abort ───► the run ends without a result
     await call(worker_id, fn) ───────────────── Call ───► fn(engine)
-    retire(worker_id) ───────────────────────── Retire ─► dropped; its runs raise WorkerFailed
+    retire(worker_id) ───────────────────────── Retire ─► dropped; its runs raise WorkerFailed,
+                                                          its store persisted (Engine.close)
     await close() ───────────────────────────── Stop ───► the thread returns
                                    on_events(EventBatch) ◄┤ after every step and call: the
                                                           │ store's block events, numbered
@@ -227,6 +228,8 @@ class EngineRuntime:
             except queue.Empty:
                 command = None
             if isinstance(command, Stop):
+                for worker_id in list(self._slots):
+                    self._drop(worker_id, f"worker {worker_id} stopped mid-request")
                 return
             if command is not None:
                 self._command(command)
@@ -319,6 +322,10 @@ class EngineRuntime:
         for rid, sink in slot.runs.items():
             self._where.pop(rid, None)
             sink(WorkerFailed(why))
+        try:  # the memory tier goes to the disk tier, so a restarted worker keeps it
+            slot.engine.close()
+        except OSError:  # a full or failing disk loses the cache, never the shutdown
+            log.exception("worker %s: persisting its prefix store at shutdown failed", worker_id)
 
     def _publish(self, worker_id: str, slot: _Slot) -> None:
         events = slot.engine.drain_events()
