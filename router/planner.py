@@ -33,7 +33,7 @@ from router.trace import TraceRequest
 class Grid:
     """The configurations to try; every axis non-empty (the default takes about a minute)."""
 
-    workers: tuple[int, ...] = (2, 4, 8)
+    workers: tuple[int, ...] = (4, 8, 16)
     memory_tokens: tuple[int, ...] = (250_000, 1_000_000)
     disk_tokens: tuple[int, ...] = (0, 8_000_000)
     ttls_s: tuple[float, ...] = (300.0, 3600.0)

@@ -1,7 +1,7 @@
 """``orchard plan``: the smallest cluster (workers, memory, disk, TTL) that meets a TTFT target.
 
     orchard plan [--trace FILE | --run-dir RUN] [--ttft-slo-s 2] [--goodput 0.9]
-                 [--requests 3000] [--workers 2,4,8] [--memory-tokens 250000,1000000]
+                 [--requests 2000] [--workers 4,8,16] [--memory-tokens 250000,1000000]
                  [--disk-tokens 0,8000000] [--ttls-s 300,3600] [--json] [--plot FILE.png]
 
 Replays the first ``--requests`` requests of the workload over the grid (``router.planner``)
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-_DEFAULT_REQUESTS = 3000
+_DEFAULT_REQUESTS = 2000
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="share of requests that must meet the TTFT target, in (0, 1]")
     p.add_argument("--requests", type=int, default=_DEFAULT_REQUESTS,
                    help=f"replay the first N requests (default {_DEFAULT_REQUESTS}; 0: all)")
-    p.add_argument("--workers", type=_ints, default=(2, 4, 8), help="grid: worker counts")
+    p.add_argument("--workers", type=_ints, default=(4, 8, 16), help="grid: worker counts")
     p.add_argument("--memory-tokens", type=_ints, default=(250_000, 1_000_000),
                    help="grid: memory tier per worker, tokens")
     p.add_argument("--disk-tokens", type=_ints, default=(0, 8_000_000),
@@ -159,16 +159,19 @@ def _print(result, source: str, total: int, elapsed: float, top: int) -> None:
     feasible = result.feasible()
     if not feasible:
         best = max(result.outcomes, key=lambda o: o.goodput)
+        b = best.point
         console.print(f"no configuration meets TTFT <= {result.ttft_slo_s:g} s for "
                       f"{result.goodput:.0%} of requests; the best reaches {best.goodput:.1%} "
-                      f"({best.point.workers} workers): widen the grid (--workers)",
+                      f"({b.workers} workers x {_tokens(b.memory_tokens)} memory + "
+                      f"{_tokens(b.disk_tokens)} disk, TTL {b.ttl_s:g} s): widen the grid "
+                      f"(--workers, --memory-tokens, --disk-tokens) or loosen the target",
                       soft_wrap=True)
         return
     table = Table(title=f"smallest configurations with TTFT <= {result.ttft_slo_s:g} s for "
                         f">= {result.goodput:.0%} of requests")
-    for name in ("workers", "memory/worker", "disk/worker", "TTL", "goodput", "hit ratio",
-                 "M", "TTFT p99"):
-        table.add_column(name, justify="right")
+    table.caption = "memory and disk: cache tokens per worker; M: effective input multiplier"
+    for name in ("workers", "memory", "disk", "TTL", "goodput", "hit", "M", "TTFT p99"):
+        table.add_column(name, justify="right", no_wrap=True)
     for o in feasible[:top]:
         p = o.point
         table.add_row(str(p.workers), _tokens(p.memory_tokens), _tokens(p.disk_tokens),
@@ -189,9 +192,10 @@ def _plot(result, path: Path) -> Path:
     series: dict[tuple[int, float], list] = {}
     for o in result.outcomes:
         series.setdefault((o.point.workers, o.point.ttl_s), []).append(o)
+    styles = dict(zip(sorted({ttl for _, ttl in series}, reverse=True), ("-", "--", ":", "-.")))
     for (workers, ttl), outcomes in sorted(series.items()):
         _line(top, bottom, sorted(outcomes, key=lambda o: o.point.cache_tokens),
-              f"{workers} workers, TTL {ttl:g} s")
+              f"{workers} workers, TTL {ttl:g} s", styles.get(ttl, "-"))
     top.axhline(result.goodput, color="grey", linestyle="--", linewidth=1)
     top.set_ylabel(f"goodput (TTFT <= {result.ttft_slo_s:g} s)")
     top.set_ylim(0, 1.02)
@@ -206,7 +210,7 @@ def _plot(result, path: Path) -> Path:
     return path
 
 
-def _line(top, bottom, outcomes: Sequence, label: str) -> None:
+def _line(top, bottom, outcomes: Sequence, label: str, style: str) -> None:
     xs = [o.point.cache_tokens for o in outcomes]
-    line, = top.plot(xs, [o.goodput for o in outcomes], marker="o", label=label)
-    bottom.plot(xs, [o.multiplier for o in outcomes], marker="o", color=line.get_color())
+    line, = top.plot(xs, [o.goodput for o in outcomes], style, marker="o", label=label)
+    bottom.plot(xs, [o.multiplier for o in outcomes], style, marker="o", color=line.get_color())
