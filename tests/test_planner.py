@@ -133,3 +133,34 @@ def test_recorded_requests_become_a_trace():
     assert trace == [TraceRequest(0.0, 20, 2, (0,)), TraceRequest(2.5, 40, 4, (0, 1))]
     with pytest.raises(ValueError, match="several block sizes"):
         trace_from_spans([*rows, RecordedRequest(4, 40, 1, ("cc",), 32)])
+
+
+def test_plan_for_the_requests_a_run_recorded(tmp_path, capsys):
+    """Request spans written as a cluster writes them (OTLP JSON lines under RUN/traces), the
+    same A B A B workload in 16-token blocks: 68-token prompts, a miss 11 ms, a hit under 1 ms."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from cluster.telemetry import attrs as attr
+    from cluster.telemetry.otlp_json import JsonLinesSpanExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(
+        JsonLinesSpanExporter(tmp_path / "traces", "orchard-frontend")))
+    tracer = provider.get_tracer("test")
+    for i in range(8):
+        prefix = "a" if i % 2 == 0 else "b"
+        start = 1_000_000_000_000 + i * 100_000_000_000
+        span = tracer.start_span("request", start_time=start, attributes={
+            attr.SPAN_KIND: "request", attr.GEN_AI_INPUT_TOKENS: 68, attr.GEN_AI_OUTPUT_TOKENS: 3,
+            attr.PROMPT_BLOCKS: [f"{prefix}{k:015x}" for k in range(4)], attr.BLOCK_SIZE: 16})
+        span.end(end_time=start + 50_000_000)
+    provider.shutdown()
+    assert main(["plan", "--run-dir", str(tmp_path), "--ttft-slo-s", "0.005", "--goodput", "0.75",
+                 "--workers", "1", "--memory-tokens", "64,128", "--disk-tokens", "0",
+                 "--ttls-s", "3600", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests"] == 8 and out["source"] == f"{tmp_path}/traces"
+    assert [(r["memory_tokens"], r["goodput"], r["hit_ratio"]) for r in out["grid"]] == [
+        (64, 0.0, 0.0), (128, 0.75, round(6 * 64 / (8 * 68), 4))]
+    assert [r["memory_tokens"] for r in out["smallest"]] == [128]
