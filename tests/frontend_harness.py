@@ -28,6 +28,20 @@ api_keys = ["key-acme"]
 api_keys = ["key-admin"]
 """
 
+# Two tenants (acme and beta) and an admin key: for isolation between tenants.
+TWO_TENANTS_CONFIG = """
+[[tenants]]
+name = "acme"
+api_keys = ["key-acme"]
+
+[[tenants]]
+name = "beta"
+api_keys = ["key-beta"]
+
+[admin]
+api_keys = ["key-admin"]
+"""
+
 
 @dataclass
 class Harness:

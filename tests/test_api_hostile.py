@@ -19,22 +19,11 @@ from cluster.api.work import Work
 from cluster.api.servicer import GenerateServicer
 from cluster.api.client import Client, OrchardError, chat_request, token_request
 from forged_models import tiny_model
-from frontend_harness import running_frontend
+from frontend_harness import TWO_TENANTS_CONFIG, running_frontend
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 
-CONFIG = """
-[[tenants]]
-name = "acme"
-api_keys = ["key-acme"]
-
-[[tenants]]
-name = "beta"
-api_keys = ["key-beta"]
-
-[admin]
-api_keys = ["key-admin"]
-"""
+CONFIG = TWO_TENANTS_CONFIG
 
 
 @pytest.fixture(scope="module")

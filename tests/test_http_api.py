@@ -12,20 +12,9 @@ from cluster.api.http_errors import error_response
 from cluster.backend.protocol import NoWorkerAvailable
 from cluster.cli import main as orchard
 from forged_models import tiny_model
-from frontend_harness import running_frontend
+from frontend_harness import TWO_TENANTS_CONFIG, running_frontend
 
-CONFIG = """
-[[tenants]]
-name = "acme"
-api_keys = ["key-acme"]
-
-[[tenants]]
-name = "beta"
-api_keys = ["key-beta"]
-
-[admin]
-api_keys = ["key-admin"]
-
+CONFIG = TWO_TENANTS_CONFIG + """
 [limits]
 max_requests_per_job = 8
 max_concurrent = 4

@@ -51,18 +51,23 @@ def _prompt(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
 
 
 def _window(engine: Engine, steps: int, stop_on: str = "") -> list[float]:
-    """Intervals between consecutive tokens of each request over ``steps`` steps."""
+    """Intervals between consecutive tokens of each request over ``steps`` steps, or until
+    ``stop_on`` yields its first token (its prefill is done: the admitting window is over)."""
     last: dict[str, float] = {}
     gaps: list[float] = []
     for _ in range(steps):
         out = engine.step()
         now = time.perf_counter()
+        done = False
         for d in out.deltas:
             if d.request_id == stop_on:
-                raise RuntimeError("the long prompt finished inside its window: lengthen it")
-            if d.request_id in last:
+                done = True  # this step ran the prompt's last chunk beside the decodes
+            elif d.request_id in last:
                 gaps.append(now - last[d.request_id])
-            last[d.request_id] = now
+            if d.request_id != stop_on:
+                last[d.request_id] = now
+        if done:
+            break
     return gaps
 
 
@@ -89,7 +94,11 @@ def decode_stall(engine: Engine, long_prompt: int = 4000, window: int = 8, round
                                SamplingParams(max_tokens=1))
         engine.submit(long)
         before = engine.store.stats().ledger.tokens
-        admitting += _window(engine, window, stop_on=long.request_id)
+        admitted = _window(engine, window, stop_on=long.request_id)
+        if not admitted:
+            raise RuntimeError(f"the {long_prompt}-token prompt was prefilled within one step: "
+                               "lengthen it to measure decodes beside its prefill")
+        admitting += admitted
         prefilled += engine.store.stats().ledger.tokens - before
         engine.abort(long.request_id)
         _window(engine, 1)  # the step after the abort: drop it from the figures

@@ -210,8 +210,7 @@ def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bo
         if default_client is not None:  # the SDK as it comes, without TCP_NODELAY
             figures.append(_figures("http_sdk_default", *measure_http_chat(
                 default_client, model, requests, prompt_words, warmup + requests)))
-        ttft = measure_ttft(client, http, model, max(requests // 4, 10), prompt_words,
-                            _percentile)
+        ttft = measure_ttft(client, http, model, max(requests // 4, 10), prompt_words)
     if batch:  # needs a frontend running one request at a time (the local one does)
         base += requests
         figures.append(_figures("batch", *measure_batch(client, requests, prompt_words, base)))

@@ -172,7 +172,8 @@ def bench_batch(requests: int, window_s: float, model_dir: str, log=print) -> Ba
                 log(f"accepted {requests} requests in {accept_s:.2f} s; measuring dispatch")
                 rate, cached = dispatch_rate(client, [job.job_id], window_s)
                 growth = peak.stop() - base_rss
-                client.cancel(job.job_id)
+                if not client.job(job.job_id).finished:  # a fast machine may have finished it
+                    client.cancel(job.job_id)
                 split_ids = []
                 for start in range(0, requests, SPLIT):
                     part = write_file(tmp_dir / "part.jsonl", min(SPLIT, requests - start), start)

@@ -22,6 +22,7 @@ import httpx2  # the openai SDK's HTTP stack
 import openai
 
 from cluster.api.client import Client, chat_request
+from router.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,7 @@ def _ttft_http(client: openai.OpenAI, model: str, messages: list[dict]) -> float
 
 
 def measure_ttft(grpc_client: Client, client: openai.OpenAI, model: str, n: int,
-                 prompt_words: int, percentile) -> list[TtftFigures]:
+                 prompt_words: int) -> list[TtftFigures]:
     grpc_s, http_s = [], []
     for i in range(n):  # alternating, so that both see the same machine load
         grpc_s.append(_ttft_grpc(grpc_client, _messages(i, prompt_words, "ttft-grpc")))
