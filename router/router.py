@@ -133,9 +133,11 @@ class Router:
             batch = decode_batch(bytes(batch))
         self._index.apply(batch)
 
-    def rebuild(self, worker_id: str, holdings: Iterable[BlockHash]) -> None:
-        """Replace the index's view of ``worker_id`` with the blocks it reports holding."""
-        self._index.rebuild(worker_id, holdings)
+    def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
+                disk_holdings: Iterable[BlockHash] = ()) -> None:
+        """Replace the index's view of ``worker_id`` with the blocks it reports holding in
+        memory (``holdings``) and on disk (``disk_holdings``)."""
+        self._index.rebuild(worker_id, holdings, disk_holdings)
 
     # ---- routing -------------------------------------------------------------------------
 

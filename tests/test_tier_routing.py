@@ -59,3 +59,46 @@ def test_the_policy_charges_disk_tokens_their_load_time():
     scores = {c.worker_id: c.score for c in decision.candidates}
     assert scores == {"w0": 4.0, "w1": 4.0 + DISK_TOKEN_COST * 3 * BS}
     assert PolicyConfig().disk_token_cost == DISK_TOKEN_COST
+
+
+def test_a_router_rebuilt_from_a_tiered_store_keeps_each_blocks_tier(tmp_path):
+    """A store whose memory holds B and whose disk holds A: the holdings say so block by
+    block, and a router rebuilt from them charges A's blocks as disk, as one fed by the
+    store's events does."""
+    from router.key import hash_blocks as hashes
+    from test_disk_tier import A, B, NS as SNS, spilled_a
+    from workers.runtime import Holdings
+
+    store = spilled_a(tmp_path)
+    a0, a1 = hashes(A, 4, SNS)
+    b0, b1 = hashes(B, 4, SNS)
+    held = Holdings.of(7, store.holdings())
+    assert (held.seq, held.blocks, held.disk_blocks) == (7, (b0, b1), (a0, a1))
+
+    # cache_weight 1: a score is the prefill ahead of the first token, disk loads included
+    fed, rebuilt = (Router(4, PolicyConfig(cache_weight=1), clock=lambda: 0.0) for _ in "ab")
+    for router in (fed, rebuilt):
+        router.add_worker("w0")
+        router.add_worker("w1")
+    fed.apply_events(EventBatch("w1", 0, tuple(store.drain_events())))
+    rebuilt.rebuild("w1", held.blocks, held.disk_blocks)
+    for router in (fed, rebuilt):
+        scores = {c.worker_id: c.score for c in router.route(SNS, [a0, a1], 9).candidates}
+        assert scores == {"w0": 9.0, "w1": 1.0 + DISK_TOKEN_COST * 8}
+        scores = {c.worker_id: c.score for c in router.route(SNS, [b0, b1], 9).candidates}
+        assert scores == {"w0": 9.0, "w1": 1.0}
+    store.close()
+
+
+def test_a_restarted_worker_announces_its_whole_cache_on_disk(tmp_path):
+    """After a restart every block is on disk only: the holdings have no memory blocks."""
+    from router.key import hash_blocks as hashes
+    from test_disk_tier import A, B, NS as SNS, spilled_a, tiered
+    from workers.runtime import Holdings
+
+    spilled_a(tmp_path).close()
+    again = tiered(tmp_path / "w0")
+    held = Holdings.of(0, again.holdings())
+    assert held.blocks == ()
+    assert sorted(held.disk_blocks) == sorted(hashes(A, 4, SNS) + hashes(B, 4, SNS))
+    again.close()

@@ -36,8 +36,8 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
 from router.events import BlockEvent
-from router.key import BlockHash, Namespace
-from router.ledger import DEFAULT_EVICTION, Eviction
+from router.key import Namespace
+from router.ledger import DEFAULT_EVICTION, Eviction, Holding
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
 from workers.model_dir import LoadedModel, open_model_dir
 from workers.prefill import PrefillJob, run_chunks
@@ -390,9 +390,9 @@ class Engine:
         """Persist the store's blocks to its disk tier (if any) and release its directory."""
         self.store.close()
 
-    def holdings(self) -> list[BlockHash]:
-        """Every block hash the store holds (for the router to rebuild its view)."""
-        return [h.block for h in self.store.holdings()]
+    def holdings(self) -> list[Holding]:
+        """Every block the store holds, with its tier (for the router to rebuild its view)."""
+        return self.store.holdings()
 
 
 def _no_store_report(prompt_tokens: int, ttl_s: float) -> LookupReport:

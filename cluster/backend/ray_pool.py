@@ -160,10 +160,11 @@ class WorkerPool:
                 if worker.state == "draining":
                     await router.drain_worker.remote(worker.worker_id)
                 holdings = await worker.actor.holdings.remote()
-                await router.rebuild.remote(worker.worker_id, holdings.blocks)
+                await router.rebuild.remote(worker.worker_id, holdings.blocks,
+                                            holdings.disk_blocks)
                 worker.in_router = True
-                log.info("worker %s handed to the new router (%d blocks)",
-                         worker.worker_id, len(holdings.blocks))
+                log.info("worker %s handed to the new router (%d blocks in memory, %d on disk)",
+                         worker.worker_id, len(holdings.blocks), len(holdings.disk_blocks))
             except ray.exceptions.RayActorError as exc:
                 self.died(worker, exc)
         self._router = router
@@ -203,13 +204,15 @@ class WorkerPool:
             if worker is not None and worker.state in ("ready", "draining"):
                 holdings = await worker.actor.holdings.remote()
                 self.routes.rebuild(worker_id, holdings)
-                log.info("view of %s rebuilt (%d blocks)", worker_id, len(holdings.blocks))
+                log.info("view of %s rebuilt (%d blocks in memory, %d on disk)", worker_id,
+                         len(holdings.blocks), len(holdings.disk_blocks))
         await self._check_router()
         for worker_id in await self._router.stale_workers.remote():
             worker = self._workers.get(worker_id)
             if worker is not None and worker.state in ("ready", "draining"):
                 holdings = await worker.actor.holdings.remote()
-                await self._router.rebuild.remote(worker_id, holdings.blocks)
+                await self._router.rebuild.remote(worker_id, holdings.blocks,
+                                                  holdings.disk_blocks)
 
     async def _check_forever(self) -> None:
         while True:
