@@ -13,10 +13,11 @@ the tensors taken out) plus a service model from ``router.service``:
 - **decode** runs beside prefill (continuous batching) at ``decode_tps`` tokens/s per
   request, or, with a profile, one measured step time (by batch size and context) per token.
 
-- **disk tier** (``disk_capacity_tokens > 0``): each worker also has a disk ledger, as the
-  workers' stores do (``workers.disk_tier``): blocks evicted from memory go there, a lookup
-  continues its chain on disk where memory ends, and the disk part of a hit costs its load
-  time, ``tokens x kv_bytes_per_token / disk_read_gbps``, before the prefill of the rest.
+- **disk tier** (``disk_capacity_tokens > 0``): each worker also has a disk ledger
+  (``router.tiers``, as ``workers.disk_tier`` gives the stores): blocks evicted from memory
+  go there, a lookup continues its chain on disk where memory ends, and the disk part of a
+  hit costs its load time, ``tokens x kv_bytes_per_token / disk_read_gbps``, before the
+  prefill of the rest.
 
 TTFT = queueing + disk load + prefill. The workers' block events reach the policy ``event_delay_s`` after
 the prefill ends; the policy also hears when each request started, produced its first token
@@ -38,13 +39,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from router.events import EventBatch, Tier
+from router.events import EventBatch
 from router.key import BlockHash, Namespace, reusable_tokens
-from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, RemovalReason
+from router.ledger import DEFAULT_EVICTION, Eviction
 from router.policy import PolicyConfig
 from router.service import EngineProfile, LinearService, ProfileService
 from router.sim_policies import SimPolicy, SimRequest, make_policy
 from router.stats import percentile
+from router.tiers import TieredLedger
 from router.trace import TraceRequest
 
 
@@ -180,15 +182,9 @@ class _Worker:
     def __init__(self, wid: str, config: SimConfig, root: BlockHash) -> None:
         self.wid = wid
         self.now = 0.0
-        self.ledger = BlockLedger(config.capacity_tokens, config.ttl_s, lambda: self.now,
-                                  bytes_per_token=1, policy=config.eviction,
-                                  on_remove=self._spill)
-        self.disk = None
-        if config.disk_capacity_tokens:
-            self.disk = BlockLedger(config.disk_capacity_tokens, config.ttl_s, lambda: self.now,
-                                    bytes_per_token=1, policy=config.eviction, tier=Tier.DISK)
-        self.parent: dict[BlockHash, BlockHash] = {}  # for spills: the ledger forgets it
-        self.promoted = 0  # blocks read back from disk into memory: stored, never written
+        # the store's two tiers (``router.tiers``), on this worker's simulated clock
+        self.tiers = TieredLedger(config.capacity_tokens, config.disk_capacity_tokens,
+                                  config.ttl_s, lambda: self.now, config.eviction)
         self.block_size = config.block_size
         self.free_at = 0.0
         self.decodes: list[float] = []  # end times of running decodes
@@ -196,42 +192,18 @@ class _Worker:
         self.seq = 0
         self.root = root
 
-    def _spill(self, block: BlockHash, reason: RemovalReason) -> None:
-        if self.disk is None or reason != RemovalReason.EVICTED:
-            return
-        parent = self.parent[block]
-        if block in self.disk:
-            self.disk.touch(self.disk.chain_to(block))
-            return
-        self.disk.expire()
-        chain = self.disk.chain_to(parent) + [block]
-        self.disk.insert(chain, self.block_size, "trace", parent)
-
     def match(self, hashes: Sequence[BlockHash]) -> tuple[int, int]:
         """Leading blocks held in memory, then how many more on disk (both touched)."""
-        in_memory = self.ledger.match(hashes)
-        if self.disk is None or in_memory == len(hashes):
-            return in_memory, 0
-        on_disk = self.disk.match(hashes[in_memory:])
-        if on_disk:
-            self.disk.touch(self.disk.chain_to(hashes[in_memory + on_disk - 1]))
-        return in_memory, on_disk
+        return self.tiers.match(hashes)
 
     def insert(self, hashes: Sequence[BlockHash]) -> None:
-        parent = self.root
-        for h in hashes:
-            self.parent[h] = parent
-            parent = h
-        new = self.ledger.insert(hashes, self.block_size, "trace", self.root)
-        if self.disk is not None:
-            self.promoted += sum(1 for h in new if h in self.disk)
+        self.tiers.insert(hashes, self.block_size, "trace", self.root)
 
     def written_blocks(self) -> int:
-        return self.ledger.stats().stored_blocks - self.promoted
+        return self.tiers.written_blocks()
 
     def drain_events(self) -> list:
-        events = self.ledger.drain_events()
-        return events + (self.disk.drain_events() if self.disk is not None else [])
+        return self.tiers.drain_events()
 
 
 def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
