@@ -136,6 +136,12 @@ class Engine:
         it (the model's dtype, or ``kv_bits``): the one figure a capacity in tokens comes from."""
         return self.store.ledger.bytes_per_token
 
+    @property
+    def disk_kv_bytes_per_token(self) -> int:
+        """K/V bytes one cached token takes in this engine's disk tier (0: no disk tier)."""
+        disk = self.store.disk
+        return disk.ledger.bytes_per_token if disk is not None else 0
+
     def namespace(self, tenant: str, adapter: str = "") -> Namespace:
         """The cache namespace of ``tenant`` on this model and weights revision."""
         return Namespace(tenant, self.model_id, self.revision, adapter)

@@ -183,7 +183,8 @@ class LocalBackend:
             if self._info is None:
                 self._info = ModelInfo(engine.model_id, engine.revision, engine.vocab_size,
                                        engine.max_context, str(self._model_dir),
-                                       engine.config.block_size, engine.kv_bytes_per_token)
+                                       engine.config.block_size, engine.kv_bytes_per_token,
+                                       engine.disk_kv_bytes_per_token)
         return await self.workers()
 
     async def drain(self, worker_id: str) -> WorkerInfo:

@@ -118,7 +118,7 @@ class RayBackend:
         hello = self._pool.first_hello
         self._info = ModelInfo(hello.model_id, hello.revision, hello.vocab_size,
                                hello.max_context, self._model_dir, hello.block_size,
-                               hello.kv_bytes_per_token)
+                               hello.kv_bytes_per_token, hello.disk_kv_bytes_per_token)
 
     async def close(self) -> None:
         if self._pool is None:

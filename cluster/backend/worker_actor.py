@@ -80,6 +80,7 @@ class WorkerHello:
     block_size: int
     openblas: bool
     kv_bytes_per_token: int
+    disk_kv_bytes_per_token: int = 0  # its disk tier's (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +141,8 @@ class EngineWorker:
             self._hello = WorkerHello(self._id, node_id(), node_address(), os.getpid(),
                                       engine.model_id, engine.revision, engine.vocab_size,
                                       engine.max_context, engine.config.block_size,
-                                      openblas_in_use(), engine.kv_bytes_per_token)
+                                      openblas_in_use(), engine.kv_bytes_per_token,
+                                      engine.disk_kv_bytes_per_token)
         return self._hello
 
     # ---- requests ----------------------------------------------------------------------------
