@@ -224,6 +224,58 @@ def test_disk_full_stops_writes_once_and_memory_carries_on(tmp_path, caplog):
     store.close()
 
 
+def _fill(directory: Path) -> Path:
+    """Fill the file system of ``directory`` to the last byte; returns the filler file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == 28  # ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_disk_is_written_again_once_space_returns(tmp_path, caplog):
+    from small_disk import small_disk
+    from workers.disk_tier import FULL_RECHECK_S
+
+    clock = Clock()
+    with small_disk(tmp_path / "disk", megabytes=1) as disk:
+        store = tiered(disk / "w0", clock=clock)
+        a0, a1 = ha()
+        b0, b1 = hash_blocks(B, BS, NS)
+        filler = _fill(disk)
+        with caplog.at_level(logging.WARNING, logger="workers"):
+            put(store, A)
+            put(store, B)  # A's two blocks spill: the kernel says ENOSPC
+            store.flush()
+            stats = store.stats().disk
+            assert (stats.full, stats.failed_writes, stats.written_blocks) == (True, 2, 0)
+            filler.unlink()                       # an operator frees space
+            clock.now += FULL_RECHECK_S - 0.5
+            put(store, list(range(201, 209)))     # B spills: too soon to look, skipped
+            store.flush()
+            stats = store.stats().disk
+            assert (stats.full, stats.skipped_full, stats.ledger.blocks) == (True, 2, 0)
+            clock.now += 0.5
+            put(store, A)                         # the 201.. blocks spill: space is back
+            store.flush()
+        stats = store.stats().disk
+        assert (stats.full, stats.written_blocks, stats.ledger.blocks) == (False, 2, 2)
+        c0, c1 = hash_blocks(list(range(201, 209)), BS, NS)
+        assert sorted(p.name for p in (disk / "w0").glob("*/*.kv")) == sorted(
+            block_path(disk / "w0", h).name for h in (c0, c1))
+        messages = [r.getMessage() for r in caplog.records]
+        assert len([m for m in messages if "is full" in m]) == 1
+        assert len([m for m in messages if "writes resume" in m]) == 1
+        report = store.lookup(NS, list(range(201, 209)) + [1]).report
+        assert (report.matched_tokens, report.disk_tokens) == (8, 8)
+        store.close()
+
+
 def test_ttl_covers_the_disk_tier(tmp_path):
     clock = Clock()
     store = spilled_a(tmp_path, clock=clock)

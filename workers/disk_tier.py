@@ -21,12 +21,18 @@ Rules:
   unused for ``ttl_s`` (by file mtime, which a hit refreshes) are deleted (``expired``), and
   the newest that fit the budget are restored. Restored blocks are announced like new ones:
   ``BlockStored(tier=DISK)`` events.
-- **Disk full** stops writes (one warning); the memory tier carries on.
+- **Disk full** stops writes (one warning); the memory tier carries on. While full, a spill
+  looks at the file system's free space at most every ``FULL_RECHECK_S`` (5 s: a statvfs
+  call costs microseconds, and a disk freed by an operator is written again within
+  seconds); once it holds ``RESUME_BLOCKS`` (8) of the blocks being spilled, writes resume,
+  without a restart. Eight blocks of margin keep a disk that frees a single block from
+  flapping between full and not at every spill.
 - **The time**: the ledger runs on the injected ``clock``; file ages use ``wall_clock``.
 """
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,8 +48,12 @@ from workers.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, Corr
 from workers.disk_writer import DiskWriter, PendingBlock
 from workers.kv_quant import KVCodec
 
+log = logging.getLogger(__name__)
+
 LOCK_NAME = ".lock"
 READ_THREADS = 4  # parallel file reads: one SSD queue is not enough to reach its bandwidth
+FULL_RECHECK_S = 5.0  # a full tier looks at the free space at most this often
+RESUME_BLOCKS = 8     # ... and writes again once this many blocks fit
 
 
 class DiskDirError(ValueError):
@@ -99,8 +109,9 @@ class DiskTier:
         self._read_counts = [0, 0, 0.0]  # blocks, bytes, seconds
         self._corrupt = 0
         self._skipped_full = 0
+        self._checked_at = 0.0  # while full: when the free space was last looked at
         self.start = self._index()
-        self._writer = DiskWriter(self.directory)
+        self._writer = DiskWriter(self.directory, clock)
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="orchard-disk-read")
 
     # ---- queries -------------------------------------------------------------------------
@@ -137,7 +148,7 @@ class DiskTier:
         if h in self.ledger:
             self.ledger.touch(self.ledger.chain_to(h))
             return True
-        if self._writer.full:
+        if self._writer.full and not self._space_returned(len(record.tokens)):
             self._skipped_full += 1
             return False
         self.ledger.expire()  # before reading the chain: insert would expire its head
@@ -230,6 +241,22 @@ class DiskTier:
         return len(self.ledger.expire())
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _space_returned(self, tokens: int) -> bool:
+        """While full: whether the file system has room for ``RESUME_BLOCKS`` blocks of
+        ``tokens`` tokens again (looked at every ``FULL_RECHECK_S``); if so, writes resume."""
+        now = self._clock()
+        if now - max(self._writer.full_since, self._checked_at) < FULL_RECHECK_S:
+            return False
+        self._checked_at = now
+        fs = os.statvfs(self.directory)
+        free = fs.f_bavail * fs.f_frsize
+        if free < RESUME_BLOCKS * tokens * self.ledger.bytes_per_token:
+            return False
+        self._writer.resume()
+        log.warning("disk tier %s has %.1f MB free again: writes resume", self.directory,
+                    free / 1e6)
+        return True
 
     def _removed(self, block: BlockHash, reason: RemovalReason) -> None:
         self._tokens.pop(block, None)
