@@ -10,8 +10,10 @@ One model, three engines (all with ``max_tokens = 1`` for TTFT):
   Q. Before each disk trial the files are synced and dropped from the OS page cache
   (``posix_fadvise(DONTNEED)``), so the reads come from the device, not from RAM.
 
-Every trial's prompt is the prefix plus 16 fresh tokens (a new suffix each time); the figure
-is the median of ``trials`` runs. Bandwidth: *write* is bytes written over the writer thread's
+The trials are interleaved, one round per trial (recomputed, then disk, then memory on the
+prefix just read back), so a machine whose load changes during the run moves all three
+alike. Every trial's prompt is the prefix plus 16 fresh tokens (a new suffix each time); the
+figure is the median of ``trials`` runs; ``progress`` hears each trial as it ends. Bandwidth: *write* is bytes written over the writer thread's
 busy time (serialisation, checksum and the write); *read* is the bytes of every block file over
 the wall time of reading them all at once on the tier's reader threads, page cache dropped.
 
@@ -29,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from router.ledger import Eviction
 from workers.disk_files import SUFFIX
@@ -65,7 +68,8 @@ class DiskBench:
 
 def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3,
                block_size: int = 16, decode_tokens: int = 48, spill_tokens: int = 2048,
-               seed: int = 0) -> DiskBench:
+               seed: int = 0, progress: Callable[[str], None] = lambda line: None
+               ) -> DiskBench:
     loaded = open_model_dir(model_dir)
     rng = random.Random(seed)
     vocab = loaded.vocab_size
@@ -84,20 +88,26 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
         tiered = Engine(loaded, cfg, *clock)
         try:
             ask = _Asker(rng, vocab)
-            recomputed = [ask(cold, prefixes[0]).ttft_s for _ in range(trials)]
-            ask(tiered, prefixes[0])  # the prefix in memory
-            in_memory = [ask(tiered, prefixes[0]).ttft_s for _ in range(trials)]
-            disk, disk_tokens = [], []
-            for i in range(trials + 1):  # the first pass only puts the other prefix on disk
+            for prefix in prefixes:  # P, then Q in memory: P is pushed out to disk
+                ask(tiered, prefix)
+            progress("both prefixes computed; P is on disk")
+            recomputed, disk, in_memory, disk_tokens = [], [], [], []
+            for i in range(trials):
+                prefix = prefixes[i % 2]  # on disk only: the other one holds the memory tier
+                recomputed.append(ask(cold, prefix).ttft_s)
                 tiered.store.flush()
                 _drop_page_cache(Path(tmp))
-                r = ask(tiered, prefixes[(i + 1) % 2])
-                if i:
-                    disk.append(r.ttft_s)
-                    disk_tokens.append(r.lookup.disk_tokens)
+                r = ask(tiered, prefix)
+                disk.append(r.ttft_s)
+                disk_tokens.append(r.lookup.disk_tokens)
+                in_memory.append(ask(tiered, prefix).ttft_s)
+                progress(f"trial {i + 1}/{trials}: TTFT recomputed {recomputed[-1]:.2f} s, "
+                         f"disk {disk[-1]:.2f} s ({disk_tokens[-1]} tokens from disk), "
+                         f"memory {in_memory[-1]:.2f} s")
             read_mb_s, read_mb = _read_bandwidth(Path(tmp))
+            progress(f"read {read_mb:.0f} MB at {read_mb_s:.0f} MB/s (page cache dropped)")
             tpot_alone, tpot_spill, spill_mb, spill_s = _decode_under_spill(
-                tiered, ask, rng, vocab, decode_tokens, spill_tokens, prefixes)
+                tiered, ask, rng, vocab, decode_tokens, spill_tokens, prefixes, progress)
             stats = tiered.store.stats().disk
         finally:
             tiered.store.close()
@@ -124,8 +134,8 @@ class _Asker:
 
 
 def _decode_under_spill(engine: Engine, ask: _Asker, rng: random.Random, vocab: int,
-                        decode_tokens: int, spill_tokens: int, prefixes: list[list[int]]
-                        ) -> tuple[float, float, float, float]:
+                        decode_tokens: int, spill_tokens: int, prefixes: list[list[int]],
+                        progress: Callable[[str], None]) -> tuple[float, float, float, float]:
     """Median TPOT alone, median TPOT with a spill queued just before; MB and writer seconds.
 
     Each trial first fills memory with new blocks (flushed), decodes alone, then stores as
@@ -146,6 +156,8 @@ def _decode_under_spill(engine: Engine, ask: _Asker, rng: random.Random, vocab: 
         after = engine.store.stats().disk
         mb.append((after.written_bytes - before.written_bytes) / 1e6)
         busy.append(after.write_s - before.write_s)
+        progress(f"decode TPOT alone {alone[-1] * 1e3:.1f} ms, with {mb[-1]:.0f} MB written "
+                 f"behind {spilled[-1] * 1e3:.1f} ms")
     return (statistics.median(alone), statistics.median(spilled), statistics.median(mb),
             statistics.median(busy))
 

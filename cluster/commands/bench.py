@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from cluster.bench.telemetry import add_parsers as add_telemetry_benches
 
@@ -163,7 +164,8 @@ def disk(args: argparse.Namespace) -> int:
 
     if args.prefix_tokens < 32 or args.trials < 1:
         raise ValueError("--prefix-tokens must be >= 32 and --trials >= 1")
-    r = bench_disk(args.model or ensure_default_model(), args.prefix_tokens, args.trials)
+    r = bench_disk(args.model or ensure_default_model(), args.prefix_tokens, args.trials,
+                   progress=lambda line: print(f"bench disk: {line}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(r.as_json(), indent=2))
         return 0
