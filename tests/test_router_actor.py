@@ -47,3 +47,21 @@ def test_actor_routes_accounts_and_reports_unavailable(ray_local):
     assert again.worker_id == first.worker_id  # the pending entry steers the repeat
     assert status[first.worker_id].in_flight == 1
     assert status[first.worker_id].queued_prefill_tokens == 100
+
+
+def test_actor_rebuilds_a_worker_with_its_tiers(ray_local):
+    from cluster.backend.router_actor import TracedRouterActor
+    from router.policy import DISK_TOKEN_COST, PolicyConfig
+
+    tokens = list(range(200, 265))  # 4 full blocks and a token
+    hashes = hash_blocks(tokens, 16, NS)
+
+    async def scenario():
+        actor = TracedRouterActor.remote(16, config=PolicyConfig(cache_weight=1))
+        await actor.add_worker.remote("w0")
+        await actor.rebuild.remote("w0", hashes[:1], hashes[1:4])  # 1 in memory, 3 on disk
+        return await actor.route.remote(NS, hashes, len(tokens))
+
+    decision = asyncio.run(scenario())
+    (candidate,) = decision.candidates
+    assert (candidate.matched_tokens, candidate.score) == (64, 1 + DISK_TOKEN_COST * 48)
