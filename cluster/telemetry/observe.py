@@ -20,9 +20,10 @@ routing span always (routing runs in the frontend), the worker's on the in-proce
 Forecast per request: the router's ``expected_cached_tokens`` at routing time
 (``router.cost.forecast_request``). Forecast per job: ``router.forecast.forecast_job`` over
 the job's own chains, what the cluster holds (``router.forecast.ClusterHoldings``: a mirror
-of each serving worker's store, fed by every finished request and told of invalidations and
-of workers leaving or joining), the TTL and the serving workers' capacity. Measured: the
-engine's cached / written counts.
+of each serving worker's store, its memory and disk tiers, fed by every finished request and
+told of invalidations and of workers leaving or joining), the TTL and the serving workers'
+capacity in both tiers. Measured: the engine's cached / written counts, and which tier the
+cached tokens came from (``Observed.served``, on the request span as ``orchard.cache.tier``).
 """
 from __future__ import annotations
 
