@@ -113,3 +113,28 @@ def test_the_forecast_capacity_comes_from_the_engines_bytes_per_token_for_a_bf16
                     telemetry=TelemetryConfig(exporter="none"))
     tracing = frontend_tracing(config, info, workers=2, decode=None)
     assert tracing.observer.holdings.capacity_tokens() == 2 * (1 << 20) // 256 == 8192
+
+
+def test_the_forecast_capacity_of_the_disk_tier_comes_from_the_engines_too(tmp_path):
+    from cluster.config import CacheConfig, Config, TelemetryConfig
+    from cluster.telemetry.job_tracing import frontend_tracing
+
+    disk_bytes = 1 << 22
+
+    async def scenario():
+        backend = LocalBackend(_bf16_model(tmp_path), workers=2, engine=EngineConfig(
+            block_size=16, store_bytes=1 << 20, disk_bytes=disk_bytes,
+            disk_dir=str(tmp_path / "cache")))
+        await backend.start()
+        try:
+            return backend.model_info()
+        finally:
+            await backend.close()
+    info = asyncio.run(scenario())
+    assert info.disk_kv_bytes_per_token == info.kv_bytes_per_token == 256
+    config = Config(tmp_path, {}, frozenset(),
+                    cache=CacheConfig(capacity_bytes=1 << 20, disk_bytes=disk_bytes),
+                    telemetry=TelemetryConfig(exporter="none"))
+    holdings = frontend_tracing(config, info, workers=2, decode=None).observer.holdings
+    assert holdings.capacity_by_tier() == (2 * 4096, 2 * (1 << 22) // 256)
+    assert holdings.capacity_tokens() == 8192 + 32768

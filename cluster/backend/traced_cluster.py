@@ -80,7 +80,7 @@ class TracedCluster:
               clock: Callable[[], float]) -> Engine:
         disk = {}
         if self._disk is not None:
-            disk = dict(disk_dir=str(self._disk[0] / worker), disk_bytes=self._disk[1])
+            disk = dict(disk_dir=str(self._disk[0]), disk_bytes=self._disk[1])  # + /worker
         return Engine.open(model_dir, EngineConfig(block_size=block_size, store_bytes=store_bytes,
                                                    ttl_s=self._ttl_s, worker_id=worker, **disk),
                            clock=clock)
