@@ -249,7 +249,10 @@ class DiskTier:
         if now - max(self._writer.full_since, self._checked_at) < FULL_RECHECK_S:
             return False
         self._checked_at = now
-        fs = os.statvfs(self.directory)
+        try:
+            fs = os.statvfs(self.directory)
+        except OSError:  # the directory went away: stay full, the memory tier carries on
+            return False
         free = fs.f_bavail * fs.f_frsize
         if free < RESUME_BLOCKS * tokens * self.ledger.bytes_per_token:
             return False
