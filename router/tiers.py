@@ -91,6 +91,7 @@ class TieredLedger:
     def insert(self, hashes: Sequence[BlockHash], token_counts: Sequence[int] | int,
                namespace: str, root: BlockHash) -> list[BlockHash]:
         """Store ``hashes`` in memory (as ``BlockLedger.insert``); return the new blocks."""
+        on_disk: set[BlockHash] = set()
         if self.disk is not None:
             counts = ([token_counts] * len(hashes) if isinstance(token_counts, int)
                       else list(token_counts))
@@ -98,9 +99,11 @@ class TieredLedger:
             for h, n in zip(hashes, counts):
                 self._origin[h] = (parent, namespace, n)
                 parent = h
+            # before the insert: the spills it causes may push these very blocks off the disk
+            on_disk = {h for h in hashes if h in self.disk}
         new = self.memory.insert(hashes, token_counts, namespace, root)
         if self.disk is not None:
-            self.promoted += sum(1 for h in new if h in self.disk)
+            self.promoted += sum(1 for h in new if h in on_disk)
             for h in hashes:
                 if h not in self.memory:  # not stored (no room): nothing to spill later
                     self._origin.pop(h, None)
