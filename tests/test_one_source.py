@@ -138,3 +138,28 @@ def test_the_forecast_capacity_of_the_disk_tier_comes_from_the_engines_too(tmp_p
     holdings = frontend_tracing(config, info, workers=2, decode=None).observer.holdings
     assert holdings.capacity_by_tier() == (2 * 4096, 2 * (1 << 22) // 256)
     assert holdings.capacity_tokens() == 8192 + 32768
+
+
+def test_a_backend_restarted_on_its_disk_directory_routes_to_what_it_kept(tmp_path):
+    """The restored blocks reach the router, as disk blocks, before the first request."""
+    from router.key import hash_blocks
+
+    engine = EngineConfig(block_size=16, store_bytes=1 << 20, disk_bytes=1 << 22,
+                          disk_dir=str(tmp_path / "cache"))
+    prompt = tuple(range(40, 40 + 4 * 16 + 3))
+
+    async def run_once():
+        backend = LocalBackend(tiny_model(), workers=1, engine=engine)
+        await backend.start()
+        try:
+            info = backend.model_info()
+            ns = Namespace("t", info.model_id, info.revision)
+            request = GenerateRequest("r", ns, prompt, SamplingParams(max_tokens=2))
+            return await backend.generate(request, hash_blocks(prompt, 16, ns))
+        finally:
+            await backend.close()  # the store's blocks are written to disk
+    first = asyncio.run(run_once())
+    again = asyncio.run(run_once())
+    assert (first.decision.expected_cached_tokens, first.result.cached_tokens) == (0, 0)
+    assert again.decision.expected_cached_tokens == 64
+    assert (again.result.cached_tokens, again.result.lookup.disk_tokens) == (64, 64)

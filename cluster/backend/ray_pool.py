@@ -258,6 +258,11 @@ class WorkerPool:
         if worker.state == "starting":
             await self._router.add_worker.remote(worker_id)
             self.routes.add_worker(worker_id, actor)
+            # a store that opened on a disk directory holding blocks (a restart) has them
+            # already: both routers learn them, with their tier, before the first request
+            holdings = await actor.holdings.remote()
+            self.routes.rebuild(worker_id, holdings)
+            await self._router.rebuild.remote(worker_id, holdings.blocks, holdings.disk_blocks)
             worker.in_router = True
             worker.state = "ready"
         else:  # drained while it was starting: it leaves without serving
