@@ -1,7 +1,8 @@
 """The worker pool behind ``RayBackend``: worker actors' lives, from start to drain or death.
 
     scale(n) ─► start:  WorkerActor on a node slot ─► start() loads the model ─► routes.add
-                (the frontend's router, fed by the worker) and the router actor's add
+                (the frontend's router, fed by the worker) and the router actor's add;
+                both rebuilt from its holdings (a restart's disk blocks, with their tier)
     drain(w) ─► drain_worker in both (no new requests) ─► last request done ─► retire:
                 remove_worker in both (its blocks forgotten) ─► actor stopped
     died(w)  ─► remove_worker at once ─► actor killed ─► a replacement is started
