@@ -15,7 +15,7 @@ def test_the_disk_trials_read_the_whole_prefix_from_disk():
     trials = [line for line in lines if line.startswith("trial ")]
     assert [t.split(":")[0] for t in trials] == ["trial 1/2", "trial 2/2"]
     assert all("(64 tokens from disk)" in t for t in trials)
-    assert len([line for line in lines if line.startswith("decode TPOT")]) == 3
+    assert len([line for line in lines if line.startswith("pair ")]) == 3
     assert r.bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert r.read_mb > 0 and r.write_mb_s > 0 and r.spill_mb > 0
     assert r.ttft_disk_s > 0 and r.tpot_alone_s > 0 and r.tpot_with_spill_s > 0

@@ -17,9 +17,10 @@ figure is the median of ``trials`` runs; ``progress`` hears each trial as it end
 busy time (serialisation, checksum and the write); *read* is the bytes of every block file over
 the wall time of reading them all at once on the tier's reader threads, page cache dropped.
 
-Decode under write-behind: a request decodes ``decode_tokens`` tokens alone (TPOT), then again
-right after ``spill_tokens`` tokens of other blocks were evicted to the writer's queue; the
-writer's busy time is reported beside it, so one can check the spill overlapped the decode.
+Decode under write-behind: ``decode_pairs`` pairs of decodes of ``decode_tokens`` tokens, one
+alone (TPOT), one right after ``spill_tokens`` tokens of other blocks were evicted to the
+writer's queue (``_decode_under_spill``); the writer's busy time is reported beside it, so
+one can see how much of the decode the spill overlapped.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class DiskBench:
     read_mb: float
     tpot_alone_s: float
     tpot_with_spill_s: float
-    tpot_ratio: float
+    tpot_ratio: float      # median over the pairs of TPOT with a spill / TPOT alone
     spill_mb: float
     spill_write_s: float
 
@@ -68,8 +69,8 @@ class DiskBench:
 
 def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3,
                block_size: int = 16, decode_tokens: int = 48, spill_tokens: int = 2048,
-               seed: int = 0, progress: Callable[[str], None] = lambda line: None
-               ) -> DiskBench:
+               seed: int = 0, decode_pairs: int = 3,
+               progress: Callable[[str], None] = lambda line: None) -> DiskBench:
     loaded = open_model_dir(model_dir)
     rng = random.Random(seed)
     vocab = loaded.vocab_size
@@ -106,8 +107,9 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
                          f"memory {in_memory[-1]:.2f} s")
             read_mb_s, read_mb = _read_bandwidth(Path(tmp))
             progress(f"read {read_mb:.0f} MB at {read_mb_s:.0f} MB/s (page cache dropped)")
-            tpot_alone, tpot_spill, spill_mb, spill_s = _decode_under_spill(
-                tiered, ask, rng, vocab, decode_tokens, spill_tokens, prefixes, progress)
+            tpot_alone, tpot_spill, tpot_ratio, spill_mb, spill_s = _decode_under_spill(
+                tiered, ask, rng, vocab, decode_tokens, spill_tokens, prefixes, decode_pairs,
+                progress)
             stats = tiered.store.stats().disk
         finally:
             tiered.store.close()
@@ -117,7 +119,7 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
         str(model_dir), prefix_tokens, per_token, ttft_cold, statistics.median(in_memory),
         ttft_disk, tuple(disk_tokens), ttft_disk / ttft_cold,
         stats.written_bytes / stats.write_s / 1e6 if stats.write_s else 0.0, read_mb_s,
-        read_mb, tpot_alone, tpot_spill, tpot_spill / tpot_alone, spill_mb, spill_s)
+        read_mb, tpot_alone, tpot_spill, tpot_ratio, spill_mb, spill_s)
 
 
 class _Asker:
@@ -135,31 +137,40 @@ class _Asker:
 
 def _decode_under_spill(engine: Engine, ask: _Asker, rng: random.Random, vocab: int,
                         decode_tokens: int, spill_tokens: int, prefixes: list[list[int]],
-                        progress: Callable[[str], None]) -> tuple[float, float, float, float]:
-    """Median TPOT alone, median TPOT with a spill queued just before; MB and writer seconds.
+                        pairs: int, progress: Callable[[str], None]
+                        ) -> tuple[float, float, float, float, float]:
+    """Median TPOT alone and with a spill queued just before, the median of the pairs'
+    ratios, and the median MB and writer seconds of a spill.
 
-    Each trial first fills memory with new blocks (flushed), decodes alone, then stores as
-    many new blocks again, which evicts the first ones to the writer's queue, and decodes at
-    once while the writer works.
+    A decode follows a fill of new blocks, which evicts the previous ones to the writer's
+    queue: *alone*, that spill is flushed before the decode starts; *with a spill*, the
+    decode starts at once while the writer works. Each pair measures both, and pairs
+    alternate which comes first, so a load that drifts during a pair favours neither.
     """
     short = prefixes[0][:64]
     ns = engine.namespace("bench")
     alone, spilled, mb, busy = [], [], [], []
-    for _ in range(3):
-        _fill(engine, ns, rng, vocab, spill_tokens)
-        engine.store.flush()
-        alone.append(ask(engine, short, decode_tokens).tpot_s)
-        before = engine.store.stats().disk
-        _fill(engine, ns, rng, vocab, spill_tokens)
-        spilled.append(ask(engine, short, decode_tokens).tpot_s)
-        engine.store.flush()
-        after = engine.store.stats().disk
-        mb.append((after.written_bytes - before.written_bytes) / 1e6)
-        busy.append(after.write_s - before.write_s)
-        progress(f"decode TPOT alone {alone[-1] * 1e3:.1f} ms, with {mb[-1]:.0f} MB written "
-                 f"behind {spilled[-1] * 1e3:.1f} ms")
-    return (statistics.median(alone), statistics.median(spilled), statistics.median(mb),
-            statistics.median(busy))
+    for i in range(pairs):
+        for spill in ((False, True) if i % 2 == 0 else (True, False)):
+            before = engine.store.stats().disk
+            _fill(engine, ns, rng, vocab, spill_tokens)
+            if not spill:
+                engine.store.flush()
+            tpot = ask(engine, short, decode_tokens).tpot_s
+            engine.store.flush()
+            if spill:
+                after = engine.store.stats().disk
+                spilled.append(tpot)
+                mb.append((after.written_bytes - before.written_bytes) / 1e6)
+                busy.append(after.write_s - before.write_s)
+            else:
+                alone.append(tpot)
+        progress(f"pair {i + 1}/{pairs}: decode TPOT alone {alone[-1] * 1e3:.1f} ms, with "
+                 f"{mb[-1]:.0f} MB written behind ({busy[-1]:.2f} s of writing) "
+                 f"{spilled[-1] * 1e3:.1f} ms")
+    ratio = statistics.median(s / a for a, s in zip(alone, spilled))
+    return (statistics.median(alone), statistics.median(spilled), ratio,
+            statistics.median(mb), statistics.median(busy))
 
 
 def _fill(engine: Engine, ns, rng: random.Random, vocab: int, tokens: int) -> None:
