@@ -320,6 +320,23 @@ def test_prefetch_reads_disk_blocks_before_the_lookup(tmp_path):
     store.close()
 
 
+def test_the_read_bandwidth_is_the_bytes_read_back_over_the_time_reading_them(tmp_path):
+    store = spilled_a(tmp_path)
+    assert store.disk.read_bytes_s is None  # nothing read back yet
+    assert store.lookup(NS, A[:BS] + [9]).report.disk_tokens == BS  # a0: one file
+    first = store.stats().disk
+    assert first.read_blocks == 1 and first.read_bytes > BLOCK_BYTES  # K/V and a header
+    assert store.disk.read_bytes_s == first.read_bytes / first.read_s
+    assert store.lookup(NS, A + [9]).report.disk_tokens == BS  # a0 in memory now; a1 read
+    second = store.stats().disk
+    assert second.read_blocks == 2
+    sample = (second.read_bytes - first.read_bytes) / (second.read_s - first.read_s)
+    # a moving average: the newest lookup weighs 0.3
+    assert store.disk.read_bytes_s == pytest.approx(0.7 * first.read_bytes / first.read_s
+                                                    + 0.3 * sample, rel=1e-9)
+    store.close()
+
+
 def test_a_worker_without_disk_bytes_has_no_disk_tier():
     store = open_store(SHAPE, BS, TTL, Clock(), memory_bytes=BLOCK_BYTES * 4)
     assert store.disk is None and store.stats().disk is None

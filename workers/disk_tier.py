@@ -28,6 +28,11 @@ Rules:
   without a restart. Eight blocks of margin keep a disk that frees a single block from
   flapping between full and not at every spill.
 - **The time**: the ledger runs on the injected ``clock``; file ages use ``wall_clock``.
+- **Read bandwidth** (``read_bytes_s``, for the router's cost of a disk hit): per lookup that
+  read files, the bytes read over the wall time from the first file's read start to the last
+  one's end (the reader threads read a chain in parallel, so summed thread time would
+  understate it), as a moving average (``workers.rates``); blocks still waiting to be
+  written are served from memory and not counted.
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ from workers.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, Corr
                                 block_path, decode_block, read_header)
 from workers.disk_writer import DiskWriter, PendingBlock
 from workers.kv_quant import KVCodec
+from workers.rates import moving_average
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +95,15 @@ class DiskStats:
     pending_writes: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One block file read on a reader thread, with its ``perf_counter`` start and end."""
+
+    data: bytes
+    start: float
+    end: float
+
+
 class DiskTier:
     """One worker's disk directory of K/V blocks, with its own ledger and budget."""
 
@@ -107,6 +122,7 @@ class DiskTier:
         self._tokens: dict[BlockHash, bytes] = {}  # token ids per block, for near misses
         self._reads: dict[BlockHash, Future] = {}
         self._read_counts = [0, 0, 0.0]  # blocks, bytes, seconds
+        self._read_rate: float | None = None  # bytes/s, moving average over lookups
         self._corrupt = 0
         self._skipped_full = 0
         self._checked_at = 0.0  # while full: when the free space was last looked at
@@ -122,6 +138,11 @@ class DiskTier:
     def tokens(self, block: BlockHash) -> tuple[int, ...]:
         raw = self._tokens[block]
         return tuple(int.from_bytes(raw[i:i + 4], "little") for i in range(0, len(raw), 4))
+
+    @property
+    def read_bytes_s(self) -> float | None:
+        """The measured read bandwidth (bytes/s), None before the first file is read back."""
+        return self._read_rate
 
     def stats(self) -> DiskStats:
         self._reap()
@@ -185,11 +206,13 @@ class DiskTier:
         """
         self.prefetch(chain)
         out: list[BlockData] = []
+        reads: list[_Read] = []
         for h, want in zip(chain, tokens):
-            block = self._load_one(h, want)
+            block = self._load_one(h, want, reads)
             if block is None:
                 break
             out.append(block)
+        self._observe(reads)
         for h in chain[len(out):]:  # reads started for blocks after a failure are not needed
             self._reads.pop(h, None)
         if out:
@@ -199,7 +222,8 @@ class DiskTier:
                 self._writer.touch(b.record.block)
         return out
 
-    def _load_one(self, h: BlockHash, want: tuple[int, ...]) -> BlockData | None:
+    def _load_one(self, h: BlockHash, want: tuple[int, ...], reads: list[_Read]
+                  ) -> BlockData | None:
         pending = self._writer.pending(h)
         future = self._reads.pop(h, None)
         if pending is not None:
@@ -208,7 +232,8 @@ class DiskTier:
             return None
         path = block_path(self.directory, h)
         try:
-            data, seconds = future.result()
+            read = future.result()
+            data = read.data
             block = decode_block(data, path)
             if block.record.block != h or block.record.tokens != want:
                 raise CorruptBlock(f"{path}: holds other tokens than its hash says")
@@ -218,14 +243,23 @@ class DiskTier:
             return None
         self._read_counts[0] += 1
         self._read_counts[1] += len(data)
-        self._read_counts[2] += seconds
+        self._read_counts[2] += read.end - read.start
+        reads.append(read)
         return block
 
+    def _observe(self, reads: list[_Read]) -> None:
+        """One lookup's files: their bytes over the wall time it took to read them all."""
+        if not reads:
+            return
+        span = max(r.end for r in reads) - min(r.start for r in reads)
+        if span > 0:
+            self._read_rate = moving_average(self._read_rate, sum(len(r.data) for r in reads) / span)
+
     @staticmethod
-    def _read_file(path: Path) -> tuple[bytes, float]:
+    def _read_file(path: Path) -> _Read:
         start = time.perf_counter()
         data = path.read_bytes()
-        return data, time.perf_counter() - start
+        return _Read(data, start, time.perf_counter())
 
     # ---- invalidation, expiry ------------------------------------------------------------
 

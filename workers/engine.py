@@ -35,7 +35,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
-from router.events import BlockEvent
+from router.events import BlockEvent, WorkerRates
 from router.key import Namespace
 from router.ledger import DEFAULT_EVICTION, Eviction, Holding
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
@@ -141,6 +141,15 @@ class Engine:
         """K/V bytes one cached token takes in this engine's disk tier (0: no disk tier)."""
         disk = self.store.disk
         return disk.ledger.bytes_per_token if disk is not None else 0
+
+    def rates(self) -> WorkerRates | None:
+        """What the router costs a disk hit here from: the disk tier's bytes per token and
+        read bandwidth, and the prefill rate (None without a disk tier)."""
+        disk = self.store.disk
+        if disk is None:
+            return None
+        return WorkerRates(disk.ledger.bytes_per_token, disk.read_bytes_s,
+                           self._budget.prefill_tokens_s)
 
     def namespace(self, tenant: str, adapter: str = "") -> Namespace:
         """The cache namespace of ``tenant`` on this model and weights revision."""

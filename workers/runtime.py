@@ -17,7 +17,8 @@ through the command queue. This is the one place that drives an engine::
     await close() ───────────────────────────── Stop ───► the thread returns
                                    on_events(EventBatch) ◄┤ after every step and call: the
                                                           │ store's block events, numbered
-                                                          │ per worker (the router's feed)
+                                                          │ per worker (the router's feed),
+                                                          │ with the engine's WorkerRates
                                                           └ idle: expired blocks dropped
                                                             every EXPIRE_EVERY_S
 
@@ -343,7 +344,8 @@ class EngineRuntime:
         events = slot.engine.drain_events()
         if events and self._on_events is not None:
             slot.seq += 1
-            self._on_events(EventBatch(worker_id, slot.seq, tuple(events)))
+            self._on_events(EventBatch(worker_id, slot.seq, tuple(events),
+                                       slot.engine.rates()))
 
     def _holdings(self, worker_id: str) -> Holdings:
         slot = self._slots[worker_id]

@@ -22,9 +22,10 @@ in ``stall - 1`` decode steps at the measured prefill rate, so a step with prefi
 ``stall`` times a step without (``stall`` = 2.0 by default). A fixed 512-token budget would
 not do on a CPU: there a 512-token chunk takes as long as about 30 decode steps of 4
 requests (26 s against 0.8 s, same machine), a 30-fold stall. Both rates are moving averages
-of what the engine measured (weight ``_EMA``), in seconds passed in by the caller, never read
+of what the engine measured (``workers.rates``), in seconds passed in by the caller, never read
 here. The budget never falls below ``min_tokens`` (4), so a long prompt still advances when
-decodes are slow.
+decodes are slow. The prefill rate (``prefill_tokens_s``) is also the unit the router counts
+a disk hit's load time in (``router.policy``).
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Generic, Iterator, TypeVar
 
-T = TypeVar("T")
+from workers.rates import moving_average
 
-_EMA = 0.3  # weight of the newest measurement in the moving averages
+T = TypeVar("T")
 
 
 class Admission(Generic[T]):
@@ -114,13 +115,15 @@ class StepBudget:
         fits = int((self.stall - 1.0) * self._decode_s * self._prefill_tok_s)
         return max(self.min_tokens, min(self.max_tokens, fits))
 
+    @property
+    def prefill_tokens_s(self) -> float | None:
+        """The measured prefill rate (moving average), None before the first prefill."""
+        return self._prefill_tok_s or None
+
     def observe_decode(self, seconds: float) -> None:
-        self._decode_s = _average(self._decode_s, seconds)
+        self._decode_s = moving_average(self._decode_s, seconds)
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
-            self._prefill_tok_s = _average(self._prefill_tok_s, tokens / seconds)
+            self._prefill_tok_s = moving_average(self._prefill_tok_s, tokens / seconds)
 
-
-def _average(old: float, new: float) -> float:
-    return new if not old else (1 - _EMA) * old + _EMA * new
