@@ -16,6 +16,9 @@ alike. Every trial's prompt is the prefix plus 16 fresh tokens (a new suffix eac
 figure is the median of ``trials`` runs; ``progress`` hears each trial as it ends. Bandwidth: *write* is bytes written over the writer thread's
 busy time (serialisation, checksum and the write); *read* is the bytes of every block file over
 the wall time of reading them all at once on the tier's reader threads, page cache dropped.
+Beside them, the rates the tiered engine reports to the router after the trials (the tier's
+moving average of its lookups' read bandwidth, the engine's prefill rate) and the cost of a
+disk token they make (``router.policy.disk_token_cost``, in prefill tokens).
 
 Decode under write-behind: ``decode_pairs`` pairs of decodes of ``decode_tokens`` tokens, one
 alone (TPOT), one right after ``spill_tokens`` tokens of other blocks were evicted to the
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from router.ledger import Eviction
+from router.policy import disk_token_cost
 from workers.disk_files import SUFFIX
 from workers.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, GenerateResult, SamplingParams
@@ -62,6 +66,9 @@ class DiskBench:
     tpot_ratio: float      # median over the pairs of TPOT with a spill / TPOT alone
     spill_mb: float
     spill_write_s: float
+    tier_read_mb_s: float      # as the tiered engine reports it to the router
+    prefill_tokens_s: float    # likewise
+    disk_token_cost: float     # the router's cost of a disk token from those two
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -105,6 +112,7 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
                 progress(f"trial {i + 1}/{trials}: TTFT recomputed {recomputed[-1]:.2f} s, "
                          f"disk {disk[-1]:.2f} s ({disk_tokens[-1]} tokens from disk), "
                          f"memory {in_memory[-1]:.2f} s")
+            rates = tiered.rates()
             read_mb_s, read_mb = _read_bandwidth(Path(tmp))
             progress(f"read {read_mb:.0f} MB at {read_mb_s:.0f} MB/s (page cache dropped)")
             tpot_alone, tpot_spill, tpot_ratio, spill_mb, spill_s = _decode_under_spill(
@@ -119,7 +127,8 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
         str(model_dir), prefix_tokens, per_token, ttft_cold, statistics.median(in_memory),
         ttft_disk, tuple(disk_tokens), ttft_disk / ttft_cold,
         stats.written_bytes / stats.write_s / 1e6 if stats.write_s else 0.0, read_mb_s,
-        read_mb, tpot_alone, tpot_spill, tpot_ratio, spill_mb, spill_s)
+        read_mb, tpot_alone, tpot_spill, tpot_ratio, spill_mb, spill_s,
+        rates.disk_read_bytes_s / 1e6, rates.prefill_tokens_s, disk_token_cost(rates))
 
 
 class _Asker:
