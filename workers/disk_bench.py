@@ -66,9 +66,10 @@ class DiskBench:
     tpot_ratio: float      # median over the pairs of TPOT with a spill / TPOT alone
     spill_mb: float
     spill_write_s: float
-    tier_read_mb_s: float      # as the tiered engine reports it to the router
-    prefill_tokens_s: float    # likewise
-    disk_token_cost: float     # the router's cost of a disk token from those two
+    # as the tiered engine reports them to the router (None: nothing read from disk)
+    tier_read_mb_s: float | None
+    prefill_tokens_s: float | None
+    disk_token_cost: float | None  # the router's cost of a disk token from those two
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -128,7 +129,8 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
         ttft_disk, tuple(disk_tokens), ttft_disk / ttft_cold,
         stats.written_bytes / stats.write_s / 1e6 if stats.write_s else 0.0, read_mb_s,
         read_mb, tpot_alone, tpot_spill, tpot_ratio, spill_mb, spill_s,
-        rates.disk_read_bytes_s / 1e6, rates.prefill_tokens_s, disk_token_cost(rates))
+        rates.disk_read_bytes_s and rates.disk_read_bytes_s / 1e6, rates.prefill_tokens_s,
+        disk_token_cost(rates))
 
 
 class _Asker:

@@ -253,7 +253,8 @@ class DiskTier:
             return
         span = max(r.end for r in reads) - min(r.start for r in reads)
         if span > 0:
-            self._read_rate = moving_average(self._read_rate, sum(len(r.data) for r in reads) / span)
+            read_bytes = sum(len(r.data) for r in reads)
+            self._read_rate = moving_average(self._read_rate, read_bytes / span)
 
     @staticmethod
     def _read_file(path: Path) -> _Read:

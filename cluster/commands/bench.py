@@ -181,7 +181,10 @@ def disk(args: argparse.Namespace) -> int:
     print(f"decode tpot alone {r.tpot_alone_s * 1e3:.2f}ms, with write-behind "
           f"{r.tpot_with_spill_s * 1e3:.2f}ms (median ratio {r.tpot_ratio:.3f}, target <= 1.10; "
           f"{r.spill_mb:.0f} MB written in {r.spill_write_s:.2f}s)")
-    print(f"router's disk cost {r.disk_token_cost:.4f} prefill tokens per disk token "
-          f"(the tier's lookups read at {r.tier_read_mb_s:.0f} MB/s, prefill "
-          f"{r.prefill_tokens_s:.1f} tokens/s)")
+    if r.disk_token_cost is None:
+        print("router's disk cost: not measured (no trial read from disk); the default stands")
+    else:
+        print(f"router's disk cost {r.disk_token_cost:.4f} prefill tokens per disk token "
+              f"(the tier's lookups read at {r.tier_read_mb_s:.0f} MB/s, prefill "
+              f"{r.prefill_tokens_s:.1f} tokens/s)")
     return 0
