@@ -76,9 +76,14 @@ def test_nothing_between_jobs_the_second_reads_the_first(tmp_path):
 
 def test_invalidation_empties_the_forecasts_memory(tmp_path):
     tc, clock = build(tmp_path)
-    before = []
-    first, second = twice(tc, clock, lambda: before.append(tc.invalidate("acme")))
-    assert before[0] > 0
+    held, removed = [], []
+
+    def invalidate() -> None:
+        held.append(sum(e.stats().ledger.blocks for e in tc.engines.values()))
+        removed.append(tc.invalidate("acme"))
+        held.append(sum(e.stats().ledger.blocks for e in tc.engines.values()))
+    first, second = twice(tc, clock, invalidate)
+    assert removed[0] == held[0] and held[1] == 0   # acme's blocks were every block held
     assert second[1] == pytest.approx(first[1], abs=0.01)   # nothing was left to read
     assert second[0] == pytest.approx(second[1], abs=0.05)
 
