@@ -331,6 +331,7 @@ def test_with_every_worker_drained_jobs_wait_and_generate_is_unavailable(api, ac
         admin.scale(1)
         done = acme.wait(job.job_id, poll_s=0.05, timeout_s=60)
         assert (done.state, done.completed) == ("succeeded", 3)
+        assert len(admin.scale(2)) == 2  # the module's frontend as the other tests know it
 
 
 def test_invalidate_by_chat_prefix(api, acme, tokenizer):
