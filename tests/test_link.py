@@ -36,7 +36,7 @@ async def _served():
     worker = EngineWorker("w0", str(tiny_model()), EngineConfig(block_size=BLOCK))
     hello = await worker.start()
     host, port = await worker.listen(SECRET)
-    assert host == "local"  # outside Ray: served on loopback
+    assert host == "127.0.0.1"  # outside Ray: served on loopback
     try:
         yield worker, port, Namespace("t", hello.model_id, hello.revision)
     finally:

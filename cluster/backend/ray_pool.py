@@ -8,14 +8,14 @@
                 remove_worker in both (its blocks forgotten) ─► actor stopped
     died(w)  ─► remove_worker at once ─► actor killed ─► a replacement is started
                 in the background when a slot is free (else the worker is just removed)
-    check()  ─► idle workers pinged; stale views rebuilt from the workers' holdings; a lost
+    check()  ─► workers pinged; stale views rebuilt from the workers' holdings; a lost
                 router actor replaced and rebuilt the same way
 
 The pool owns the worker table, each worker's request stream (``PoolWorker.link``, opened with
-the pool's secret, made here and handed to the worker through Ray) and the router actor (kept for other frontends and recovery:
-the workers feed it directly); ``RayBackend`` routes with ``routes``
-(``cluster.backend.routing``), asks the pool for workers and reports deaths. All Ray calls are
-awaited (never ``ray.get``) so nothing here blocks the event loop.
+the pool's secret, made here and handed to the worker through Ray) and the router actor
+(kept for other frontends and recovery: the workers feed it directly); ``RayBackend`` routes
+with ``routes`` (``cluster.backend.routing``), asks the pool for workers and reports deaths.
+All Ray calls are awaited (never ``ray.get``) so nothing here blocks the event loop.
 """
 from __future__ import annotations
 

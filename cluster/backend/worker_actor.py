@@ -168,8 +168,9 @@ class EngineWorker:
         if self._hello is None:
             raise RuntimeError(f"worker {self._id} is not started: call start() first")
         host = node_address()
+        host = "127.0.0.1" if host == "local" else host   # outside Ray: loopback
         self._link = LinkServer(self.generate, secret)
-        return host, await self._link.start("127.0.0.1" if host == "local" else host)
+        return host, await self._link.start(host)
 
     async def abort(self, request_id: str) -> None:
         """Stop ``request_id`` (the caller gave up on it): it leaves the batch at the next step."""
