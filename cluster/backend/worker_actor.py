@@ -55,7 +55,7 @@ from router.events import EventBatch, encode_batch
 from router.key import Namespace
 from workers.blas import openblas_in_use
 from workers.engine import EngineConfig
-from workers.messages import GenerateRequest, GenerateResult, WorkerFailed, WorkerStats
+from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
 from workers.runtime import EngineRuntime, Finished, Holdings
 
 __all__ = ["EngineWorker", "Prefilled", "WorkerActor", "WorkerDone", "WorkerFailed",
