@@ -12,12 +12,14 @@ import mlx.core as mx
 
 from router.events import BlockRemoved, BlockStored, Tier
 from router.key import Namespace, hash_blocks
+from router.ledger import Eviction
 from workers.disk_files import BlockRecord, block_path, encode_block
 from workers.disk_tier import DiskDirError
 from workers.messages import LookupOutcome
 from workers.store import KVShape, PrefixStore, open_store
 
-from test_store import BS, NS, SHAPE, Clock, kv_for
+from test_store import BS, NS, SHAPE, kv_for
+from tests.conftest import Clock
 
 TTL = 60.0
 BLOCK_BYTES = BS * SHAPE.bytes_per_token
@@ -25,19 +27,25 @@ A = list(range(1, 9))      # two blocks
 B = list(range(101, 109))  # two other blocks
 
 
-class Wall:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
+WALL_START = 1_000_000.0   # the wall clock the disk files are stamped with
 
-    def __call__(self) -> float:
-        return self.now
+
+POLICY: list[Eviction] = [Eviction.LRU]  # the policy of the test running (``_every_policy``)
+
+
+@pytest.fixture(autouse=True)
+def _every_policy(eviction):
+    """Every test here runs once per eviction policy: what they assert holds under both."""
+    POLICY[0] = eviction
+    yield
+    POLICY[0] = Eviction.LRU
 
 
 def tiered(directory: Path, mem_blocks: int = 2, disk_blocks: int = 100, clock: Clock | None = None,
            model: str = "m", revision: str = "r1", wall=None, **kw) -> PrefixStore:
     return open_store(SHAPE, BS, TTL, clock or Clock(), memory_bytes=mem_blocks * BLOCK_BYTES,
-                      eviction="lru", disk_dir=directory, disk_bytes=disk_blocks * BLOCK_BYTES,
-                      model=model, revision=revision, wall_clock=wall or Wall(), **kw)
+                      eviction=POLICY[0], disk_dir=directory, disk_bytes=disk_blocks * BLOCK_BYTES,
+                      model=model, revision=revision, wall_clock=wall or Clock(WALL_START), **kw)
 
 
 def put(store: PrefixStore, tokens: list[int], ns: Namespace = NS) -> int:
@@ -188,7 +196,7 @@ def test_another_models_blocks_are_cleaned_up_and_never_served(tmp_path):
 
 
 def test_blocks_expired_while_down_are_dropped_at_restart(tmp_path):
-    wall = Wall()
+    wall = Clock(WALL_START)
     store = spilled_a(tmp_path, wall=wall)
     store.close()
     a0, a1 = ha()

@@ -3,9 +3,9 @@
 ``TracedCluster`` runs requests one at a time through ``router.router.Router`` and one
 ``workers.engine.Engine`` per worker (each with its own prefix store), feeding the stores'
 block events back to the router after every request, and records every request through a
-``RequestObserver`` exactly as the job runner does. It is what ``orchard bench telemetry``
-measures, and what the telemetry tests drive to get traces that come from the real engine
-and router rather than from hand-written results.
+``RequestObserver`` as the job runner does. The telemetry tests drive it to get traces that
+come from the real engine and router rather than from hand-written results, with a clock they
+control (``orchard bench telemetry`` measures the frontend itself, not this).
 
 The clock is injected and shared by the engines' stores, the router and the observer, so a
 test can step past a TTL. With ``disk_bytes`` each worker's store has a disk tier too (worker
