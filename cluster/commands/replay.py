@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from workers.engine import EngineConfig
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
 
     check(_Planned(EngineConfig().block_size))  # before any process starts
 
