@@ -9,7 +9,9 @@ measured ``EngineProfile`` instead of the model::
                    profile step_s(batch, mean context)
            prefill at most `budget` prompt tokens (512 alone; while requests decode, what fits
                    in (stall - 1) decode steps at the measured prefill rate), oldest job first:
-                   each chunk costs profile prefill_s(its cached context, its tokens)
+                   a job's chunks together cost the profile's prefill_s(cached, new) for its
+                   whole prompt, the first one its fixed cost (the difference of two grid
+                   reads for each later one)
 
 - A job is looked up in the store when it first gets budget (the cached blocks' load time is
   charged to that step); a job whose first block is an older prefilling job's first block
@@ -60,7 +62,8 @@ class _Job:
     arrival: float
     first_block: BlockHash | None
     looked_up: bool = False
-    done: int = 0  # prompt tokens in the cache (reused or computed)
+    cached: int = 0  # prompt tokens the store lookup reused
+    done: int = 0    # prompt tokens in the cache (reused or computed)
 
     @property
     def need(self) -> int:
@@ -150,7 +153,7 @@ class EngineWorker:
         jobs = self._this_step(budget)
         load = sum(self._look_up(job, start + elapsed) for job in jobs if not job.looked_up)
         shares = split_budget([job.need for job in jobs], budget)
-        compute = sum(self.service.chunk_s(n, job.done) for job, n in zip(jobs, shares) if n)
+        compute = sum(self._chunk_s(job, n) for job, n in zip(jobs, shares) if n)
         self.budget.observe_prefill(sum(shares), compute)
         end = start + elapsed + load + compute
         self.store.now = end
@@ -166,6 +169,13 @@ class EngineWorker:
                 self._first_token(job, end, emit)
         self._send_events(end, emit)
         return load + compute
+
+    def _chunk_s(self, job: _Job, tokens: int) -> float:
+        """A chunk's share of the profile's time for the whole prompt on its cached prefix:
+        the first chunk pays the request's fixed cost, the chunks sum to the measured time."""
+        computed = job.done - job.cached
+        whole = self.service.chunk_s(computed + tokens, job.cached)
+        return whole - self.service.chunk_s(computed, job.cached) if computed else whole
 
     def _this_step(self, budget: int) -> list[_Job]:
         """Oldest first; a job sharing an older prefilling job's first block waits for it."""
@@ -188,7 +198,7 @@ class EngineWorker:
         self.store.now = now
         in_memory, on_disk = self.store.match(job.req.hashes)
         cached = reusable_tokens(job.req.input_length, in_memory + on_disk, self.block_size)
-        job.done = cached
+        job.cached = job.done = cached
         self.outcomes[job.req.rid] = Outcome(job.arrival, float("nan"), cached)
         from_disk = max(0, cached - in_memory * self.block_size)
         return self.service.load_s(cached - from_disk) + self.disk_load_s(from_disk)
