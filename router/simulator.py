@@ -270,13 +270,20 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         hit += sum(o.cached for o in engine.outcomes.values())
         ttfts.extend(o.first - o.arrival for o in engine.outcomes.values())
         itls.extend(engine.gaps)
+    return _result(name, config, workers, policy, hit / total if total else 0.0, ttfts,
+                   itls if engines else None, decisions, decisions_cpu)
+
+
+def _result(name: str, config: SimConfig, workers: dict[str, "_Worker"], policy: SimPolicy,
+            hit_ratio: float, ttfts: list[float], itls: list[float] | None,
+            decisions: list[float], decisions_cpu: list[float]) -> PolicyResult:
     prefilled = [w.prefilled_tokens for w in workers.values()]
     mean = sum(prefilled) / len(prefilled)
     within = sum(1 for t in ttfts if t <= config.ttft_slo_s)
     return PolicyResult(
         name=name,
         goodput=within / len(ttfts) if ttfts else 0.0,
-        hit_ratio=hit / total if total else 0.0,
+        hit_ratio=hit_ratio,
         prefill_tokens=sum(prefilled),
         imbalance=max(prefilled) / mean if mean else 1.0,
         ttft_mean_s=sum(ttfts) / len(ttfts) if ttfts else 0.0,
@@ -285,7 +292,7 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         decision_cpu_p50_us=percentile(decisions_cpu, 0.50),
         decision_cpu_p99_us=percentile(decisions_cpu, 0.99),
         reasons=dict(policy.reasons),
-        itl_p99_s=(percentile(itls, 0.99) if itls else 0.0) if engines else None)
+        itl_p99_s=percentile(itls, 0.99) if itls is not None else None)
 
 
 def _engines(workers: dict[str, "_Worker"], config: SimConfig) -> dict[str, EngineWorker]:
