@@ -154,7 +154,11 @@ class EngineWorker:
         load = sum(self._look_up(job, start + elapsed) for job in jobs if not job.looked_up)
         shares = split_budget([job.need for job in jobs], budget)
         compute = sum(self._chunk_s(job, n) for job, n in zip(jobs, shares) if n)
-        self.budget.observe_prefill(sum(shares), compute)
+        # the engine measures its prefill rate on the chunks alone: a request's fixed cost
+        # (the profile's time for no new tokens) is not part of it
+        fixed = sum(self.service.chunk_s(0, job.cached) for job, n in zip(jobs, shares)
+                    if n and job.done == job.cached)
+        self.budget.observe_prefill(sum(shares), compute - fixed)
         end = start + elapsed + load + compute
         self.store.now = end
         for job, n in zip(jobs, shares):
