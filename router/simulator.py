@@ -19,8 +19,8 @@ the tensors taken out) plus a service model from ``router.service``:
   prefill of the rest.
 
 TTFT = queueing + disk load + prefill. The workers' block events reach the policy
-``event_delay_s`` after they are stored; the policy also hears when each request started, produced its first token
-and finished, as a real router would. Only full blocks are stored (the partial tail of a
+``event_delay_s`` after they are stored; the policy also hears when each request started,
+produced its first token and finished, as a real router would. Only full blocks are stored (the partial tail of a
 prompt never is), as in the workers' stores.
 
 Figures per policy: ``goodput`` (the share of requests whose TTFT is within ``ttft_slo_s``,
