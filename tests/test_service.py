@@ -81,6 +81,22 @@ def test_the_simulator_on_a_profile_runs_the_engine_steps_chunked_under_the_deco
     assert result.prefill_tokens == 400 and result.hit_ratio == 0.0
 
 
+def test_a_prompt_cut_into_chunks_costs_the_profiles_time_for_the_whole_prompt():
+    # 0.5 s fixed + 0.01 s per token; a 100-token budget cuts 300 tokens into 3 chunks that
+    # cost 1.5 + 1.0 + 1.0 s: the profile's 3.5 s for 300 tokens, the fixed cost once
+    trace = [TraceRequest(0.0, 300, 1, (1,))]
+    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000, prefill_budget=100,
+                       profile=profile(prefill_s=((1.5, 2.5), (1.5, 2.5))))
+    assert replay(trace, "round_robin", config).ttft_p50_s == pytest.approx(3.5)
+
+
+def test_the_forecast_hook_is_refused_on_a_profile():
+    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000, profile=profile())
+    with pytest.raises(ValueError, match="on_served needs the linear service model"):
+        replay([TraceRequest(0.0, 100, 1, (1,))], "round_robin", config,
+               on_served=lambda *args: None)
+
+
 def test_the_simulated_step_budget_defaults_are_the_engines():
     from workers.engine import EngineConfig
 
