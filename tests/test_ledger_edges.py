@@ -173,16 +173,19 @@ def test_a_priority_never_drops_when_the_horizon_shrinks():
 
 def test_a_long_lived_heap_is_compacted_and_keeps_its_order():
     clock = Clock()
-    led = BlockLedger(2, 1e9, clock, 1, policy="reuse")
-    led.insert(blocks(3), 1, NS, ROOT)
-    led.insert(blocks(8), 1, NS, ROOT)
+    led = BlockLedger(3, 1e9, clock, 1, policy="reuse")
+    for h in (3, 8, 6):
+        led.insert(blocks(h), 1, NS, ROOT)
+    led.touch(blocks(8))                # two heap items for 8 at priority 0
     clock.now = 1.0
-    for _ in range(1100):               # every touch leaves a heap item: past 4 x 2 + 1024
+    led.touch(blocks(3))                # 3 before 6 at priority 1 ...
+    led.touch(blocks(6))
+    for _ in range(1100):               # ... and 1100 later items for 3: past 4 x 2 + 1024
         led.touch(blocks(3))
     led.insert(blocks(5), 1, NS, ROOT)  # 8 (priority 0) goes; the heap is rebuilt
-    led.insert(blocks(6), 1, NS, ROOT)  # 3 and 5 tie at 1: 3 is older
-    led.insert(blocks(7), 1, NS, ROOT)
-    assert evicted(led) == blocks(8, 3, 5)
+    led.insert(blocks(7), 1, NS, ROOT)  # 3 and 6 tie at 1: 3 was used first
+    led.insert(blocks(9), 1, NS, ROOT)
+    assert evicted(led) == blocks(8, 3, 6)
 
 
 def test_invalidation_removes_exactly_the_subtrees_and_logs_them():
