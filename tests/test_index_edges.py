@@ -154,8 +154,29 @@ def test_drops_count_down_each_live_holder_and_skip_removed_workers():
     idx.apply(stored("b", 0, chain(10, 11)))
     idx.apply(stored("c", 0, chain(10, 11)))
     idx.remove_worker("a")
-    idx.remove_worker("b")
     idx.apply(stored("d", 0, chain(20, 21, 22)))  # 5 blocks > 4: 10 and 11 go (5 - 4 + 1)
     assert idx.counters().dropped == 2
-    assert (idx.blocks_held("c"), idx.blocks_held("d")) == (0, 3)
+    assert [idx.blocks_held(w) for w in ("b", "c", "d")] == [0, 0, 3]
     assert idx.holders(BlockHash(20)) == ["d"]
+
+
+def test_disk_drops_leave_the_memory_counts_alone():
+    idx = index("a", max_blocks=2)
+    idx.apply(stored("a", 0, chain(10, 11)))
+    idx.apply(disk_stored("a", 1, chain(20, 21, 22)))  # 3 disk blocks > 2: 2 of them go
+    assert idx.counters().dropped == 2 and idx.blocks_held("a") == 2
+
+
+def test_a_rebuild_leaves_blocks_the_worker_never_held():
+    idx = index("a", "b")
+    idx.apply(stored("a", 0, chain(30)))
+    idx.apply(stored("b", 0, chain(10)))
+    idx.rebuild("b", chain(10))
+    assert idx.counters().unknown_block_removals == 0 and idx.holders(BlockHash(30)) == ["a"]
+
+
+def test_nothing_to_note_and_a_silent_worker_are_no_errors():
+    idx = index("a")
+    idx.note_routed("ghost", chain(10), now=0, held_blocks=1)  # nothing past what is held
+    idx.remove_worker("a")                                      # never sent a batch
+    assert idx.workers() == []

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from router.key import BlockHash
-from router.policy import (NoWorkerAvailable, PolicyConfig, Reason, RouteQuery, WorkerLoad,
+from router.policy import (Candidate, CandidateRows, NoWorkerAvailable, PolicyConfig, Reason, RouteQuery, WorkerLoad,
                            decide, rendezvous)
 
 DEFAULT = PolicyConfig()
@@ -42,9 +42,17 @@ def test_config_rejects_negatives_by_name():
 
 
 def test_no_worker_is_a_clear_error():
-    with pytest.raises(NoWorkerAvailable, match=re.escape(
-            "no worker is accepting requests: add a worker or retry")):
+    with pytest.raises(NoWorkerAvailable, match="^" + re.escape(
+            "no worker is accepting requests: add a worker or retry") + "$"):
         decide(DEFAULT, RouteQuery(chain(1, 1), 16, {}), [], block_size=16, seed=0)
+
+
+def test_candidate_rows_read_as_candidates():
+    rows = (("a", 16, 3, 1.5), ("b", 0, 0, 7.0))
+    compact = CandidateRows(rows)
+    assert tuple(compact) == (Candidate("a", 16, 3, 1.5), Candidate("b", 0, 0, 7.0))
+    assert hash(compact) == hash(rows) and compact == tuple(compact)
+    assert repr(compact) == repr(tuple(compact))
 
 
 def test_rendezvous_winners_are_pinned():
