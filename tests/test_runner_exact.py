@@ -89,7 +89,7 @@ def test_results_failures_and_pending_counts_are_exact(tmp_path):
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 240, "a job over the in-process backend")
+    run_bounded(scenario(), 120, "a job over the in-process backend")
 
 
 def test_a_request_past_its_deadline_or_without_workers_gets_its_status(tmp_path):
@@ -118,7 +118,7 @@ def test_a_request_past_its_deadline_or_without_workers_gets_its_status(tmp_path
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 240, "deadline and no-worker statuses")
+    run_bounded(scenario(), 120, "deadline and no-worker statuses")
 
 
 def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tmp_path):
@@ -147,7 +147,7 @@ def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tm
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 240, "resume after a restart")
+    run_bounded(scenario(), 120, "resume after a restart")
 
 
 async def _until(predicate, what: str, timeout_s: float = 60.0) -> None:
