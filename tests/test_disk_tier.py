@@ -19,6 +19,8 @@ from workers.store import KVShape, PrefixStore, open_store
 
 from test_store import BS, NS, SHAPE, Clock, kv_for
 
+pytestmark = pytest.mark.usefixtures("bounded")  # the disk tier waits on its threads
+
 TTL = 60.0
 BLOCK_BYTES = BS * SHAPE.bytes_per_token
 A = list(range(1, 9))      # two blocks
