@@ -180,3 +180,15 @@ def test_nothing_to_note_and_a_silent_worker_are_no_errors():
     idx.note_routed("ghost", chain(10), now=0, held_blocks=1)  # nothing past what is held
     idx.remove_worker("a")                                      # never sent a batch
     assert idx.workers() == []
+
+
+def test_two_removed_workers_both_stay_forgotten():
+    idx = index("a", "b", "c", max_blocks=2)
+    idx.apply(stored("a", 0, chain(10)))
+    idx.apply(stored("b", 0, chain(10)))
+    idx.apply(stored("c", 0, chain(10)))
+    idx.remove_worker("a")
+    idx.remove_worker("b")                       # a's slot must not come back
+    assert idx.holders(BlockHash(10)) == ["c"]
+    idx.apply(stored("c", 1, chain(20, 21)))     # 3 blocks > 2: 10 and 20 go
+    assert idx.counters().dropped == 2 and idx.blocks_held("c") == 1
