@@ -58,7 +58,7 @@ run_mutants() {
     name=${module%.py}; name=${name//\//.}
     echo "== $module" >&2
     start=$(date +%s)
-    .venv/bin/mutmut run "$name.*" --max-children "${MUTANT_CHILDREN:-1}"
+    OPENBLAS_NUM_THREADS=1 .venv/bin/mutmut run "$name.*" --max-children "${MUTANT_CHILDREN:-1}"
     echo "== $module: $(( $(date +%s) - start )) s" >&2
   done
   .venv/bin/mutmut results

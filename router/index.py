@@ -225,7 +225,11 @@ class PrefixIndex:
         if last:
             self._record(result, last, len(hashes))
         stack = [(0, first, last_i, last)]
-        while stack:
+        # Each step ends an interval or splits it in two smaller ones: at most 2 x len(hashes)
+        # steps. A bound, not a while, so that a broken split fails at once instead of spinning.
+        for _ in range(2 * len(hashes)):
+            if not stack:
+                break
             lo, lo_mask, hi, hi_mask = stack.pop()
             if lo_mask == hi_mask:
                 continue  # nobody's depth ends inside (lo, hi]
@@ -236,6 +240,8 @@ class PrefixIndex:
             mid_mask = mask_of(hashes[mid]) & lo_mask
             stack.append((lo, lo_mask, mid, mid_mask))
             stack.append((mid, mid_mask, hi, hi_mask & mid_mask))
+        else:
+            raise RuntimeError(f"bisection over {len(hashes)} blocks did not converge")
         return result
 
     def _mask_any_tier(self, block: BlockHash) -> int:
@@ -243,10 +249,8 @@ class PrefixIndex:
 
     def holders(self, block: BlockHash) -> list[str]:
         """The live workers whose events say they hold ``block`` (routed-only excluded)."""
-        result: dict[str, int] = {}
-        mask = self._held.get(block, 0) | self._disk.get(block, 0)  # either tier
-        self._record(result, mask & self._live_mask, 0)
-        return list(result)
+        mask = (self._held.get(block, 0) | self._disk.get(block, 0)) & self._live_mask
+        return [name for slot, name in self._names.items() if mask >> slot & 1]  # either tier
 
     def _mask(self, block: BlockHash) -> int:
         mask = self._held.get(block, 0)
@@ -260,7 +264,7 @@ class PrefixIndex:
 
     def _record(self, result: dict[str, int], mask: int, depth: int) -> None:
         names = self._names
-        while mask:
+        for _ in range(mask.bit_count()):  # one turn per worker bit
             low = mask & -mask
             name = names.get(low.bit_length() - 1)
             if name is not None:
@@ -305,7 +309,7 @@ class PrefixIndex:
         excess = len(held) - self.max_blocks + max(1, self.max_blocks // 100)
         for block in list(islice(held, excess)):
             mask = held.pop(block) & self._live_mask
-            while held is self._held and mask:
+            for _ in range(mask.bit_count() if held is self._held else 0):
                 low = mask & -mask
                 self._held_count[self._names[low.bit_length() - 1]] -= 1
                 mask ^= low

@@ -246,11 +246,7 @@ class BlockLedger:
         """Leading blocks of ``hashes`` held and unexpired; touches them (LRU) and logs a hit."""
         self.expire()
         self._counts["lookups"] += 1
-        n = 0
-        for h in hashes:
-            if h not in self._entries:
-                break
-            n += 1
+        n = self._held_prefix(hashes)
         if n:
             for h in hashes[:n]:
                 self._entries[h].hits += 1
@@ -276,9 +272,7 @@ class BlockLedger:
         """
         counts = _counts_for(hashes, token_counts)
         self.expire()
-        present = 0
-        while present < len(hashes) and hashes[present] in self._entries:
-            present += 1
+        present = self._held_prefix(hashes)
         if present:
             self._touch(hashes[:present])
         protected = set(hashes[:present])
@@ -350,6 +344,15 @@ class BlockLedger:
 
     # ---- internals -----------------------------------------------------------------------
 
+    def _held_prefix(self, hashes: Sequence[BlockHash]) -> int:
+        # A for loop, not a while on an index: no slip in the count can make it spin forever.
+        n = 0
+        for h in hashes:
+            if h not in self._entries:
+                break
+            n += 1
+        return n
+
     def _touch(self, chain: Sequence[BlockHash]) -> None:
         # Deepest first, root last: an ancestor always ends up more recent than its
         # descendants, so the LRU head is always a leaf.
@@ -370,9 +373,7 @@ class BlockLedger:
             return False
         if self.policy is Eviction.REUSE:
             return self._make_room_by_priority(need, protected)
-        while self.used_bytes + need > self.capacity_bytes:
-            if not self._lru:
-                return False
+        while self.used_bytes + need > self.capacity_bytes:  # never empty here: need fits
             oldest = next(iter(self._lru))
             if oldest in protected:
                 return False  # only this chain is left: capacity exhausted
@@ -401,8 +402,18 @@ class BlockLedger:
             for item in skipped:
                 heapq.heappush(self._heap, item)
             if len(self._heap) > 4 * len(self._entries) + 1024:
-                self._heap = [(e.priority, 0, h) for h, e in self._entries.items()]
-                heapq.heapify(self._heap)
+                self._compact_heap()
+
+    def _compact_heap(self) -> None:
+        # Keep each entry's live item, sequence number included, so ties still go oldest
+        # first after a rebuild exactly as before it.
+        live: dict[BlockHash, tuple[float, int, BlockHash]] = {}
+        for item in self._heap:
+            entry = self._entries.get(item[2])
+            if entry is not None and entry.priority == item[0]:
+                live[item[2]] = min(item, live.get(item[2], item))
+        self._heap = list(live.values())
+        heapq.heapify(self._heap)
 
     def _add(self, h: BlockHash, parent: BlockHash, tokens: int, ns: str, now: float) -> None:
         self._entries[h] = _Entry(parent, tokens, ns, now, now, priority=now)
@@ -419,11 +430,9 @@ class BlockLedger:
         for top in tops:
             if top not in self._entries:
                 continue  # already gone with an ancestor
-            stack, order = [top], []
-            while stack:
-                h = stack.pop()
-                order.append(h)
-                stack.extend(self._children.get(h, ()))
+            order = [top]
+            for h in order:  # breadth first: the list grows under the loop, each block once
+                order.extend(self._children.get(h, ()))
             for h in reversed(order):  # children before parents
                 self._remove(h, LedgerEventKind.INVALIDATED)
                 removed += 1
@@ -433,7 +442,6 @@ class BlockLedger:
         entry = self._entries.pop(h)
         if self._children.get(h):
             raise RuntimeError(f"block {h:032x} removed before its children")
-        self._children.pop(h, None)
         siblings = self._children.get(entry.parent)
         if siblings is not None:
             siblings.discard(h)

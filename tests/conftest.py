@@ -23,6 +23,14 @@ class Clock:
 
 
 @pytest.fixture
+def bounded(request):
+    """The test fails after ``tests.bounded.WALL_CLOCK_LIMIT_S`` of wall-clock time."""
+    from tests.bounded import wall_clock_limit
+    with wall_clock_limit(request.node.nodeid):
+        yield
+
+
+@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

@@ -21,6 +21,8 @@ from workers.store import KVShape, PrefixStore, open_store
 from test_store import BS, NS, SHAPE, kv_for
 from tests.conftest import Clock
 
+pytestmark = pytest.mark.usefixtures("bounded")  # the disk tier waits on its threads
+
 TTL = 60.0
 BLOCK_BYTES = BS * SHAPE.bytes_per_token
 A = list(range(1, 9))      # two blocks

@@ -7,6 +7,8 @@ import asyncio
 
 import pytest
 
+from tests.bounded import run_bounded
+
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import JobStore, NewRequest, StagedRequest
@@ -84,7 +86,7 @@ def test_300_submit_and_cancel_cycles_leave_all_8_slots(tmp_path):
         await runner.close()
         store.close()
 
-    asyncio.run(main())
+    run_bounded(main(), 60, "300 submit and cancel cycles leave all 8 slots")
 
 
 def test_a_generate_flood_gets_its_share_of_the_slots_and_no_more(tmp_path):
@@ -121,7 +123,7 @@ def test_a_generate_flood_gets_its_share_of_the_slots_and_no_more(tmp_path):
         await runner.close()
         store.close()
 
-    asyncio.run(main())
+    run_bounded(main(), 60, "a generate flood gets its share of the slots and no more")
 
 
 def test_a_freed_slot_goes_to_the_tenant_holding_fewest():
@@ -149,7 +151,7 @@ def test_a_freed_slot_goes_to_the_tenant_holding_fewest():
         pool.release("a")
         assert pool.held() == {} and pool.in_use() == 0
 
-    asyncio.run(main())
+    run_bounded(main(), 60, "a freed slot goes to the tenant holding fewest")
 
 
 def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
@@ -165,7 +167,7 @@ def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
         await second
         assert pool.held() == {"c": 1}
 
-    asyncio.run(main())
+    run_bounded(main(), 60, "a waiter cancelled after its grant passes the slot on")
 
 
 def test_a_pool_needs_a_slot():

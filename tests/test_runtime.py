@@ -11,6 +11,7 @@ import contextlib
 import pytest
 
 from router.key import Namespace
+from tests.bounded import run_bounded
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
@@ -50,7 +51,7 @@ def test_a_run_yields_deltas_then_finished_and_counts_what_the_store_wrote():
         with pytest.raises(WorkerFailed, match="no engine"):
             await runtime.call("nobody", lambda engine: engine.busy)
         await runtime.close()
-    asyncio.run(scenario())
+    run_bounded(scenario(), 120, "a run, its stats and holdings")
 
 
 def test_closing_runs_early_aborts_them_before_the_next_step():
@@ -72,7 +73,7 @@ def test_closing_runs_early_aborts_them_before_the_next_step():
         done = [i async for i in runtime.run("w0", _request("next", tuple(range(5, 40)), 2))]
         assert isinstance(done[-1], Finished) and done[-1].result.cached_tokens == 0
         await runtime.close()
-    asyncio.run(scenario())
+    run_bounded(scenario(), 120, "closing runs early aborts them before the next step")
 
 
 def test_abort_from_elsewhere_ends_the_run_without_a_result():
@@ -85,7 +86,7 @@ def test_abort_from_elsewhere_ends_the_run_without_a_result():
         assert first.request_id == "long" and not any(isinstance(i, Finished) for i in rest)
         assert len(rest) < 1500 and await runtime.call("w0", lambda e: e.busy) is False
         await runtime.close()
-    asyncio.run(scenario())
+    run_bounded(scenario(), 120, "abort from elsewhere ends the run without a result")
 
 
 def test_a_broken_engine_fails_its_runs_and_leaves():
@@ -104,7 +105,7 @@ def test_a_broken_engine_fails_its_runs_and_leaves():
         with pytest.raises(WorkerFailed, match="no engine"):
             await runtime.stats("w0")
         await runtime.close()
-    asyncio.run(scenario())
+    run_bounded(scenario(), 120, "a broken engine fails its runs and leaves")
 
 
 def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tmp_path):
@@ -134,4 +135,4 @@ def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tm
         # nothing was evicted: only closing the engine wrote its 4 memory blocks to disk
         assert len(await held_after_restart(tmp_path / "retired", retire)) == 4
         assert len(await held_after_restart(tmp_path / "stopped", EngineRuntime.close)) == 4
-    asyncio.run(scenario())
+    run_bounded(scenario(), 120, "retire or stop, then restart on the same directory")

@@ -1,0 +1,71 @@
+"""Wall-clock bounds for tests that wait on threads or tasks: a stuck wait fails, saying so.
+
+``wall_clock_limit`` does the same for synchronous tests (the ``bounded`` fixture in
+``conftest.py``).
+
+``run_bounded(scenario(), 60, "what it does")`` is ``asyncio.run`` with a deadline. Past it the
+scenario is cancelled and the test fails with an ``AssertionError`` naming the scenario, instead
+of hanging: an engine thread that never answers, a slot never given back. The loop is closed
+without waiting for the default executor (``asyncio.run`` would join a thread that may be the
+stuck one).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from typing import Coroutine, TypeVar
+
+T = TypeVar("T")
+
+
+def run_bounded(scenario: Coroutine[object, object, T], timeout_s: float, what: str) -> T:
+    async def bounded() -> T:
+        try:
+            return await asyncio.wait_for(scenario, timeout_s)
+        except TimeoutError:
+            raise AssertionError(f"{what}: not finished after {timeout_s:g} s of wall-clock time "
+                                 "(a wait that never ended)") from None
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(bounded())
+    finally:
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:  # cancelled tasks get a bounded moment to unwind
+            loop.run_until_complete(asyncio.wait(left, timeout=5))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+WALL_CLOCK_LIMIT_S = 60.0
+TIMEOUT_EXIT = 36  # what mutmut reads as "timeout"
+
+
+@contextlib.contextmanager
+def wall_clock_limit(what: str, limit_s: float = WALL_CLOCK_LIMIT_S):
+    """Fail a synchronous test that waits on threads (the disk tier's writer and readers) once
+    it has run ``limit_s`` seconds of wall-clock time, naming it.
+
+    A ``SIGALRM`` in the main thread interrupts the wait. Under mutmut (``MUTANT_UNDER_TEST``
+    set) the process exits with mutmut's timeout status instead, so a mutant that only a hang
+    catches is counted as a timeout, never as killed.
+    """
+    def expire(signum, frame):
+        message = f"{what}: still running after {limit_s:g} s of wall-clock time (a wait that never ended)"
+        if os.environ.get("MUTANT_UNDER_TEST"):
+            print(message, file=sys.stderr, flush=True)
+            os._exit(TIMEOUT_EXIT)
+        raise TimeoutError(message)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,194 @@
+"""PrefixIndex at its edges: exact counters, staleness, retired slots, the disk tier, bounds.
+
+Each test pins an exact value that a one-token slip in ``router/index.py`` changes: a sequence
+rule off by one, a counter assigned instead of added, a removed worker's bit brought back, a
+pending entry dropped for every worker when one confirms it, the size of a drop batch.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from router.events import BlockRemoved, BlockStored, EventBatch, Tier
+from router.index import Match, PrefixIndex
+from router.key import BlockHash
+
+from tests.test_index import chain, index, removed, stored
+
+
+def disk_stored(worker: str, seq: int, blocks: list[BlockHash]) -> EventBatch:
+    return EventBatch(worker, seq, tuple(BlockStored(b, BlockHash(1), 16, "ns", Tier.DISK)
+                                         for b in blocks))
+
+
+def test_constructor_bounds_and_unknown_worker_messages():
+    with pytest.raises(ValueError, match="max_blocks must be positive, got 0"):
+        PrefixIndex(max_blocks=0)
+    with pytest.raises(ValueError, match=re.escape("pending_ttl_s must be >= 0 seconds, got -1")):
+        PrefixIndex(pending_ttl_s=-1)
+    idx = PrefixIndex(max_blocks=1, pending_ttl_s=0.5)
+    with pytest.raises(ValueError, match="unknown worker 'x': known workers are none"):
+        idx.blocks_held("x")
+    idx.add_worker("b")
+    idx.add_worker("a")
+    with pytest.raises(ValueError, match="unknown worker 'x': known workers are a, b"):
+        idx.remove_worker("x")
+    with pytest.raises(ValueError, match="worker 'a' is already in the index; remove it first"):
+        idx.add_worker("a")
+    assert idx.workers() == ["b", "a"]
+
+
+def test_counters_add_up_over_batches():
+    idx = index("a", "b")
+    idx.apply(stored("ghost", 0, chain(10, 11)))
+    idx.apply(stored("ghost", 1, chain(12)))
+    idx.apply(removed("a", 0, chain(77)))
+    idx.apply(removed("a", 1, chain(78)))
+    for seq in (2, 3, 5, 6, 9):  # consecutive batches are no gap; 3 -> 5 and 6 -> 9 are
+        idx.apply(stored("b", seq, chain(10)))
+    c = idx.counters()
+    assert (c.unknown_worker_events, c.unknown_block_removals, c.sequence_gaps,
+            c.dropped, c.pending_expired) == (3, 2, 2, 0, 0)
+    assert PrefixIndex().counters().sequence_gaps == 0
+
+
+def test_a_worker_added_again_starts_a_fresh_sequence_and_is_not_stale():
+    idx = index("a")
+    idx.apply(stored("a", 4, chain(10)))
+    idx.apply(stored("a", 6, chain(11)))   # a gap: stale
+    idx.remove_worker("a")
+    idx.add_worker("a")
+    assert idx.stale_workers() == [] and idx.blocks_held("a") == 0
+    idx.apply(stored("a", 0, chain(10)))   # a new process counts from 0
+    assert idx.counters().sequence_gaps == 1 and idx.stale_workers() == []
+    assert idx.match(chain(10, 11), now=0) == Match({"a": 1})
+
+
+def test_rebuild_replaces_only_that_workers_blocks_and_restarts_its_sequence():
+    idx = index("a", "b")
+    idx.apply(stored("a", 0, chain(10, 11)))
+    idx.apply(stored("b", 0, chain(10, 11, 12)))
+    idx.apply(stored("b", 3, chain(13)))          # a gap: b is stale
+    idx.rebuild("b", chain(10, 20))
+    assert idx.counters().unknown_block_removals == 0
+    assert idx.match(chain(10, 11, 12), now=0).blocks == {"a": 2, "b": 1}
+    assert (idx.blocks_held("a"), idx.blocks_held("b")) == (2, 2)
+    idx.apply(stored("b", 0, chain(21)))          # after a rebuild any sequence starts anew
+    assert idx.counters().sequence_gaps == 1 and idx.stale_workers() == []
+
+
+def test_removals_by_one_holder_leave_the_others():
+    idx = index("a", "b", "c")
+    idx.apply(stored("a", 0, chain(10, 11)))
+    idx.apply(stored("b", 0, chain(10, 11)))
+    idx.apply(removed("b", 1, chain(11)))
+    assert idx.holders(BlockHash(11)) == ["a"] and idx.holders(BlockHash(10)) == ["a", "b"]
+    assert idx.match(chain(10, 11), now=0).blocks == {"a": 2, "b": 1}
+    assert (idx.blocks_held("a"), idx.blocks_held("b")) == (2, 1)
+
+
+def test_pending_entries_of_two_workers_on_one_block_are_kept_apart():
+    idx = index("a", "b", pending_ttl_s=1)
+    idx.note_routed("a", chain(10, 11), now=0)
+    idx.note_routed("b", chain(10, 11), now=0.5)
+    idx.apply(stored("a", 0, chain(10)))   # a confirms block 10: b's pending entry stays
+    assert idx.match(chain(10, 11), now=0.9).blocks == {"a": 2, "b": 2}
+    assert idx.match(chain(10, 11), now=1.0).blocks == {"a": 1, "b": 2}  # a's 11 expired
+    assert idx.counters().pending_expired == 1
+    assert idx.match(chain(10, 11), now=1.5).blocks == {"a": 1}
+    assert idx.counters().pending_expired == 3
+
+
+def test_a_zero_pending_ttl_notes_nothing():
+    idx = index("a", pending_ttl_s=0)
+    idx.note_routed("a", chain(10, 11), now=0)
+    assert idx.match(chain(10, 11), now=0).blocks == {}
+
+
+def test_the_disk_tier_counts_as_held_and_is_reported_apart():
+    idx = index("a", "b")
+    idx.apply(stored("a", 0, chain(10, 11)))
+    idx.apply(disk_stored("a", 1, chain(12, 13)))
+    idx.apply(disk_stored("b", 0, chain(10)))
+    assert idx.holders(BlockHash(12)) == ["a"]
+    assert idx.match(chain(10, 11, 12, 13, 14), now=0) == Match({"a": 4, "b": 1},
+                                                                  {"a": 2, "b": 1})
+    assert idx.match(chain(10, 11), now=0) == Match({"a": 2, "b": 1}, {"b": 1})
+    assert idx.blocks_held("a") == 2   # memory blocks only
+    idx.apply(EventBatch("a", 2, (BlockRemoved(BlockHash(13), "ns", Tier.DISK),)))
+    assert idx.match(chain(10, 11, 12, 13), now=0).blocks == {"a": 3, "b": 1}
+
+
+def test_bisection_finds_every_depth_on_a_long_chain():
+    idx = index("a", "b", "c")
+    blocks = chain(*range(100, 137))
+    idx.apply(stored("a", 0, blocks))
+    idx.apply(stored("b", 0, blocks[:23]))
+    idx.apply(stored("c", 0, blocks[:1]))
+    assert idx.match(blocks, now=0).blocks == {"a": 37, "b": 23, "c": 1}
+    assert idx.match(blocks[:2], now=0).blocks == {"a": 2, "b": 2, "c": 1}
+
+
+def test_drops_come_in_batches_of_one_percent_at_least_one():
+    small = index("a", max_blocks=10)
+    small.apply(stored("a", 0, chain(*range(100, 111))))
+    assert (len(small), small.counters().dropped) == (9, 2)  # 11 - 10 + 1
+    big = index("a", max_blocks=300)
+    big.apply(stored("a", 0, chain(*range(1000, 1301))))
+    assert (len(big), big.counters().dropped) == (297, 4)    # 301 - 300 + 3
+    assert big.blocks_held("a") == 297
+    assert big.match(chain(1000, 1004), now=0).blocks == {}
+    assert big.match(chain(1004, 1005), now=0).blocks == {"a": 2}
+
+
+def test_exactly_max_blocks_drops_nothing():
+    idx = index("a", max_blocks=4)
+    idx.apply(stored("a", 0, chain(10, 11, 12, 13)))
+    assert (len(idx), idx.counters().dropped) == (4, 0)
+
+
+def test_drops_count_down_each_live_holder_and_skip_removed_workers():
+    idx = index("a", "b", "c", "d", max_blocks=4)
+    idx.apply(stored("a", 0, chain(10, 11)))
+    idx.apply(stored("b", 0, chain(10, 11)))
+    idx.apply(stored("c", 0, chain(10, 11)))
+    idx.remove_worker("a")
+    idx.apply(stored("d", 0, chain(20, 21, 22)))  # 5 blocks > 4: 10 and 11 go (5 - 4 + 1)
+    assert idx.counters().dropped == 2
+    assert [idx.blocks_held(w) for w in ("b", "c", "d")] == [0, 0, 3]
+    assert idx.holders(BlockHash(20)) == ["d"]
+
+
+def test_disk_drops_leave_the_memory_counts_alone():
+    idx = index("a", max_blocks=2)
+    idx.apply(stored("a", 0, chain(10, 11)))
+    idx.apply(disk_stored("a", 1, chain(20, 21, 22)))  # 3 disk blocks > 2: 2 of them go
+    assert idx.counters().dropped == 2 and idx.blocks_held("a") == 2
+
+
+def test_a_rebuild_leaves_blocks_the_worker_never_held():
+    idx = index("a", "b")
+    idx.apply(stored("a", 0, chain(30)))
+    idx.apply(stored("b", 0, chain(10)))
+    idx.rebuild("b", chain(10))
+    assert idx.counters().unknown_block_removals == 0 and idx.holders(BlockHash(30)) == ["a"]
+
+
+def test_nothing_to_note_and_a_silent_worker_are_no_errors():
+    idx = index("a")
+    idx.note_routed("ghost", chain(10), now=0, held_blocks=1)  # nothing past what is held
+    idx.remove_worker("a")                                      # never sent a batch
+    assert idx.workers() == []
+
+
+def test_two_removed_workers_both_stay_forgotten():
+    idx = index("a", "b", "c", max_blocks=2)
+    idx.apply(stored("a", 0, chain(10)))
+    idx.apply(stored("b", 0, chain(10)))
+    idx.apply(stored("c", 0, chain(10)))
+    idx.remove_worker("a")
+    idx.remove_worker("b")                       # a's slot must not come back
+    assert idx.holders(BlockHash(10)) == ["c"]
+    idx.apply(stored("c", 1, chain(20, 21)))     # 3 blocks > 2: 10 and 20 go
+    assert idx.counters().dropped == 2 and idx.blocks_held("c") == 1
