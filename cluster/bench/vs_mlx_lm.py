@@ -2,9 +2,11 @@
 
 Both serve the same model directory on this machine, loopback only, with OpenBLAS loaded the
 same way (``workers.blas``, before mlx) and the same number of BLAS threads
-(``OPENBLAS_NUM_THREADS``, ``--blas-threads``). The orchard side is a frontend process over
-one in-process worker (``cluster.api.frontend --workers 1``: gRPC, the job store, routing and
-the engine, without Ray), the side a single Mac runs.
+(``OPENBLAS_NUM_THREADS``, ``--blas-threads``, inherited by every process either side starts).
+The orchard side is a 1-worker Ray cluster (``orchard up --workers 1 --detach`` in a fresh
+run directory, ``cluster.bench.api.ray_cluster``): the frontend (gRPC, the job store,
+routing) hands each request over Ray to the worker actor's engine, as a cluster of one Mac
+serves it.
 
 1. **Chat.** One multi-turn chat: a system prompt of ``system_words`` words, then
    ``turns`` user messages of ``user_words`` words, each answered with ``reply_tokens`` greedy
@@ -273,13 +275,13 @@ def _mlx_server(model_dir: str, w: Workload, log_dir: Path) -> Iterator[MlxLmSer
 
 
 def bench_vs_mlx_lm(model_dir: str, w: Workload, blas_threads: int) -> VsMlxLm:
-    from cluster.bench.api import local_frontend
+    from cluster.bench.api import ray_cluster
 
     os.environ["OPENBLAS_NUM_THREADS"] = str(blas_threads)  # inherited by both servers
     warmup = [{"role": "user", "content": "warm up"}]
     with tempfile.TemporaryDirectory(prefix="orchard-vs-mlx-") as tmp, \
             _mlx_server(model_dir, w, Path(tmp)) as server, \
-            local_frontend(model_dir, telemetry="none", max_concurrent=w.clients) as client:
+            ray_cluster(model_dir, telemetry="none", max_concurrent=w.clients) as client:
         _orchard_ttft(client, warmup, 2, "warmup")
         server.chat(warmup, 2, stream=True)
         turns = [t for k in range(w.chat_rounds) for t in run_chat(client, server, w, k)]
@@ -288,7 +290,7 @@ def bench_vs_mlx_lm(model_dir: str, w: Workload, blas_threads: int) -> VsMlxLm:
     warm = [t.ratio for t in turns if t.turn > 1] or cold
     return VsMlxLm(
         model=model_dir, blas_threads=blas_threads,
-        orchard_side="frontend + 1 in-process worker (no Ray)", turns=tuple(turns),
+        orchard_side="1-worker Ray cluster (orchard up)", turns=tuple(turns),
         cold_ttft_ratio=statistics.median(cold), warm_ttft_ratio=statistics.median(warm),
         batch_wall_orchard_s=batch_orchard, batch_wall_mlx_lm_s=batch_mlx,
         batch_wall_ratio=batch_orchard / batch_mlx, targets=TARGETS)
