@@ -78,6 +78,7 @@ class Turn:
     turn: int
     ttft_orchard_s: float
     ttft_mlx_lm_s: float
+    ttft_orchard_worker_s: float  # the engine's own TTFT (request received -> first token)
 
     @property
     def ratio(self) -> float:
@@ -177,17 +178,18 @@ class MlxLmServer:
 # ---- orchard -------------------------------------------------------------------------------
 
 def _orchard_ttft(client: Client, messages: list[dict], max_tokens: int, rid: str
-                  ) -> tuple[float, str]:
+                  ) -> tuple[float, str, float]:
+    """(TTFT at the client, reply text, the worker's own TTFT) of one streamed request."""
     start = time.perf_counter()
-    first, text = 0.0, ""
+    first, text, worker = 0.0, "", 0.0
     for event in client.generate(chat_request(rid, messages, max_tokens)):
         if event.HasField("delta") and event.delta.text and not first:
             first = time.perf_counter() - start
         if event.HasField("result"):
             if not event.result.ok:
                 raise RuntimeError(f"orchard failed {rid}: {event.result.error_message}")
-            text = event.result.text
-    return first, text
+            text, worker = event.result.text, event.result.ttft_s
+    return first, text, worker
 
 
 def _orchard_batch(client: Client, chats: list[list[dict]], max_tokens: int, tag: str) -> float:
@@ -235,13 +237,14 @@ def run_chat(client: Client, server: MlxLmServer, w: Workload, round_: int) -> l
     for turn in range(1, w.turns + 1):
         messages.append({"role": "user", "content": _text(rng, w.user_words)})
         asked = list(messages)
+        rid = f"c{round_}-{turn}"
         if (turn + round_) % 2:
-            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"c{round_}-{turn}")
+            orchard, reply, worker = _orchard_ttft(client, asked, w.reply_tokens, rid)
             mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
         else:
             mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
-            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"c{round_}-{turn}")
-        turns.append(Turn(round_, turn, orchard, mlx))
+            orchard, reply, worker = _orchard_ttft(client, asked, w.reply_tokens, rid)
+        turns.append(Turn(round_, turn, orchard, mlx, worker))
         messages.append({"role": "assistant", "content": reply})
     return turns
 
