@@ -63,7 +63,7 @@ class EngineConfig:
     kept_bytes: int = 256 << 20  # finished requests' whole caches (workers.kept); 0: none
     max_batch: int = 8         # requests in prefill or decoding at once
     prefill_budget: int = 512  # prompt tokens prefilled per step (workers.scheduler)
-    decode_stall: float = 2.0  # while requests decode, a step takes about this many decode steps
+    decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
     worker_id: str = ""
 
 
@@ -231,9 +231,9 @@ class Engine:
             self._prefilling.append(self._queued(*self._admission.pop()))
         decoding = bool(self._running)
         if decoding:
-            self._decode(deltas, finished)
+            self._decode(deltas, finished, settle=bool(self._prefilling))
         if self._prefilling:
-            self._prefill(self._budget.tokens(decoding), deltas, finished)
+            self._prefill(decoding, deltas, finished)
         return StepOutput(tuple(deltas), tuple(finished))
 
     def generate(self, requests: Iterable[GenerateRequest]) -> list[GenerateResult | RequestFailed]:
@@ -277,9 +277,14 @@ class Engine:
         job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
                            lookup_end, detokenizer=self.tokenizer.detokenizer)
 
-    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult]) -> None:
+    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult], settle: bool
+                ) -> None:
         start = self._now_ns()
         _, responses = self._batch.next()
+        if settle:
+            # next() leaves the following decode step running; let it finish, so that this
+            # step's prefill pass is timed alone and the decode step is timed whole
+            mx.synchronize()
         self._budget.observe_decode((self._now_ns() - start) / 1e9)
         for r in responses:
             seq = self._running[r.uid]
@@ -288,16 +293,17 @@ class Engine:
             if r.finish_reason or seq.finish_reason:
                 finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
 
-    def _prefill(self, budget: int, deltas: list[TokenDelta], finished: list[GenerateResult]
+    def _prefill(self, decoding: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
                  ) -> None:
         """Run this step's chunks; jobs whose prompt is all in get their first token."""
+        budget = self._budget.tokens(decoding)
         jobs = self._this_step(budget)
         shares = split_budget([job.need for job in jobs], budget)
         body = [min(n, job.need - 1) for job, n in zip(jobs, shares)]  # the last token waits
         start = self._now_ns()
         run_chunks(self._body, list(zip(jobs, body)))
         mx.eval([[c.keys, c.values] for job, n in zip(jobs, body) if n for c in job.cache])
-        self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9)
+        self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9, decoding)
         bs = self.config.block_size
         for job, n, share in zip(jobs, body, shares):
             if job.need == 1 and share > n:  # its share covers the last token too
