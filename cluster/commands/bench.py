@@ -81,7 +81,8 @@ def engine(args: argparse.Namespace) -> int:
     print(f"decode_stall_ratio {sched['decode_stall_ratio']:.2f} (target <= 2.0): TPOT p99 "
           f"{sched['tpot_admitting_p99_s'] * 1e3:.1f}ms while a {args.long_prompt}-token prompt "
           f"is admitted, {sched['tpot_idle_p99_s'] * 1e3:.1f}ms idle; ratio of medians "
-          f"{sched['decode_stall_ratio_p50']:.2f}")
+          f"{sched['decode_stall_ratio_p50']:.2f}; in CPU time {sched['decode_stall_ratio_cpu']:.2f} "
+          f"(p99), {sched['decode_stall_ratio_cpu_p50']:.2f} (medians)")
     print(f"prefill_tokens_per_s {p['batched_tokens_per_s']:.1f} batched, "
           f"{p['one_at_a_time_tokens_per_s']:.1f} one at a time "
           f"({p['prompts']} prompts of {p['prompt_tokens']} tokens)")
