@@ -34,6 +34,12 @@ A request that reused every token it could (``reusable_tokens`` of its full bloc
 hit and gets no cause. ``Attribution.tokens`` is the request's computed tokens, so summing
 it per cause splits a job's prefill work by why it was not read from cache.
 
+Tiers: the tokens a request did read came from its worker's memory tier, its disk tier, or
+both (``RequestSeen.disk_tokens`` of its cached tokens were read from disk). ``served_from``
+names that (``ServedTier``) for every request, hit or not, and a miss's ``Attribution``
+carries it with the disk tokens: a partial hit read from disk is a capacity story (memory
+too small, disk large enough), one read from memory is not.
+
 Time is passed in (``now`` in seconds); the TTL rule is the store's: from last use.
 """
 from __future__ import annotations
@@ -45,6 +51,27 @@ from enum import Enum
 from typing import Mapping, Sequence
 
 from router.key import BlockHash, Namespace, hash_blocks, reusable_tokens
+
+
+class ServedTier(str, Enum):
+    """Which of the worker's store tiers the request's cached tokens came from."""
+
+    NONE = "none"            # nothing was read
+    MEMORY = "memory"
+    DISK = "disk"
+    BOTH = "memory+disk"     # a memory prefix, continued on disk
+
+
+def served_from(cached_tokens: int, disk_tokens: int) -> ServedTier:
+    """The tier(s) of ``cached_tokens`` tokens read, ``disk_tokens`` of them from disk."""
+    if not 0 <= disk_tokens <= cached_tokens:
+        raise ValueError(f"disk_tokens must be within [0, cached_tokens = {cached_tokens}], "
+                         f"got {disk_tokens}")
+    if cached_tokens == 0:
+        return ServedTier.NONE
+    if disk_tokens == 0:
+        return ServedTier.MEMORY
+    return ServedTier.DISK if disk_tokens == cached_tokens else ServedTier.BOTH
 
 
 class MissCause(str, Enum):
@@ -69,6 +96,8 @@ class Attribution:
     cause: MissCause
     tokens: int        # the request's computed tokens
     holder: str = ""   # routed_elsewhere: a worker that held more of the prefix
+    served: ServedTier = ServedTier.NONE  # the tier(s) its cached tokens came from
+    disk_tokens: int = 0                  # of its cached tokens, read from disk
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +114,7 @@ class RequestSeen:
     engine_near_miss: bool = False   # the worker's lookup said near_miss
     block_hashes: Sequence[BlockHash] = ()  # the prompt's chain when already computed
     sent: float | None = None   # when it was sent (attributor's clock); None: when observed
+    disk_tokens: int = 0        # of cached_tokens, read from the worker's disk tier
 
 
 class _Bounded(OrderedDict):
@@ -142,9 +172,12 @@ class MissAttributor:
         if len(chain) != len(neutral):
             raise ValueError(f"block_hashes has {len(chain)} blocks but the prompt has "
                              f"{len(neutral)} full blocks of {self.block_size}")
+        served = served_from(seen.cached_tokens, seen.disk_tokens)
         result = self._attribute(seen, chain, neutral, now)
         self._remember(seen, chain, neutral, now)
-        return result
+        if result is None:
+            return None
+        return Attribution(result.cause, result.tokens, result.holder, served, seen.disk_tokens)
 
     def _attribute(self, seen: RequestSeen, chain: list[BlockHash],
                    neutral: list[BlockHash], now: float) -> Attribution | None:

@@ -26,12 +26,15 @@ Events are processed in time order; at equal times writes come before lookups::
 The output is a ``TokenUsage`` per request (``router.cost``), priced like the measured ones.
 
 What the cluster holds when a job is submitted comes from ``ClusterHoldings``: one
-``BlockLedger`` per serving worker, mirroring that worker's store from the requests it
-finished (the blocks it read and wrote, at the time it did). Because the mirror is the
-stores' own ledger with their capacity, TTL and policy, what the forecast believes is held
-follows the events that empty a store::
+``router.tiers.TieredLedger`` per serving worker (its memory tier and, with ``[cache]
+disk_bytes``, its disk tier, each with its capacity in tokens), mirroring that worker's store
+from the requests it finished (the blocks it read and wrote, at the time it did). Because the
+mirror is the stores' own ledger with their capacity, TTL and policy, what the forecast
+believes is held follows the events that empty a store::
 
-    eviction      another job's blocks filled the worker's mirror: LRU leaves went first
+    eviction      another job's blocks filled the worker's memory mirror: LRU leaves went
+                  to its disk mirror (held still: a disk hit is a cache read), or were gone
+                  without a disk tier; the disk mirror evicts the same way
     TTL expiry    a block unused for ``ttl_s`` is not held (``BlockLedger.peek``)
     invalidation  ``invalidated(tenant)`` drops the tenant's namespaces from every mirror
     worker loss,  ``serving(workers)`` drops the mirror of a worker that left (dead or
@@ -46,6 +49,7 @@ from typing import Callable, Collection, Mapping, Sequence
 from router.cost import TokenUsage
 from router.key import BlockHash, Namespace, reusable_tokens
 from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction
+from router.tiers import TieredLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,25 +85,28 @@ class ClusterHoldings:
     """
 
     def __init__(self, block_size: int, worker_capacity_tokens: int, ttl_s: float,
-                 clock: Callable[[], float], workers: int = 1, eviction: str = "lru") -> None:
-        if block_size <= 0 or worker_capacity_tokens < 0 or ttl_s <= 0 or workers < 0:
+                 clock: Callable[[], float], workers: int = 1, eviction: str = "lru",
+                 worker_disk_tokens: int = 0) -> None:
+        if (block_size <= 0 or worker_capacity_tokens < 0 or ttl_s <= 0 or workers < 0
+                or worker_disk_tokens < 0):
             raise ValueError("cluster holdings need block_size > 0, worker_capacity_tokens "
-                             ">= 0, ttl_s > 0 and workers >= 0")
+                             ">= 0, worker_disk_tokens >= 0, ttl_s > 0 and workers >= 0")
         self.block_size = block_size
-        self.worker_capacity_tokens = worker_capacity_tokens
+        self.worker_capacity_tokens = worker_capacity_tokens  # memory tier
+        self.worker_disk_tokens = worker_disk_tokens
         self.ttl_s = ttl_s
         self.eviction = eviction
         self._clock = clock
         self._workers = workers  # serving workers, until the first ``serving`` call names them
-        self._mirrors: dict[str, BlockLedger] = {}
+        self._mirrors: dict[str, TieredLedger] = {}
         self._serving: set[str] | None = None
         self._tenants: dict[str, str] = {}  # namespace label -> its tenant
 
-    def _mirror(self, worker: str) -> BlockLedger:
+    def _mirror(self, worker: str) -> TieredLedger:
         mirror = self._mirrors.get(worker)
         if mirror is None:
-            mirror = BlockLedger(self.worker_capacity_tokens, self.ttl_s, self._clock,
-                                 bytes_per_token=1, policy=self.eviction)
+            mirror = TieredLedger(self.worker_capacity_tokens, self.worker_disk_tokens,
+                                  self.ttl_s, self._clock, self.eviction)
             self._mirrors[worker] = mirror
             if self._serving is not None:
                 self._serving.add(worker)  # a result from a worker the last poll missed
@@ -107,11 +114,14 @@ class ClusterHoldings:
 
     def stored(self, worker: str, namespace: Namespace, chain: Sequence[BlockHash],
                blocks: int) -> None:
-        """``worker`` read or wrote the first ``blocks`` blocks of ``chain`` just now."""
+        """``worker`` read or wrote the first ``blocks`` blocks of ``chain`` just now (those
+        read from its disk tier are touched there and promoted to memory, as its store does)."""
         if blocks > 0:
             self._tenants[namespace.label()] = namespace.tenant
-            self._mirror(worker).insert(list(chain[:blocks]), self.block_size,
-                                        namespace.label(), namespace.root())
+            mirror = self._mirror(worker)
+            mirror.match(chain[:blocks])
+            mirror.insert(list(chain[:blocks]), self.block_size, namespace.label(),
+                          namespace.root())
 
     def invalidated(self, tenant: str) -> None:
         """Every worker dropped ``tenant``'s cached blocks (the admin API's invalidate)."""
@@ -128,9 +138,21 @@ class ClusterHoldings:
         self._serving = set(workers)
 
     def capacity_tokens(self) -> int:
-        """The summed capacity of the serving workers."""
-        count = len(self._serving) if self._serving is not None else self._workers
-        return self.worker_capacity_tokens * max(1, count)
+        """The summed capacity of the serving workers, both tiers: the one-cache model's
+        (a block read back from disk is read, not computed)."""
+        memory, disk = self.capacity_by_tier()
+        return memory + disk
+
+    def capacity_by_tier(self) -> tuple[int, int]:
+        """(memory, disk) tokens summed over the serving workers."""
+        count = max(1, len(self._serving) if self._serving is not None else self._workers)
+        return self.worker_capacity_tokens * count, self.worker_disk_tokens * count
+
+    def held_by_tier(self, worker: str, chain: Sequence[BlockHash]) -> tuple[int, int]:
+        """Leading blocks of ``chain`` in ``worker``'s memory mirror, then how many more in
+        its disk mirror (nothing touched)."""
+        mirror = self._mirrors.get(worker)
+        return mirror.peek(chain) if mirror is not None else (0, 0)
 
     def held(self, chain: Sequence[BlockHash], as_of: float | None = None
              ) -> dict[BlockHash, float]:
@@ -142,7 +164,7 @@ class ClusterHoldings:
         out: dict[BlockHash, float] = {}
         for block in chain:
             left = max((m.ttl_left(block) for m in self._mirrors.values()
-                        if m.peek([block]) == 1 and (newest is None or m.age(block) >= newest)),
+                        if m.holds(block) and (newest is None or m.age(block) >= newest)),
                        default=0.0)
             if left <= 0:
                 break

@@ -23,7 +23,8 @@ Algorithm:
    it stores the whole shared prefix: a long system prompt held by one worker is worth more
    than its own prefill there (a copy elsewhere costs cache room as well as time), but a
    prefix that was only just routed somewhere is not held yet, so a burst of new chats on a
-   fresh system prompt still spreads.
+   fresh system prompt still spreads. Matched tokens that only ``w``'s disk tier holds add
+   their load time (``cost(w) x disk_tokens(w)``, under Defaults).
 3. If some worker has affinity, the lowest score wins: reason ``prefix_match`` when it is
    the best-matching worker, ``load_spill`` when its queue pushed the request elsewhere.
 4. Otherwise the prompt is cold (nothing beyond a shared prefix is held). Its home is the
@@ -69,9 +70,18 @@ different shape (figures in ``docs/benchmarks.md``, ``## Router``):
   this keeps long-run imbalance near 1.0 even when the queues are empty (low load), where a
   hot shared prefix would otherwise pull every new conversation to one worker.
 - ``decode_weight_tokens = 64``: a running decode slows chunked prefill slightly.
-- ``disk_token_cost = DISK_TOKEN_COST``: a matched token that only the worker's disk tier
-  holds is not free: it costs its load time (bytes over the disk's read bandwidth), counted
-  in prefill tokens: ``score += disk_token_cost x disk_tokens(w)``.
+- A matched token that only the worker's disk tier holds is not free: it costs its load
+  time, counted in tokens of prefill on that worker: ``score += cost(w) x disk_tokens(w)``
+  with ``cost(w) = disk_bytes_per_token x prefill_tokens_s / disk_read_bytes_s``
+  (``disk_token_cost``): a token's load time (bytes over the read bandwidth, seconds) times
+  the tokens the worker prefills in a second. Each worker measures both rates (its disk
+  tier's bytes read back over the time reading them, its prefill passes' tokens over their
+  time, moving averages) and reports them with its block events (``WorkerRates``). Until a
+  worker has measured both, the default ``PolicyConfig.disk_token_cost = DISK_TOKEN_COST =
+  0.14`` stands: 46,080 bytes per token (the default model, float32) at an assumed 2 GB/s
+  is 23 us, against 167 us to prefill a token at the simulator's 6,000 tokens/s. Measured
+  on the shared 2-core CPU (default model, ``orchard bench disk``): 644 MB/s and 24.1
+  prefill tokens/s, 0.0017.
 
 Deterministic: ties break by worker id and the rendezvous hash is seeded.
 """
@@ -83,12 +93,14 @@ from typing import Collection, Iterator, Mapping, Sequence
 
 import xxhash
 
+from router.events import WorkerRates
 from router.key import BlockHash
 
 HOME_CHOICES = 2  # a cold prompt's home: the less busy of its two rendezvous winners
-# Loading a token's K/V from a worker's disk tier, in tokens of prefill: 46,080 bytes per
-# token (the default model, float32) at 2 GB/s is 23 us, against 167 us to prefill a token
-# at the simulator's 6,000 tokens/s: 0.14 (docs/benchmarks.md, "A disk tier per worker").
+# Loading a token's K/V from a worker's disk tier, in tokens of prefill, until the worker has
+# measured its rates: 46,080 bytes per token (the default model, float32) at 2 GB/s is 23 us,
+# against 167 us to prefill a token at the simulator's 6,000 tokens/s: 0.14
+# (docs/benchmarks.md, "A disk tier per worker").
 DISK_TOKEN_COST = 0.14
 
 
@@ -142,6 +154,9 @@ class WorkerLoad:
     # Prefill sent there lately, decayed by ``balance_half_life_s``; in the units the router
     # keeps it in: ``decide``'s ``recent_scale`` turns it into tokens.
     recent_prefill_tokens: float = 0.0
+    # Prefill tokens a token on its disk tier costs to load (``disk_token_cost``, from its
+    # measured rates); None until measured: ``PolicyConfig.disk_token_cost`` stands.
+    disk_token_cost: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +216,15 @@ class RoutingDecision:
     expected_cached_tokens: int
     prompt_tokens: int
     candidates: Sequence[Candidate]  # a tuple, or the compact ``CandidateRows``
+
+
+def disk_token_cost(rates: WorkerRates) -> float | None:
+    """The prefill tokens one token on a worker's disk tier costs to load: its load time,
+    ``disk_bytes_per_token / disk_read_bytes_s`` seconds, at ``prefill_tokens_s``; None until
+    the worker has measured both rates."""
+    if rates.disk_read_bytes_s is None or rates.prefill_tokens_s is None:
+        return None
+    return rates.disk_bytes_per_token / rates.disk_read_bytes_s * rates.prefill_tokens_s
 
 
 def rendezvous(key: BlockHash, workers: Sequence[str], seed: int, choices: int = 1
@@ -271,7 +295,10 @@ def decide(config: PolicyConfig, query: RouteQuery, loads: Sequence[WorkerLoad],
             if held > 0:
                 score -= shared_gain * held
         if disk_blocks and load.worker_id in disk_blocks:
-            score += config.disk_token_cost * min(m, disk_blocks[load.worker_id] * block_size)
+            cost = load.disk_token_cost
+            if cost is None:
+                cost = config.disk_token_cost
+            score += cost * min(m, disk_blocks[load.worker_id] * block_size)
         row = (load.worker_id, m, load_tokens, score)
         rows.append(row)
         key = (score, -m, load.worker_id)  # lowest score; then more matched; then by id

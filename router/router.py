@@ -13,7 +13,9 @@ Life of a request, as the cluster drives it::
     router.prefilled(request_id)              # first token: prefill done, now decoding
     router.finished(request_id)               # done (or failed): its load is gone
 
-Workers send ``EventBatch``es (or their msgpack bytes) to ``apply_events``. After a router
+Workers send ``EventBatch``es (or their msgpack bytes) to ``apply_events``; a batch's
+``WorkerRates`` (disk read bandwidth, prefill rate) set what a token on that worker's disk
+costs the policy (``router.policy.disk_token_cost``), the latest batch's standing. After a router
 restart, or when ``stale_workers()`` names a worker whose batches had a gap, the cluster calls
 ``rebuild(worker_id, holdings)`` with the worker's current block hashes.
 
@@ -29,7 +31,7 @@ from router.events import EventBatch, decode_batch
 from router.index import DEFAULT_MAX_BLOCKS, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
 from router.key import BlockHash, Namespace
 from router.policy import (NoWorkerAvailable, PolicyConfig, RouteQuery, RoutingDecision, WorkerLoad,
-                           decide)
+                           decide, disk_token_cost)
 from router.sharing import SharedPrefixes
 
 
@@ -42,6 +44,7 @@ class WorkerStatus:
     in_flight: int
     blocks_held: int
     recent_prefill_tokens: float = 0.0  # prefill sent there, decayed by the balance half-life
+    disk_token_cost: float | None = None  # measured; None: the policy's default stands
 
 
 @dataclass(slots=True)
@@ -51,6 +54,7 @@ class _Load:
     in_flight: int = 0
     draining: bool = False
     recent_scaled: float = 0.0  # forward-decayed: prefill x 2**((t - epoch) / half-life)
+    disk_token_cost: float | None = None  # from the worker's latest rates
 
 
 @dataclass(slots=True)
@@ -112,7 +116,8 @@ class Router:
     def workers(self) -> list[WorkerStatus]:
         decay = self._decay(self._clock())
         return [WorkerStatus(w, l.draining, l.queued_prefill_tokens, l.running_decodes,
-                             l.in_flight, self._index.blocks_held(w), l.recent_scaled * decay)
+                             l.in_flight, self._index.blocks_held(w), l.recent_scaled * decay,
+                             l.disk_token_cost)
                 for w, l in self._loads.items()]
 
     def stale_workers(self) -> list[str]:
@@ -132,10 +137,18 @@ class Router:
         if isinstance(batch, (bytes, bytearray, memoryview)):
             batch = decode_batch(bytes(batch))
         self._index.apply(batch)
+        load = self._loads.get(batch.worker_id)
+        if batch.rates is not None and load is not None:
+            cost = disk_token_cost(batch.rates)
+            if cost is not None and cost != load.disk_token_cost:
+                load.disk_token_cost = cost
+                self._refresh(batch.worker_id)
 
-    def rebuild(self, worker_id: str, holdings: Iterable[BlockHash]) -> None:
-        """Replace the index's view of ``worker_id`` with the blocks it reports holding."""
-        self._index.rebuild(worker_id, holdings)
+    def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
+                disk_holdings: Iterable[BlockHash] = ()) -> None:
+        """Replace the index's view of ``worker_id`` with the blocks it reports holding in
+        memory (``holdings``) and on disk (``disk_holdings``)."""
+        self._index.rebuild(worker_id, holdings, disk_holdings)
 
     # ---- routing -------------------------------------------------------------------------
 
@@ -214,7 +227,8 @@ class Router:
         load = self._loads[worker_id]
         if not load.draining:
             self._views[worker_id] = WorkerLoad(worker_id, load.queued_prefill_tokens,
-                                                load.running_decodes, load.recent_scaled)
+                                                load.running_decodes, load.recent_scaled,
+                                                load.disk_token_cost)
 
     def _decay(self, now: float) -> float:
         # Forward decay: adding x at time t stores x * 2**((t - epoch)/h); reading at ``now``

@@ -13,9 +13,10 @@ Two models answer the same three questions (``prefill_s``, ``step_s``, ``max_bat
   extends the last segment (prefill's attention term grows faster than that, so very long
   prompts are under-charged, which flatters no policy in particular).
 
-The engine runs one request's prefill, then one decode step for every running request, per
-step: so a request's prefill is followed by a step of the batch it joins, and a worker admits
-nothing while ``max_batch`` requests decode.
+``prefill_s`` and ``step_s`` time a whole request (``orchard simulate``'s offered load);
+with a profile the simulator runs the engine's own step loop (``router.sim_steps``: chunked
+prefill under a per-step token budget, decodes batched each step), timing each chunk by
+``chunk_s`` and each batched decode step by ``step_s``.
 
 A profile is checked before use: ``EngineProfile.check`` refuses one from another model or
 block size, naming what differs.
@@ -110,7 +111,6 @@ class LinearService:
     """Prefill linear in uncached tokens, decode at a fixed speed per request, no batch limit."""
 
     max_batch = 0  # no limit
-    per_step = False
 
     def __init__(self, prefill_tps: float, decode_tps: float, decode_share: float) -> None:
         self.prefill_tps, self.decode_tps, self.decode_share = prefill_tps, decode_tps, decode_share
@@ -124,8 +124,6 @@ class LinearService:
 
 class ProfileService:
     """The measured engine: prefill and decode steps interpolated on the profile's grids."""
-
-    per_step = True
 
     def __init__(self, profile: EngineProfile) -> None:
         self.profile = profile
@@ -143,6 +141,15 @@ class ProfileService:
     def step_s(self, batch: int, context: int) -> float:
         p = self.profile
         return _interp2(p.contexts, p.batch_sizes, p.step_s, context, batch)
+
+    def chunk_s(self, new: int, context: int) -> float:
+        """One prefill chunk of ``new`` tokens onto ``context`` tokens already in the cache."""
+        p = self.profile
+        return _interp2(p.cached_tokens, p.new_tokens, p.prefill_s, context, new)
+
+    def load_s(self, tokens: int) -> float:
+        """Reading ``tokens`` cached tokens' K/V from the memory tier of the store."""
+        return tokens / self.profile.block_size * self._load
 
 
 def _check_grid(name: str, rows: Sequence[int], cols: Sequence[int],

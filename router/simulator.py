@@ -3,24 +3,24 @@
 Each simulated worker is a ``BlockLedger`` (the same class a worker's prefix store runs, with
 the tensors taken out) plus a service model from ``router.service``:
 
-- **prefill** is one FIFO server per worker (chunked prefill): a request starts when the
-  worker's previous prefill ends (and, with a profile, when a batch slot is free), looks up
-  its full blocks in the ledger at that moment (the realised hit), prefills the rest, and
-  stores its full blocks when its prefill ends. Its duration is linear in the uncached
-  tokens at ``prefill_tps``, slowed by ``decode_share`` per running decode, or, with an
-  engine profile (``profile``), the measured time for those new tokens on that cached
-  context, the store's load time and one decode step of the batch;
-- **decode** runs beside prefill (continuous batching) at ``decode_tps`` tokens/s per
-  request, or, with a profile, one measured step time (by batch size and context) per token.
+- **the linear model** (no profile): prefill is one FIFO server per worker; a request starts
+  when the worker's previous prefill ends, looks up its full blocks in the ledger at that
+  moment (the realised hit), prefills the rest at ``prefill_tps`` (slowed by
+  ``decode_share`` per running decode) and stores its full blocks when its prefill ends;
+  decode runs beside it at ``decode_tps`` tokens/s per request;
+- **with an engine profile** (``profile``): each worker runs the engine's own step loop
+  (``router.sim_steps``): admission up to ``max_batch``, one batched decode step, then
+  chunked prefill under the per-step token budget, every part timed by the profile.
 
-- **disk tier** (``disk_capacity_tokens > 0``): each worker also has a disk ledger, as the
-  workers' stores do (``workers.disk_tier``): blocks evicted from memory go there, a lookup
-  continues its chain on disk where memory ends, and the disk part of a hit costs its load
-  time, ``tokens x kv_bytes_per_token / disk_read_gbps``, before the prefill of the rest.
+- **disk tier** (``disk_capacity_tokens > 0``): each worker also has a disk ledger
+  (``router.tiers``, as ``workers.disk_tier`` gives the stores): blocks evicted from memory
+  go there, a lookup continues its chain on disk where memory ends, and the disk part of a
+  hit costs its load time, ``tokens x kv_bytes_per_token / disk_read_gbps``, before the
+  prefill of the rest.
 
-TTFT = queueing + disk load + prefill. The workers' block events reach the policy ``event_delay_s`` after
-the prefill ends; the policy also hears when each request started, produced its first token
-and finished, as a real router would. Only full blocks are stored (the partial tail of a
+TTFT = queueing + disk load + prefill. The workers' block events reach the policy
+``event_delay_s`` after they are stored; the policy also hears when each request started,
+produced its first token and finished, as a real router would. Only full blocks are stored (the partial tail of a
 prompt never is), as in the workers' stores.
 
 Figures per policy: ``goodput`` (the share of requests whose TTFT is within ``ttft_slo_s``,
@@ -33,18 +33,21 @@ thread's CPU clock, which a busy shared machine does not inflate with time spent
 from __future__ import annotations
 
 import heapq
+import itertools
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from router.events import EventBatch, Tier
+from router.events import EventBatch
 from router.key import BlockHash, Namespace, reusable_tokens
-from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, RemovalReason
+from router.ledger import DEFAULT_EVICTION, Eviction
 from router.policy import PolicyConfig
 from router.service import EngineProfile, LinearService, ProfileService
 from router.sim_policies import SimPolicy, SimRequest, make_policy
+from router.sim_steps import EngineWorker
 from router.stats import percentile
+from router.tiers import TieredLedger
 from router.trace import TraceRequest
 
 
@@ -63,6 +66,8 @@ class SimConfig:
     ttft_slo_s: float = 2.0  # goodput counts the requests whose TTFT is within this
     trace_block: int = 512  # tokens per hash id in the trace (512 in Mooncake traces)
     profile: EngineProfile | None = None  # the measured engine instead of the linear model
+    prefill_budget: int = 512   # with a profile: the engine's per-step prefill tokens and
+    decode_stall: float = 1.8   # decode stall (``workers.engine.EngineConfig``'s defaults)
     disk_capacity_tokens: int = 0  # per worker disk tier; 0: memory only
     disk_read_gbps: float = 2.0    # disk tier read bandwidth, GB/s
     kv_bytes_per_token: int = 46_080  # K/V per token: the default model's (float32)
@@ -180,15 +185,9 @@ class _Worker:
     def __init__(self, wid: str, config: SimConfig, root: BlockHash) -> None:
         self.wid = wid
         self.now = 0.0
-        self.ledger = BlockLedger(config.capacity_tokens, config.ttl_s, lambda: self.now,
-                                  bytes_per_token=1, policy=config.eviction,
-                                  on_remove=self._spill)
-        self.disk = None
-        if config.disk_capacity_tokens:
-            self.disk = BlockLedger(config.disk_capacity_tokens, config.ttl_s, lambda: self.now,
-                                    bytes_per_token=1, policy=config.eviction, tier=Tier.DISK)
-        self.parent: dict[BlockHash, BlockHash] = {}  # for spills: the ledger forgets it
-        self.promoted = 0  # blocks read back from disk into memory: stored, never written
+        # the store's two tiers (``router.tiers``), on this worker's simulated clock
+        self.tiers = TieredLedger(config.capacity_tokens, config.disk_capacity_tokens,
+                                  config.ttl_s, lambda: self.now, config.eviction)
         self.block_size = config.block_size
         self.free_at = 0.0
         self.decodes: list[float] = []  # end times of running decodes
@@ -196,42 +195,18 @@ class _Worker:
         self.seq = 0
         self.root = root
 
-    def _spill(self, block: BlockHash, reason: RemovalReason) -> None:
-        if self.disk is None or reason != RemovalReason.EVICTED:
-            return
-        parent = self.parent[block]
-        if block in self.disk:
-            self.disk.touch(self.disk.chain_to(block))
-            return
-        self.disk.expire()
-        chain = self.disk.chain_to(parent) + [block]
-        self.disk.insert(chain, self.block_size, "trace", parent)
-
     def match(self, hashes: Sequence[BlockHash]) -> tuple[int, int]:
         """Leading blocks held in memory, then how many more on disk (both touched)."""
-        in_memory = self.ledger.match(hashes)
-        if self.disk is None or in_memory == len(hashes):
-            return in_memory, 0
-        on_disk = self.disk.match(hashes[in_memory:])
-        if on_disk:
-            self.disk.touch(self.disk.chain_to(hashes[in_memory + on_disk - 1]))
-        return in_memory, on_disk
+        return self.tiers.match(hashes)
 
     def insert(self, hashes: Sequence[BlockHash]) -> None:
-        parent = self.root
-        for h in hashes:
-            self.parent[h] = parent
-            parent = h
-        new = self.ledger.insert(hashes, self.block_size, "trace", self.root)
-        if self.disk is not None:
-            self.promoted += sum(1 for h in new if h in self.disk)
+        self.tiers.insert(hashes, self.block_size, "trace", self.root)
 
     def written_blocks(self) -> int:
-        return self.ledger.stats().stored_blocks - self.promoted
+        return self.tiers.written_blocks()
 
     def drain_events(self) -> list:
-        events = self.ledger.drain_events()
-        return events + (self.disk.drain_events() if self.disk is not None else [])
+        return self.tiers.drain_events()
 
 
 def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
@@ -241,20 +216,29 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
     """Replay ``trace`` through policy ``name`` on ``config.workers`` fresh workers.
 
     ``on_served(index, worker, cached_tokens, written_tokens)`` hears every request as it is
-    served (the cost forecast's measured side, ``router.forecast_replay``).
+    served (the cost forecast's measured side, ``router.forecast_replay``; linear model only).
     """
+    if on_served is not None and config.profile is not None:
+        raise ValueError("on_served needs the linear service model (no profile)")
     ids = [f"w{i}" for i in range(config.workers)]
     policy = make_policy(name, ids, config.block_size, config.seed, policy_config)
     root = Namespace("trace", "trace").root()
     workers = {w: _Worker(w, config, root) for w in ids}
     timeline: list[tuple[float, int, str, object]] = []  # (time, seq, kind, payload)
-    seq = 0
+    order = itertools.count()
+
+    def emit(when: float, kind: str, payload: object) -> None:
+        heapq.heappush(timeline, (when, next(order), kind, payload))
+
+    engines = _engines(workers, config) if config.profile is not None else {}
     hit = total = 0
     ttfts, itls, decisions, decisions_cpu = [], [], [], []
     service = config.service()
     requests = to_requests(trace, config.block_size, config.trace_block)
     for i, (t, req) in enumerate(zip(trace, requests)):
         now = t.arrival_s
+        for engine in engines.values():
+            engine.advance(now, emit)
         while timeline and timeline[0][0] <= now:
             _, _, kind, payload = heapq.heappop(timeline)
             _deliver(policy, kind, payload)
@@ -263,30 +247,43 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         decisions.append((time.perf_counter_ns() - started) / 1000.0)
         decisions_cpu.append((time.thread_time_ns() - started_cpu) / 1000.0)
         policy.started(req, wid, now)
-        stored_before = workers[wid].written_blocks() if on_served else 0
-        served = _serve(workers[wid], req, now, config, service)
-        if on_served is not None:
-            stored = workers[wid].written_blocks() - stored_before
-            on_served(i, wid, served.cached, stored * config.block_size)
-        hit += served.cached
         total += req.input_length
-        ttfts.append(served.first - now)
-        itls.append(served.step_s)
-        first, end = served.first, served.end
-        for when, kind, payload in ((first + config.event_delay_s, "events", served.events),
-                                    (first, "prefilled", req.rid), (end, "finished", req.rid)):
-            if kind != "events" or payload is not None:
-                heapq.heappush(timeline, (when, seq, kind, payload))
-                seq += 1
+        if engines:
+            engines[wid].submit(req, now)
+        else:
+            stored_before = workers[wid].written_blocks() if on_served else 0
+            served = _serve(workers[wid], req, now, config, service)
+            if on_served is not None:
+                stored = workers[wid].written_blocks() - stored_before
+                on_served(i, wid, served.cached, stored * config.block_size)
+            hit += served.cached
+            ttfts.append(served.first - now)
+            itls.append(served.step_s)
+            emit(served.first, "prefilled", req.rid)
+            emit(served.end, "finished", req.rid)
+            if served.events is not None:
+                emit(served.first + config.event_delay_s, "events", served.events)
         if progress is not None and (i + 1) % 2000 == 0:
             progress(f"{name}: {i + 1}/{len(trace)} requests")
+    for engine in engines.values():
+        engine.advance(float("inf"), emit)
+        hit += sum(o.cached for o in engine.outcomes.values())
+        ttfts.extend(o.first - o.arrival for o in engine.outcomes.values())
+        itls.extend(engine.gaps)
+    return _result(name, config, workers, policy, hit / total if total else 0.0, ttfts,
+                   itls if engines else None, decisions, decisions_cpu)
+
+
+def _result(name: str, config: SimConfig, workers: dict[str, "_Worker"], policy: SimPolicy,
+            hit_ratio: float, ttfts: list[float], itls: list[float] | None,
+            decisions: list[float], decisions_cpu: list[float]) -> PolicyResult:
     prefilled = [w.prefilled_tokens for w in workers.values()]
     mean = sum(prefilled) / len(prefilled)
     within = sum(1 for t in ttfts if t <= config.ttft_slo_s)
     return PolicyResult(
         name=name,
         goodput=within / len(ttfts) if ttfts else 0.0,
-        hit_ratio=hit / total if total else 0.0,
+        hit_ratio=hit_ratio,
         prefill_tokens=sum(prefilled),
         imbalance=max(prefilled) / mean if mean else 1.0,
         ttft_mean_s=sum(ttfts) / len(ttfts) if ttfts else 0.0,
@@ -295,7 +292,15 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         decision_cpu_p50_us=percentile(decisions_cpu, 0.50),
         decision_cpu_p99_us=percentile(decisions_cpu, 0.99),
         reasons=dict(policy.reasons),
-        itl_p99_s=percentile(itls, 0.99) if service.per_step else None)
+        itl_p99_s=percentile(itls, 0.99) if itls is not None else None)
+
+
+def _engines(workers: dict[str, "_Worker"], config: SimConfig) -> dict[str, EngineWorker]:
+    """Each worker's engine step loop on the profile (``router.sim_steps``)."""
+    service = ProfileService(config.profile)
+    return {w: EngineWorker(store, service, config.block_size, config.prefill_budget,
+                            config.decode_stall, config.disk_load_s, config.event_delay_s)
+            for w, store in workers.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,13 +314,11 @@ class _Served:
 
 def _serve(worker: _Worker, req: SimRequest, now: float, config: SimConfig,
            service: LinearService | ProfileService) -> _Served:
-    """Run one request on ``worker``: FIFO prefill, then decode beside the others."""
+    """Run one request on ``worker`` (the linear model): FIFO prefill, then decode beside."""
     start = max(now, worker.free_at)
     decodes = worker.decodes
     while decodes and decodes[0] <= start:
         heapq.heappop(decodes)
-    while service.max_batch and len(decodes) >= service.max_batch:
-        start = max(start, heapq.heappop(decodes))  # admitted when a batch slot frees
     worker.now = start
     in_memory, on_disk = worker.match(req.hashes)
     cached = reusable_tokens(req.input_length, in_memory + on_disk, config.block_size)
@@ -328,10 +331,7 @@ def _serve(worker: _Worker, req: SimRequest, now: float, config: SimConfig,
     if req.hashes:
         worker.insert(req.hashes)
     step = service.step_s(len(decodes) + 1, req.input_length + req.output_length // 2)
-    # the linear model decodes every output token at its rate; the engine's first token
-    # comes with the prefill
-    steps = max(0, req.output_length - 1) if service.per_step else req.output_length
-    end = first + steps * step
+    end = first + req.output_length * step
     heapq.heappush(decodes, end)
     events = worker.drain_events()
     batch = None

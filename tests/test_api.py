@@ -1,5 +1,6 @@
 """The gRPC API end to end: a real frontend, LocalBackend (real engines + router), real clients."""
 import json
+import os
 import time
 
 import grpc
@@ -8,6 +9,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 
 from cluster.api.batchfile import output_lines
+from cluster.api.chat import ChatTokenizer
 from cluster.api.client import Client, OrchardError, chat_request, token_request
 from forged_models import tiny_model
 from frontend_harness import TWO_TENANTS_CONFIG, running_frontend
@@ -21,6 +23,21 @@ max_pending_per_tenant = 12
 max_concurrent = 4
 """
 SYSTEM = "You are a careful assistant who answers briefly. " * 6
+BLOCK = 16  # the harness's block size
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The model's chat template, to know each prompt's tokens (read only)."""
+    tok = ChatTokenizer(tiny_model())
+    yield tok
+    tok.close()
+
+
+def finished_exactly(output_tokens: int, max_tokens: int, finish_reason: str) -> bool:
+    """A result stops at ``max_tokens`` ("length") or earlier at EOS ("stop"), never else."""
+    return (finish_reason == "length" and output_tokens == max_tokens) or (
+        finish_reason == "stop" and 1 <= output_tokens <= max_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +65,27 @@ def run_job(client, requests):
     return job, list(client.results(job.job_id))
 
 
-def test_job_runs_every_request_once_and_reuses_the_shared_prefix(acme):
-    job, results = run_job(acme, [chat(f"q{i}", f"question number {i}") for i in range(5)])
+def test_job_runs_every_request_once_and_reuses_the_shared_prefix(acme, tokenizer):
+    messages = [[{"role": "system", "content": SYSTEM},
+                 {"role": "user", "content": f"question number {i}"}] for i in range(5)]
+    requests = [chat_request(f"q{i}", m, 4) for i, m in enumerate(messages)]
+    job, results = run_job(acme, requests)
     assert (job.state, job.completed, job.failed) == ("succeeded", 5, 0)
     assert sorted(r.index for r in results) == [0, 1, 2, 3, 4]
     assert [r.seq for r in results] == [0, 1, 2, 3, 4]
-    assert all(r.ok and r.usage.completion_tokens >= 1 for r in results)
+    assert all(r.ok and finished_exactly(r.usage.completion_tokens, 4, r.finish_reason)
+               for r in results)
+    prompts = [tokenizer.render(m) for m in messages]
+    assert [r.usage.prompt_tokens for r in sorted(results, key=lambda r: r.index)] == [
+        len(p) for p in prompts]
     assert all(r.usage.prompt_tokens == r.usage.cached_tokens + r.usage.computed_tokens
                for r in results)
-    # the system prompt spans several 16-token blocks: computed once, then reused
-    assert sum(r.usage.cached_tokens > 0 for r in results) >= 3  # even if one spills over
+    # the shared prefix (system prompt and "question number ") spans whole 16-token blocks:
+    # computed once, then reused whole; a request that spills over to the other worker
+    # (four run at once) reads nothing
+    shared = len(os.path.commonprefix(prompts)) // BLOCK * BLOCK
+    assert {r.usage.cached_tokens for r in results} <= {0, shared}
+    assert sum(r.usage.cached_tokens == shared for r in results) >= 3
     lines = [json.loads(line) for line in output_lines(results, created_s=0)]
     assert [line["custom_id"] for line in lines] == [f"q{i}" for i in range(5)]
     body = lines[1]["response"]["body"]
@@ -78,12 +106,13 @@ def test_a_prefix_cached_for_one_tenant_is_never_a_hit_for_another(api, acme):
     prompt = list(range(100, 164))  # four full blocks
     _, first = run_job(acme, [token_request("a1", prompt, 2)])
     _, again = run_job(acme, [token_request("a2", prompt, 2)])
-    assert again[0].usage.cached_tokens > 0
+    # all 4 blocks are held; the last prompt token is computed again for the first output
+    assert again[0].usage.cached_tokens == 63
     with api.client("beta") as beta:
         _, other = run_job(beta, [token_request("b1", prompt, 2)])
         assert other[0].usage.cached_tokens == 0
         _, other_again = run_job(beta, [token_request("b2", prompt, 2)])
-        assert other_again[0].usage.cached_tokens > 0  # beta's own copy
+        assert other_again[0].usage.cached_tokens == 63  # beta's own copy
 
 
 def test_generate_streams_tokens_then_the_result(acme):
@@ -91,7 +120,8 @@ def test_generate_streams_tokens_then_the_result(acme):
     deltas = [e.delta for e in events if e.WhichOneof("event") == "delta"]
     assert events[-1].WhichOneof("event") == "result"
     result = events[-1].result
-    assert result.ok and len(deltas) >= 1
+    assert result.ok and finished_exactly(len(result.output_tokens), 6, result.finish_reason)
+    assert [t for d in deltas for t in d.token_ids] == list(result.output_tokens)
     assert "".join(d.text for d in deltas) == result.text
 
 
@@ -110,18 +140,28 @@ def test_cancel_stops_a_running_job(acme):
 
 def test_admin_workers_stats_and_invalidation(api, acme):
     prompt = list(range(300, 364))
-    run_job(acme, [token_request("i1", prompt, 2)])
     with api.client(admin=True) as admin:
+        before = admin.cache_stats()
+        _, (first,) = run_job(acme, [token_request("i1", prompt, 2)])
         workers = admin.workers()
         assert {w.state for w in workers} == {"ready"} and len(workers) == 2
         stats = admin.cache_stats()
-        assert stats.workers == 2 and stats.cached_tokens > 0 and stats.cache_blocks > 0
-        assert stats.written_tokens > 0 and stats.computed_tokens > 0
+        # a new 64-token prompt: nothing read, four blocks computed and stored
+        assert (first.usage.cached_tokens, first.usage.written_tokens) == (0, 64)
+        assert stats.workers == 2 and stats.cached_tokens == before.cached_tokens
+        assert stats.cache_blocks == before.cache_blocks + 4
+        assert stats.written_tokens == before.written_tokens + 64
+        assert stats.computed_tokens == before.computed_tokens + 64
         # everything stored under the first two blocks goes; the first block stays
         assert admin.invalidate("acme", token_ids=prompt[:32]) == 3
         _, rerun = run_job(acme, [token_request("i2", prompt, 2)])
         assert rerun[0].usage.cached_tokens == 16
-        assert admin.invalidate("acme") > 0
+        held = admin.cache_stats().cache_blocks
+        beta_blocks = admin.invalidate("beta")
+        acme_blocks = admin.invalidate("acme")
+        assert acme_blocks + beta_blocks == held
+        assert admin.cache_stats().cache_blocks == 0
+        assert admin.invalidate("acme") == 0
         assert admin.health("orchard.v1.Admin") == "SERVING"
 
 
@@ -291,17 +331,25 @@ def test_with_every_worker_drained_jobs_wait_and_generate_is_unavailable(api, ac
         admin.scale(1)
         done = acme.wait(job.job_id, poll_s=0.05, timeout_s=60)
         assert (done.state, done.completed) == ("succeeded", 3)
+        assert len(admin.scale(2)) == 2  # the module's frontend as the other tests know it
 
 
-def test_invalidate_by_chat_prefix(api, acme):
-    run_job(acme, [chat("v1", "cache me")])
-    _, warm = run_job(acme, [chat("v2", "cache me")])
+def test_invalidate_by_chat_prefix(api, acme, tokenizer):
+    system = {"role": "system", "content": "The invalidation test's own assistant. " * 8}
+    prompt = tokenizer.render([system, {"role": "user", "content": "cache me"}])
+    ask = lambda cid: chat(cid, "cache me", system=system["content"])  # noqa: E731
+    _, (first,) = run_job(acme, [ask("v1")])
+    _, (warm,) = run_job(acme, [ask("v2")])
+    assert (first.usage.cached_tokens, first.usage.prompt_tokens) == (0, len(prompt))
+    assert warm.usage.cached_tokens == min(len(prompt) // BLOCK * BLOCK, len(prompt) - 1)
+    stored = (first.usage.written_tokens + warm.usage.written_tokens) // BLOCK
     with api.client(admin=True) as admin:
-        removed = admin.invalidate("acme", messages=[{"role": "system", "content": SYSTEM}])
-        assert removed > 0
-    _, rerun = run_job(acme, [chat("v3", "cache me")])
+        removed = admin.invalidate("acme", messages=[system])
     # the system prompt's last full block and everything under it went; earlier blocks stay
-    assert rerun[0].usage.cached_tokens < warm[0].usage.cached_tokens - 16
+    kept = len(tokenizer.render_prefix([system])) // BLOCK - 1
+    assert removed == stored - kept
+    _, (rerun,) = run_job(acme, [ask("v3")])
+    assert rerun.usage.cached_tokens == kept * BLOCK
 
 
 def test_a_retried_submission_with_its_idempotency_key_runs_once(acme):

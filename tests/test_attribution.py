@@ -1,7 +1,7 @@
 """Every miss or partial hit gets one cause, from typed request data and an injected clock."""
 import pytest
 
-from router.attribution import Attribution, MissAttributor, MissCause, RequestSeen
+from router.attribution import Attribution, MissAttributor, MissCause, RequestSeen, ServedTier
 from router.key import Namespace
 
 BS = 4
@@ -81,7 +81,7 @@ def test_near_miss_after_a_shared_run(attr):
     attr.observe(seen(SYSTEM + [1, 2, 3, 4, 5]), 0.0)
     drifted = SYSTEM[:8] + [999] + SYSTEM[9:] + [1, 2, 3, 4, 5]   # a token changed in block 2
     got = attr.observe(seen(drifted, cached=8), 1.0)
-    assert got == Attribution(MissCause.NEAR_MISS, 9)
+    assert got == Attribution(MissCause.NEAR_MISS, 9, served=ServedTier.MEMORY)
     # The engine's own near-miss verdict is taken as well.
     other = MissAttributor(BS, 300)
     assert other.observe(seen(SYSTEM + [1], engine_near_miss=True), 0.0).cause is MissCause.NEAR_MISS
@@ -126,9 +126,20 @@ def test_a_later_request_sees_what_the_concurrent_ones_stored():
     _, attr = _concurrent_batch("abc")
     # Sent after they finished: c's tail block diverges from a's (same parent): near miss.
     later = seen(SYSTEM + [1, 2, 3, 6, 7], worker="w0", cached=12, sent=10.0)
-    assert attr.observe(later, 11.0) == Attribution(MissCause.NEAR_MISS, 5)
+    assert attr.observe(later, 11.0) == Attribution(MissCause.NEAR_MISS, 5,
+                                                    served=ServedTier.MEMORY)
 
 
 def test_timing_dependent_causes_are_named():
     from router.attribution import TIMING_DEPENDENT
     assert TIMING_DEPENDENT == {MissCause.NEAR_MISS, MissCause.FIRST_SIGHT}
+
+
+def test_a_partial_hit_names_the_tier_its_cached_tokens_came_from(attr):
+    attr.observe(seen(SYSTEM), 0.0)
+    longer = SYSTEM + [1, 2, 3, 4, 5]  # 12 cached: 4 from memory, 8 read back from disk
+    got = attr.observe(seen(longer, cached=12, disk_tokens=8), 1.0)
+    assert got == Attribution(MissCause.FIRST_SIGHT, 5, served=ServedTier.BOTH, disk_tokens=8)
+    assert attr.observe(seen(longer, cached=16, disk_tokens=16), 2.0) is None  # a hit
+    with pytest.raises(ValueError, match="disk_tokens must be within"):
+        attr.observe(seen(longer, cached=4, disk_tokens=8), 3.0)

@@ -12,12 +12,14 @@ import mlx.core as mx
 
 from router.events import BlockRemoved, BlockStored, Tier
 from router.key import Namespace, hash_blocks
+from router.ledger import Eviction
 from workers.disk_files import BlockRecord, block_path, encode_block
 from workers.disk_tier import DiskDirError
 from workers.messages import LookupOutcome
 from workers.store import KVShape, PrefixStore, open_store
 
-from test_store import BS, NS, SHAPE, Clock, kv_for
+from test_store import BS, NS, SHAPE, kv_for
+from tests.conftest import Clock
 
 TTL = 60.0
 BLOCK_BYTES = BS * SHAPE.bytes_per_token
@@ -25,19 +27,25 @@ A = list(range(1, 9))      # two blocks
 B = list(range(101, 109))  # two other blocks
 
 
-class Wall:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
+WALL_START = 1_000_000.0   # the wall clock the disk files are stamped with
 
-    def __call__(self) -> float:
-        return self.now
+
+POLICY: list[Eviction] = [Eviction.LRU]  # the policy of the test running (``_every_policy``)
+
+
+@pytest.fixture(autouse=True)
+def _every_policy(eviction):
+    """Every test here runs once per eviction policy: what they assert holds under both."""
+    POLICY[0] = eviction
+    yield
+    POLICY[0] = Eviction.LRU
 
 
 def tiered(directory: Path, mem_blocks: int = 2, disk_blocks: int = 100, clock: Clock | None = None,
            model: str = "m", revision: str = "r1", wall=None, **kw) -> PrefixStore:
     return open_store(SHAPE, BS, TTL, clock or Clock(), memory_bytes=mem_blocks * BLOCK_BYTES,
-                      eviction="lru", disk_dir=directory, disk_bytes=disk_blocks * BLOCK_BYTES,
-                      model=model, revision=revision, wall_clock=wall or Wall(), **kw)
+                      eviction=POLICY[0], disk_dir=directory, disk_bytes=disk_blocks * BLOCK_BYTES,
+                      model=model, revision=revision, wall_clock=wall or Clock(WALL_START), **kw)
 
 
 def put(store: PrefixStore, tokens: list[int], ns: Namespace = NS) -> int:
@@ -188,7 +196,7 @@ def test_another_models_blocks_are_cleaned_up_and_never_served(tmp_path):
 
 
 def test_blocks_expired_while_down_are_dropped_at_restart(tmp_path):
-    wall = Wall()
+    wall = Clock(WALL_START)
     store = spilled_a(tmp_path, wall=wall)
     store.close()
     a0, a1 = ha()
@@ -222,6 +230,58 @@ def test_disk_full_stops_writes_once_and_memory_carries_on(tmp_path, caplog):
     assert len([r for r in caplog.records if "is full" in r.getMessage()]) == 1
     assert store.lookup(NS, list(range(201, 209)) + [1]).report.matched_tokens == 8
     store.close()
+
+
+def _fill(directory: Path) -> Path:
+    """Fill the file system of ``directory`` to the last byte; returns the filler file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == 28  # ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_disk_is_written_again_once_space_returns(tmp_path, caplog):
+    from small_disk import small_disk
+    from workers.disk_tier import FULL_RECHECK_S
+
+    clock = Clock()
+    with small_disk(tmp_path / "disk", megabytes=1) as disk:
+        store = tiered(disk / "w0", clock=clock)
+        a0, a1 = ha()
+        b0, b1 = hash_blocks(B, BS, NS)
+        filler = _fill(disk)
+        with caplog.at_level(logging.WARNING, logger="workers"):
+            put(store, A)
+            put(store, B)  # A's two blocks spill: the kernel says ENOSPC
+            store.flush()
+            stats = store.stats().disk
+            assert (stats.full, stats.failed_writes, stats.written_blocks) == (True, 2, 0)
+            filler.unlink()                       # an operator frees space
+            clock.now += FULL_RECHECK_S - 0.5
+            put(store, list(range(201, 209)))     # B spills: too soon to look, skipped
+            store.flush()
+            stats = store.stats().disk
+            assert (stats.full, stats.skipped_full, stats.ledger.blocks) == (True, 2, 0)
+            clock.now += 0.5
+            put(store, A)                         # the 201.. blocks spill: space is back
+            store.flush()
+        stats = store.stats().disk
+        assert (stats.full, stats.written_blocks, stats.ledger.blocks) == (False, 2, 2)
+        c0, c1 = hash_blocks(list(range(201, 209)), BS, NS)
+        assert sorted(p.name for p in (disk / "w0").glob("*/*.kv")) == sorted(
+            block_path(disk / "w0", h).name for h in (c0, c1))
+        messages = [r.getMessage() for r in caplog.records]
+        assert len([m for m in messages if "is full" in m]) == 1
+        assert len([m for m in messages if "writes resume" in m]) == 1
+        report = store.lookup(NS, list(range(201, 209)) + [1]).report
+        assert (report.matched_tokens, report.disk_tokens) == (8, 8)
+        store.close()
 
 
 def test_ttl_covers_the_disk_tier(tmp_path):
@@ -265,6 +325,23 @@ def test_prefetch_reads_disk_blocks_before_the_lookup(tmp_path):
     assert store.prefetch(NS, A + [9]) == 2
     assert store.prefetch(NS, B + [9]) == 0  # in memory
     assert store.lookup(NS, A + [9]).report.disk_tokens == 8
+    store.close()
+
+
+def test_the_read_bandwidth_is_the_bytes_read_back_over_the_time_reading_them(tmp_path):
+    store = spilled_a(tmp_path)
+    assert store.disk.read_bytes_s is None  # nothing read back yet
+    assert store.lookup(NS, A[:BS] + [9]).report.disk_tokens == BS  # a0: one file
+    first = store.stats().disk
+    assert first.read_blocks == 1 and first.read_bytes > BLOCK_BYTES  # K/V and a header
+    assert store.disk.read_bytes_s == first.read_bytes / first.read_s
+    assert store.lookup(NS, A + [9]).report.disk_tokens == BS  # a0 in memory now; a1 read
+    second = store.stats().disk
+    assert second.read_blocks == 2
+    sample = (second.read_bytes - first.read_bytes) / (second.read_s - first.read_s)
+    # a moving average: the newest lookup weighs 0.3
+    assert store.disk.read_bytes_s == pytest.approx(0.7 * first.read_bytes / first.read_s
+                                                    + 0.3 * sample, rel=1e-9)
     store.close()
 
 

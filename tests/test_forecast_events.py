@@ -13,19 +13,12 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 from cluster.backend.traced_cluster import TracedCluster, Turn
 from router.cost import PriceTable, measured_usage, total_usage
 from telemetry_factories import in_memory
+from tests.conftest import Clock
 from tests.forged_models import tiny_model
 
 BS = 16
 TTL = 300.0
 PRICES = PriceTable()
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 def job(vocab: int, tenant: str, seed: int, requests: int = 6) -> list[Turn]:
@@ -54,7 +47,7 @@ def forecast_and_run(tc: TracedCluster, clock: Clock, turns: list[Turn]) -> tupl
 
 def build(tmp_path, workers: int = 2, store_bytes: int = 1 << 28):
     tel, _, _ = in_memory(tmp_path)
-    clock = Clock()
+    clock = Clock(1000.0)
     return TracedCluster(tiny_model("llama"), workers, tel, block_size=BS, ttl_s=TTL,
                          store_bytes=store_bytes, clock=clock), clock
 
@@ -76,9 +69,14 @@ def test_nothing_between_jobs_the_second_reads_the_first(tmp_path):
 
 def test_invalidation_empties_the_forecasts_memory(tmp_path):
     tc, clock = build(tmp_path)
-    before = []
-    first, second = twice(tc, clock, lambda: before.append(tc.invalidate("acme")))
-    assert before[0] > 0
+    held, removed = [], []
+
+    def invalidate() -> None:
+        held.append(sum(e.stats().ledger.blocks for e in tc.engines.values()))
+        removed.append(tc.invalidate("acme"))
+        held.append(sum(e.stats().ledger.blocks for e in tc.engines.values()))
+    first, second = twice(tc, clock, invalidate)
+    assert removed[0] == held[0] and held[1] == 0   # acme's blocks were every block held
     assert second[1] == pytest.approx(first[1], abs=0.01)   # nothing was left to read
     assert second[0] == pytest.approx(second[1], abs=0.05)
 

@@ -7,8 +7,8 @@ import pytest
 
 from router.key import Namespace, block_hash, hash_blocks, reusable_tokens
 
-ROOT_ACME = 130001185748377756834134243796726239182
-ROOT_ACME_LORA = 86573135402028660719180029603875124807
+ROOT_ACME = 13511780011187019801
+ROOT_ACME_LORA = 6041454079050737914
 
 
 def test_namespace_fields_are_hashed_with_a_separator():
@@ -82,3 +82,50 @@ def test_any_sequence_or_buffer_of_ids_gives_the_list_hashes():
     assert hash_blocks(list(range(3)), 1, ns) == [
         block_hash(ns.root(), [0]), block_hash(block_hash(ns.root(), [0]), [1]),
         block_hash(block_hash(block_hash(ns.root(), [0]), [1]), [2])]
+
+
+M64 = (1 << 64) - 1
+
+
+def _reference_hashes(tokens, block_size, root):
+    """The key's formula written out in plain integers, one block after another."""
+    def splitmix_odd(position):
+        z = position * 0x9E3779B97F4A7C15 & M64
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & M64
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & M64
+        return (z ^ (z >> 31)) | 1
+
+    hashes, parent = [], root
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = list(tokens[start:start + block_size]) + [0] * (block_size % 2)
+        digest = 0
+        for k in range(len(block) // 2):
+            x = (block[2 * k] | block[2 * k + 1] << 32) * 0xFF51AFD7ED558CCD & M64
+            digest += (x ^ (x >> 29)) * splitmix_odd(k + 1)
+        d = (digest + block_size * 0x9E3779B97F4A7C15) * 0xC4CEB9FE1A85EC53 & M64
+        parent = (0x9E3779B97F4A7C15 * parent + (d ^ (d >> 29))) & M64
+        hashes.append(parent)
+    return hashes
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16, 512])
+def test_all_blocks_at_once_equal_the_chain_one_block_at_a_time(block_size):
+    import random
+
+    rng = random.Random(block_size)
+    tokens = [rng.randrange(2**32) for _ in range(block_size * 9 + 1)]
+    ns = Namespace("acme", "tiny-llama", "r1")
+    assert hash_blocks(tokens, block_size, ns) == _reference_hashes(tokens, block_size, ROOT_ACME)
+
+
+def test_a_short_block_is_not_its_zero_padded_twin():
+    ns = Namespace("t", "m")
+    assert block_hash(ns.root(), [7]) != block_hash(ns.root(), [7, 0])
+    assert hash_blocks([7, 0], 1, ns)[0] == block_hash(ns.root(), [7])
+
+
+def test_equal_tokens_under_two_namespaces_differ_at_every_block():
+    tokens = list(range(64 * 16))
+    a = hash_blocks(tokens, 16, Namespace("a", "m"))
+    b = hash_blocks(tokens, 16, Namespace("b", "m"))
+    assert all(x != y for x, y in zip(a, b)) and len(a) == 64

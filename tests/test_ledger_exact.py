@@ -10,18 +10,12 @@ import pytest
 
 from router.events import BlockRemoved, BlockStored, Tier
 from router.key import BlockHash
-from router.ledger import BlockLedger, Holding, LedgerEvent, LedgerEventKind, LedgerStats
+from router.ledger import (BlockLedger, Eviction, Holding, LedgerEvent, LedgerEventKind,
+                           LedgerStats)
+from tests.conftest import Clock
 
 ROOT = BlockHash(999)
 NS = "ns"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def blocks(*ids: int) -> list[BlockHash]:
@@ -65,7 +59,7 @@ def test_match_and_insert_drop_a_block_at_exactly_its_ttl():
 def test_the_reuse_bonus_stops_at_three_reuses():
     """Priority is last use + horizon x min(hits, 3): a fourth reuse earns nothing more."""
     clock = Clock()
-    led = BlockLedger(2, 1e9, clock, 1, policy="reuse")
+    led = BlockLedger(2, 1e9, clock, 1, policy=Eviction.REUSE)
     led.insert(blocks(1), 1, NS, ROOT)
     clock.now = 1.0
     led.insert(blocks(2), 1, NS, ROOT)
@@ -86,7 +80,7 @@ def test_the_reuse_bonus_stops_at_three_reuses():
 
 def test_reuse_horizon_is_the_age_of_the_last_victim():
     clock = Clock()
-    led = BlockLedger(2, 1e9, clock, 1, policy="reuse")
+    led = BlockLedger(2, 1e9, clock, 1, policy=Eviction.REUSE)
     led.insert(blocks(1), 1, NS, ROOT)
     clock.now = 1.0
     led.insert(blocks(2), 1, NS, ROOT)
@@ -104,7 +98,7 @@ def test_reuse_horizon_is_the_age_of_the_last_victim():
 def test_restore_fills_the_budget_exactly_and_never_evicts():
     clock = Clock()
     clock.now = 100.0
-    led = BlockLedger(8, 60.0, clock, 1, policy="reuse", tier=Tier.DISK)
+    led = BlockLedger(8, 60.0, clock, 1, policy=Eviction.REUSE, tier=Tier.DISK)
     assert led.restore(BlockHash(1), ROOT, 4, NS, last_used=90.0) is True
     assert led.restore(BlockHash(1), ROOT, 4, NS, last_used=90.0) is False  # already held
     assert led.restore(BlockHash(2), BlockHash(1), 4, NS, last_used=95.0) is True  # 8 of 8

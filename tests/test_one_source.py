@@ -113,3 +113,53 @@ def test_the_forecast_capacity_comes_from_the_engines_bytes_per_token_for_a_bf16
                     telemetry=TelemetryConfig(exporter="none"))
     tracing = frontend_tracing(config, info, workers=2, decode=None)
     assert tracing.observer.holdings.capacity_tokens() == 2 * (1 << 20) // 256 == 8192
+
+
+def test_the_forecast_capacity_of_the_disk_tier_comes_from_the_engines_too(tmp_path):
+    from cluster.config import CacheConfig, Config, TelemetryConfig
+    from cluster.telemetry.job_tracing import frontend_tracing
+
+    disk_bytes = 1 << 22
+
+    async def scenario():
+        backend = LocalBackend(_bf16_model(tmp_path), workers=2, engine=EngineConfig(
+            block_size=16, store_bytes=1 << 20, disk_bytes=disk_bytes,
+            disk_dir=str(tmp_path / "cache")))
+        await backend.start()
+        try:
+            return backend.model_info()
+        finally:
+            await backend.close()
+    info = asyncio.run(scenario())
+    assert info.disk_kv_bytes_per_token == info.kv_bytes_per_token == 256
+    config = Config(tmp_path, {}, frozenset(),
+                    cache=CacheConfig(capacity_bytes=1 << 20, disk_bytes=disk_bytes),
+                    telemetry=TelemetryConfig(exporter="none"))
+    holdings = frontend_tracing(config, info, workers=2, decode=None).observer.holdings
+    assert holdings.capacity_by_tier() == (2 * 4096, 2 * (1 << 22) // 256)
+    assert holdings.capacity_tokens() == 8192 + 32768
+
+
+def test_a_backend_restarted_on_its_disk_directory_routes_to_what_it_kept(tmp_path):
+    """The restored blocks reach the router, as disk blocks, before the first request."""
+    from router.key import hash_blocks
+
+    engine = EngineConfig(block_size=16, store_bytes=1 << 20, disk_bytes=1 << 22,
+                          disk_dir=str(tmp_path / "cache"))
+    prompt = tuple(range(40, 40 + 4 * 16 + 3))
+
+    async def run_once():
+        backend = LocalBackend(tiny_model(), workers=1, engine=engine)
+        await backend.start()
+        try:
+            info = backend.model_info()
+            ns = Namespace("t", info.model_id, info.revision)
+            request = GenerateRequest("r", ns, prompt, SamplingParams(max_tokens=2))
+            return await backend.generate(request, hash_blocks(prompt, 16, ns))
+        finally:
+            await backend.close()  # the store's blocks are written to disk
+    first = asyncio.run(run_once())
+    again = asyncio.run(run_once())
+    assert (first.decision.expected_cached_tokens, first.result.cached_tokens) == (0, 0)
+    assert again.decision.expected_cached_tokens == 64
+    assert (again.result.cached_tokens, again.result.lookup.disk_tokens) == (64, 64)

@@ -7,6 +7,7 @@ each leaves the pool with at least two ready workers.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import threading
@@ -73,6 +74,13 @@ def _prompt(seed: int, shared: int = 96, own: int = 20) -> tuple[int, ...]:
     return system + tuple(1000 + seed * 31 + i for i in range(own))
 
 
+def _finished_exactly(result, max_tokens: int) -> bool:
+    """``max_tokens`` tokens ("length"), or fewer ending at EOS ("stop")."""
+    n = len(result.output_tokens)
+    return (result.finish_reason, n) == ("length", max_tokens) or (
+        result.finish_reason == "stop" and 1 <= n <= max_tokens)
+
+
 def _generate(backend, loop, rid, prompt, max_tokens=4, tenant="t"):
     return loop.run(backend.generate(*_request(backend, rid, prompt, max_tokens, tenant)))
 
@@ -85,7 +93,8 @@ def test_workers_start_on_node_slots_with_openblas(cluster):
         assert w.hello.openblas, "the worker actor's process must load OpenBLAS before MLX"
         assert w.hello.pid != os.getpid()
     info = backend.model_info()
-    assert info.block_size == BLOCK and info.vocab_size > 0
+    declared = json.loads((tiny_model() / "config.json").read_text())["vocab_size"]
+    assert info.block_size == BLOCK and info.vocab_size == declared
 
 
 def test_block_events_reach_the_router_so_the_prefix_is_routed_home(cluster):
@@ -96,10 +105,12 @@ def test_block_events_reach_the_router_so_the_prefix_is_routed_home(cluster):
     second = _generate(backend, loop, "events-1", _prompt(2))
     assert second.worker_id == first.worker_id
     assert second.decision.reason.value == "prefix_match"
-    assert second.decision.expected_cached_tokens >= 96 - BLOCK
+    assert second.decision.expected_cached_tokens == 96   # the 6 shared blocks
     assert second.result.cached_tokens == 96
-    stats = loop.run(backend.cache_stats())
-    assert stats.cached_tokens >= 96 and stats.cache_blocks > 0
+    stats = loop.run(backend.cache_stats())  # the module's first requests
+    assert stats.cached_tokens == 96
+    assert (first.result.written_tokens, second.result.written_tokens) == (112, 16)
+    assert stats.cache_blocks == (112 + 16) // BLOCK
 
 
 def test_stream_yields_every_token_then_the_outcome(cluster):
@@ -166,13 +177,14 @@ def test_a_lost_router_actor_is_replaced_and_rebuilt_from_the_workers(cluster):
     decision = ray.get(new.route.remote(ns, hash_blocks(prompt, BLOCK, ns), len(prompt)))
     assert decision.worker_id == home.worker_id, "the new actor must know who holds the prefix"
     assert decision.reason.value == "prefix_match"
-    assert decision.expected_cached_tokens >= 128 - BLOCK
+    assert decision.expected_cached_tokens == 128   # the 8 shared blocks
     assert {c.worker_id for c in decision.candidates} == \
         {w.worker_id for w in backend.pool.ready()}
 
 
 def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     backend, loop = cluster
+    replaced = backend.pool.replaced
     futures = [loop.submit(backend.generate(*_request(backend, f"kill-{i}", _prompt(40 + i),
                                                        max_tokens=48)))
                for i in range(6)]
@@ -182,16 +194,16 @@ def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     victim = next(w for w in backend.pool.ready() if w.running)
     os.kill(victim.hello.pid, signal.SIGKILL)
     outcomes = [f.result(180) for f in futures]
-    assert all(len(o.result.output_tokens) > 0 for o in outcomes)
+    assert all(_finished_exactly(o.result, 48) for o in outcomes)
     retried = [o for o in outcomes if o.attempts > 1]
     assert retried and all(o.worker_id != victim.worker_id for o in retried)
     later = _generate(backend, loop, "after-kill", _prompt(50))
     assert victim.worker_id not in {c.worker_id for c in later.decision.candidates}, \
         "the router must forget a dead worker"
     deadline = time.monotonic() + 120
-    while backend.pool.replaced < 1 and time.monotonic() < deadline:
+    while backend.pool.replaced == replaced and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert backend.pool.replaced >= 1
+    assert backend.pool.replaced == replaced + 1
     states = {w.worker_id: w.state for w in loop.run(backend.workers())}
     assert states[victim.worker_id] == "dead"
     assert sum(1 for s in states.values() if s == "ready") == 2
@@ -235,13 +247,15 @@ def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
 
 def test_invalidate_drops_a_tenants_blocks(cluster):
     backend, loop = cluster
-    _generate(backend, loop, "inv-0", _prompt(80))
-    time.sleep(0.3)
+    first = _generate(backend, loop, "inv-0", _prompt(80), tenant="inv")  # its own tenant
+    kept = _generate(backend, loop, "inv-keep", _prompt(80), tenant="t")
     info = backend.model_info()
-    removed = loop.run(backend.invalidate(Namespace("t", info.model_id, info.revision), None))
-    assert removed > 0
-    again = _generate(backend, loop, "inv-1", _prompt(81))
+    removed = loop.run(backend.invalidate(Namespace("inv", info.model_id, info.revision), None))
+    assert removed == first.result.written_tokens // BLOCK == 7  # 116 prompt tokens
+    again = _generate(backend, loop, "inv-1", _prompt(81), tenant="inv")
     assert again.result.cached_tokens == 0
+    other = _generate(backend, loop, "inv-keep-1", _prompt(80), tenant="t")
+    assert other.result.cached_tokens == 112, "only one tenant's blocks go"  # 7 full blocks
 
 
 def test_scaling_past_the_node_slots_says_how_to_fix_it(cluster):

@@ -4,6 +4,7 @@ through a handle-shaped shim, as to the router actor), requests aborted."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
         assert stats.cache_blocks == len(holdings.blocks) == len(prompt) // BLOCK
         assert stats.written_tokens == len(prompt)
         assert holdings.seq == piggybacked[-1].seq  # request b stored no new full block
-        assert await worker.ping() > 0
+        assert await worker.ping() == os.getpid()  # answered by this process (no Ray here)
 
         with pytest.raises(ValueError, match="vocabulary"):
             await worker.run(_request(ns, "bad", (10**9,)))
@@ -99,3 +100,37 @@ def test_calls_before_start_fail_cleanly():
         with pytest.raises(RuntimeError, match="start"):
             await asyncio.wait_for(worker.run(_request(Namespace("t", "m"), "x", (1, 2))), 5)
     asyncio.run(scenario())
+
+
+def test_a_worker_with_a_disk_tier_sends_its_measured_rates_with_its_events(tmp_path):
+    """The Ray path's carriers of block events (a result's batches, the msgpack batches sent
+    to the router actor) carry the worker's rates: after a request read its prefix from disk,
+    the router costs a token on that disk exactly as the rates say."""
+    from router.events import WorkerRates
+    from router.policy import disk_token_cost
+
+    config = EngineConfig(block_size=BLOCK, store_bytes=1 << 20, disk_bytes=1 << 22,
+                          disk_dir=str(tmp_path))
+    prompt = tuple(range(20, 84)) + (1, 2, 3)
+
+    async def scenario(router: Router | None):
+        worker = EngineWorker("w7", str(tiny_model()), config,
+                              RouterHandle(router) if router else None)
+        hello = await worker.start()
+        ns = Namespace("t", hello.model_id, hello.revision)
+        done = await worker.run(_request(ns, "a", prompt, 2), feed_after=0)
+        await asyncio.sleep(3 * ROUTER_SEND_S)
+        await worker.close()  # the memory tier is written to disk
+        return done, hello
+
+    asyncio.run(scenario(None))
+    router = Router(BLOCK)
+    router.add_worker("w7")
+    done, hello = asyncio.run(scenario(router))  # restarted: the prefix is read from disk
+    assert done.result.lookup.disk_tokens == 64
+    rates = done.events[-1].rates
+    assert isinstance(rates, WorkerRates)
+    assert rates.disk_bytes_per_token == hello.disk_kv_bytes_per_token
+    assert rates.disk_read_bytes_s > 0 and rates.prefill_tokens_s > 0
+    (status,) = router.workers()
+    assert status.disk_token_cost == disk_token_cost(rates)

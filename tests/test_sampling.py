@@ -10,8 +10,9 @@ from workers.sequence import GREEDY_BELOW, make_sampler
 PROMPT = tuple(range(100, 140))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine() -> Engine:
+    """An engine of the test's own: its prefix store fills as the test generates."""
     return Engine.open(tiny_model("llama"), EngineConfig(block_size=16))
 
 

@@ -62,6 +62,62 @@ def test_the_simulator_on_a_profile_waits_for_a_batch_slot_and_reports_itl():
     assert result.itl_p99_s == 0.5
 
 
+def test_the_simulator_on_a_profile_runs_the_engine_steps_chunked_under_the_decode_budget():
+    # prefill 0.01 s per token on any context; a decode step 0.5 s; a stall of 2.0. B (300
+    # tokens) arrives while A decodes: its first chunk beside decodes has no rate measured
+    # beside decodes, 4 tokens (the floor); then what fits in one decode step at that rate,
+    # (2.0 - 1) x 0.5 s x 4 / 0.04 tokens/s = 49 tokens (the rate comes out a hair under 100
+    # in floating point), until A finishes, then 512.
+    #   t=0     A prefills 100 tokens (1.0 s): first token at 1.0
+    #   t=1.0   decode A (token at 1.5) + B's chunk of 4 (0.04 s)
+    #   t=1.54  decode A (2.04) + chunk 49;  t=2.53 decode A (3.03, A's last) + chunk 49
+    #   t=3.52  B's last 198 tokens (1.98 s): first token at 5.5;  t=5.5 decode B (6.0)
+    trace = [TraceRequest(0.0, 100, 4, (1,)), TraceRequest(0.5, 300, 2, (2,))]
+    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000, decode_stall=2.0,
+                       profile=profile(prefill_s=((1.0, 2.0), (1.0, 2.0)), step_s=((0.5, 0.5),
+                                                                                   (0.5, 0.5))))
+    result = replay(trace, "round_robin", config)
+    assert (result.ttft_p50_s, result.ttft_p99_s) == (pytest.approx(1.0), pytest.approx(5.0))
+    # A's gaps 0.5, 0.54, 0.99 (a decode step and a chunk), B's 0.5: nearest-rank p99 0.99
+    assert result.itl_p99_s == pytest.approx(0.99)
+    assert result.prefill_tokens == 400 and result.hit_ratio == 0.0
+
+
+def test_a_prompt_cut_into_chunks_costs_the_profiles_time_for_the_whole_prompt():
+    # 0.5 s fixed + 0.01 s per token; a 100-token budget cuts 300 tokens into 3 chunks that
+    # cost 1.5 + 1.0 + 1.0 s: the profile's 3.5 s for 300 tokens, the fixed cost once
+    trace = [TraceRequest(0.0, 300, 1, (1,))]
+    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000, prefill_budget=100,
+                       profile=profile(prefill_s=((1.5, 2.5), (1.5, 2.5))))
+    assert replay(trace, "round_robin", config).ttft_p50_s == pytest.approx(3.5)
+
+
+def test_the_forecast_hook_is_refused_on_a_profile():
+    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000, profile=profile())
+    with pytest.raises(ValueError, match="on_served needs the linear service model"):
+        replay([TraceRequest(0.0, 100, 1, (1,))], "round_robin", config,
+               on_served=lambda *args: None)
+
+
+def test_the_simulated_step_budget_defaults_are_the_engines():
+    from workers.engine import EngineConfig
+
+    engine, sim = EngineConfig(), SimConfig()
+    assert (sim.prefill_budget, sim.decode_stall) == (engine.prefill_budget, engine.decode_stall)
+
+
+def test_the_simulator_on_a_profile_lets_a_shared_first_block_wait_for_the_older_job():
+    # Two 64-token prompts with the same first 32 tokens (two trace blocks of 32) arrive
+    # together: the younger waits while the older prefills, then reuses its 32 stored tokens.
+    trace = [TraceRequest(0.0, 64, 1, (1, 2)), TraceRequest(0.0, 64, 1, (1, 3))]
+    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000, trace_block=32,
+                       profile=profile(prefill_s=((1.0, 2.0), (1.0, 2.0))))
+    result = replay(trace, "round_robin", config)
+    # older: 64 tokens (0.64 s); younger: 2 blocks loaded (1 ms each), 32 new (0.32 s) after
+    assert (result.ttft_p50_s, result.ttft_p99_s) == (pytest.approx(0.64), pytest.approx(0.962))
+    assert result.hit_ratio == pytest.approx(32 / 128) and result.prefill_tokens == 96
+
+
 def test_simulate_refuses_a_profile_of_another_block_size(tmp_path, capsys):
     path, trace = tmp_path / "p.json", tmp_path / "t.jsonl"
     profile().write(path)

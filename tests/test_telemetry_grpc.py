@@ -2,6 +2,8 @@
 joins the caller's trace, each of its requests is a trace of its own linked to the job, a
 Generate call's request span is the caller's child; then ``orchard report`` reads the run."""
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -44,13 +46,27 @@ def traced_run(tmp_path_factory):
             with caller.tracer.start_as_current_span("submit") as submit:
                 job = client.submit(requests)
             client.wait(job.job_id, poll_s=0.05, timeout_s=120)
+            cached = sum(r.usage.cached_tokens for r in client.results(job.job_id))
             with caller.tracer.start_as_current_span("generate") as generate:
                 list(client.generate(chat_request("one", [{"role": "user", "content": "hi"}], 3)))
-    return run_dir, job.job_id, submit.get_span_context(), generate.get_span_context()
+        store_bytes = {w.worker_id: w.cache_bytes for w in harness.run(harness.backend.workers())}
+    return Run(run_dir, job.job_id, submit.get_span_context(), generate.get_span_context(),
+               cached, store_bytes)
+
+
+@dataclass(frozen=True)
+class Run:
+    run_dir: Path
+    job_id: str
+    submit: object
+    generate: object
+    cached_tokens: int              # the job's results, as the client read them
+    store_bytes: dict[str, int]     # each worker's store at the end, as the backend says
 
 
 def test_context_crosses_the_grpc_edge(traced_run):
-    run_dir, job_id, submit, generate = traced_run
+    run_dir, job_id, submit, generate = (traced_run.run_dir, traced_run.job_id,
+                                         traced_run.submit, traced_run.generate)
     spans = read_spans(run_dir / "traces").spans
     job_span = next(s for s in spans if s.name == "orchard.job")
     assert job_span.trace_id == format(submit.trace_id, "032x")
@@ -68,16 +84,16 @@ def test_context_crosses_the_grpc_edge(traced_run):
 
 
 def test_report_on_the_served_run(traced_run, capsys):
-    run_dir, job_id, *_ = traced_run
+    run_dir, job_id = traced_run.run_dir, traced_run.job_id
     assert main(["report", "--run-dir", str(run_dir), "--job", job_id, "--json"]) == 0
     (job,) = json.loads(capsys.readouterr().out)["jobs"]
-    assert job["requests"] == 3 and job["cached_tokens"] > 0
+    assert job["requests"] == 3 and job["cached_tokens"] == traced_run.cached_tokens
     assert job["forecast_multiplier"] is not None and job["measured_multiplier"] is not None
     assert abs(job["forecast_multiplier"] - job["measured_multiplier"]) <= 0.05
 
 
 def test_metrics_are_exported_under_the_run_dir(traced_run):
-    run_dir, *_ = traced_run
+    run_dir = traced_run.run_dir
     points = {}
     for path in (run_dir / "metrics").glob("*.jsonl"):
         for line in path.read_text().splitlines():
@@ -91,16 +107,17 @@ def test_metrics_are_exported_under_the_run_dir(traced_run):
                  "orchard.store.bytes", "orchard.store.evictions", "orchard.store.expirations",
                  "orchard.queue.depth"):
         assert points.get(name), f"{name} was not exported"
-    workers = {a["value"]["stringValue"] for p in points["orchard.store.bytes"]
-               for a in p["attributes"] if a["key"] == "worker"}
-    assert len(workers) == 2
-    assert max(int(p.get("asInt", 0)) for p in points["orchard.store.bytes"]) > 0
+    last = {}  # each worker's store bytes at the last export (lines are in export order)
+    for p in points["orchard.store.bytes"]:
+        worker = next(a["value"]["stringValue"] for a in p["attributes"] if a["key"] == "worker")
+        last[worker] = int(p.get("asInt", 0))
+    assert last == traced_run.store_bytes
 
 
 def test_the_job_record_carries_forecast_and_measured_multipliers(traced_run):
     from cluster.jobs.store import JobStore
 
-    run_dir, job_id, *_ = traced_run
+    run_dir, job_id = traced_run.run_dir, traced_run.job_id
     store = JobStore(run_dir / "jobs.sqlite3", lambda: 0)
     try:
         results = store.results(job_id, 0, 10)

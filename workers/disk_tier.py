@@ -21,12 +21,23 @@ Rules:
   unused for ``ttl_s`` (by file mtime, which a hit refreshes) are deleted (``expired``), and
   the newest that fit the budget are restored. Restored blocks are announced like new ones:
   ``BlockStored(tier=DISK)`` events.
-- **Disk full** stops writes (one warning); the memory tier carries on.
+- **Disk full** stops writes (one warning); the memory tier carries on. While full, a spill
+  looks at the file system's free space at most every ``FULL_RECHECK_S`` (5 s: a statvfs
+  call costs microseconds, and a disk freed by an operator is written again within
+  seconds); once it holds ``RESUME_BLOCKS`` (8) of the blocks being spilled, writes resume,
+  without a restart. Eight blocks of margin keep a disk that frees a single block from
+  flapping between full and not at every spill.
 - **The time**: the ledger runs on the injected ``clock``; file ages use ``wall_clock``.
+- **Read bandwidth** (``read_bytes_s``, for the router's cost of a disk hit): per lookup that
+  read files, the bytes read over the wall time from the first file's read start to the last
+  one's end (the reader threads read a chain in parallel, so summed thread time would
+  understate it), as a moving average (``workers.rates``); blocks still waiting to be
+  written are served from memory and not counted.
 """
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,9 +52,14 @@ from workers.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, Corr
                                 block_path, decode_block, read_header)
 from workers.disk_writer import DiskWriter, PendingBlock
 from workers.kv_quant import KVCodec
+from workers.rates import moving_average
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 READ_THREADS = 4  # parallel file reads: one SSD queue is not enough to reach its bandwidth
+FULL_RECHECK_S = 5.0  # a full tier looks at the free space at most this often
+RESUME_BLOCKS = 8     # ... and writes again once this many blocks fit
 
 
 class DiskDirError(ValueError):
@@ -79,6 +95,15 @@ class DiskStats:
     pending_writes: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One block file read on a reader thread, with its ``perf_counter`` start and end."""
+
+    data: bytes
+    start: float
+    end: float
+
+
 class DiskTier:
     """One worker's disk directory of K/V blocks, with its own ledger and budget."""
 
@@ -97,10 +122,12 @@ class DiskTier:
         self._tokens: dict[BlockHash, bytes] = {}  # token ids per block, for near misses
         self._reads: dict[BlockHash, Future] = {}
         self._read_counts = [0, 0, 0.0]  # blocks, bytes, seconds
+        self._read_rate: float | None = None  # bytes/s, moving average over lookups
         self._corrupt = 0
         self._skipped_full = 0
+        self._checked_at = 0.0  # while full: when the free space was last looked at
         self.start = self._index()
-        self._writer = DiskWriter(self.directory)
+        self._writer = DiskWriter(self.directory, clock)
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="orchard-disk-read")
 
     # ---- queries -------------------------------------------------------------------------
@@ -111,6 +138,11 @@ class DiskTier:
     def tokens(self, block: BlockHash) -> tuple[int, ...]:
         raw = self._tokens[block]
         return tuple(int.from_bytes(raw[i:i + 4], "little") for i in range(0, len(raw), 4))
+
+    @property
+    def read_bytes_s(self) -> float | None:
+        """The measured read bandwidth (bytes/s), None before the first file is read back."""
+        return self._read_rate
 
     def stats(self) -> DiskStats:
         self._reap()
@@ -137,7 +169,7 @@ class DiskTier:
         if h in self.ledger:
             self.ledger.touch(self.ledger.chain_to(h))
             return True
-        if self._writer.full:
+        if self._writer.full and not self._space_returned(len(record.tokens)):
             self._skipped_full += 1
             return False
         self.ledger.expire()  # before reading the chain: insert would expire its head
@@ -174,11 +206,13 @@ class DiskTier:
         """
         self.prefetch(chain)
         out: list[BlockData] = []
+        reads: list[_Read] = []
         for h, want in zip(chain, tokens):
-            block = self._load_one(h, want)
+            block = self._load_one(h, want, reads)
             if block is None:
                 break
             out.append(block)
+        self._observe(reads)
         for h in chain[len(out):]:  # reads started for blocks after a failure are not needed
             self._reads.pop(h, None)
         if out:
@@ -188,7 +222,8 @@ class DiskTier:
                 self._writer.touch(b.record.block)
         return out
 
-    def _load_one(self, h: BlockHash, want: tuple[int, ...]) -> BlockData | None:
+    def _load_one(self, h: BlockHash, want: tuple[int, ...], reads: list[_Read]
+                  ) -> BlockData | None:
         pending = self._writer.pending(h)
         future = self._reads.pop(h, None)
         if pending is not None:
@@ -197,7 +232,8 @@ class DiskTier:
             return None
         path = block_path(self.directory, h)
         try:
-            data, seconds = future.result()
+            read = future.result()
+            data = read.data
             block = decode_block(data, path)
             if block.record.block != h or block.record.tokens != want:
                 raise CorruptBlock(f"{path}: holds other tokens than its hash says")
@@ -207,14 +243,24 @@ class DiskTier:
             return None
         self._read_counts[0] += 1
         self._read_counts[1] += len(data)
-        self._read_counts[2] += seconds
+        self._read_counts[2] += read.end - read.start
+        reads.append(read)
         return block
 
+    def _observe(self, reads: list[_Read]) -> None:
+        """One lookup's files: their bytes over the wall time it took to read them all."""
+        if not reads:
+            return
+        span = max(r.end for r in reads) - min(r.start for r in reads)
+        if span > 0:
+            read_bytes = sum(len(r.data) for r in reads)
+            self._read_rate = moving_average(self._read_rate, read_bytes / span)
+
     @staticmethod
-    def _read_file(path: Path) -> tuple[bytes, float]:
+    def _read_file(path: Path) -> _Read:
         start = time.perf_counter()
         data = path.read_bytes()
-        return data, time.perf_counter() - start
+        return _Read(data, start, time.perf_counter())
 
     # ---- invalidation, expiry ------------------------------------------------------------
 
@@ -230,6 +276,25 @@ class DiskTier:
         return len(self.ledger.expire())
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _space_returned(self, tokens: int) -> bool:
+        """While full: whether the file system has room for ``RESUME_BLOCKS`` blocks of
+        ``tokens`` tokens again (looked at every ``FULL_RECHECK_S``); if so, writes resume."""
+        now = self._clock()
+        if now - max(self._writer.full_since, self._checked_at) < FULL_RECHECK_S:
+            return False
+        self._checked_at = now
+        try:
+            fs = os.statvfs(self.directory)
+        except OSError:  # the directory went away: stay full, the memory tier carries on
+            return False
+        free = fs.f_bavail * fs.f_frsize
+        if free < RESUME_BLOCKS * tokens * self.ledger.bytes_per_token:
+            return False
+        self._writer.resume()
+        log.warning("disk tier %s has %.1f MB free again: writes resume", self.directory,
+                    free / 1e6)
+        return True
 
     def _removed(self, block: BlockHash, reason: RemovalReason) -> None:
         self._tokens.pop(block, None)

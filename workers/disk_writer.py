@@ -8,7 +8,8 @@ between. A delete cancels a pending write and removes the file.
 
 Disk full (``ENOSPC``, ``EDQUOT``) stops all further writes: the thread logs one warning,
 reports the blocks it could not write (``take_failed``) so the tier forgets them, and the
-memory tier carries on. Any other ``OSError`` fails that one block the same way.
+memory tier carries on. The tier, which watches the free space, calls ``resume`` once there
+is room again. Any other ``OSError`` fails that one block the same way.
 
 The thread touches no ledger: it only reports. ``flush`` waits until the queue is empty.
 """
@@ -22,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 
@@ -67,9 +69,11 @@ class WriterCounts:
 class DiskWriter:
     """The disk tier's background writer for ``directory``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
         self.full = False
+        self.full_since = 0.0  # the tier's clock when a write last found the disk full
+        self._clock = clock
         self.counts = WriterCounts()
         self._lock = threading.Lock()
         self._pending: dict[BlockHash, PendingBlock] = {}
@@ -107,6 +111,10 @@ class DiskWriter:
         with self._lock:
             failed, self._failed = self._failed, []
         return failed
+
+    def resume(self) -> None:
+        """Write again after a full disk (the tier saw free space return)."""
+        self.full = False
 
     def flush(self) -> None:
         op = _Flush()
@@ -166,10 +174,11 @@ class DiskWriter:
         except OSError as exc:
             _unlink(tmp)
             if exc.errno in _FULL and not self.full:
+                self.full_since = self._clock()
                 self.full = True
-                log.warning("disk tier %s is full (%s): writes to it stop, the memory tier "
-                            "carries on; free space and restart the worker to resume",
-                            self.directory, exc.strerror)
+                log.warning("disk tier %s is full (%s): writes to it stop until space is "
+                            "free again, the memory tier carries on", self.directory,
+                            exc.strerror)
             elif exc.errno not in _FULL:
                 log.warning("disk tier %s: cannot write block %032x: %s", self.directory, h, exc)
             self._fail(h)

@@ -37,9 +37,9 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
-from router.events import BlockEvent
-from router.key import BlockHash, Namespace
-from router.ledger import DEFAULT_EVICTION, Eviction
+from router.events import BlockEvent, WorkerRates
+from router.key import Namespace
+from router.ledger import DEFAULT_EVICTION, Eviction, Holding
 from workers.kept import KeptCaches, KeptStats
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
 from workers.model_dir import LoadedModel, open_model_dir
@@ -141,6 +141,21 @@ class Engine:
         """K/V bytes one cached token takes in this engine's memory tier, as its store accounts
         it (the model's dtype, or ``kv_bits``): the one figure a capacity in tokens comes from."""
         return self.store.ledger.bytes_per_token
+
+    @property
+    def disk_kv_bytes_per_token(self) -> int:
+        """K/V bytes one cached token takes in this engine's disk tier (0: no disk tier)."""
+        disk = self.store.disk
+        return disk.ledger.bytes_per_token if disk is not None else 0
+
+    def rates(self) -> WorkerRates | None:
+        """What the router costs a disk hit here from: the disk tier's bytes per token and
+        read bandwidth, and the prefill rate (None without a disk tier)."""
+        disk = self.store.disk
+        if disk is None:
+            return None
+        return WorkerRates(disk.ledger.bytes_per_token, disk.read_bytes_s,
+                           self._budget.prefill_tokens_s)
 
     def namespace(self, tenant: str, adapter: str = "") -> Namespace:
         """The cache namespace of ``tenant`` on this model and weights revision."""
@@ -411,9 +426,9 @@ class Engine:
         """Persist the store's blocks to its disk tier (if any) and release its directory."""
         self.store.close()
 
-    def holdings(self) -> list[BlockHash]:
-        """Every block hash the store holds (for the router to rebuild its view)."""
-        return [h.block for h in self.store.holdings()]
+    def holdings(self) -> list[Holding]:
+        """Every block the store holds, with its tier (for the router to rebuild its view)."""
+        return self.store.holdings()
 
 
 def _no_store_report(prompt_tokens: int, ttl_s: float) -> LookupReport:

@@ -157,27 +157,34 @@ def _load_s_per_block(engine: Engine, prompts: _Prompts, grid: ProfileGrid) -> f
 
 def _step_s(engine: Engine, prompts: _Prompts, context: int, batch: int,
             grid: ProfileGrid) -> float:
-    best = float("inf")
-    for attempt in range(grid.repeats + 1):  # the first run of a new shape compiles
-        for i in range(batch):
+    best, timed, attempts = float("inf"), 0, 0
+    # the first run of a new shape compiles (never timed); a run where a request stops early
+    # at its EOS (greedy decoding of a random-weights model can) has no full-batch step, and
+    # is run again on other prompts, a few times at most
+    while timed < grid.repeats and attempts < grid.repeats + 4:
+        ids = [f"d{time.monotonic_ns()}-{i}" for i in range(batch)]
+        for rid in ids:  # enough tokens to outlast the chunked prefill of the others
             engine.submit(GenerateRequest(
-                f"d{time.monotonic_ns()}-{i}", prompts.namespace(engine),
-                tuple(prompts.tokens(context)),
-                SamplingParams(max_tokens=grid.decode_steps + batch + 2)))
-        times = []
-        step = 0
-        while engine.busy:
+                rid, prompts.namespace(engine), tuple(prompts.tokens(context)),
+                SamplingParams(max_tokens=engine.max_context - context)))
+        times: list[float] = []
+        all_decoding = False
+        while engine.busy and len(times) < grid.decode_steps:
             started = time.perf_counter()
             out = engine.step()
             elapsed = time.perf_counter() - started
-            # the engine admits one request per step: from step ``batch`` on, a step is a pure
-            # decode step of the whole batch until the first request finishes
-            if (step >= batch and len(out.deltas) == batch and not out.finished
-                    and len(times) < grid.decode_steps):
+            # after a step where every request got a token, all of them decode and nothing
+            # is left to prefill: the next step with a token for each is a pure decode step
+            full = len(out.deltas) == batch and not out.finished
+            if full and all_decoding:
                 times.append(elapsed)
-            step += 1
-        if times and attempt:
+            all_decoding = full
+        for rid in ids:
+            engine.abort(rid)
+        if len(times) == grid.decode_steps and attempts:
             best = min(best, sorted(times)[len(times) // 2])
+            timed += 1
+        attempts += 1
     if best == float("inf"):
         raise RuntimeError(f"no decode step of batch {batch} ran: is max_batch below {batch}?")
     return best

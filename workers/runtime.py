@@ -17,7 +17,8 @@ through the command queue. This is the one place that drives an engine::
     await close() ───────────────────────────── Stop ───► the thread returns
                                    on_events(EventBatch) ◄┤ after every step and call: the
                                                           │ store's block events, numbered
-                                                          │ per worker (the router's feed)
+                                                          │ per worker (the router's feed),
+                                                          │ with the engine's WorkerRates
                                                           └ idle: expired blocks dropped
                                                             every EXPIRE_EVERY_S
 
@@ -37,10 +38,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Union
+from typing import AsyncIterator, Callable, Iterable, Union
 
-from router.events import EventBatch
+from router.events import EventBatch, Tier
 from router.key import BlockHash
+from router.ledger import Holding
 from workers.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, GenerateResult, WorkerFailed, WorkerStats
 from workers.sequence import TokenDelta
@@ -69,10 +71,21 @@ class Aborted:
 
 @dataclass(frozen=True, slots=True)
 class Holdings:
-    """A worker's blocks and the sequence number of the last event batch they include."""
+    """A worker's blocks by tier and the sequence number of the last event batch they include.
+
+    A block can be in both tiers at once (a block read back from disk stays there until its
+    disk tier evicts it): it is then in both tuples, as the router's index keeps it.
+    """
 
     seq: int
-    blocks: tuple[BlockHash, ...]
+    blocks: tuple[BlockHash, ...]                # in the memory tier
+    disk_blocks: tuple[BlockHash, ...] = ()      # in the disk tier
+
+    @classmethod
+    def of(cls, seq: int, held: Iterable[Holding]) -> "Holdings":
+        held = list(held)
+        return cls(seq, tuple(h.block for h in held if h.tier == Tier.MEMORY),
+                   tuple(h.block for h in held if h.tier == Tier.DISK))
 
 
 Sink = Callable[[object], None]                 # called on the engine thread
@@ -331,12 +344,13 @@ class EngineRuntime:
         events = slot.engine.drain_events()
         if events and self._on_events is not None:
             slot.seq += 1
-            self._on_events(EventBatch(worker_id, slot.seq, tuple(events)))
+            self._on_events(EventBatch(worker_id, slot.seq, tuple(events),
+                                       slot.engine.rates()))
 
     def _holdings(self, worker_id: str) -> Holdings:
         slot = self._slots[worker_id]
         self._publish(worker_id, slot)  # the batches before ``seq`` hold nothing it lacks
-        return Holdings(slot.seq, tuple(slot.engine.holdings()))
+        return Holdings.of(slot.seq, slot.engine.holdings())
 
     def _stats(self, slot: _Slot) -> WorkerStats:
         s = slot.engine.stats()

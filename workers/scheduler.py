@@ -28,16 +28,17 @@ weight read once, plus 0.0125 s a token), against 0.18 s for a decode step of 4 
 so 1.8 leaves a chunk of about 5 tokens, 2.0 about 8. A fixed 512-token budget would
 not do on a CPU: there a 512-token chunk takes as long as about 30 decode steps of 4
 requests (26 s against 0.8 s, same machine), a 30-fold stall. Both rates are moving averages
-of what the engine measured (weight ``_EMA``), in seconds passed in by the caller, never read
-here. The prefill rate is taken only from passes that ran beside decodes: a pass costs a fixed
-part plus a part per token, so the rate of a 512-token pass alone overstates what a few
-tokens beside decodes achieve. Fed by such passes, the first steps of a long prompt overshot
-(SmolLM2-135M, 4 decodes: 2.6 decode steps' CPU time for the first admitting step against
-2.0 for the others, the first setting the p99). The engine times the two parts of a step
-apart (``workers.engine``: it waits for the decode that mlx-lm leaves running ahead before
-the prefill pass starts), else each would be charged for the other. The
-budget never falls below ``min_tokens`` (4), so a long prompt still advances when decodes are
-slow.
+of what the engine measured (``workers.rates``), in seconds passed in by the caller, never read
+here. The budget's prefill rate is taken only from passes that ran beside decodes: a pass
+costs a fixed part plus a part per token, so the rate of a 512-token pass alone overstates
+what a few tokens beside decodes achieve. Fed by such passes, the first steps of a long
+prompt overshot (SmolLM2-135M, 4 decodes: 2.6 decode steps' CPU time for the first admitting
+step against 2.0 for the others, the first setting the p99). The engine times the two parts
+of a step apart (``workers.engine``: it waits for the decode that mlx-lm leaves running ahead
+before the prefill pass starts), else each would be charged for the other. The budget never
+falls below ``min_tokens`` (4), so a long prompt still advances when decodes are slow. The
+rate over every pass (``prefill_tokens_s``) is the unit the router counts a disk hit's load
+time in (``router.policy``).
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Generic, Iterator, TypeVar
 
-T = TypeVar("T")
+from workers.rates import moving_average
 
-_EMA = 0.3  # weight of the newest measurement in the moving averages
+T = TypeVar("T")
 
 
 class Admission(Generic[T]):
@@ -109,7 +110,8 @@ class StepBudget:
     stall: float = 1.8
     min_tokens: int = 4
     _decode_s: float = 0.0        # moving average of one decode step
-    _prefill_tok_s: float = 0.0   # moving average of prefill tokens per second
+    _prefill_tok_s: float = 0.0   # moving average of prefill tokens per second, every pass
+    _beside_tok_s: float = 0.0    # the same over passes beside decodes (the budget's)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or not 1 <= self.min_tokens <= self.max_tokens:
@@ -122,19 +124,24 @@ class StepBudget:
     def tokens(self, decoding: bool) -> int:
         if not decoding:
             return self.max_tokens
-        if not (self._decode_s and self._prefill_tok_s):
-            return self.min_tokens  # nothing measured yet: the smallest step
-        fits = int((self.stall - 1.0) * self._decode_s * self._prefill_tok_s)
+        if not (self._decode_s and self._beside_tok_s):
+            return self.min_tokens  # nothing measured beside decodes yet: the smallest step
+        fits = int((self.stall - 1.0) * self._decode_s * self._beside_tok_s)
         return max(self.min_tokens, min(self.max_tokens, fits))
 
+    @property
+    def prefill_tokens_s(self) -> float | None:
+        """The measured prefill rate (moving average), None before the first prefill."""
+        return self._prefill_tok_s or None
+
     def observe_decode(self, seconds: float) -> None:
-        self._decode_s = _average(self._decode_s, seconds)
+        self._decode_s = moving_average(self._decode_s, seconds)
 
     def observe_prefill(self, tokens: int, seconds: float, decoding: bool) -> None:
-        """A prefill pass of ``tokens`` took ``seconds``; only passes beside decodes count."""
-        if decoding and tokens > 0 and seconds > 0:
-            self._prefill_tok_s = _average(self._prefill_tok_s, tokens / seconds)
+        """A prefill pass of ``tokens`` took ``seconds``; the budget counts only passes
+        beside decodes, ``prefill_tokens_s`` every pass."""
+        if tokens > 0 and seconds > 0:
+            self._prefill_tok_s = moving_average(self._prefill_tok_s, tokens / seconds)
+            if decoding:
+                self._beside_tok_s = moving_average(self._beside_tok_s, tokens / seconds)
 
-
-def _average(old: float, new: float) -> float:
-    return new if not old else (1 - _EMA) * old + _EMA * new

@@ -180,10 +180,15 @@ class LocalBackend:
                                              self._clock)
             self._workers[worker_id] = _Worker(worker_id)
             self._router.add_worker(worker_id)
+            # a store that opened on a disk directory holding blocks (a restart) has them
+            # already: the router learns them, with their tier, before the first request
+            held = await self.runtime.holdings(worker_id)
+            self._router.rebuild(worker_id, held.blocks, held.disk_blocks)
             if self._info is None:
                 self._info = ModelInfo(engine.model_id, engine.revision, engine.vocab_size,
                                        engine.max_context, str(self._model_dir),
-                                       engine.config.block_size, engine.kv_bytes_per_token)
+                                       engine.config.block_size, engine.kv_bytes_per_token,
+                                       engine.disk_kv_bytes_per_token)
         return await self.workers()
 
     async def drain(self, worker_id: str) -> WorkerInfo:

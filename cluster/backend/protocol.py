@@ -43,6 +43,7 @@ class ModelInfo:
     model_dir: str         # local mlx-lm model directory: tokenizer and chat template live here
     block_size: int        # tokens per cache block, one value per cluster
     kv_bytes_per_token: int  # the engine's memory tier, as its store accounts it
+    disk_kv_bytes_per_token: int = 0  # its disk tier's (0: no disk tier)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,22 +3,25 @@
     frontend ─► RayBackend.generate(request, block_hashes)
                  ├─ routes.router.route + started  (in this process: no Ray hop,
                  │                                  ``cluster.backend.routing``)
-                 ├─ worker actor w: generate ─► Prefilled or TokenChunks ─► router.prefilled
-                 │                           ─► WorkerDone(result, block events) ─► apply
+                 ├─ worker w's stream (``cluster.backend.link``, not a Ray call): generate
+                 │      ─► Prefilled or TokenChunks ─► router.prefilled
+                 │      ─► WorkerDone(result, block events) ─► apply
                  └─ router.finished ─► GenerateOutcome(result, decision, ...)
 
-One Ray round trip per request: a streaming generator on the chosen worker (a unary call when
-nothing comes before the result: one token, not streamed). The worker's block
+No Ray call per request: Ray places, starts, watches and drains the workers (the control
+plane), while each request goes over a persistent stream the frontend holds to its worker (a
+Ray call alone costs more than the path's 5 ms budget on a small machine). The worker's block
 events reach the frontend's router on its results and, between requests (evictions, TTL
-expiry), on a feed each worker streams (``EngineWorker.events``).
+expiry), on a Ray feed each worker streams (``EngineWorker.events``).
 
-If worker ``w`` dies under the request (its actor or its node is gone, or its engine broke),
-the pool removes it from the router at once (its blocks are forgotten) and starts a
-replacement in the background, and the request is routed again (``cluster.backend.retry``:
-``generate`` can always retry, ``stream`` only until its first chunk has gone out). A request
-given up before its result (a cancelled stream, a deadline, a cancelled job) is aborted on
-its worker. Scaling and draining act on the live pool (``cluster.backend.ray_pool``), which
-also keeps the router actor (other frontends, recovery) fed and replaced when lost.
+If worker ``w`` dies under the request (its stream closes, Ray declares its actor or node
+dead, or its engine broke), the pool removes it from the router at once (its blocks are
+forgotten) and starts a replacement in the background, and the request is routed again
+(``cluster.backend.retry``: ``generate`` can always retry, ``stream`` only until its first
+chunk has gone out). A request given up before its result (a cancelled stream, a deadline, a
+cancelled job) is aborted on its worker (an ABORT on the stream). Scaling and draining act on
+the live pool (``cluster.backend.ray_pool``), which also keeps the router actor (other
+frontends, recovery) fed and replaced when lost.
 
 Given ``TelemetrySettings`` (``from_config`` narrows them from the cluster config) every
 worker actor sets up telemetry in its own process and draws its own spans under the context
@@ -48,7 +51,7 @@ from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, No
 from cluster.backend.ray_pool import PoolWorker, WorkerPool
 from cluster.backend.retry import retried
 from cluster.backend.routing import FrontendRouter
-from cluster.backend.worker_actor import Prefilled, WorkerDone
+from cluster.backend.wire import WorkerDone
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
 from router.key import BlockHash, Namespace
 from router.policy import RoutingDecision
@@ -118,7 +121,7 @@ class RayBackend:
         hello = self._pool.first_hello
         self._info = ModelInfo(hello.model_id, hello.revision, hello.vocab_size,
                                hello.max_context, self._model_dir, hello.block_size,
-                               hello.kv_bytes_per_token)
+                               hello.kv_bytes_per_token, hello.disk_kv_bytes_per_token)
 
     async def close(self) -> None:
         if self._pool is None:
@@ -171,46 +174,39 @@ class RayBackend:
     async def _attempt(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
                        attempt: int, streaming: bool
                        ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
-        """Route here, then one call to the chosen worker: a Ray streaming generator of its
-        chunks (streaming) or of one ``Prefilled`` (not streaming), then its ``WorkerDone``,
-        which carries the block events the router has not seen. Given up before the result
-        (cancelled, a deadline), the request is aborted on the worker."""
+        """Route here, then the request on the chosen worker's stream
+        (``cluster.backend.link``): its chunks (streaming) or one ``Prefilled`` (not
+        streaming), then its ``WorkerDone``, which carries the block events the router has
+        not seen. Closed before the result (cancelled, a deadline), the link aborts the
+        request on the worker."""
         decision, worker = self._place(request, block_hashes)
         rid = request.request_id
         routes = self.pool.routes
         if decision is not None:
             routes.router.started(rid, decision)
         worker.running += 1
-        settled = False
         try:
             first = True
-            async for item in _call(worker, request, routes.feed_after(worker.worker_id),
-                                    streaming):
-                if isinstance(item, WorkerDone):
-                    settled = True
-                    routes.apply(worker.worker_id, item.events)
-                    yield self._outcome(item, decision, attempt, worker)
-                    return
-                if first and decision is not None:
-                    routes.router.prefilled(rid)
-                first = False
-                if isinstance(item, TokenChunk):
-                    yield item
-            settled = True
+            async with contextlib.aclosing(worker.link.stream(
+                    request, routes.feed_after(worker.worker_id), streaming)) as items:
+                async for item in items:
+                    if isinstance(item, WorkerDone):
+                        routes.apply(worker.worker_id, item.events)
+                        yield self._outcome(item, decision, attempt, worker)
+                        return
+                    if first and decision is not None:
+                        routes.router.prefilled(rid)
+                    first = False
+                    if isinstance(item, TokenChunk):
+                        yield item
             raise RuntimeError(f"worker {worker.worker_id}: stream of {rid} ended early")
-        except (ray.exceptions.RayActorError, WorkerFailed) as exc:
-            settled = True
+        except WorkerFailed as exc:
             self.pool.died(worker, exc)
             raise WorkerFailed(f"worker {worker.worker_id} died under it") from None
-        except ValueError:
-            settled = True
-            raise
         finally:
             worker.running -= 1
             if decision is not None:
                 routes.router.finished(rid)
-            if not settled and self.pool.get(worker.worker_id) is worker:
-                worker.actor.abort.remote(rid)  # fire and forget: out at its next step
             self.pool.retire_if_drained(worker)
 
     def _outcome(self, done: WorkerDone, decision: RoutingDecision | None, attempt: int,
@@ -274,18 +270,6 @@ class RayBackend:
         except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
             log.info("worker %s: no stats (%s)", worker.worker_id, exc)
             return None
-
-
-async def _call(worker: PoolWorker, request: GenerateRequest, feed_after: int, streaming: bool
-                ) -> AsyncIterator[TokenChunk | Prefilled | WorkerDone]:
-    """The worker's items for ``request``: one unary call when nothing comes before the result
-    (not streaming, one token: its prefill is the whole request), else a streaming generator."""
-    if not streaming and request.sampling.max_tokens == 1:
-        yield await worker.actor.run.remote(request, feed_after)
-        return
-    async for ref in worker.actor.generate.options(num_returns="streaming").remote(
-            request, feed_after, streaming):
-        yield await ref
 
 
 def _fields(obj) -> dict:

@@ -1,30 +1,35 @@
 """The worker pool behind ``RayBackend``: worker actors' lives, from start to drain or death.
 
-    scale(n) ─► start:  WorkerActor on a node slot ─► start() loads the model ─► routes.add
-                (the frontend's router, fed by the worker) and the router actor's add
+    scale(n) ─► start:  WorkerActor on a node slot ─► start() loads the model ─► listen(secret):
+                the frontend's request stream to it (``cluster.backend.link``) ─► routes.add
+                (the frontend's router, fed by the worker) and the router actor's add;
+                both rebuilt from its holdings (a restart's disk blocks, with their tier)
     drain(w) ─► drain_worker in both (no new requests) ─► last request done ─► retire:
                 remove_worker in both (its blocks forgotten) ─► actor stopped
     died(w)  ─► remove_worker at once ─► actor killed ─► a replacement is started
                 in the background when a slot is free (else the worker is just removed)
-    check()  ─► idle workers pinged; stale views rebuilt from the workers' holdings; a lost
+    check()  ─► workers pinged; stale views rebuilt from the workers' holdings; a lost
                 router actor replaced and rebuilt the same way
 
-The pool owns the worker table and the router actor (kept for other frontends and recovery:
-the workers feed it directly); ``RayBackend`` routes with ``routes``
-(``cluster.backend.routing``), asks the pool for workers and reports deaths. All Ray calls are
-awaited (never ``ray.get``) so nothing here blocks the event loop.
+The pool owns the worker table, each worker's request stream (``PoolWorker.link``, opened with
+the pool's secret, made here and handed to the worker through Ray) and the router actor
+(kept for other frontends and recovery: the workers feed it directly); ``RayBackend`` routes
+with ``routes`` (``cluster.backend.routing``), asks the pool for workers and reports deaths.
+All Ray calls are awaited (never ``ray.get``) so nothing here blocks the event loop.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
+import secrets
 from dataclasses import dataclass
 
 import ray
 
 from cluster.backend import bootstrap
 from cluster.backend.bootstrap import NODE_RESOURCE, Placement
+from cluster.backend.link import WorkerLink
 from cluster.backend.protocol import UnknownWorker
 from cluster.backend.router_actor import TracedRouterActor
 from cluster.backend.routing import FrontendRouter
@@ -48,6 +53,7 @@ class PoolWorker:
     state: str = "starting"      # "starting" | "ready" | "draining" | "dead"
     running: int = 0             # requests in flight (event-loop side)
     in_router: bool = False      # added to the router (once ready)
+    link: WorkerLink | None = None   # the request stream to it (once started)
 
 
 class NoRoom(ValueError):
@@ -70,6 +76,7 @@ class WorkerPool:
         self._gone: collections.deque[PoolWorker] = collections.deque(maxlen=GONE_KEPT)
         self._next_id = 0
         self._tasks: set[asyncio.Task] = set()
+        self._secret = secrets.token_bytes(32)   # authenticates this frontend's streams
         self.first_hello: WorkerHello | None = None
         self.replaced = 0
 
@@ -160,10 +167,11 @@ class WorkerPool:
                 if worker.state == "draining":
                     await router.drain_worker.remote(worker.worker_id)
                 holdings = await worker.actor.holdings.remote()
-                await router.rebuild.remote(worker.worker_id, holdings.blocks)
+                await router.rebuild.remote(worker.worker_id, holdings.blocks,
+                                            holdings.disk_blocks)
                 worker.in_router = True
-                log.info("worker %s handed to the new router (%d blocks)",
-                         worker.worker_id, len(holdings.blocks))
+                log.info("worker %s handed to the new router (%d blocks in memory, %d on disk)",
+                         worker.worker_id, len(holdings.blocks), len(holdings.disk_blocks))
             except ray.exceptions.RayActorError as exc:
                 self.died(worker, exc)
         self._router = router
@@ -180,6 +188,8 @@ class WorkerPool:
         self._gone.append(worker)
         self._forget(worker)
         ray.kill(worker.actor, no_restart=True)
+        if worker.link is not None:
+            self._spawn(worker.link.close())
         if self._replace_dead and was_serving:
             self._spawn(self._replace(worker.worker_id))
 
@@ -188,28 +198,33 @@ class WorkerPool:
         self._spawn(self._check_forever())
 
     async def check(self) -> None:
-        """Ping idle workers (a dead one is noticed before a request lands on it), rebuild
-        the routers' view of any worker whose event batches had a gap, replace a lost router
-        actor."""
-        idle = [w for w in self.live() if w.running == 0]
+        """Ping the workers (a dead idle one is noticed before a request lands on it; a busy
+        one whose node Ray declared dead, though its stream never closed, fails its requests
+        over), rebuild the routers' view of any worker whose event batches had a gap, replace
+        a lost router actor. A busy worker slow to answer is not dead: only idle ones are
+        judged by the timeout."""
+        live = self.live()
         pings = await asyncio.gather(
-            *(asyncio.wait_for(w.actor.ping.remote(), PING_TIMEOUT_S) for w in idle),
+            *(asyncio.wait_for(w.actor.ping.remote(), PING_TIMEOUT_S) for w in live),
             return_exceptions=True)
-        for worker, answer in zip(idle, pings):
-            if isinstance(answer, (ray.exceptions.RayActorError, asyncio.TimeoutError)):
+        for worker, answer in zip(live, pings):
+            if isinstance(answer, ray.exceptions.RayActorError) or (
+                    isinstance(answer, asyncio.TimeoutError) and worker.running == 0):
                 self.died(worker, answer)
         for worker_id in self.routes.stale_workers():
             worker = self._workers.get(worker_id)
             if worker is not None and worker.state in ("ready", "draining"):
                 holdings = await worker.actor.holdings.remote()
                 self.routes.rebuild(worker_id, holdings)
-                log.info("view of %s rebuilt (%d blocks)", worker_id, len(holdings.blocks))
+                log.info("view of %s rebuilt (%d blocks in memory, %d on disk)", worker_id,
+                         len(holdings.blocks), len(holdings.disk_blocks))
         await self._check_router()
         for worker_id in await self._router.stale_workers.remote():
             worker = self._workers.get(worker_id)
             if worker is not None and worker.state in ("ready", "draining"):
                 holdings = await worker.actor.holdings.remote()
-                await self._router.rebuild.remote(worker_id, holdings.blocks)
+                await self._router.rebuild.remote(worker_id, holdings.blocks,
+                                                  holdings.disk_blocks)
 
     async def _check_forever(self) -> None:
         while True:
@@ -238,7 +253,9 @@ class WorkerPool:
         worker = self._workers[worker_id] = PoolWorker(worker_id, actor)
         try:
             hello = await asyncio.wait_for(actor.start.remote(), self._start_timeout_s)
-        except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
+            host, port = await actor.listen.remote(self._secret)
+            worker.link = await WorkerLink.connect(worker_id, host, port, self._secret)
+        except (asyncio.TimeoutError, ray.exceptions.RayError, OSError) as exc:
             self._workers.pop(worker_id, None)
             ray.kill(actor, no_restart=True)
             if isinstance(exc, asyncio.TimeoutError):
@@ -255,6 +272,11 @@ class WorkerPool:
         if worker.state == "starting":
             await self._router.add_worker.remote(worker_id)
             self.routes.add_worker(worker_id, actor)
+            # a store that opened on a disk directory holding blocks (a restart) has them
+            # already: both routers learn them, with their tier, before the first request
+            holdings = await actor.holdings.remote()
+            self.routes.rebuild(worker_id, holdings)
+            await self._router.rebuild.remote(worker_id, holdings.blocks, holdings.disk_blocks)
             worker.in_router = True
             worker.state = "ready"
         else:  # drained while it was starting: it leaves without serving
@@ -292,6 +314,8 @@ class WorkerPool:
             self._router.remove_worker.remote(worker.worker_id)
 
     async def _stop(self, worker: PoolWorker) -> None:
+        if worker.link is not None:
+            await worker.link.close()
         try:
             await asyncio.wait_for(worker.actor.close.remote(), 10.0)
         except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:

@@ -69,8 +69,9 @@ class TracedRouter:
     async def apply_events(self, batch: EventBatch | bytes) -> None:
         self._router.apply_events(batch)
 
-    async def rebuild(self, worker_id: str, holdings: Iterable[BlockHash]) -> None:
-        self._router.rebuild(worker_id, list(holdings))
+    async def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
+                      disk_holdings: Iterable[BlockHash] = ()) -> None:
+        self._router.rebuild(worker_id, list(holdings), list(disk_holdings))
 
     async def stale_workers(self) -> list[str]:
         return self._router.stale_workers()

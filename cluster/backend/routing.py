@@ -74,7 +74,7 @@ class FrontendRouter:
     def rebuild(self, worker_id: str, holdings: Holdings) -> None:
         """Replace the view of ``worker_id`` by what it holds (batches up to ``seq`` included)."""
         if worker_id in self._applied:
-            self.router.rebuild(worker_id, holdings.blocks)
+            self.router.rebuild(worker_id, holdings.blocks, holdings.disk_blocks)
             self._applied[worker_id] = holdings.seq
 
     def stale_workers(self) -> list[str]:

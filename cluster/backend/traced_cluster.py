@@ -3,12 +3,13 @@
 ``TracedCluster`` runs requests one at a time through ``router.router.Router`` and one
 ``workers.engine.Engine`` per worker (each with its own prefix store), feeding the stores'
 block events back to the router after every request, and records every request through a
-``RequestObserver`` exactly as the job runner does. It is what ``orchard bench telemetry``
-measures, and what the telemetry tests drive to get traces that come from the real engine
-and router rather than from hand-written results.
+``RequestObserver`` as the job runner does. The telemetry tests drive it to get traces that
+come from the real engine and router rather than from hand-written results, with a clock they
+control (``orchard bench telemetry`` measures the frontend itself, not this).
 
 The clock is injected and shared by the engines' stores, the router and the observer, so a
-test can step past a TTL.
+test can step past a TTL. With ``disk_bytes`` each worker's store has a disk tier too (worker
+``w`` in ``disk_dir/w``); ``close`` writes and releases them.
 """
 from __future__ import annotations
 
@@ -52,26 +53,42 @@ class TracedCluster:
     def __init__(self, model_dir: Path | str, workers: int, tel: Telemetry, *,
                  block_size: int = 16, ttl_s: float = 300.0, store_bytes: int = 1 << 28,
                  clock: Callable[[], float] = time.monotonic,
-                 prices: PriceTable = PriceTable()) -> None:
+                 prices: PriceTable = PriceTable(), disk_dir: Path | str | None = None,
+                 disk_bytes: int = 0) -> None:
         if workers <= 0:
             raise ValueError(f"workers must be positive, got {workers}")
         self.tel = tel
-        self.engines = {
-            f"w{i}": Engine.open(model_dir, EngineConfig(block_size=block_size,
-                                                         store_bytes=store_bytes, ttl_s=ttl_s,
-                                                         worker_id=f"w{i}"), clock=clock)
-            for i in range(workers)}
+        self._disk = (Path(disk_dir), disk_bytes) if disk_bytes else None
+        if disk_bytes and disk_dir is None:
+            raise ValueError("disk_bytes needs a disk_dir: each worker's disk tier lives there")
+        self._ttl_s = ttl_s
+        self.engines = {f"w{i}": self._open(model_dir, f"w{i}", block_size, store_bytes, clock)
+                        for i in range(workers)}
         self.router = Router(block_size, clock=clock)
         for worker in self.engines:
             self.router.add_worker(worker)
         first = next(iter(self.engines.values()))
         bytes_per_token = first.stats().bytes_per_token
+        disk_tokens = disk_bytes // first.disk_kv_bytes_per_token if disk_bytes else 0
         cache = ServedCache(first.model_id, block_size, ttl_s, store_bytes // bytes_per_token,
-                            workers)
+                            workers, disk_tokens)
         self.observer = RequestObserver(tel, prices, cache, clock=clock)
         self._seq = {w: 0 for w in self.engines}
         self._clock = clock
-        self._ttl_s = ttl_s
+
+    def _open(self, model_dir: Path | str, worker: str, block_size: int, store_bytes: int,
+              clock: Callable[[], float]) -> Engine:
+        disk = {}
+        if self._disk is not None:
+            disk = dict(disk_dir=str(self._disk[0]), disk_bytes=self._disk[1])  # + /worker
+        return Engine.open(model_dir, EngineConfig(block_size=block_size, store_bytes=store_bytes,
+                                                   ttl_s=self._ttl_s, worker_id=worker, **disk),
+                           clock=clock)
+
+    def close(self) -> None:
+        """Close every engine (a disk tier writes what it holds and releases its directory)."""
+        for engine in self.engines.values():
+            engine.close()
 
     @property
     def block_size(self) -> int:
@@ -135,15 +152,14 @@ class TracedCluster:
 
     def remove_worker(self, worker: str) -> None:
         """``worker`` leaves (lost, or drained and stopped): its store goes with it."""
-        del self.engines[worker]
+        self.engines.pop(worker).close()
         self.router.remove_worker(worker)
         self.observer.serving(list(self.engines))
 
     def add_worker(self, worker: str, model_dir: Path | str, store_bytes: int) -> None:
         """Scale out by one worker with an empty store."""
-        self.engines[worker] = Engine.open(model_dir, EngineConfig(
-            block_size=self.block_size, store_bytes=store_bytes, ttl_s=self._ttl_s,
-            worker_id=worker), clock=self._clock)
+        self.engines[worker] = self._open(model_dir, worker, self.block_size, store_bytes,
+                                          self._clock)
         self._seq[worker] = 0
         self.router.add_worker(worker)
         self.observer.serving(list(self.engines))

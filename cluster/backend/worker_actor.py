@@ -2,7 +2,8 @@
 
 ``EngineWorker`` is a plain class (usable without Ray); ``WorkerActor`` is its one-line async
 Ray actor. The runtime drives the engine on its own thread; the actor's event loop only hands
-it work and relays what comes back::
+it work and relays what comes back. Requests reach ``generate`` over the frontend's own stream
+(``listen``, ``cluster.backend.link``), not over Ray calls; everything else is a Ray call::
 
     actor event loop                               engine thread (workers.runtime)
     ────────────────                               ─────────────
@@ -43,7 +44,9 @@ from typing import AsyncIterator, Callable, Sequence
 import ray
 
 from cluster.backend.bootstrap import node_address, node_id
+from cluster.backend.link import LinkServer
 from cluster.backend.protocol import TokenChunk
+from cluster.backend.wire import Prefilled, WorkerDone
 from cluster.telemetry import attrs as A
 from cluster.telemetry import spans
 from cluster.telemetry.setup import (SERVICE_WORKER, Telemetry, TelemetrySettings,
@@ -52,7 +55,7 @@ from router.events import EventBatch, encode_batch
 from router.key import Namespace
 from workers.blas import openblas_in_use
 from workers.engine import EngineConfig
-from workers.messages import GenerateRequest, GenerateResult, WorkerFailed, WorkerStats
+from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
 from workers.runtime import EngineRuntime, Finished, Holdings
 
 __all__ = ["EngineWorker", "Prefilled", "WorkerActor", "WorkerDone", "WorkerFailed",
@@ -80,25 +83,7 @@ class WorkerHello:
     block_size: int
     openblas: bool
     kv_bytes_per_token: int
-
-
-@dataclass(frozen=True, slots=True)
-class Prefilled:
-    """The request's first token is out (sent instead of chunks when none are wanted)."""
-
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerDone:
-    """A finished request and the worker's own wall time on it (cache writes included)."""
-
-    result: GenerateResult
-    worker_s: float
-    traced: bool = False   # the worker drew the request's spans (lookup, prefill, decode)
-    # The worker's block event batches after the caller's ``feed_after``, up to this result:
-    # the caller's router learns what the request stored before it routes the next one.
-    events: tuple[EventBatch, ...] = ()
+    disk_kv_bytes_per_token: int = 0  # its disk tier's (0: none)
 
 
 class EngineWorker:
@@ -122,6 +107,7 @@ class EngineWorker:
         self._fed = asyncio.Event()    # set when a batch enters the outbox (actor loop only)
         self._carried = 0              # the last batch a result carried (actor loop only)
         self._for_router: list[EventBatch] = []   # not yet sent to the router actor (loop)
+        self._link: LinkServer | None = None      # the frontend's request stream (``listen``)
 
     async def start(self) -> WorkerHello:
         """Load the model on the engine thread; idempotent."""
@@ -140,7 +126,8 @@ class EngineWorker:
             self._hello = WorkerHello(self._id, node_id(), node_address(), os.getpid(),
                                       engine.model_id, engine.revision, engine.vocab_size,
                                       engine.max_context, engine.config.block_size,
-                                      openblas_in_use(), engine.kv_bytes_per_token)
+                                      openblas_in_use(), engine.kv_bytes_per_token,
+                                      engine.disk_kv_bytes_per_token)
         return self._hello
 
     # ---- requests ----------------------------------------------------------------------------
@@ -172,6 +159,18 @@ class EngineWorker:
                     return item
         raise WorkerFailed(f"worker {self._id}: {request.request_id} ended without a result "
                            "(aborted)")
+
+    async def listen(self, secret: bytes) -> tuple[str, int]:
+        """Serve ``generate`` to frontends that know ``secret`` on a stream of their own
+        (``cluster.backend.link``), on this node's address; returns (address, port)."""
+        if self._link is not None:
+            raise RuntimeError(f"worker {self._id} already listens")
+        if self._hello is None:
+            raise RuntimeError(f"worker {self._id} is not started: call start() first")
+        host = node_address()
+        host = "127.0.0.1" if host == "local" else host   # outside Ray: loopback
+        self._link = LinkServer(self.generate, secret)
+        return host, await self._link.start(host)
 
     async def abort(self, request_id: str) -> None:
         """Stop ``request_id`` (the caller gave up on it): it leaves the batch at the next step."""
@@ -248,7 +247,11 @@ class EngineWorker:
         self._router = router
 
     async def close(self) -> None:
-        """Stop the engine thread, then flush and stop telemetry (spans not yet exported)."""
+        """Stop the request stream and the engine thread, then flush and stop telemetry
+        (spans not yet exported)."""
+        if self._link is not None:
+            await self._link.close()
+            self._link = None
         if self._runtime is not None:
             await self._runtime.close()
             self._runtime = None

@@ -38,7 +38,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from cluster.api.client import Client, chat_request
 from router.stats import percentile
@@ -145,9 +145,11 @@ def _client(run_dir: Path) -> Client:
 
 
 @contextmanager
-def local_run(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
-              ) -> Iterator[Path]:
-    """A frontend subprocess over one in-process worker, serving a fresh run directory."""
+def local_run(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1,
+              after: Callable[[Path], None] | None = None) -> Iterator[Path]:
+    """A frontend subprocess over one in-process worker, serving a fresh run directory;
+    ``after(run_dir)`` runs once the frontend has stopped (its files flushed), before the
+    directory goes."""
     with _run_dir(model_dir, telemetry, max_concurrent) as run_dir:
         log = open(run_dir / "frontend.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
@@ -164,6 +166,8 @@ def local_run(model_dir: str | None, telemetry: str = "file", max_concurrent: in
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+            if after is not None:
+                after(run_dir)
 
 
 @contextmanager

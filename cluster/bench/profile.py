@@ -38,7 +38,7 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
     from workers.profile import ProfileGrid, measure_profile
 
     if args.block_size < 1 or args.max_batch < 1:

@@ -1,11 +1,17 @@
 """Telemetry benchmarks: ``orchard bench telemetry`` and ``orchard bench forecast``.
 
-``telemetry``: tracing overhead per request on the embedded model. The same chat workload
-(conversations sharing a system prompt, several turns each) runs through a ``TracedCluster``
-(real engines and router) with tracing on (the default exporter: OTLP JSON lines, batched)
-and through a twin cluster with tracing off, request by request (see ``bench_overhead``);
-the overhead is given as wall and CPU time ratios, and, measured directly, as the time spent
-in telemetry calls plus the export thread's CPU time over an untraced request.
+``telemetry``: tracing overhead per request, on the production path. Two frontends
+(``python -m cluster.api.frontend`` over in-process workers, each in a process of its own,
+``cluster.bench.api.local_run``) serve the same model: one traced with the default exporter
+(OTLP JSON lines, batched), one with ``exporter = "none"`` (tracing off; requests are still
+attributed and priced, as in production). The same chat workload (conversations sharing a
+system prompt, several turns each) goes to both as ``Generate`` calls, one request each in
+turn, alternating which goes first, so both see the same cache states and background load.
+Every span the path draws in production is drawn here (request, routing, lookup, prefill,
+decode), by the code that draws them: ``cluster.api.work`` through
+``cluster.telemetry.job_tracing`` and ``cluster.telemetry.observe``. The overhead is given as
+the ratio of the two frontend processes' CPU time (engine work included on both sides: the
+robust figure) and as wall-time ratios at the client.
 
 ``forecast``: job-level forecast error ``|forecast M - measured M|``.
 ``--demo FILE``: the batch runs through the real frontend over ``LocalBackend`` (gRPC, job
@@ -16,6 +22,9 @@ trace replayed through the simulator (``router.forecast_replay``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import statistics
 import tempfile
 import threading
@@ -23,105 +32,189 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-
-from cluster.telemetry.setup import Telemetry, TelemetrySettings, setup_telemetry
-
 SYSTEM = ("You are orchard's support assistant. Answer questions about deliveries, storage, "
           "customs paperwork and invoices briefly and exactly, and ask for an order number "
           "when a question needs one. ") * 3
 
 
-def _workload(cluster, conversations: int, turns: int, max_tokens: int) -> list:
-    from cluster.backend.traced_cluster import Turn
+def _workload(conversations: int, turns: int, max_tokens: int) -> list:
+    """Chat requests, turn 0 of every conversation first, then turn 1, ... (as a batch
+    would arrive); each turn carries the conversation so far."""
+    from cluster.api.client import chat_request
 
+    return [chat_request(cid, history, max_tokens=max_tokens)
+            for cid, history in _conversations(conversations, turns)]
+
+
+def _conversations(conversations: int, turns: int) -> list[tuple[str, list[dict]]]:
     out = []
-    for c in range(conversations):
-        history = [{"role": "system", "content": SYSTEM}]
-        for t in range(turns):
-            history.append({"role": "user", "content": f"Conversation {c}, question {t}: "
-                                                       f"where is order {1000 + 7 * c + t}?"})
-            out.append(Turn(f"c{c}-t{t}", "bench", cluster.render(history), max_tokens,
-                            "bench-job", f"c{c}", t))
-            history.append({"role": "assistant", "content": f"Order {1000 + 7 * c + t} is "
-                                                            f"at the Rotterdam depot."})
-    # Interleave conversations as a batch would arrive: turn 0 of all, then turn 1, ...
-    return sorted(out, key=lambda turn: (turn.turn, turn.conversation))
+    for t in range(turns):
+        for c in range(conversations):
+            history = [{"role": "system", "content": SYSTEM}]
+            for earlier in range(t + 1):
+                order = 1000 + 7 * c + earlier
+                history.append({"role": "user", "content": f"Conversation {c}, question "
+                                                           f"{earlier}: where is order {order}?"})
+                if earlier < t:
+                    history.append({"role": "assistant",
+                                    "content": f"Order {order} is at the Rotterdam depot."})
+            out.append((f"c{c}-t{t}", history))
+    return out
 
 
-class _TimedExporter(SpanExporter):
-    """Counts the CPU time the background export thread spends writing spans."""
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-        self.seconds = 0.0
-
-    def export(self, spans):
-        started = time.thread_time()
-        try:
-            return self.inner.export(spans)
-        finally:
-            self.seconds += time.thread_time() - started
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _timed(run) -> tuple[float, float, object]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    ran = run()
-    return time.perf_counter() - wall, time.process_time() - cpu, ran
+def _call(client, request) -> float:
+    """Wall seconds of one ``Generate`` call, to its result."""
+    started = time.perf_counter()
+    for event in client.generate(request):
+        if event.WhichOneof("event") == "result":
+            if not event.result.ok:
+                raise RuntimeError(f"request {request.custom_id} failed: "
+                                   f"{event.result.error_message}")
+            return time.perf_counter() - started
+    raise RuntimeError(f"request {request.custom_id}: no result")
 
 
-def bench_overhead(model_dir: Path, workers: int = 2, conversations: int = 6, turns: int = 4,
+@contextlib.contextmanager
+def _frontend(model_dir: Path, exporter: str, spans: list[int]):
+    """A frontend process (``exporter``: "file" traced, "none" untraced), its client and pid;
+    the spans it wrote are appended to ``spans`` once it has stopped."""
+    from cluster.bench.api import _client, local_run
+
+    with local_run(str(model_dir), exporter, after=lambda d: spans.append(_spans_written(d))
+                   ) as run_dir, _client(run_dir) as client:
+        pid = int(json.loads((run_dir / "frontend.json").read_text())["pid"])
+        yield client, pid
+
+
+def bench_overhead(model_dir: Path, conversations: int = 6, turns: int = 4,
                    max_tokens: int = 16, repeats: int = 3) -> dict:
-    """Paired runs: two clusters (tracing on, tracing off) get the same requests in the same
-    order, one request each in turn (alternating which goes first), so both see the same
-    cache states and the same background load; ``repeats`` passes on fresh clusters."""
-    from cluster.telemetry.otlp_json import JsonLinesSpanExporter
-    from cluster.backend.traced_cluster import TracedCluster
-
-    if min(workers, conversations, turns, max_tokens, repeats) < 1 or conversations * turns < 2:
-        raise ValueError("workers, conversations, turns, max tokens and repeats must be "
-                         "positive, with at least two requests")
-    sums = {"on_wall": 0.0, "off_wall": 0.0, "on_cpu": 0.0, "off_cpu": 0.0,
-            "inside": 0.0, "export": 0.0}
-    ratios: list[float] = []
-    n = 0
+    """Paired runs through two production frontends, tracing on and off; ``repeats`` passes
+    on fresh frontends."""
+    if min(conversations, turns, max_tokens, repeats) < 1 or conversations * turns < 2:
+        raise ValueError("conversations, turns, max tokens and repeats must be positive, "
+                         "with at least two requests")
+    on_wall: list[float] = []
+    off_wall: list[float] = []
+    cpu = {"on": 0.0, "off": 0.0}
+    spans: list[int] = []
     for _ in range(repeats):
-        with tempfile.TemporaryDirectory(prefix="orchard-bench-") as run_dir:
-            exporter = _TimedExporter(JsonLinesSpanExporter(Path(run_dir) / "traces", "bench"))
-            tel = setup_telemetry(TelemetrySettings("orchard-bench", Path(run_dir)),
-                                  span_processor=BatchSpanProcessor(exporter))
-            traced = TracedCluster(model_dir, workers, tel)
-            plain = TracedCluster(model_dir, workers, Telemetry.disabled())
-            work = _workload(traced, conversations, turns, max_tokens)
-            traced.run(work[0])                 # warm-up: MLX compiles kernels on first use
-            plain.run(work[0], traced=False)
-            for i, turn in enumerate(work[1:]):
-                first_on = i % 2 == 0
-                a = _timed(lambda: traced.run(turn)) if first_on else None
-                b = _timed(lambda: plain.run(turn, traced=False))
-                a = a or _timed(lambda: traced.run(turn))
-                sums["on_wall"] += a[0]
-                sums["on_cpu"] += a[1]
-                sums["inside"] += a[2].telemetry_s
-                sums["off_wall"] += b[0]
-                sums["off_cpu"] += b[1]
-                ratios.append(a[0] / b[0])
-                n += 1
-            tel.shutdown()
-            sums["export"] += exporter.seconds
-    per = {k: v / n for k, v in sums.items()}
-    return {"model": str(model_dir), "workers": workers, "requests": n, "repeats": repeats,
-            "traced_s_per_request": per["on_wall"], "untraced_s_per_request": per["off_wall"],
-            "overhead_wall": per["on_wall"] / per["off_wall"] - 1.0,
-            "overhead_wall_median_pair": statistics.median(ratios) - 1.0,
-            "overhead_cpu": per["on_cpu"] / per["off_cpu"] - 1.0,
-            "telemetry_s_per_request": per["inside"] + per["export"],
-            "telemetry_share": (per["inside"] + per["export"]) / per["off_wall"],
-            "inside_calls_s_per_request": per["inside"],
-            "export_s_per_request": per["export"]}
+        with _frontend(model_dir, "file", spans) as (on, on_pid), \
+                _frontend(model_dir, "none", spans) as (off, off_pid):
+            work = _workload(conversations, turns, max_tokens)
+            _call(on, work[0])      # warm-up: MLX compiles kernels on first use
+            _call(off, work[0])
+            start = {"on": _cpu_s(on_pid), "off": _cpu_s(off_pid)}
+            for i, request in enumerate(work[1:]):
+                if i % 2 == 0:
+                    on_wall.append(_call(on, request))
+                    off_wall.append(_call(off, request))
+                else:
+                    off_wall.append(_call(off, request))
+                    on_wall.append(_call(on, request))
+            cpu["on"] += _cpu_s(on_pid) - start["on"]
+            cpu["off"] += _cpu_s(off_pid) - start["off"]
+    n = len(on_wall)
+    return {"model": str(model_dir), "workers": 1, "requests": n, "repeats": repeats,
+            "spans_written": sum(spans),
+            "traced_s_per_request": statistics.fmean(on_wall),
+            "untraced_s_per_request": statistics.fmean(off_wall),
+            "overhead_wall": statistics.fmean(on_wall) / statistics.fmean(off_wall) - 1.0,
+            "overhead_wall_median_pair": statistics.median(
+                a / b for a, b in zip(on_wall, off_wall)) - 1.0,
+            "traced_cpu_s_per_request": cpu["on"] / n,
+            "untraced_cpu_s_per_request": cpu["off"] / n,
+            "overhead_cpu": cpu["on"] / cpu["off"] - 1.0,
+            "load_average": os.getloadavg()[0]}
+
+
+def bench_tracing_work(model_dir: Path, conversations: int = 6, turns: int = 4,
+                       max_tokens: int = 16, rounds: int = 5) -> dict:
+    """The production request-tracing calls timed in place, tracing on against off.
+
+    The workload runs once through an in-process backend (``LocalBackend``) for real
+    outcomes; then, ``rounds`` times each, alternating, a fresh ``JobTracing`` built as the
+    frontend builds it (``frontend_tracing``, exporter "file" or "none") gets every request's
+    ``request(...)`` / ``done(...)``: the calls ``cluster.api.work`` makes around
+    ``dispatch``. The traced side ends with a flush, so the exporter's work is counted
+    (process CPU time covers its thread)."""
+    from cluster.api.chat import ChatTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
+        tokenizer = ChatTokenizer(model_dir)
+        try:
+            prompts = [(cid, tuple(tokenizer.render(h)))
+                       for cid, h in _conversations(conversations, turns)]
+            model, captured = asyncio.run(_outcomes(model_dir, Path(tmp), prompts, max_tokens))
+            spent = {"file": [0.0, 0.0], "none": [0.0, 0.0]}
+            for r in range(rounds):
+                for exporter in (("file", "none") if r % 2 == 0 else ("none", "file")):
+                    wall, cpu = _trace_all(Path(tmp) / f"{exporter}-{r}", exporter, model,
+                                           tokenizer, captured)
+                    spent[exporter][0] += wall
+                    spent[exporter][1] += cpu
+            spans = sum(_spans_written(Path(tmp) / f"{e}-{r}")
+                        for e in ("file", "none") for r in range(rounds))
+        finally:
+            tokenizer.close()
+    n = rounds * len(captured)
+    return {"tracing_requests": n, "tracing_spans": spans,
+            "tracing_wall_s_per_request": (spent["file"][0] - spent["none"][0]) / n,
+            "tracing_cpu_s_per_request": (spent["file"][1] - spent["none"][1]) / n}
+
+
+async def _outcomes(model_dir: Path, tmp: Path, prompts, max_tokens: int):
+    from cluster.backend.local import LocalBackend
+    from router.key import Namespace, hash_blocks
+    from workers.messages import GenerateRequest, SamplingParams
+
+    backend = LocalBackend(model_dir, workers=1)
+    await backend.start()
+    try:
+        model = backend.model_info()
+        ns = Namespace("default", model.model_id, model.revision)
+        captured = []
+        for cid, prompt in prompts:
+            request = GenerateRequest(f"r-{cid}", ns, prompt, SamplingParams(max_tokens))
+            hashes = hash_blocks(prompt, model.block_size, ns)
+            captured.append((cid, request, hashes, await backend.generate(request, hashes)))
+        return model, captured
+    finally:
+        await backend.close()
+
+
+def _trace_all(run_dir: Path, exporter: str, model, tokenizer, captured) -> tuple[float, float]:
+    """Wall and process CPU seconds of tracing every captured request once."""
+    from cluster.config import load_config, write_default_config
+    from cluster.telemetry.job_tracing import frontend_tracing
+
+    run_dir.mkdir()
+    write_default_config(run_dir, model_dir=model.model_dir)
+    with (run_dir / "orchard.toml").open("a") as f:
+        f.write(f'[telemetry]\nexporter = "{exporter}"\n')
+    tracing = frontend_tracing(load_config(run_dir), model, 1, tokenizer.decode,
+                               tokenizer.render)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for cid, request, hashes, outcome in captured:
+        with tracing.request("default", request.request_id, "", cid, request.sampling, (),
+                             prompt=request.prompt) as trace:
+            trace.done(request, hashes, outcome)
+    tracing.observer.tel.flush()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    tracing.observer.tel.shutdown()
+    return wall, cpu
+
+
+def _spans_written(run_dir: Path) -> int:
+    from cluster.telemetry.otlp_json import read_spans
+
+    traces = run_dir / "traces"
+    return len(read_spans(traces).spans) if traces.exists() else 0
 
 
 def _serve_and_submit(run_dir: Path, model_dir: Path, workers: int, batch_path: Path,
@@ -224,19 +317,23 @@ def telemetry_command(args) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from workers.default_model import ensure_default_model
 
-    r = bench_overhead(Path(args.model) if args.model else ensure_default_model(), args.workers,
-                       args.conversations, args.turns, args.max_tokens, args.repeats)
+    model = Path(args.model) if args.model else ensure_default_model()
+    r = bench_overhead(model, args.conversations, args.turns, args.max_tokens, args.repeats)
+    r.update(bench_tracing_work(model, args.conversations, args.turns, args.max_tokens))
+    r["tracing_share"] = r["tracing_cpu_s_per_request"] / r["untraced_s_per_request"]
     return _print(r, args.json, [
-        f"model {r['model']}, {r['workers']} workers, {r['requests']} paired requests "
-        f"({r['repeats']} passes)",
-        f"traced   {r['traced_s_per_request'] * 1e3:8.2f} ms/request",
-        f"untraced {r['untraced_s_per_request'] * 1e3:8.2f} ms/request",
-        f"overhead wall {r['overhead_wall'] * 100:+.2f}% (median pair "
-        f"{r['overhead_wall_median_pair'] * 100:+.2f}%), CPU {r['overhead_cpu'] * 100:+.2f}%",
-        f"telemetry work {r['telemetry_s_per_request'] * 1e3:.3f} ms/request (calls "
-        f"{r['inside_calls_s_per_request'] * 1e3:.3f}, export "
-        f"{r['export_s_per_request'] * 1e3:.3f}) = {r['telemetry_share'] * 100:.2f}% of an "
-        f"untraced request (target <= 3%)"])
+        f"model {r['model']}, {r['requests']} paired Generate requests ({r['repeats']} "
+        f"passes), {r['spans_written']} spans written; load average {r['load_average']:.1f}",
+        f"traced   {r['traced_s_per_request'] * 1e3:8.2f} ms/request, "
+        f"{r['traced_cpu_s_per_request'] * 1e3:8.2f} ms CPU/request",
+        f"untraced {r['untraced_s_per_request'] * 1e3:8.2f} ms/request, "
+        f"{r['untraced_cpu_s_per_request'] * 1e3:8.2f} ms CPU/request",
+        f"overhead CPU {r['overhead_cpu'] * 100:+.2f}%, wall "
+        f"{r['overhead_wall'] * 100:+.2f}% (median pair "
+        f"{r['overhead_wall_median_pair'] * 100:+.2f}%)",
+        f"the tracing calls in place: {r['tracing_cpu_s_per_request'] * 1e3:.3f} ms CPU "
+        f"({r['tracing_wall_s_per_request'] * 1e3:.3f} ms wall) per request = "
+        f"{r['tracing_share'] * 100:.2f}% of an untraced request (target <= 3%)"])
 
 
 def forecast_command(args) -> int:
@@ -273,9 +370,9 @@ def forecast_command(args) -> int:
 
 def add_parsers(sub) -> None:
     """``orchard bench telemetry`` and ``orchard bench forecast`` (called by bench.py)."""
-    t = sub.add_parser("telemetry", help="tracing overhead per request on the embedded model")
+    t = sub.add_parser("telemetry", help="tracing overhead per request, on and off, through "
+                                         "two production frontends")
     t.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
-    t.add_argument("--workers", type=int, default=2)
     t.add_argument("--conversations", type=int, default=6)
     t.add_argument("--turns", type=int, default=4)
     t.add_argument("--max-tokens", type=int, default=16)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from cluster.bench.telemetry import add_parsers as add_telemetry_benches
 
@@ -39,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
     d.add_argument("--prefix-tokens", type=int, default=2000)
     d.add_argument("--trials", type=int, default=3)
+    d.add_argument("--decode-pairs", type=int, default=3,
+                   help="decodes alone and with a spill, in alternating order")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=disk)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
@@ -163,9 +166,11 @@ def disk(args: argparse.Namespace) -> int:
     from workers.disk_bench import bench_disk
     from workers.default_model import ensure_default_model
 
-    if args.prefix_tokens < 32 or args.trials < 1:
-        raise ValueError("--prefix-tokens must be >= 32 and --trials >= 1")
-    r = bench_disk(args.model or ensure_default_model(), args.prefix_tokens, args.trials)
+    if args.prefix_tokens < 32 or args.trials < 1 or args.decode_pairs < 1:
+        raise ValueError("--prefix-tokens must be >= 32, --trials and --decode-pairs >= 1")
+    r = bench_disk(args.model or ensure_default_model(), args.prefix_tokens, args.trials,
+                   decode_pairs=args.decode_pairs,
+                   progress=lambda line: print(f"bench disk: {line}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(r.as_json(), indent=2))
         return 0
@@ -176,6 +181,12 @@ def disk(args: argparse.Namespace) -> int:
     print(f"write {r.write_mb_s:.0f} MB/s, read {r.read_mb_s:.0f} MB/s ({r.read_mb:.0f} MB, "
           f"page cache dropped)")
     print(f"decode tpot alone {r.tpot_alone_s * 1e3:.2f}ms, with write-behind "
-          f"{r.tpot_with_spill_s * 1e3:.2f}ms (ratio {r.tpot_ratio:.3f}, target <= 1.10; "
+          f"{r.tpot_with_spill_s * 1e3:.2f}ms (median ratio {r.tpot_ratio:.3f}, target <= 1.10; "
           f"{r.spill_mb:.0f} MB written in {r.spill_write_s:.2f}s)")
+    if r.disk_token_cost is None:
+        print("router's disk cost: not measured (no trial read from disk); the default stands")
+    else:
+        print(f"router's disk cost {r.disk_token_cost:.4f} prefill tokens per disk token "
+              f"(the tier's lookups read at {r.tier_read_mb_s:.0f} MB/s, prefill "
+              f"{r.prefill_tokens_s:.1f} tokens/s)")
     return 0

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from workers.engine import EngineConfig
-    from workers.forge import ensure_default_model
+    from workers.default_model import ensure_default_model
 
     check(_Planned(EngineConfig().block_size))  # before any process starts
 
@@ -100,7 +100,8 @@ def _simulate(lines, part, profile, workers: int) -> dict:
     config = SimConfig(workers=workers, block_size=profile.block_size,
                        capacity_tokens=engine.store_bytes // max(1, profile.kv_bytes_per_token),
                        ttl_s=engine.ttl_s, eviction=engine.eviction,
-                       trace_block=part.block_tokens, profile=profile)
+                       trace_block=part.block_tokens, profile=profile,
+                       prefill_budget=engine.prefill_budget, decode_stall=engine.decode_stall)
     r = replay(lines, "orchard", config)
     return {"hit_ratio": r.hit_ratio, "ttft_p50_s": r.ttft_p50_s, "ttft_p99_s": r.ttft_p99_s,
             "goodput": r.goodput, "itl_p99_s": r.itl_p99_s}

@@ -238,8 +238,10 @@ def frontend_tracing(config: Any, model: Any, workers: int,
     prices = load_price_table(config.telemetry.prices or None)
     # The engine's own figure (model dtype, kv_bits), never one recomputed from config.json.
     capacity = config.cache.capacity_bytes // model.kv_bytes_per_token
+    disk = (config.cache.disk_bytes // model.disk_kv_bytes_per_token
+            if model.disk_kv_bytes_per_token else 0)
     cache = ServedCache(model_name(model.model_dir, model.model_id), model.block_size,
-                        config.cache.ttl_s, capacity, max(1, workers))
+                        config.cache.ttl_s, capacity, max(1, workers), disk)
     tracing = JobTracing(RequestObserver(tel, prices, cache, decode=decode))
     if render is not None:
         try:

@@ -20,9 +20,10 @@ routing span always (routing runs in the frontend), the worker's on the in-proce
 Forecast per request: the router's ``expected_cached_tokens`` at routing time
 (``router.cost.forecast_request``). Forecast per job: ``router.forecast.forecast_job`` over
 the job's own chains, what the cluster holds (``router.forecast.ClusterHoldings``: a mirror
-of each serving worker's store, fed by every finished request and told of invalidations and
-of workers leaving or joining), the TTL and the serving workers' capacity. Measured: the
-engine's cached / written counts.
+of each serving worker's store, its memory and disk tiers, fed by every finished request and
+told of invalidations and of workers leaving or joining), the TTL and the serving workers'
+capacity in both tiers. Measured: the engine's cached / written counts, and which tier the
+cached tokens came from (``Observed.served``, on the request span as ``orchard.cache.tier``).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from opentelemetry.trace import Span
 
 from cluster.telemetry import spans
 from cluster.telemetry.setup import Telemetry, guarded, request_context
-from router.attribution import Attribution, MissAttributor, RequestSeen
+from router.attribution import Attribution, MissAttributor, RequestSeen, ServedTier, served_from
 from router.cost import (CostComparison, PriceTable, TokenUsage, compare, forecast_request,
                          measured_usage, total_usage)
 from router.forecast import (CacheModel, ClusterHoldings, PlannedRequest, batch_arrivals,
@@ -50,6 +51,7 @@ class Observed:
 
     cost: CostComparison | None
     miss: Attribution | None
+    served: ServedTier = ServedTier.NONE  # the store tier(s) its cached tokens came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,7 @@ class ServedCache:
     ttl_s: float
     worker_capacity_tokens: int  # one worker's store bytes / the engine's K/V bytes per token
     workers: int = 1
+    worker_disk_tokens: int = 0  # one worker's disk_bytes / its disk tier's bytes per token
 
 
 class RequestObserver:
@@ -79,7 +82,8 @@ class RequestObserver:
         self.attributor = MissAttributor(cache.block_size, cache.ttl_s, max_history_blocks)
         self._sent: dict[str, float] = {}  # request id -> when its span began (in flight)
         self.holdings = ClusterHoldings(cache.block_size, cache.worker_capacity_tokens,
-                                        cache.ttl_s, clock, cache.workers)
+                                        cache.ttl_s, clock, cache.workers,
+                                        worker_disk_tokens=cache.worker_disk_tokens)
 
     def invalidated(self, tenant: str) -> None:
         """Every worker dropped ``tenant``'s cached blocks just now."""
@@ -142,7 +146,7 @@ class RequestObserver:
             cached_tokens=result.cached_tokens, written_tokens=result.written_tokens,
             candidate_matches=matches, block_hashes=block_hashes,
             engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS,
-            sent=self._sent.get(request.request_id))
+            sent=self._sent.get(request.request_id), disk_tokens=result.lookup.disk_tokens)
         now = self._clock()
         # What the one-cache model would have read when the request was sent: blocks its
         # concurrent siblings stored later were not there to read, and do not count against
@@ -157,8 +161,9 @@ class RequestObserver:
         self.holdings.stored(result.worker_id, request.namespace, block_hashes, kept)
         took_s = (result.timings.first_token_ns - result.timings.lookup_start_ns) / 1e9
         self._prefill_s = 0.9 * self._prefill_s + 0.1 * max(took_s, 0.0)
+        served = served_from(result.cached_tokens, result.lookup.disk_tokens)
         if result.input_tokens == 0:
-            return Observed(None, miss)
+            return Observed(None, miss, served)
         expected = decision.expected_cached_tokens if decision else 0
         expected = min(expected, max(0, result.input_tokens - 1))
         forecast = forecast_request(result.input_tokens, expected, self.block_size,
@@ -166,7 +171,7 @@ class RequestObserver:
         measured = measured_usage(result.input_tokens, result.cached_tokens,
                                   result.written_tokens, self.block_size)
         cost = compare(forecast, measured, self.prices, self.model, self.ttl_s)
-        return Observed(cost, miss)
+        return Observed(cost, miss, served)
 
     def plan_job(self, chains: Sequence[Sequence[BlockHash]], input_tokens: Sequence[int],
                  output_tokens: Sequence[int], concurrency: int,

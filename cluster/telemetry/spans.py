@@ -37,7 +37,7 @@ from cluster.telemetry import attrs as A
 from cluster.telemetry.metrics import RequestUsage
 from cluster.telemetry.setup import (Telemetry, context_of, guarded, request_context,
                                span_context_link, start_span)
-from router.attribution import Attribution
+from router.attribution import Attribution, served_from
 from router.cost import CostComparison, TokenUsage
 from workers.messages import GenerateRequest, GenerateResult, LookupReport
 
@@ -149,6 +149,7 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
         A.GEN_AI_CACHE_CREATION: written, A.COMPUTED_TOKENS: r.computed_tokens,
         A.TTFT_S: r.ttft_s, A.TPOT_S: r.tpot_s, A.WORKER: r.worker_id,
         A.ATTEMPTS: record.attempts, A.CACHE_OUTCOME: r.lookup.outcome.value,
+        **_tier_attributes(r.cached_tokens, r.lookup.disk_tokens),
         A.BLOCK_SIZE: record.block_size,
         A.PROMPT_BLOCKS: [f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
                           for h in record.block_hashes[:MAX_PROMPT_BLOCKS]]})
@@ -156,7 +157,8 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
         _set_cost(span, record.cost)
     if record.miss is not None:
         span.set_attributes({A.MISS_CAUSE: record.miss.cause.value,
-                             A.MISS_TOKENS: record.miss.tokens, A.MISS_HOLDER: record.miss.holder})
+                             A.MISS_TOKENS: record.miss.tokens, A.MISS_HOLDER: record.miss.holder,
+                             A.MISS_SERVED: record.miss.served.value})
     known = getattr(span, "attributes", None) or {}
     tel.instruments.record_request(RequestUsage(
         r.worker_id, str(known.get(A.TENANT, "")), r.lookup.outcome.value,
@@ -196,6 +198,12 @@ def record_job(tel: Telemetry, job: JobInfo) -> tuple[tuple[str, str], ...]:
     return request_context(trace.set_span_in_context(span))
 
 
+def _tier_attributes(cached_tokens: int, disk_tokens: int) -> dict:
+    """Which tier served the cached tokens, and how many from each."""
+    return {A.CACHE_TIER: served_from(cached_tokens, disk_tokens).value,
+            A.CACHE_MEMORY_TOKENS: cached_tokens - disk_tokens, A.CACHE_DISK_TOKENS: disk_tokens}
+
+
 def _divergence_text(request: GenerateRequest, lookup: LookupReport,
                      decode: Callable[[Sequence[int]], str]) -> dict[str, str]:
     at = lookup.common_prefix
@@ -212,7 +220,7 @@ def _lookup_attributes(request: GenerateRequest, lookup: LookupReport,
     attrs = {A.CACHE_OUTCOME: lookup.outcome.value, A.CACHE_PROMPT_TOKENS: lookup.prompt_tokens,
              A.CACHE_MATCHED: lookup.matched_tokens, A.CACHE_COMMON_PREFIX: lookup.common_prefix,
              A.CACHE_TTL_S: lookup.ttl_s, A.CACHE_LINE: lookup.line(),
-             A.CACHE_DISK_TOKENS: lookup.disk_tokens}
+             **_tier_attributes(lookup.matched_tokens, lookup.disk_tokens)}
     if lookup.next_prompt_token is not None:
         attrs[A.CACHE_NEXT_PROMPT_TOKEN] = lookup.next_prompt_token
     if lookup.next_stored_token is not None:
