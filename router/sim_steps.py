@@ -158,7 +158,7 @@ class EngineWorker:
         # (the profile's time for no new tokens) is not part of it
         fixed = sum(self.service.chunk_s(0, job.cached) for job, n in zip(jobs, shares)
                     if n and job.done == job.cached)
-        self.budget.observe_prefill(sum(shares), compute - fixed)
+        self.budget.observe_prefill(sum(shares), compute - fixed, decoding=elapsed > 0.0)
         end = start + elapsed + load + compute
         self.store.now = end
         for job, n in zip(jobs, shares):

@@ -67,7 +67,7 @@ class SimConfig:
     trace_block: int = 512  # tokens per hash id in the trace (512 in Mooncake traces)
     profile: EngineProfile | None = None  # the measured engine instead of the linear model
     prefill_budget: int = 512   # with a profile: the engine's per-step prefill tokens and
-    decode_stall: float = 2.0   # decode stall (``workers.engine.EngineConfig``'s defaults)
+    decode_stall: float = 1.8   # decode stall (``workers.engine.EngineConfig``'s defaults)
     disk_capacity_tokens: int = 0  # per worker disk tier; 0: memory only
     disk_read_gbps: float = 2.0    # disk tier read bandwidth, GB/s
     kv_bytes_per_token: int = 46_080  # K/V per token: the default model's (float32)

@@ -16,7 +16,8 @@ def test_bench_engine_json_keys(capsys):
                  "--prefill-prompts", "3", "--prefill-tokens", "40", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"turns", "ttft_warm_over_floor", "ttft_cold_over_warm", "bytes_per_cached_token",
-            "theoretical_bytes_per_token", "decode_stall_ratio", "tpot_idle_p99_s",
+            "theoretical_bytes_per_token", "decode_stall_ratio", "decode_stall_ratio_cpu",
+            "decode_stall_ratio_cpu_p50", "tpot_idle_p99_s",
             "tpot_admitting_p99_s", "prefill_tokens_per_s"} <= set(out)
     assert len(out["turns"]) == 3
     for turn in out["turns"]:
@@ -29,6 +30,7 @@ def test_bench_engine_json_keys(capsys):
     assert out["theoretical_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
     assert out["bytes_per_cached_token"] == out["theoretical_bytes_per_token"]
     assert out["decode_stall_ratio"] > 0 and out["long_prompt_tokens"] == 600
+    assert out["decode_stall_ratio_cpu"] > 0 and out["decode_stall_ratio_cpu_p50"] > 0
     assert 0 < out["long_prompt_tokens_prefilled"] < 600  # aborted before it completes
     prefill = out["prefill_tokens_per_s"]
     assert (prefill["prompts"], prefill["prompt_tokens"]) == (3, 40)
@@ -49,6 +51,9 @@ def test_bench_vs_mlx_lm_json_keys(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [(t["round"], t["turn"]) for t in out["turns"]] == [(0, 1), (0, 2)]
     assert all(t["ttft_orchard_s"] > 0 and t["ttft_mlx_lm_s"] > 0 for t in out["turns"])
+    # the engine's own TTFT is inside the client's (through the frontend and Ray)
+    assert all(0 < t["ttft_orchard_worker_s"] < t["ttft_orchard_s"] for t in out["turns"])
+    assert out["orchard_side"] == "1-worker Ray cluster (orchard up)"
     assert out["batch_wall_orchard_s"] > 0 and out["batch_wall_mlx_lm_s"] > 0
     assert out["targets"] == {"warm_ttft": 0.9, "cold_ttft": 1.05, "batch_wall": 0.8}
     assert out["cold_ttft_ratio"] == out["turns"][0]["ttft_orchard_s"] / out["turns"][0][

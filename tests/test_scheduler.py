@@ -51,9 +51,11 @@ def test_step_budget_bounds_the_stall():
     assert budget.tokens(decoding=False) == 512
     assert budget.tokens(decoding=True) == 16  # nothing measured yet
     budget.observe_decode(0.05)
-    budget.observe_prefill(200, 1.0)  # 200 tokens/s
+    budget.observe_prefill(5000, 1.0, decoding=False)  # a pass alone: not the rate beside decodes
+    assert budget.tokens(decoding=True) == 16  # still nothing measured beside decodes
+    budget.observe_prefill(200, 1.0, decoding=True)  # 200 tokens/s
     assert budget.tokens(decoding=True) == 16  # (2 - 1) x 0.05 s x 200 = 10 -> the floor
-    budget.observe_prefill(2000, 1.0)  # moving average: 0.7 x 200 + 0.3 x 2000 = 740
+    budget.observe_prefill(2000, 1.0, decoding=True)  # moving average: 0.7 x 200 + 0.3 x 2000
     assert budget.tokens(decoding=True) == 37  # 0.05 x 740
     budget.observe_decode(10.0)
     assert budget.tokens(decoding=True) == 512  # the ceiling

@@ -63,21 +63,23 @@ def test_the_simulator_on_a_profile_waits_for_a_batch_slot_and_reports_itl():
 
 
 def test_the_simulator_on_a_profile_runs_the_engine_steps_chunked_under_the_decode_budget():
-    # prefill 0.01 s per token on any context; a decode step 0.5 s. B (300 tokens) arrives
-    # while A decodes: the budget is what fits in one decode step at the measured prefill
-    # rate, (2.0 - 1) x 0.5 s x 100 tokens/s = 50 tokens, until A finishes, then 512.
-    #   t=0    A prefills 100 tokens (1.0 s): first token at 1.0
-    #   t=1.0  decode A (token at 1.5) + B's chunk of 50 (0.5 s)
-    #   t=2.0  decode A (2.5) + chunk 50;  t=3.0 decode A (3.5, A's last) + chunk 50
-    #   t=4.0  B's last 150 tokens (1.5 s): first token at 5.5;  t=5.5 decode B (6.0)
+    # prefill 0.01 s per token on any context; a decode step 0.5 s; a stall of 2.0. B (300
+    # tokens) arrives while A decodes: its first chunk beside decodes has no rate measured
+    # beside decodes, 4 tokens (the floor); then what fits in one decode step at that rate,
+    # (2.0 - 1) x 0.5 s x 4 / 0.04 tokens/s = 49 tokens (the rate comes out a hair under 100
+    # in floating point), until A finishes, then 512.
+    #   t=0     A prefills 100 tokens (1.0 s): first token at 1.0
+    #   t=1.0   decode A (token at 1.5) + B's chunk of 4 (0.04 s)
+    #   t=1.54  decode A (2.04) + chunk 49;  t=2.53 decode A (3.03, A's last) + chunk 49
+    #   t=3.52  B's last 198 tokens (1.98 s): first token at 5.5;  t=5.5 decode B (6.0)
     trace = [TraceRequest(0.0, 100, 4, (1,)), TraceRequest(0.5, 300, 2, (2,))]
-    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000,
+    config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000, decode_stall=2.0,
                        profile=profile(prefill_s=((1.0, 2.0), (1.0, 2.0)), step_s=((0.5, 0.5),
                                                                                    (0.5, 0.5))))
     result = replay(trace, "round_robin", config)
     assert (result.ttft_p50_s, result.ttft_p99_s) == (pytest.approx(1.0), pytest.approx(5.0))
-    # A's gaps 0.5, 1.0, 1.0 (a decode step and a chunk), B's 0.5: nearest-rank p99 is 1.0
-    assert result.itl_p99_s == pytest.approx(1.0)
+    # A's gaps 0.5, 0.54, 0.99 (a decode step and a chunk), B's 0.5: nearest-rank p99 0.99
+    assert result.itl_p99_s == pytest.approx(0.99)
     assert result.prefill_tokens == 400 and result.hit_ratio == 0.0
 
 

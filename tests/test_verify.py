@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from cluster.cli import main
 from tests.forged_models import tiny_model
+from workers.kept import KeptCaches
 from workers.store import PrefixStore
 
 
@@ -19,7 +20,8 @@ def test_verify_passes(arch, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["greedy_token_agreement"] == 1.0
     assert report["max_abs_logit_diff"] <= 1e-4
-    assert len(report["cases"]) == 5
+    assert len(report["cases"]) == 6
+    assert report["cases"][5]["name"] == "next turns extend the kept cache"
     assert all(c["cached_tokens"] > 0 for c in report["cases"])
 
 
@@ -36,6 +38,21 @@ def test_verify_catches_a_wrong_reuse(monkeypatch, capsys):
     monkeypatch.setattr(PrefixStore, "_assemble", off_by_a_little)
     assert main(["verify", "--model", str(tiny_model("llama"))]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_verify_catches_a_wrong_kept_cache(monkeypatch, capsys):
+    take = KeptCaches.take
+
+    def off_by_a_little(self, namespace, prompt, tokens):
+        cache = take(self, namespace, prompt, tokens)
+        for c in cache or ():
+            c.keys = c.keys + 1e-2
+        return cache
+
+    monkeypatch.setattr(KeptCaches, "take", off_by_a_little)
+    assert main(["verify", "--model", str(tiny_model("llama")), "--json"]) == 1
+    cases = json.loads(capsys.readouterr().out)["cases"]
+    assert [c["name"] for c in cases if not c["passed"]] == ["next turns extend the kept cache"]
 
 
 def test_verify_refuses_unsupported_caches(capsys):

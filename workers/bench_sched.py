@@ -8,7 +8,10 @@ taken over ``window`` steps with nothing admitted, then over ``window`` steps wh
 medians is given too: on a shared machine one burst decides a p99). Each round's
 long prompt is new (no reuse) and is aborted at the end of its window, before it completes:
 the figure is about the chunks, not the prompt's last step. ``decode_stall_ratio`` is the
-p99 TPOT while admitting over the p99 TPOT idle.
+p99 TPOT while admitting over the p99 TPOT idle. The same intervals are also taken in this
+process's CPU time (``decode_stall_ratio_cpu``): with one BLAS thread that is the work each
+interval took, which other processes on a shared machine do not stretch, while a wall-clock
+p99 there is set by whichever burst of their load lands in the window.
 
 **Batched prefill.** ``prompts`` cold prompts of ``prompt_tokens`` each, first submitted
 together (their chunks run as one pass: equal cache lengths), then one at a time, alternating
@@ -34,6 +37,8 @@ class StallFigures:
     tpot_admitting_p99_s: float
     decode_stall_ratio: float      # p99 admitting / p99 idle
     decode_stall_ratio_p50: float  # the same with medians: less at the mercy of one burst
+    decode_stall_ratio_cpu: float  # p99 / p99 of the intervals in this process's CPU time
+    decode_stall_ratio_cpu_p50: float
     long_prompt_tokens: int
     long_prompt_tokens_prefilled: int  # per window, mean over rounds
 
@@ -50,20 +55,22 @@ def _prompt(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
     return tuple(rng.randrange(vocab // 4, vocab // 2) for _ in range(n))
 
 
-def _window(engine: Engine, steps: int, stop_on: str = "") -> list[float]:
-    """Intervals between consecutive tokens of each request over ``steps`` steps, or until
-    ``stop_on`` yields its first token (its prefill is done: the admitting window is over)."""
-    last: dict[str, float] = {}
-    gaps: list[float] = []
+def _window(engine: Engine, steps: int, stop_on: str = "") -> list[tuple[float, float]]:
+    """Intervals (wall, CPU seconds) between consecutive tokens of each request over ``steps``
+    steps, or until ``stop_on`` yields its first token (its prefill is done: the admitting
+    window is over)."""
+    last: dict[str, tuple[float, float]] = {}
+    gaps: list[tuple[float, float]] = []
     for _ in range(steps):
         out = engine.step()
-        now = time.perf_counter()
+        now = time.perf_counter(), time.process_time()
         done = False
         for d in out.deltas:
             if d.request_id == stop_on:
                 done = True  # this step ran the prompt's last chunk beside the decodes
             elif d.request_id in last:
-                gaps.append(now - last[d.request_id])
+                before = last[d.request_id]
+                gaps.append((now[0] - before[0], now[1] - before[1]))
             if d.request_id != stop_on:
                 last[d.request_id] = now
         if done:
@@ -85,8 +92,8 @@ def decode_stall(engine: Engine, long_prompt: int = 4000, window: int = 8, round
         engine.submit(r)
     for _ in range(3):  # prefill and first tokens, joining the batch, the first decode
         engine.step()
-    idle: list[float] = []
-    admitting: list[float] = []
+    idle: list[tuple[float, float]] = []
+    admitting: list[tuple[float, float]] = []
     prefilled = 0
     for k in range(rounds):
         idle += _window(engine, window)
@@ -104,10 +111,15 @@ def decode_stall(engine: Engine, long_prompt: int = 4000, window: int = 8, round
         _window(engine, 1)  # the step after the abort: drop it from the figures
     for r in decodes:
         engine.abort(r.request_id)
-    idle_p50, admitting_p50 = percentile(idle, 0.5), percentile(admitting, 0.5)
-    idle_p99, admitting_p99 = percentile(idle, 0.99), percentile(admitting, 0.99)
+    wall = [[g[0] for g in gaps] for gaps in (idle, admitting)]
+    cpu = [[g[1] for g in gaps] for gaps in (idle, admitting)]
+    idle_p50, admitting_p50 = (percentile(g, 0.5) for g in wall)
+    idle_p99, admitting_p99 = (percentile(g, 0.99) for g in wall)
+    cpu_idle_p50, cpu_admitting_p50 = (percentile(g, 0.5) for g in cpu)
+    cpu_idle_p99, cpu_admitting_p99 = (percentile(g, 0.99) for g in cpu)
     return StallFigures(idle_p50, idle_p99, admitting_p50, admitting_p99,
                         admitting_p99 / idle_p99, admitting_p50 / idle_p50,
+                        cpu_admitting_p99 / cpu_idle_p99, cpu_admitting_p50 / cpu_idle_p50,
                         long_prompt, prefilled // rounds)
 
 

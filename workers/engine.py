@@ -1,7 +1,9 @@
 """The engine: one loaded model, its prefix store, and continuous batching of requests.
 
 The engine owns the store, the admission queue and step budget (``workers.scheduler``), the
-requests in prefill (``workers.prefill``) and an mlx-lm ``BatchGenerator`` for the decodes.
+requests in prefill (``workers.prefill``), an mlx-lm ``BatchGenerator`` for the decodes and
+the caches of recently finished requests (``workers.kept``), which a hit extends in place of
+the store's joined blocks when one holds the matched prefix.
 A request goes through::
 
     submit ─► validate ─► admission (per-tenant round robin)
@@ -38,6 +40,7 @@ from mlx_lm.models.cache import KVCache
 from router.events import BlockEvent, WorkerRates
 from router.key import Namespace
 from router.ledger import DEFAULT_EVICTION, Eviction, Holding
+from workers.kept import KeptCaches, KeptStats
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
 from workers.model_dir import LoadedModel, open_model_dir
 from workers.prefill import PrefillJob, run_chunks
@@ -57,9 +60,10 @@ class EngineConfig:
     disk_dir: str = ""         # the disk tier lives in disk_dir/<worker_id>
     disk_kv_bits: int = 0      # disk tier K/V: 0, 8 or 4 bits
     use_store: bool = True     # False: every request computes its whole prompt
+    kept_bytes: int = 256 << 20  # finished requests' whole caches (workers.kept); 0: none
     max_batch: int = 8         # requests in prefill or decoding at once
     prefill_budget: int = 512  # prompt tokens prefilled per step (workers.scheduler)
-    decode_stall: float = 2.0  # while requests decode, a step takes about this many decode steps
+    decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
     worker_id: str = ""
 
 
@@ -99,6 +103,8 @@ class Engine:
         self._admission: Admission[tuple[GenerateRequest, int]] = Admission()
         self._prefilling: list[PrefillJob] = []  # oldest first
         self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
+        exact = config.use_store and not (config.kv_bits or config.disk_kv_bits)
+        self._kept = KeptCaches(config.kept_bytes if exact else 0)
         self._budget = StepBudget(config.prefill_budget, config.decode_stall,
                                   min(4, config.prefill_budget))
 
@@ -240,9 +246,9 @@ class Engine:
             self._prefilling.append(self._queued(*self._admission.pop()))
         decoding = bool(self._running)
         if decoding:
-            self._decode(deltas, finished)
+            self._decode(deltas, finished, settle=bool(self._prefilling))
         if self._prefilling:
-            self._prefill(self._budget.tokens(decoding), deltas, finished)
+            self._prefill(decoding, deltas, finished)
         return StepOutput(tuple(deltas), tuple(finished))
 
     def generate(self, requests: Iterable[GenerateRequest]) -> list[GenerateResult | RequestFailed]:
@@ -275,6 +281,9 @@ class Engine:
         if self.config.use_store:
             found = self.store.lookup(job.request.namespace, job.prompt)
             report, cache = found.report, found.cache
+            # a kept cache holding the matched tokens replaces the join (left lazy: never run)
+            cache = self._kept.take(job.request.namespace.label(), job.prompt,
+                                    report.matched_tokens) or cache
         else:
             report, cache = _no_store_report(len(job.prompt), self.config.ttl_s), None
         job.cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
@@ -283,9 +292,14 @@ class Engine:
         job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
                            lookup_end, detokenizer=self.tokenizer.detokenizer)
 
-    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult]) -> None:
+    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult], settle: bool
+                ) -> None:
         start = self._now_ns()
         _, responses = self._batch.next()
+        if settle:
+            # next() leaves the following decode step running; let it finish, so that this
+            # step's prefill pass is timed alone and the decode step is timed whole
+            mx.synchronize()
         self._budget.observe_decode((self._now_ns() - start) / 1e9)
         for r in responses:
             seq = self._running[r.uid]
@@ -294,16 +308,17 @@ class Engine:
             if r.finish_reason or seq.finish_reason:
                 finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
 
-    def _prefill(self, budget: int, deltas: list[TokenDelta], finished: list[GenerateResult]
+    def _prefill(self, decoding: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
                  ) -> None:
         """Run this step's chunks; jobs whose prompt is all in get their first token."""
+        budget = self._budget.tokens(decoding)
         jobs = self._this_step(budget)
         shares = split_budget([job.need for job in jobs], budget)
         body = [min(n, job.need - 1) for job, n in zip(jobs, shares)]  # the last token waits
         start = self._now_ns()
         run_chunks(self._body, list(zip(jobs, body)))
         mx.eval([[c.keys, c.values] for job, n in zip(jobs, body) if n for c in job.cache])
-        self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9)
+        self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9, decoding)
         bs = self.config.block_size
         for job, n, share in zip(jobs, body, shares):
             if job.need == 1 and share > n:  # its share covers the last token too
@@ -350,6 +365,7 @@ class Engine:
         if self.config.use_store:  # after the first token: storing never delays it
             seq.written += self.store.write(req.namespace, job.prompt, job.cache)
         if seq.finish_reason:
+            self._kept.keep(req.namespace.label(), job.prompt, job.cache)
             finished.append(seq.result(self.config.worker_id))
             return
         (uid,) = self._batch.insert(
@@ -369,6 +385,7 @@ class Engine:
                     f"request {seq.request.request_id}: batch cache holds {cache[0].offset} "
                     f"tokens but {len(all_tokens or ())} token ids were tracked")
             seq.written += self.store.write(seq.request.namespace, all_tokens, cache)
+            self._kept.keep(seq.request.namespace.label(), all_tokens, cache)
         if not seq.finish_reason:
             seq.finish_reason = "length"
         return seq.result(self.config.worker_id)
@@ -379,6 +396,9 @@ class Engine:
     def stats(self) -> StoreStats:
         return self.store.stats()
 
+    def kept_stats(self) -> KeptStats:
+        return self._kept.stats()
+
     def written_tokens(self) -> int:
         """Tokens this engine's store has written so far (blocks stored x block size): the
         one count of written tokens, aborted requests' blocks included."""
@@ -387,6 +407,7 @@ class Engine:
     def invalidate(self, namespace: Namespace, prefix_tokens: Seq[int] | None = None) -> int:
         """Drop ``namespace``'s blocks, or only those under ``prefix_tokens``; how many (0
         for a namespace this store never held: the cluster asks every worker)."""
+        self._kept.drop(namespace.label())  # never taken without the store's match: memory
         if prefix_tokens is not None:
             return self.store.invalidate_prefix(namespace, list(prefix_tokens))
         if namespace.label() not in self.store.namespaces():

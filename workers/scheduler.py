@@ -19,13 +19,26 @@ With nothing decoding, the budget is ``max_tokens`` (512 by default: on the 30-l
 SmolLM2-135M on a shared 2-core CPU, passes of 16 to 512 tokens all ran at 20-26 tokens/s,
 so cutting a prompt into chunks costs little). While requests decode, the budget is what fits
 in ``stall - 1`` decode steps at the measured prefill rate, so a step with prefill takes about
-``stall`` times a step without (``stall`` = 2.0 by default). A fixed 512-token budget would
+``stall`` times a step without. ``stall`` is 1.8 by default, below the 2.0 that the p99 of a
+decode's token interval may reach while a long prompt is admitted: the aim is the typical
+step, and the margin is for the spread of step times around it. What a step with prefill can
+cost at least: on SmolLM2-135M (one BLAS thread, CPU time) a pass of the model body costs
+0.10 s for 1 token, 0.12 s for 4, 0.29 s for 16 and 0.88 s for 64 (about 0.08 s fixed, every
+weight read once, plus 0.0125 s a token), against 0.18 s for a decode step of 4 requests;
+so 1.8 leaves a chunk of about 5 tokens, 2.0 about 8. A fixed 512-token budget would
 not do on a CPU: there a 512-token chunk takes as long as about 30 decode steps of 4
 requests (26 s against 0.8 s, same machine), a 30-fold stall. Both rates are moving averages
 of what the engine measured (``workers.rates``), in seconds passed in by the caller, never read
-here. The budget never falls below ``min_tokens`` (4), so a long prompt still advances when
-decodes are slow. The prefill rate (``prefill_tokens_s``) is also the unit the router counts
-a disk hit's load time in (``router.policy``).
+here. The budget's prefill rate is taken only from passes that ran beside decodes: a pass
+costs a fixed part plus a part per token, so the rate of a 512-token pass alone overstates
+what a few tokens beside decodes achieve. Fed by such passes, the first steps of a long
+prompt overshot (SmolLM2-135M, 4 decodes: 2.6 decode steps' CPU time for the first admitting
+step against 2.0 for the others, the first setting the p99). The engine times the two parts
+of a step apart (``workers.engine``: it waits for the decode that mlx-lm leaves running ahead
+before the prefill pass starts), else each would be charged for the other. The budget never
+falls below ``min_tokens`` (4), so a long prompt still advances when decodes are slow. The
+rate over every pass (``prefill_tokens_s``) is the unit the router counts a disk hit's load
+time in (``router.policy``).
 """
 from __future__ import annotations
 
@@ -94,10 +107,11 @@ class StepBudget:
     """Prefill tokens per step: ``max_tokens`` alone, bounded by the decode stall otherwise."""
 
     max_tokens: int = 512
-    stall: float = 2.0
+    stall: float = 1.8
     min_tokens: int = 4
     _decode_s: float = 0.0        # moving average of one decode step
-    _prefill_tok_s: float = 0.0   # moving average of prefill tokens per second
+    _prefill_tok_s: float = 0.0   # moving average of prefill tokens per second, every pass
+    _beside_tok_s: float = 0.0    # the same over passes beside decodes (the budget's)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or not 1 <= self.min_tokens <= self.max_tokens:
@@ -110,9 +124,9 @@ class StepBudget:
     def tokens(self, decoding: bool) -> int:
         if not decoding:
             return self.max_tokens
-        if not (self._decode_s and self._prefill_tok_s):
-            return self.min_tokens  # nothing measured yet: the smallest step
-        fits = int((self.stall - 1.0) * self._decode_s * self._prefill_tok_s)
+        if not (self._decode_s and self._beside_tok_s):
+            return self.min_tokens  # nothing measured beside decodes yet: the smallest step
+        fits = int((self.stall - 1.0) * self._decode_s * self._beside_tok_s)
         return max(self.min_tokens, min(self.max_tokens, fits))
 
     @property
@@ -123,7 +137,11 @@ class StepBudget:
     def observe_decode(self, seconds: float) -> None:
         self._decode_s = moving_average(self._decode_s, seconds)
 
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
+    def observe_prefill(self, tokens: int, seconds: float, decoding: bool) -> None:
+        """A prefill pass of ``tokens`` took ``seconds``; the budget counts only passes
+        beside decodes, ``prefill_tokens_s`` every pass."""
         if tokens > 0 and seconds > 0:
             self._prefill_tok_s = moving_average(self._prefill_tok_s, tokens / seconds)
+            if decoding:
+                self._beside_tok_s = moving_average(self._beside_tok_s, tokens / seconds)
 

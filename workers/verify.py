@@ -10,7 +10,9 @@ although the case was built to reuse a prefix.
 
 Cases: multi-turn chats through the chat template; random token sequences; prompts ending just
 below, at and just above block boundaries; several requests batched together against each
-alone; a prefix read back after its neighbours were evicted. Then, per store setting
+alone; a prefix read back after its neighbours were evicted (these run with no kept caches,
+so every hit joins the store's blocks); the turns of one conversation, each extending the
+cache the previous turn left (``workers.kept``: no join). Then, per store setting
 (``workers.verify_tiers``): a prefix read back from the disk tier (exact), and 8-bit and
 4-bit K/V (greedy agreement and largest logit difference, measured).
 """
@@ -102,9 +104,10 @@ class _Checker:
         self.store_bytes = store_bytes
         self.counter = 0
 
-    def engines(self, store_bytes: int | None = None) -> tuple[Engine, Engine]:
+    def engines(self, store_bytes: int | None = None, kept_bytes: int = 0
+                ) -> tuple[Engine, Engine]:
         cfg = EngineConfig(block_size=self.block_size, store_bytes=store_bytes or self.store_bytes,
-                           **self.cached_config)
+                           kept_bytes=kept_bytes, **self.cached_config)
         ref = Engine(self.loaded, EngineConfig(block_size=self.block_size, use_store=False),
                      time.monotonic, time.time_ns)
         return ref, Engine(self.loaded, cfg, time.monotonic, time.time_ns)
@@ -205,7 +208,22 @@ def _eviction_case(c: _Checker, rng: random.Random) -> CaseResult:
                      before=touch_keep)
 
 
-CASES = (_chat_case, _random_case, _boundary_case, _batched_case, _eviction_case)
+def _kept_case(c: _Checker, rng: random.Random) -> CaseResult:
+    """Five turns of one conversation, one at a time: each prompt is the previous prompt, a
+    reply and a new message, so each turn takes the cache the previous one left."""
+    ref, cached = c.engines(kept_bytes=1 << 30)
+    vocab = c.loaded.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(2 * c.block_size + 5)]]
+    for _ in range(4):
+        prompts.append(prompts[-1] + [rng.randrange(vocab) for _ in range(rng.randrange(9, 30))])
+    result = c.compare("next turns extend the kept cache", ref, cached, prompts, batched=False)
+    if cached.kept_stats().taken != len(prompts) - 1:
+        raise RuntimeError(f"the kept case took {cached.kept_stats().taken} kept caches in "
+                           f"{len(prompts) - 1} later turns: the kept path did not run")
+    return result
+
+
+CASES = (_chat_case, _random_case, _boundary_case, _batched_case, _eviction_case, _kept_case)
 
 
 def verify_model(model_dir: Path | str, block_size: int = 16, max_tokens: int = 8,

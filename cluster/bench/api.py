@@ -179,12 +179,13 @@ def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurren
 
 
 @contextmanager
-def ray_cluster(model_dir: str | None, telemetry: str = "file") -> Iterator[Client]:
+def ray_cluster(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
+                ) -> Iterator[Client]:
     """``orchard up --workers 1 --detach`` in a fresh run directory (an embedded Ray cluster on
-    loopback), stopped afterwards."""
+    loopback) whose frontend runs ``max_concurrent`` requests at a time, stopped afterwards."""
     from cluster.backend.daemon import UpOptions, spawn_detached, stop_detached
 
-    with _run_dir(model_dir, telemetry) as run_dir:
+    with _run_dir(model_dir, telemetry, max_concurrent) as run_dir:
         print("starting a 1-worker Ray cluster (orchard up --detach) ...", file=sys.stderr)
         spawn_detached(UpOptions(run_dir, workers=1))
         # SIGTERM (a timeout) still stops the cluster: it runs in a process of its own

@@ -2,9 +2,11 @@
 
 Both serve the same model directory on this machine, loopback only, with OpenBLAS loaded the
 same way (``workers.blas``, before mlx) and the same number of BLAS threads
-(``OPENBLAS_NUM_THREADS``, ``--blas-threads``). The orchard side is a frontend process over
-one in-process worker (``cluster.api.frontend --workers 1``: gRPC, the job store, routing and
-the engine, without Ray), the side a single Mac runs.
+(``OPENBLAS_NUM_THREADS``, ``--blas-threads``, inherited by every process either side starts).
+The orchard side is a 1-worker Ray cluster (``orchard up --workers 1 --detach`` in a fresh
+run directory, ``cluster.bench.api.ray_cluster``): the frontend (gRPC, the job store,
+routing) hands each request over Ray to the worker actor's engine, as a cluster of one Mac
+serves it.
 
 1. **Chat.** One multi-turn chat: a system prompt of ``system_words`` words, then
    ``turns`` user messages of ``user_words`` words, each answered with ``reply_tokens`` greedy
@@ -76,6 +78,7 @@ class Turn:
     turn: int
     ttft_orchard_s: float
     ttft_mlx_lm_s: float
+    ttft_orchard_worker_s: float  # the engine's own TTFT (request received -> first token)
 
     @property
     def ratio(self) -> float:
@@ -175,17 +178,18 @@ class MlxLmServer:
 # ---- orchard -------------------------------------------------------------------------------
 
 def _orchard_ttft(client: Client, messages: list[dict], max_tokens: int, rid: str
-                  ) -> tuple[float, str]:
+                  ) -> tuple[float, str, float]:
+    """(TTFT at the client, reply text, the worker's own TTFT) of one streamed request."""
     start = time.perf_counter()
-    first, text = 0.0, ""
+    first, text, worker = 0.0, "", 0.0
     for event in client.generate(chat_request(rid, messages, max_tokens)):
         if event.HasField("delta") and event.delta.text and not first:
             first = time.perf_counter() - start
         if event.HasField("result"):
             if not event.result.ok:
                 raise RuntimeError(f"orchard failed {rid}: {event.result.error_message}")
-            text = event.result.text
-    return first, text
+            text, worker = event.result.text, event.result.ttft_s
+    return first, text, worker
 
 
 def _orchard_batch(client: Client, chats: list[list[dict]], max_tokens: int, tag: str) -> float:
@@ -233,13 +237,14 @@ def run_chat(client: Client, server: MlxLmServer, w: Workload, round_: int) -> l
     for turn in range(1, w.turns + 1):
         messages.append({"role": "user", "content": _text(rng, w.user_words)})
         asked = list(messages)
+        rid = f"c{round_}-{turn}"
         if (turn + round_) % 2:
-            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"c{round_}-{turn}")
+            orchard, reply, worker = _orchard_ttft(client, asked, w.reply_tokens, rid)
             mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
         else:
             mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
-            orchard, reply = _orchard_ttft(client, asked, w.reply_tokens, f"c{round_}-{turn}")
-        turns.append(Turn(round_, turn, orchard, mlx))
+            orchard, reply, worker = _orchard_ttft(client, asked, w.reply_tokens, rid)
+        turns.append(Turn(round_, turn, orchard, mlx, worker))
         messages.append({"role": "assistant", "content": reply})
     return turns
 
@@ -273,13 +278,13 @@ def _mlx_server(model_dir: str, w: Workload, log_dir: Path) -> Iterator[MlxLmSer
 
 
 def bench_vs_mlx_lm(model_dir: str, w: Workload, blas_threads: int) -> VsMlxLm:
-    from cluster.bench.api import local_frontend
+    from cluster.bench.api import ray_cluster
 
     os.environ["OPENBLAS_NUM_THREADS"] = str(blas_threads)  # inherited by both servers
     warmup = [{"role": "user", "content": "warm up"}]
     with tempfile.TemporaryDirectory(prefix="orchard-vs-mlx-") as tmp, \
             _mlx_server(model_dir, w, Path(tmp)) as server, \
-            local_frontend(model_dir, telemetry="none", max_concurrent=w.clients) as client:
+            ray_cluster(model_dir, telemetry="none", max_concurrent=w.clients) as client:
         _orchard_ttft(client, warmup, 2, "warmup")
         server.chat(warmup, 2, stream=True)
         turns = [t for k in range(w.chat_rounds) for t in run_chat(client, server, w, k)]
@@ -288,7 +293,7 @@ def bench_vs_mlx_lm(model_dir: str, w: Workload, blas_threads: int) -> VsMlxLm:
     warm = [t.ratio for t in turns if t.turn > 1] or cold
     return VsMlxLm(
         model=model_dir, blas_threads=blas_threads,
-        orchard_side="frontend + 1 in-process worker (no Ray)", turns=tuple(turns),
+        orchard_side="1-worker Ray cluster (orchard up)", turns=tuple(turns),
         cold_ttft_ratio=statistics.median(cold), warm_ttft_ratio=statistics.median(warm),
         batch_wall_orchard_s=batch_orchard, batch_wall_mlx_lm_s=batch_mlx,
         batch_wall_ratio=batch_orchard / batch_mlx, targets=TARGETS)
