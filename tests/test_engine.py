@@ -1,6 +1,7 @@
 """The engine: reuse with exact counts, continuous batching, sampling, stops, bad input."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -291,6 +292,36 @@ def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills():
     # 299 body tokens, 4 then 16 a step: 20 steps, and the running pair decodes in every one
     assert len(per_step) == 20
     assert all({r.request_id for r in short} <= got for got in per_step)
+    while eng.busy:
+        eng.step()
+
+
+@pytest.mark.parametrize("batch, steps", [
+    ((True, True), 19),    # only batch decodes: the whole budget, 16 a step
+    ((True, False), 75),   # one interactive decode: bounded, the floor of 4 a step
+    ((False, False), 75),
+])
+def test_only_interactive_decodes_bound_the_prefill_of_a_long_prompt(batch, steps):
+    # a stall bound this tight leaves the bounded budget at its floor, 4 tokens a step
+    eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=16,
+                                                        decode_stall=1.0001))
+    running = [dataclasses.replace(req(eng, prompt_of(8, seed=66 + i), max_tokens=200),
+                                   batch=b) for i, b in enumerate(batch)]
+    for r in running:
+        eng.submit(r)
+    eng.step()
+    eng.step()  # both decoding now
+    long = dataclasses.replace(req(eng, prompt_of(300, seed=68), max_tokens=2), batch=True)
+    eng.submit(long)
+    taken = 0
+    while True:
+        taken += 1
+        if long.request_id in {d.request_id for d in eng.step().deltas}:
+            break
+    # 299 body tokens: 18 x 16 + 11 (and the last token) in 19 steps, or 74 x 4 + 3 in 75
+    assert taken == steps
+    for r in running:
+        eng.abort(r.request_id)
     while eng.busy:
         eng.step()
 

@@ -248,7 +248,9 @@ class Engine:
         if decoding:
             self._decode(deltas, finished, settle=bool(self._prefilling))
         if self._prefilling:
-            self._prefill(decoding, deltas, finished)
+            # only interactive decodes bound the prefill: a batch job's wait for throughput
+            interactive = any(not seq.request.batch for seq in self._running.values())
+            self._prefill(interactive, deltas, finished)
         return StepOutput(tuple(deltas), tuple(finished))
 
     def generate(self, requests: Iterable[GenerateRequest]) -> list[GenerateResult | RequestFailed]:
@@ -308,17 +310,18 @@ class Engine:
             if r.finish_reason or seq.finish_reason:
                 finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
 
-    def _prefill(self, decoding: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
+    def _prefill(self, bounded: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
                  ) -> None:
-        """Run this step's chunks; jobs whose prompt is all in get their first token."""
-        budget = self._budget.tokens(decoding)
+        """Run this step's chunks; jobs whose prompt is all in get their first token.
+        ``bounded``: interactive requests are decoding, so the step budget bounds their stall."""
+        budget = self._budget.tokens(bounded)
         jobs = self._this_step(budget)
         shares = split_budget([job.need for job in jobs], budget)
         body = [min(n, job.need - 1) for job, n in zip(jobs, shares)]  # the last token waits
         start = self._now_ns()
         run_chunks(self._body, list(zip(jobs, body)))
         mx.eval([[c.keys, c.values] for job, n in zip(jobs, body) if n for c in job.cache])
-        self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9, decoding)
+        self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9, bounded)
         bs = self.config.block_size
         for job, n, share in zip(jobs, body, shares):
             if job.need == 1 and share > n:  # its share covers the last token too

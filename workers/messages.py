@@ -30,6 +30,9 @@ class GenerateRequest:
     sampling: SamplingParams
     # W3C trace context (``traceparent``/``tracestate``) carried across process boundaries.
     trace_context: tuple[tuple[str, str], ...] = ()
+    # A batch job's request: throughput first. The step budget's decode-stall bound protects
+    # only the decodes of interactive requests (``workers.scheduler``).
+    batch: bool = False
 
 
 class LookupOutcome(str, Enum):

@@ -36,7 +36,16 @@ prompt overshot (SmolLM2-135M, 4 decodes: 2.6 decode steps' CPU time for the fir
 step against 2.0 for the others, the first setting the p99). The engine times the two parts
 of a step apart (``workers.engine``: it waits for the decode that mlx-lm leaves running ahead
 before the prefill pass starts), else each would be charged for the other. The budget never
-falls below ``min_tokens`` (4), so a long prompt still advances when decodes are slow. The
+falls below ``min_tokens`` (4), so a long prompt still advances when decodes are slow.
+
+**Batch jobs.** The stall bound is for people waiting on a stream. A batch job's requests
+(``GenerateRequest.batch``) are judged by the job's wall time, and at about 5 tokens a step
+beside decodes a job that keeps 8 requests decoding admits its prompts a few tokens a step:
+48 chats sharing two system prompts took 576 s against mlx_lm.server's 454 s (which prefills
+8 whole prompts while its decodes wait). So the bound applies only while an interactive
+request decodes (the engine passes ``decoding`` as "an interactive request is decoding"); a
+step whose running decodes are all batch requests prefills the whole ``max_tokens``, and only
+bounded passes feed the rate the bound is computed from. The
 rate over every pass (``prefill_tokens_s``) is the unit the router counts a disk hit's load
 time in (``router.policy``).
 """

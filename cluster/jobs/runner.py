@@ -292,7 +292,8 @@ class JobRunner:
                                    pending.sampling, prompt=pending.prompt) as trace:
             request = GenerateRequest(request_id=pending.request_id,
                                       namespace=self._namespace(tenant), prompt=pending.prompt,
-                                      sampling=pending.sampling, trace_context=trace.context)
+                                      sampling=pending.sampling, trace_context=trace.context,
+                                      batch=True)
             result = await self._dispatch(request, pending, trace)
             if not result.ok:
                 trace.failed(result.error_code, result.error_message)
