@@ -245,6 +245,8 @@ def run_chat(client: Client, server: MlxLmServer, w: Workload, round_: int) -> l
             mlx, _ = server.chat(asked, w.reply_tokens, stream=True)
             orchard, reply, worker = _orchard_ttft(client, asked, w.reply_tokens, rid)
         turns.append(Turn(round_, turn, orchard, mlx, worker))
+        _progress(f"chat round {round_} turn {turn}: orchard {orchard:.2f} s, "
+                  f"mlx_lm.server {mlx:.2f} s")
         messages.append({"role": "assistant", "content": reply})
     return turns
 
@@ -264,7 +266,13 @@ def run_batch(client: Client, server: MlxLmServer, w: Workload) -> tuple[float, 
         else:
             mlx.append(_mlx_batch(server, tagged, w.reply_tokens, w.clients))
             orchard.append(_orchard_batch(client, tagged, w.reply_tokens, f"batch{k}"))
+        _progress(f"batch round {k}: orchard {orchard[-1]:.1f} s, mlx_lm.server {mlx[-1]:.1f} s")
     return min(orchard), min(mlx)
+
+
+def _progress(line: str) -> None:
+    """A line on stderr as each measurement ends: a full run takes many minutes."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager
