@@ -41,3 +41,10 @@ def test_chain_powers_are_exact_powers_of_p_and_their_inverses():
     small, _ = tables.chain_powers(3)
     assert small.tolist() == [1, _P, _P * _P % _M]
 
+
+
+def test_an_empty_block_is_hashed_with_a_zero_digest():
+    from router.key import Namespace, block_hash
+    root = Namespace("acme", "tiny-llama", "r1").root()
+    assert block_hash(root, []) == 3925950002724158989
+    assert block_hash(root, []) != block_hash(root, [0])
