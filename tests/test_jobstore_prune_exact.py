@@ -84,3 +84,28 @@ def test_a_failed_transaction_leaves_nothing_behind(store):
             raise RuntimeError("stop")
     assert store.get_job(job.job_id) == job
     assert not store._db.in_transaction
+
+
+def test_an_intake_in_pieces_counts_every_piece_and_names_its_job_exactly(store):
+    intake = store.intake("acme", "m")
+    try:
+        assert len(intake.job_id) == 20 and intake.job_id.startswith("job-")
+        int(intake.job_id[4:], 16)                        # 16 hex digits
+        intake.add(make_requests(2))
+        intake.add(make_requests(5)[2:])
+        job, created = intake.commit()
+    finally:
+        intake.close()
+    assert created and job.total == 5
+    assert [(r.job_id, r.index) for r in store.next_requests(job.job_id)] == [
+        (job.job_id, i) for i in range(5)]
+
+
+def test_cancelling_a_finished_job_says_so_exactly(store):
+    from cluster.jobs.store import JobFinished
+    job = store.create_job("acme", "m", make_requests(1))
+    store.record_result(job.job_id, ok_result(0))
+    with pytest.raises(JobFinished) as info:
+        store.cancel(job.job_id)
+    assert str(info.value) == (f"job_id: job {job.job_id} is already succeeded; "
+                               "only queued or running jobs can be cancelled")
