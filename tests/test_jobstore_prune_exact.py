@@ -97,6 +97,7 @@ def test_an_intake_in_pieces_counts_every_piece_and_names_its_job_exactly(store)
     finally:
         intake.close()
     assert created and job.total == 5
+    assert _rows(store, "job_keys") == 0                  # committed without a key
     assert [(r.job_id, r.index) for r in store.next_requests(job.job_id)] == [
         (job.job_id, i) for i in range(5)]
 
