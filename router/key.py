@@ -130,8 +130,8 @@ class _Tables:
 
     def chain_powers(self, blocks: int) -> tuple[np.ndarray, np.ndarray]:
         while len(self.powers) < blocks:  # doubling: P^(n+i) = P^i · P^n, vectorized
-            n = len(self.powers)
-            step, back = np.uint64(pow(_P, n, 1 << 64)), np.uint64(pow(_P_INV, n, 1 << 64))
+            # P^n = P^(n-1) · P: the table's last entry times P, wrapping mod 2**64
+            step, back = self.powers[-1:] * np.uint64(_P), self.inverses[-1:] * np.uint64(_P_INV)
             self.powers = np.concatenate([self.powers, self.powers * step])
             self.inverses = np.concatenate([self.inverses, self.inverses * back])
         return self.powers[:blocks], self.inverses[:blocks]
