@@ -37,7 +37,7 @@ from router.events import EventBatch
 from router.key import BlockHash, reusable_tokens
 from router.service import ProfileService
 from router.sim_base import SimRequest
-from workers.scheduler import StepBudget, split_budget
+from workers.scheduler import StepBudget, split_budget, this_step
 
 # (time, kind, payload): "events" (an EventBatch), "prefilled" or "finished" (a request id)
 Emit = Callable[[float, str, object], None]
@@ -183,18 +183,7 @@ class EngineWorker:
 
     def _this_step(self, budget: int) -> list[_Job]:
         """Oldest first; a job sharing an older prefilling job's first block waits for it."""
-        chosen: list[_Job] = []
-        ahead: set[BlockHash] = set()
-        for job in self.prefilling:
-            if budget <= 0:
-                break
-            if job.first_block is not None:
-                if job.first_block in ahead:
-                    continue
-                ahead.add(job.first_block)
-            chosen.append(job)
-            budget -= job.need
-        return chosen
+        return this_step(self.prefilling, budget)
 
     def _look_up(self, job: _Job, now: float) -> float:
         """Match the job's blocks in the store; the seconds its cached blocks take to load."""

@@ -44,7 +44,7 @@ from workers.kept import KeptCaches, KeptStats
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
 from workers.model_dir import LoadedModel, open_model_dir
 from workers.prefill import PrefillJob, run_chunks
-from workers.scheduler import Admission, StepBudget, split_budget
+from workers.scheduler import Admission, StepBudget, split_budget, this_step
 from workers.sequence import Sequence, TokenDelta, make_sampler
 from workers.store import PrefixStore, StoreStats, open_store
 
@@ -333,26 +333,13 @@ class Engine:
                     job.request.namespace, job.prompt[:job.done], job.cache)
 
     def _this_step(self, budget: int) -> list[PrefillJob]:
-        """The jobs that get budget this step, oldest first, looked up when first reached.
+        """The jobs that get budget this step (``workers.scheduler.this_step``), each looked up
+        in the store when first reached."""
+        return this_step(self._prefilling, budget, self._reach)
 
-        A job that starts with the same block as an older job still in prefill waits for it:
-        looked up after the older one has stored its prompt, it reuses that prompt's blocks
-        instead of computing them again alongside.
-        """
-        chosen: list[PrefillJob] = []
-        ahead: set[tuple] = set()
-        for job in self._prefilling:
-            if budget <= 0:
-                break
-            if job.first_block is not None:
-                if job.first_block in ahead:
-                    continue
-                ahead.add(job.first_block)
-            if job.seq is None:
-                self._look_up(job)
-            chosen.append(job)
-            budget -= job.need
-        return chosen
+    def _reach(self, job: PrefillJob) -> None:
+        if job.seq is None:
+            self._look_up(job)
 
     def _start_decoding(self, job: PrefillJob, deltas: list[TokenDelta],
                         finished: list[GenerateResult]) -> None:

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Generic, Iterator, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, Iterator, Protocol, TypeVar
 
 from workers.rates import moving_average
 
@@ -109,6 +109,45 @@ def split_budget(needs: list[int], budget: int) -> list[int]:
         shares.append(take)
         budget -= take
     return shares
+
+
+class StepJob(Protocol):
+    """A prompt being prefilled, as ``this_step`` sees it."""
+
+    @property
+    def first_block(self) -> Hashable | None: ...  # what a job sharing its first block shares
+
+    @property
+    def need(self) -> int: ...  # prompt tokens it still has to compute
+
+
+J = TypeVar("J", bound=StepJob)
+
+
+def this_step(jobs: Iterable[J], budget: int, reach: Callable[[J], None] | None = None
+              ) -> list[J]:
+    """The jobs that get budget this step, oldest first, until the budget is spent.
+
+    A job that starts with the same block as an older job still in prefill waits for it: taken
+    up after the older one has stored its prompt, it reuses that prompt's blocks instead of
+    computing them again alongside. ``reach`` sees each job as it is taken, before its need is
+    read (the engine looks its prompt up in the store then). The engine and the simulator's
+    step model (``router.sim_steps``) both choose with this function.
+    """
+    chosen: list[J] = []
+    ahead: set[Hashable] = set()
+    for job in jobs:
+        if budget <= 0:
+            break
+        if job.first_block is not None:
+            if job.first_block in ahead:
+                continue
+            ahead.add(job.first_block)
+        if reach is not None:
+            reach(job)
+        chosen.append(job)
+        budget -= job.need
+    return chosen
 
 
 @dataclass(slots=True)
