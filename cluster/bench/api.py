@@ -144,6 +144,23 @@ def _client(run_dir: Path) -> Client:
     return Client.from_run_dir(run_dir, api_key=load_config(run_dir).key_for("default"))
 
 
+def spawn_frontend(run_dir: Path) -> subprocess.Popen:
+    """A frontend process over one in-process worker on ``run_dir`` (its log in
+    ``frontend.log``), returned once it serves; a clear error if it exits or takes 300 s."""
+    log = open(run_dir / "frontend.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
+                             str(run_dir), "--workers", "1"], stdout=log, stderr=log,
+                            cwd=Path(__file__).resolve().parents[2])
+    deadline = time.monotonic() + 300
+    while not (run_dir / "frontend.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the frontend did not start: "
+                               + (run_dir / "frontend.log").read_text()[-2000:])
+        time.sleep(0.1)
+    return proc
+
+
 @contextmanager
 def local_run(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1,
               after: Callable[[Path], None] | None = None) -> Iterator[Path]:
@@ -151,17 +168,8 @@ def local_run(model_dir: str | None, telemetry: str = "file", max_concurrent: in
     ``after(run_dir)`` runs once the frontend has stopped (its files flushed), before the
     directory goes."""
     with _run_dir(model_dir, telemetry, max_concurrent) as run_dir:
-        log = open(run_dir / "frontend.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
-                                 str(run_dir), "--workers", "1"], stdout=log, stderr=log,
-                                cwd=Path(__file__).resolve().parents[2])
+        proc = spawn_frontend(run_dir)
         try:
-            deadline = time.monotonic() + 300
-            while not (run_dir / "frontend.json").exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the frontend did not start: "
-                                       + (run_dir / "frontend.log").read_text()[-2000:])
-                time.sleep(0.1)
             yield run_dir
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cluster.api.client import Client
+from cluster.bench.api import spawn_frontend
 
 SYSTEMS = [f"You are assistant number {k} of a fruit-logistics company. " * 6 for k in range(8)]
 SPLIT = 1000
@@ -138,17 +139,7 @@ def start_frontend(run_dir: Path, model_dir: str) -> subprocess.Popen:
     if capped == text:
         raise RuntimeError("the default config has no [cache] capacity_bytes line to cap")
     (run_dir / "orchard.toml").write_text(capped)
-    log = open(run_dir / "frontend.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
-                             str(run_dir), "--workers", "1"], stdout=log, stderr=log,
-                            cwd=Path(__file__).resolve().parents[2])
-    deadline = time.monotonic() + 300
-    while not (run_dir / "frontend.json").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the frontend did not start: "
-                               + (run_dir / "frontend.log").read_text()[-2000:])
-        time.sleep(0.1)
-    return proc
+    return spawn_frontend(run_dir)
 
 
 def bench_batch(requests: int, window_s: float, model_dir: str, log=print) -> BatchFigures:
