@@ -9,11 +9,13 @@ import shutil
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
 from router.key import Namespace
 from tests.conftest import Clock
 from tests.forged_models import tiny_model
 from workers.engine import Engine, EngineConfig, RequestFailed
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, SamplingParams
+from workers.model_dir import open_model_dir
 
 BS = 16
 
@@ -267,8 +269,38 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs():
         runs.append(deltas)
     assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
     assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
-    # 99 body tokens in chunks of 16: the 7th step runs the last 3 and the final token
+    # 100 tokens in chunks of 16: the 7th step runs the last 4 and gives the first token
     assert steps[:7] == [0, 0, 0, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_the_vocabulary_projection_of_the_body_is_the_models_output(arch):
+    loaded = open_model_dir(tiny_model(arch))
+    tokens = mx.array([prompt_of(12, seed=70)])
+    whole = loaded.model(tokens)
+    assert loaded.head is not None
+    assert float(mx.abs(loaded.head(loaded.body(tokens)) - whole).max()) == 0.0
+    # an architecture not known to end at the projection: no head, the whole model instead
+    other = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
+    assert other.head is None
+
+
+@pytest.mark.parametrize("budget", [512, 16])
+def test_a_last_token_in_the_chunk_and_one_on_its_own_give_the_same_tokens(budget):
+    loaded = open_model_dir(tiny_model("llama"))
+    apart = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
+    config = EngineConfig(block_size=BS, prefill_budget=budget)
+    runs = []
+    for model in (loaded, apart):
+        eng = Engine(model, config, Clock(), lambda: 0)
+        eng.submit(req(eng, prompt_of(100, seed=71), max_tokens=6))
+        deltas = []
+        while eng.busy:
+            deltas += eng.step().deltas
+        runs.append(deltas)
+    assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
+    assert len(runs[0]) == 6
+    assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
 
 
 def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills():
@@ -289,7 +321,7 @@ def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills():
         per_step.append({d.request_id for d in out.deltas})
         if long.request_id in per_step[-1]:
             break
-    # 299 body tokens, 4 then 16 a step: 20 steps, and the running pair decodes in every one
+    # 300 tokens, 4 then 16 a step: 20 steps, and the running pair decodes in every one
     assert len(per_step) == 20
     assert all({r.request_id for r in short} <= got for got in per_step)
     while eng.busy:
@@ -318,7 +350,7 @@ def test_only_interactive_decodes_bound_the_prefill_of_a_long_prompt(batch, step
         taken += 1
         if long.request_id in {d.request_id for d in eng.step().deltas}:
             break
-    # 299 body tokens: 18 x 16 + 11 (and the last token) in 19 steps, or 74 x 4 + 3 in 75
+    # 300 tokens: 18 x 16 + 12 in 19 steps, or 75 x 4 in 75
     assert taken == steps
     for r in running:
         eng.abort(r.request_id)
