@@ -50,12 +50,15 @@ def test_second_request_reuses_the_prefix_and_gives_the_same_tokens(engine):
     cold = run_one(engine, req(engine, prompt))
     assert (cold.input_tokens, cold.cached_tokens, cold.computed_tokens) == (110, 0, 110)
     assert cold.lookup.outcome == LookupOutcome.MISS
-    # prefill wrote 6 blocks (109 tokens in the cache); the finish, with 110 + 5 output tokens
+    # prefill wrote 6 blocks (110 tokens in the cache); the finish, with 110 + 5 output tokens
     # in the cache, added the 7th block that the output completed
     assert cold.written_tokens == 112
     warm = run_one(engine, req(engine, prompt))
     assert warm.lookup.outcome == LookupOutcome.HIT
-    assert (warm.cached_tokens, warm.computed_tokens, warm.written_tokens) == (96, 14, 0)
+    # the store matches 6 blocks; the kept cache of the first request gives the partial 7th
+    # block up to the prompt's last token, which is always computed
+    assert (warm.lookup.matched_tokens, warm.lookup.kept_tokens) == (96, 13)
+    assert (warm.cached_tokens, warm.computed_tokens, warm.written_tokens) == (109, 1, 0)
     assert warm.output_tokens == cold.output_tokens
     assert warm.finish_reason == "length" and len(warm.output_tokens) == 6
     assert warm.ttft_s > 0 and warm.tpot_s > 0
@@ -70,7 +73,8 @@ def test_uncached_engine_agrees(engine):
     run_one(engine, req(engine, prompt))
     a = run_one(engine, req(engine, prompt + [5, 6, 7]))
     b = run_one(plain, req(plain, prompt + [5, 6, 7]))
-    assert a.cached_tokens == 64 and b.cached_tokens == 0
+    # the store's 4 blocks and, from the first request's kept cache, the rest of its prompt
+    assert (a.lookup.matched_tokens, a.cached_tokens, b.cached_tokens) == (64, 70, 0)
     assert a.output_tokens == b.output_tokens
 
 
@@ -175,14 +179,17 @@ def test_ttl_events_and_invalidation_through_the_engine():
     assert len(events) == first.written_tokens // BS
     assert {h.block for h in eng.store.holdings()} == {e.block for e in events}
     clock.now = 20
-    assert run_one(eng, req(eng, prompt)).cached_tokens == 32
+    again = run_one(eng, req(eng, prompt))  # 2 blocks, and the kept tail up to the last token
+    assert (again.lookup.matched_tokens, again.cached_tokens) == (32, 39)
     clock.now = 55  # 35 s after the last use
     expired = run_one(eng, req(eng, prompt))
     assert expired.cached_tokens == 0 and expired.lookup.outcome == LookupOutcome.MISS
     assert eng.store.stats().ledger.expirations == len(events)
     near = run_one(eng, req(eng, prompt[:20] + [7] + prompt[21:]))
     assert near.lookup.outcome == LookupOutcome.NEAR_MISS
-    assert near.lookup.line() == "common=20 of 40" and near.cached_tokens == 16
+    # the store's first block, and the kept cache up to where the prompts part
+    assert near.lookup.line() == "common=20 of 40" and near.lookup.matched_tokens == 16
+    assert near.cached_tokens == 20
     # the prefix's block and both children below it: the prompt's own and the near miss's
     assert eng.store.invalidate_prefix(eng.namespace("t"), prompt[:16]) == 3
     assert run_one(eng, req(eng, prompt)).cached_tokens == 0

@@ -28,6 +28,7 @@ the other requests are untouched; ``generate`` turns such errors into ``RequestF
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,13 +285,17 @@ class Engine:
         if self.config.use_store:
             found = self.store.lookup(job.request.namespace, job.prompt)
             report, cache = found.report, found.cache
-            # a kept cache holding the matched tokens replaces the join (left lazy: never run)
-            cache = self._kept.take(job.request.namespace.label(), job.prompt,
-                                    report.matched_tokens) or cache
+            # a kept cache holding the matched tokens replaces the join (left lazy: never run),
+            # and may hold the partial block after them too
+            kept = self._kept.take(job.request.namespace.label(), job.prompt,
+                                   report.matched_tokens, self.config.block_size)
+            if kept is not None:
+                cache, held = kept
+                report = dataclasses.replace(report, kept_tokens=held - report.matched_tokens)
         else:
             report, cache = _no_store_report(len(job.prompt), self.config.ttl_s), None
         job.cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
-        job.done = report.matched_tokens
+        job.done = report.reused_tokens
         lookup_end = self._now_ns()
         job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
                            lookup_end, detokenizer=self.tokenizer.detokenizer)
