@@ -182,15 +182,21 @@ class DiskTier:
         return True
 
     def flush(self) -> None:
-        """Wait until every queued write is on disk (benchmarks, tests, shutdown)."""
-        self._writer.flush()
-        self._reap()
+        """Wait until every queued write is on disk (benchmarks, tests, shutdown);
+        ``WriterStopped`` if the writer stopped on an error (its blocks are forgotten)."""
+        try:
+            self._writer.flush()
+        finally:
+            self._reap()
 
     def close(self) -> None:
+        """Finish reads and writes; the directory is released even if ``WriterStopped``."""
         self._pool.shutdown(wait=True)
-        self._writer.close()
-        self._reap()
-        os.close(self._lock_fd)  # releases the flock
+        try:
+            self._writer.close()
+        finally:
+            self._reap()
+            os.close(self._lock_fd)  # releases the flock
 
     # ---- reads ---------------------------------------------------------------------------
 
