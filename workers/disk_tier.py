@@ -15,8 +15,9 @@ Rules:
   its token ids against the prompt's). A file that fails is deleted, counted (``corrupt``)
   and its subtree forgotten; the lookup stops before it and the engine recomputes.
 - **Restart keeps the cache.** Opening a directory that holds blocks indexes their headers:
-  leftover ``.tmp`` files (a kill during a write) and files whose size disagrees with their
-  header are deleted and counted (``torn``), blocks of another model or weights revision
+  leftover ``.tmp`` files (a kill during a write), files whose size disagrees with their
+  header and blocks whose parent chain loops (hashing never makes one) are deleted and
+  counted (``torn``), blocks of another model or weights revision
   (another namespace, never servable here) are deleted and counted (``foreign``), blocks
   unused for ``ttl_s`` (by file mtime, which a hit refreshes) are deleted (``expired``), and
   the newest that fit the budget are restored. Restored blocks are announced like new ones:
@@ -88,6 +89,7 @@ class DiskStats:
     read_blocks: int
     read_bytes: int
     read_s: float          # summed over reader threads
+    prefetched: int        # block reads started by prefetch, ahead of their lookup
     corrupt: int           # files that failed verification on read: deleted, never served
     failed_writes: int
     full: bool
@@ -123,6 +125,7 @@ class DiskTier:
         self._reads: dict[BlockHash, Future] = {}
         self._read_counts = [0, 0, 0.0]  # blocks, bytes, seconds
         self._read_rate: float | None = None  # bytes/s, moving average over lookups
+        self._prefetched = 0
         self._corrupt = 0
         self._skipped_full = 0
         self._checked_at = 0.0  # while full: when the free space was last looked at
@@ -149,7 +152,7 @@ class DiskTier:
         w = self._writer.counts
         return DiskStats(self.ledger.stats(), self.start, w.written_blocks, w.written_bytes,
                          w.write_s, w.batches, self._read_counts[0], self._read_counts[1],
-                         self._read_counts[2], self._corrupt, w.failed, self._writer.full,
+                         self._read_counts[2], self._prefetched, self._corrupt, w.failed, self._writer.full,
                          self._skipped_full, self._writer.pending_count())
 
     def drain_events(self) -> list[BlockEvent]:
@@ -202,15 +205,21 @@ class DiskTier:
 
     def prefetch(self, blocks: Sequence[BlockHash]) -> None:
         """Start reading ``blocks`` (held here, not pending) on the reader threads."""
+        self._prefetched += self._start_reads(blocks)
+
+    def _start_reads(self, blocks: Sequence[BlockHash]) -> int:
+        started = 0
         for h in blocks:
             if h in self.ledger and h not in self._reads and self._writer.pending(h) is None:
                 self._reads[h] = self._pool.submit(self._read_file, block_path(self.directory, h))
+                started += 1
+        return started
 
     def load(self, chain: Sequence[BlockHash], tokens: Sequence[tuple[int, ...]]) -> list[BlockData]:
         """The verified blocks of ``chain`` (each expected to hold ``tokens[i]``), in order,
         stopping at the first that is missing or fails verification (dropped and counted).
         """
-        self.prefetch(chain)
+        self._start_reads(chain)
         out: list[BlockData] = []
         reads: list[_Read] = []
         for h, want in zip(chain, tokens):
@@ -336,6 +345,9 @@ class DiskTier:
                 expired += _delete(path)
             else:
                 found[record.block] = (record, path.stat().st_mtime)
+        for h in [h for h in found if _ancestors(h, found) is None]:
+            torn += _delete(block_path(self.directory, h))
+            del found[h]
         kept, over = self._restore(found, now)
         return StartCounts(kept, torn, foreign, expired, over)
 
@@ -367,9 +379,12 @@ class DiskTier:
         return len(keep), len(found) - len(keep)
 
 
-def _ancestors(h: BlockHash, found: dict) -> list[BlockHash]:
+def _ancestors(h: BlockHash, found: dict) -> list[BlockHash] | None:
+    """``h``'s ancestors held here, nearest first; None if its chain loops (corrupt files)."""
     out, p = [], found[h][0].parent
     while p in found:
+        if len(out) == len(found):  # as many ancestors as blocks: the chain came round
+            return None
         out.append(p)
         p = found[p][0].parent
     return out
