@@ -1,7 +1,7 @@
 """The disk tier of a worker's prefix store: blocks evicted from memory, kept in files.
 
 ``DiskTier`` owns one directory (one per worker, held with an exclusive ``flock`` on
-``.lock``: a second worker pointed at it is refused) and a ``BlockLedger`` of its own, with its
+``.lock`` by ``workers.disk_lock``: a second worker pointed at it is refused) and a ``BlockLedger`` of its own, with its
 own byte budget, the same eviction policy and the same TTL as the memory tier. Files are
 written behind the engine's back by ``workers.disk_writer``; the format is
 ``workers.disk_files``.
@@ -37,7 +37,6 @@ Rules:
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import time
@@ -51,20 +50,16 @@ from router.key import BlockHash
 from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, LedgerStats, RemovalReason
 from workers.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, CorruptBlock,
                                 block_path, decode_block, read_header)
+from workers.disk_lock import DiskDirError, lock_directory  # noqa: F401  (raised from here)
 from workers.disk_writer import DiskWriter, PendingBlock
 from workers.kv_quant import KVCodec
 from workers.rates import moving_average
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".lock"
 READ_THREADS = 4  # parallel file reads: one SSD queue is not enough to reach its bandwidth
 FULL_RECHECK_S = 5.0  # a full tier looks at the free space at most this often
 RESUME_BLOCKS = 8     # ... and writes again once this many blocks fit
-
-
-class DiskDirError(ValueError):
-    """The disk tier's directory cannot be used (not writable, or another worker holds it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +113,7 @@ class DiskTier:
         self.model, self.revision = model, revision
         self._wall = wall_clock
         self._clock = clock
-        self._lock_fd = _lock(self.directory)
+        self._lock_fd = lock_directory(self.directory)
         self.ledger = BlockLedger(capacity_bytes, ttl_s, clock, bytes_per_token, policy=eviction,
                                   on_remove=self._removed, tier=Tier.DISK)
         self._tokens: dict[BlockHash, bytes] = {}  # token ids per block, for near misses
@@ -393,34 +388,3 @@ def _ancestors(h: BlockHash, found: dict) -> list[BlockHash] | None:
 def _delete(path: Path) -> int:
     path.unlink(missing_ok=True)
     return 1
-
-
-def _lock(directory: Path) -> int:
-    """Create ``directory`` and hold its lock; ``DiskDirError`` saying what to change."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise DiskDirError(
-            f"cannot use {directory} for the disk tier: {exc.strerror or exc}; set [cache] "
-            f"disk_dir to a directory this worker can write, or disk_bytes = 0") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise DiskDirError(
-            f"{directory} is in use by another worker (pid {holder}): give each worker its "
-            f"own [cache] disk_dir") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    probe = directory / f".probe-{os.getpid()}"
-    try:  # the lock file may exist already: prove that this process can create files here
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        os.close(fd)
-        raise DiskDirError(f"cannot write to {directory} for the disk tier: "
-                           f"{exc.strerror or exc}; set [cache] disk_dir to a writable "
-                           f"directory, or disk_bytes = 0") from None
-    return fd
