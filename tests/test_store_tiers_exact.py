@@ -175,3 +175,28 @@ def test_blocks_whose_parents_loop_are_dropped_at_restart_as_torn(tmp_path):
     assert [h.block for h in store.holdings()] == [14]
     assert sorted(p.name for p in directory.glob("*/*.kv")) == [block_path(directory, 14).name]
     store.close()
+
+
+def test_a_block_spilled_as_its_own_ancestor_is_refused(tmp_path):
+    from workers.disk_tier import DiskTier
+    from workers.kv_quant import KVCodec
+
+    tier = DiskTier(tmp_path / "w0", 100 * BLOCK_BYTES, TTL, Clock(), KVCodec(0, mx.float32),
+                    SHAPE.bytes_per_token, "m", "r1")
+    kv = kv_for([1, 2, 3, 4])
+    keys = (mx.stack([c.keys[0, :, :4] for c in kv]),)
+    values = (mx.stack([c.values[0, :, :4] for c in kv]),)
+    mx.eval(keys, values)
+
+    def spill(block: int, parent: int) -> bool:
+        return tier.spill(BlockRecord(block, parent, NS.label(), "m", "r1", (1, 2, 3, 4), 0),
+                          keys, values)
+
+    assert spill(21, 22)  # its parent is not held here: taken
+    for block, parent in ((22, 21), (23, 23)):  # 22 -> 21 -> 22; 23 -> 23
+        with pytest.raises(RuntimeError) as info:
+            spill(block, parent)
+        assert str(info.value) == (f"disk tier {tmp_path / 'w0'}: block {block:032x} would be "
+                                   "its own ancestor (a broken hash chain); it was not spilled")
+    assert [h.block for h in tier.ledger.holdings()] == [21]
+    tier.close()

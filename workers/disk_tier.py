@@ -171,7 +171,11 @@ class DiskTier:
             self._skipped_full += 1
             return False
         self.ledger.expire()  # before reading the chain: insert would expire its head
-        chain = self.ledger.chain_to(record.parent) + [h]
+        ancestors = self.ledger.chain_to(record.parent)
+        if record.parent == h or (ancestors and self.ledger.parent(ancestors[0]) == h):
+            raise RuntimeError(f"disk tier {self.directory}: block {h:032x} would be its own "
+                               "ancestor (a broken hash chain); it was not spilled")
+        chain = ancestors + [h]
         stored = self.ledger.insert(chain, len(record.tokens), record.namespace, record.parent)
         if h not in stored:
             return False
