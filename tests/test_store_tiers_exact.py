@@ -117,6 +117,8 @@ def test_namespaces_and_invalidation_cover_both_tiers(tmp_path):
     put(store, A, OTHER)
     put(store, B)  # OTHER's blocks to disk
     assert store.namespaces() == sorted([NS.label(), OTHER.label()])
+    assert store.invalidate_namespace(OTHER.label()) == 2  # held on disk only
+    assert store.namespaces() == [NS.label()]
     put(store, A)  # B to disk as well
     assert store.lookup(NS, A + [9]).report.disk_tokens == 0
     assert store.lookup(NS, B + [9]).report.disk_tokens == 8  # B in both tiers now
@@ -139,9 +141,16 @@ def test_open_store_refuses_bad_sizes_word_for_word_and_releases_the_directory(t
     assert refused(block_size=0, disk_bytes=1, disk_dir=tmp_path) == (
         "block_size must be positive, got 0")
     store = open_store(SHAPE, BS, TTL, Clock(), memory_bytes=BLOCK_BYTES, disk_dir=tmp_path,
-                       disk_bytes=BLOCK_BYTES, eviction=Eviction.REUSE)  # the lock was let go
-    assert (store.ledger.policy, store.disk.ledger.policy) == (Eviction.REUSE, Eviction.REUSE)
+                       disk_bytes=BLOCK_BYTES, eviction=Eviction.LRU)  # the lock was let go
+    assert (store.ledger.policy, store.disk.ledger.policy) == (Eviction.LRU, Eviction.LRU)
     store.close()
+
+
+def test_open_store_hands_the_memory_tier_its_precision():
+    from test_kv_quant import SHAPE as WIDE
+
+    store = open_store(WIDE, 16, TTL, Clock(), memory_bytes=1 << 20, kv_bits=8)
+    assert store.stats().bytes_per_token == 544  # 8-bit: 64 + 2 x 2 bytes per head and token
 
 
 def test_a_store_opened_without_a_model_name_keeps_its_blocks_for_the_same(tmp_path):

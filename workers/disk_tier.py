@@ -242,9 +242,9 @@ class DiskTier:
         future = self._reads.pop(h, None)
         if pending is not None:
             return BlockData(pending.record, pending.keys, pending.values)
-        if future is None:
-            return None
         path = block_path(self.directory, h)
+        if future is None:  # pending when the reads were started, written since: read it now
+            future = self._pool.submit(self._read_file, path)
         try:
             read = future.result()
             data = read.data
