@@ -13,7 +13,7 @@ from cluster.backend.local import LocalBackend
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.store import JobState, JobStore, NewRequest, StagedRequest
 from router.key import Namespace
-from tests.bounded import run_bounded
+from tests.bounded import run_bounded, wait_until
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import SamplingParams
@@ -43,13 +43,9 @@ def _runner(store: JobStore, backend, timeout_s: float = 30.0) -> JobRunner:
 
 
 async def _finished(store: JobStore, job_id: str, timeout_s: float = 60.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while (job := store.get_job(job_id)).state is not JobState.SUCCEEDED:
-        if loop.time() > deadline:
-            raise AssertionError(f"job {job_id} not finished after {timeout_s:g} s: {job}")
-        await asyncio.sleep(0.01)
-    return job
+    return await wait_until(
+        lambda: (job := store.get_job(job_id)).state is JobState.SUCCEEDED and job,
+        f"job {job_id} to finish", timeout_s)
 
 
 async def _backend() -> LocalBackend:
@@ -139,7 +135,7 @@ def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tm
         assert runner.pending() == {"acme": 4}
         runner.launch(job)  # a second run of the same requests: every result twice
         await _finished(store, job.job_id)
-        await _until(lambda: runner.slots_in_use() == {}, "the reruns to end")
+        await wait_until(lambda: runner.slots_in_use() == {}, "the reruns to end")
         # each request stored once, and released once: the other job's request still counts
         assert [r.index for r in store.results(job.job_id)] == [0, 1, 2]
         assert runner.pending() == {"acme": 1}
@@ -148,12 +144,3 @@ def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tm
         store.close()
 
     run_bounded(scenario(), 120, "resume after a restart")
-
-
-async def _until(predicate, what: str, timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {timeout_s:g} s for {what}")
-        await asyncio.sleep(0.01)
