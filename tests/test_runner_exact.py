@@ -42,7 +42,7 @@ def _runner(store: JobStore, backend, timeout_s: float = 30.0) -> JobRunner:
                      namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
 
 
-async def _finished(store: JobStore, job_id: str, timeout_s: float = 60.0):
+async def _finished(store: JobStore, job_id: str, timeout_s: float = 20.0):
     return await wait_until(
         lambda: (job := store.get_job(job_id)).state is JobState.SUCCEEDED and job,
         f"job {job_id} to finish", timeout_s)
@@ -85,7 +85,7 @@ def test_results_failures_and_pending_counts_are_exact(tmp_path):
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 120, "a job over the in-process backend")
+    run_bounded(scenario(), 30, "a job over the in-process backend")
 
 
 def test_a_request_past_its_deadline_or_without_workers_gets_its_status(tmp_path):
@@ -114,7 +114,7 @@ def test_a_request_past_its_deadline_or_without_workers_gets_its_status(tmp_path
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 120, "deadline and no-worker statuses")
+    run_bounded(scenario(), 30, "deadline and no-worker statuses")
 
 
 def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tmp_path):
@@ -143,4 +143,4 @@ def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tm
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 120, "resume after a restart")
+    run_bounded(scenario(), 30, "resume after a restart")

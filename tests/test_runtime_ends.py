@@ -52,7 +52,7 @@ def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once():
         runtime.abort("r0")      # nothing to answer: neither raises nor waits
         runtime.retire("w0")
         await runtime.close()
-    run_bounded(scenario(), 60, "an event consumer that raises")
+    run_bounded(scenario(), 30, "an event consumer that raises")
 
 
 def test_a_closed_runtime_fails_its_runs_in_flight_and_refuses_what_comes_after():
@@ -69,4 +69,4 @@ def test_a_closed_runtime_fails_its_runs_in_flight_and_refuses_what_comes_after(
         with pytest.raises(WorkerFailed, match=CLOSED):
             await anext(runtime.run("w0", _request("later", (1, 2, 3), 2)))
         await runtime.close()   # a second close returns at once
-    run_bounded(scenario(), 60, "a closed runtime")
+    run_bounded(scenario(), 30, "a closed runtime")
