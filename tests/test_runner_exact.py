@@ -35,7 +35,7 @@ def _staged(*specs: tuple[list[int], int]) -> list[StagedRequest]:
             for i, (p, n) in enumerate(specs)]
 
 
-def _runner(store: JobStore, backend, timeout_s: float = 30.0) -> JobRunner:
+def _runner(store: JobStore, backend, timeout_s: float = 10.0) -> JobRunner:
     return JobRunner(store, backend, _prepare,
                      RunnerLimits(max_concurrent=2, max_pending_per_tenant=100,
                                   max_pending_total=100, request_timeout_s=timeout_s),

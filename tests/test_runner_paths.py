@@ -44,7 +44,7 @@ def _staged(*specs: tuple[list[int], int]) -> list[StagedRequest]:
             for i, (p, n) in enumerate(specs)]
 
 
-def _runner(store, backend, timeout_s: float = 30.0, tracing=None, concurrent: int = 2):
+def _runner(store, backend, timeout_s: float = 10.0, tracing=None, concurrent: int = 2):
     return JobRunner(store, backend, _prepare,
                      RunnerLimits(max_concurrent=concurrent, max_pending_per_tenant=1000,
                                   max_pending_total=1000, request_timeout_s=timeout_s),
@@ -188,6 +188,10 @@ def test_a_job_longer_than_a_page_runs_every_request_once(tmp_path):
         runner.admit("acme", n)
         job = store.create_job("acme", "tiny", _staged(*[([i, -1], 1) for i in range(n)]))
         runner.launch(job)   # every prompt is refused by prepare: no backend call
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await runner.wait_changed(3.0)   # a result recorded wakes whoever waits for progress
+        assert loop.time() - start < 3.0, "no wake-up when a result was recorded"
         await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
                          "the job to finish")
         results = store.results(job.job_id, limit=n + 10)

@@ -13,11 +13,11 @@ import pytest
 
 from router.events import BlockRemoved
 from router.key import Namespace
-from tests.bounded import run_bounded
+from tests.bounded import run_bounded, wait_until
 from tests.engine_waits import answer, take, to_the_end
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
-from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
+from workers.messages import GenerateRequest, SamplingParams, WorkerFailed, WorkerStats
 from workers.runtime import IDLE_WAIT_S, EngineRuntime, Finished
 
 BLOCK = 16
@@ -47,10 +47,13 @@ def test_a_run_yields_deltas_then_finished_and_counts_what_the_store_wrote():
         assert [d.token for d in items[:-1]] == list(items[-1].result.output_tokens)
         assert all(d.request_id == "a" for d in items[:-1]) and items[-1].worker_s > 0
         stats = await answer(runtime, runtime.stats("w0"), "stats")
+        kv = (await answer(runtime, runtime.call("w0", lambda e: e), "engine")).kv_bytes_per_token
         # 64 prompt tokens + 2 more in the cache at the end: 4 full blocks, written once
-        assert stats.written_tokens == 4 * BLOCK == items[-1].result.written_tokens
-        assert (stats.requests_served, stats.input_tokens, stats.cached_tokens,
-                stats.running, stats.cache_blocks) == (1, 64, 0, 0, 4)
+        assert stats == WorkerStats(running=0, cache_bytes=4 * BLOCK * kv,
+                                    cache_capacity_bytes=1 << 30, cache_blocks=4,
+                                    written_tokens=64, input_tokens=64, cached_tokens=0,
+                                    requests_served=1, evictions=0, expirations=0)
+        assert items[-1].result.written_tokens == 4 * BLOCK
         again = await to_the_end(runtime, runtime.run("w0", _request("b", prompt, 1)), "run b")
         stats = await answer(runtime, runtime.stats("w0"), "stats")
         assert again[-1].result.cached_tokens == 63   # a whole kept cache; the last token recomputed
@@ -111,6 +114,7 @@ def test_abort_from_elsewhere_ends_the_run_without_a_result():
         runtime = await _runtime([])
         run = runtime.run("w0", _request("long", tuple(range(10, 50)), 1500))
         first = (await take(runtime, run, 1, "long"))[0]
+        assert (await answer(runtime, runtime.stats("w0"), "stats")).running == 1
         runtime.abort("long")
         rest = await to_the_end(runtime, run, "long, aborted")
         assert first.request_id == "long" and not any(isinstance(i, Finished) for i in rest)
@@ -124,21 +128,31 @@ def test_abort_from_elsewhere_ends_the_run_without_a_result():
     run_bounded(scenario(), 30, "abort from elsewhere ends the run without a result")
 
 
-def test_a_broken_engine_fails_its_runs_and_leaves():
+def test_a_broken_engine_fails_its_runs_and_leaves(caplog):
+    steps: list[int] = []
+
+    def break_engine(engine):
+        def boom():
+            steps.append(1)
+            raise RuntimeError("MLX fell over")
+        engine.step = boom
+
     async def scenario():
         runtime = await _runtime([])
-
-        def break_engine(engine):
-            def boom():
-                raise RuntimeError("MLX fell over")
-            engine.step = boom
         await answer(runtime, runtime.call("w0", break_engine), "break the engine")
+        run = runtime.run("w0", _request("x", (1, 2, 3), 4))
+        first = asyncio.ensure_future(anext(run))
+        await wait_until(lambda: first.done() or len(steps) > 1, "the run to fail")
+        assert steps == [1], "the broken engine was stepped again: it was not dropped"
         with pytest.raises(WorkerFailed, match=r"^worker w0 failed: RuntimeError\('MLX fell over'\)$"):
-            await to_the_end(runtime, runtime.run("w0", _request("x", (1, 2, 3), 4)), "x")
+            first.result()
         with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
             await answer(runtime, runtime.stats("w0"), "stats")
         await runtime.close()
     run_bounded(scenario(), 30, "a broken engine fails its runs and leaves")
+    [record] = [r for r in caplog.records if r.name == "workers.runtime"]
+    assert (record.getMessage(), record.exc_info[1].args) == (
+        "worker w0: engine step failed", ("MLX fell over",))
 
 
 def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tmp_path):
@@ -199,6 +213,8 @@ def test_idle_engines_drop_expired_blocks_once_a_second_of_the_runtime_clock(clo
         assert held.blocks == () and held.seq == 2, "no expiry pass a second after the last"
         assert sorted(e.block for e in events[1].events) == sorted(stored)
         assert all(isinstance(e, BlockRemoved) for e in events[1].events)
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        assert (stats.expirations, stats.evictions, stats.cache_blocks) == (2, 0, 0)
         await runtime.close()
     run_bounded(scenario(), 30, "idle expiry")
 
@@ -214,3 +230,22 @@ def test_a_busy_engine_steps_without_waiting_for_commands():
         assert took < 200 * IDLE_WAIT_S, f"200 steps took {took:.1f} s: the busy loop waits"
         await runtime.close()
     run_bounded(scenario(), 30, "a busy engine's steps")
+
+
+def test_stats_count_what_a_full_store_evicted():
+    async def scenario():
+        runtime = EngineRuntime()
+        config = EngineConfig(block_size=BLOCK, max_batch=4, store_bytes=4 * BLOCK * 512,
+                              kept_bytes=0)
+        engine = await answer(runtime, runtime.open("w0", str(tiny_model()), config), "open")
+        assert engine.kv_bytes_per_token == 512   # room for 4 blocks of the tiny model
+        for rid, first in (("a", 30), ("b", 130)):
+            prompt = tuple(range(first, first + 4 * BLOCK))
+            await to_the_end(runtime, runtime.run("w0", _request(rid, prompt, 3)), rid)
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        assert stats == WorkerStats(running=0, cache_bytes=4 * BLOCK * 512,
+                                    cache_capacity_bytes=4 * BLOCK * 512, cache_blocks=4,
+                                    written_tokens=128, input_tokens=128, cached_tokens=0,
+                                    requests_served=2, evictions=4, expirations=0)
+        await runtime.close()
+    run_bounded(scenario(), 30, "evictions in the stats")
