@@ -255,3 +255,25 @@ def test_stats_count_what_a_full_store_evicted():
                                     requests_served=2, evictions=4, expirations=0)
         await runtime.close()
     run_bounded(scenario(), 30, "evictions in the stats")
+
+
+def test_two_engines_on_one_thread_step_while_either_is_busy_and_may_share_request_ids():
+    async def scenario():
+        runtime = await _runtime([])
+        await answer(runtime, runtime.open("w1", str(tiny_model()),
+                                           EngineConfig(block_size=BLOCK, max_batch=4)), "open w1")
+        start = time.monotonic()
+        items = await to_the_end(runtime, runtime.run("w0", _request("a", (5, 6, 7), 200)), "a")
+        took = time.monotonic() - start
+        assert len(items) == 201   # w1 idle all along: the thread still steps w0 at once
+        assert took < 200 * IDLE_WAIT_S, f"200 steps took {took:.1f} s beside an idle engine"
+        # the same request id on both workers: each run ends with its own result
+        runs = [runtime.run(w, _request("dup", (9, 10, 11), 5)) for w in ("w0", "w1")]
+        done = await asyncio.gather(*(to_the_end(runtime, r, f"dup on {w}", w)
+                                      for r, w in zip(runs, ("w0", "w1"))))
+        assert [len(d) for d in done] == [6, 6]
+        assert all(isinstance(d[-1], Finished) for d in done)
+        served = [(await answer(runtime, runtime.stats(w), w)).requests_served for w in ("w0", "w1")]
+        assert served == [2, 1]
+        await runtime.close()
+    run_bounded(scenario(), 30, "two engines on one thread")
