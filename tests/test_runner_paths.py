@@ -7,6 +7,7 @@ Every wait is bounded in wall-clock time (``tests.bounded``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,8 @@ import pytest
 from cluster.backend.local import LocalBackend
 from cluster.backend.protocol import GenerateOutcome, NoWorkerAvailable, TokenChunk
 from cluster.jobs.runner import JobRunner, RunnerLimits, dispatch, dispatch_stream, result_of
-from cluster.jobs.store import PAGE_ROWS, JobState, JobStore, NewRequest, StagedRequest
+from cluster.jobs.store import (PAGE_ROWS, JobNotFound, JobState, JobStore, NewRequest,
+                                StagedRequest)
 from cluster.telemetry import attrs as A
 from cluster.telemetry.job_tracing import JobTracing
 from cluster.telemetry.observe import RequestObserver, ServedCache
@@ -150,13 +152,20 @@ def test_cancelling_a_running_job_stops_its_requests_and_releases_its_count(tmp_
                                                          for i in range(4)]))
         runner.launch(job)
         await wait_until(lambda: runner.slots_in_use() == {"acme": 2}, "2 requests running")
+        with pytest.raises(JobNotFound, match=f"^job_id: no job '{job.job_id}'$"):
+            runner.cancel(job.job_id, "bravo")    # another tenant's job: not theirs to cancel
+        assert runner.slots_in_use() == {"acme": 2}
         changed = asyncio.ensure_future(runner.wait_changed(10.0))
         await asyncio.sleep(0)
         cancelled = runner.cancel(job.job_id, "acme")
         assert (cancelled.state, cancelled.cancelled) == (JobState.CANCELLED, 4)
         assert runner.pending() == {"bravo": 1}
         await asyncio.wait_for(changed, 1.0)   # the cancel woke whoever waits for progress
-        await wait_until(lambda: runner.slots_in_use() == {}, "the slots to come back")
+        await asyncio.sleep(0.5)
+        assert runner.slots_in_use() == {}, "the cancelled requests still run 0.5 s later"
+        queued = store.create_job("bravo", "tiny", _staged(([1, 2], 1)))  # never launched
+        assert runner.cancel(queued.job_id, "bravo").cancelled == 1
+        assert runner.pending() == {}
         busy = await backend.runtime.call("local-0", lambda engine: engine.busy)
         assert busy is False and store.results(job.job_id) == []
         await runner.close()
@@ -172,7 +181,10 @@ def test_waiting_for_progress_returns_after_its_timeout_when_nothing_moves(tmp_p
         runner = _runner(store, None)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        await runner.wait_changed(0.2)
+        try:
+            await asyncio.wait_for(runner.wait_changed(0.2), 2.0)
+        except TimeoutError:
+            raise AssertionError("wait_changed(0.2) still waits after 2 s") from None
         assert 0.2 <= loop.time() - start < 1.0
         await runner.close()
         store.close()
@@ -205,12 +217,16 @@ def test_a_job_longer_than_a_page_runs_every_request_once(tmp_path):
 
 
 class BrokenBackend(LocalBackend):
-    """The in-process backend with a bug for one request id."""
+    """The in-process backend with a bug for one request id, and an outcome without a result
+    for another."""
 
     async def generate(self, request, block_hashes):
         if request.request_id.endswith("-1"):
             raise KeyError("boom")
-        return await super().generate(request, block_hashes)
+        outcome = await super().generate(request, block_hashes)
+        if request.request_id.endswith("-3"):
+            return dataclasses.replace(outcome, result=None)
+        return outcome
 
 
 def test_a_backend_bug_and_a_refused_request_are_recorded_with_their_status(tmp_path):
@@ -219,14 +235,17 @@ def test_a_backend_bug_and_a_refused_request_are_recorded_with_their_status(tmp_
         await backend.start()
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
         runner = _runner(store, backend)
-        runner.admit("acme", 3)
-        job = store.create_job("acme", "tiny", _staged(([1, 2], 1), ([3, 4], 1), ([10**9], 1)))
+        runner.admit("acme", 4)
+        job = store.create_job("acme", "tiny", _staged(([1, 2], 1), ([3, 4], 1), ([10**9], 1),
+                                                       ([5, 6], 1)))
         runner.launch(job)
         await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
                          "the job to finish")
-        ok, bug, refused = sorted(store.results(job.job_id), key=lambda r: r.index)
-        assert (ok.ok, bug.ok, refused.ok) == (True, False, False)
+        ok, bug, refused, empty = sorted(store.results(job.job_id), key=lambda r: r.index)
+        assert (ok.ok, bug.ok, refused.ok, empty.ok) == (True, False, False, False)
         assert (bug.error_code, bug.error_message) == ("INTERNAL", "KeyError: 'boom'")
+        assert empty.error_code == "INTERNAL"   # the result could not be built: still recorded
+        assert empty.error_message.startswith("AttributeError: 'NoneType' object has no attribute")
         assert refused.error_code == "INVALID_ARGUMENT"
         assert refused.error_message == (
             f"request {job.job_id}-2: token id 1000000000 is outside the vocabulary [0, 32000); "

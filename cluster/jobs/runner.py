@@ -25,7 +25,9 @@ the store, so a restarted frontend resumes where it stopped: requests without a 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
 ``NoWorkerAvailable`` is retried with backoff until the request's deadline, then recorded as
 ``UNAVAILABLE``; a deadline as ``DEADLINE_EXCEEDED``; a ``ValueError`` as ``INVALID_ARGUMENT``,
-and so does a request that ``prepare`` finds invalid (a prompt over the context).
+and so does a request that ``prepare`` finds invalid (a prompt over the context); any other
+exception, from the backend or from building the result, as ``INTERNAL``: every request gets
+a result, so every job ends.
 """
 from __future__ import annotations
 
@@ -281,8 +283,12 @@ class JobRunner:
         if isinstance(ready, ValueError):
             result = error_of(stored, "INVALID_ARGUMENT", str(ready))
         else:
-            result = await self._execute(tenant, PendingRequest(
-                stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
+            try:
+                result = await self._execute(tenant, PendingRequest(
+                    stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
+            except Exception as exc:  # a bug past the backend call: recorded, so the job ends
+                log.exception("request %s: no result could be built", stored.request_id)
+                result = error_of(stored, "INTERNAL", f"{type(exc).__name__}: {exc}")
         if self._store.record_result(stored.job_id, result) is not None:
             self.release(tenant, 1)
         self._notify()
