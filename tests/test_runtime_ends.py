@@ -7,6 +7,7 @@ end the thread; every run in flight, every call waiting and every later command 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -70,3 +71,16 @@ def test_a_closed_runtime_fails_its_runs_in_flight_and_refuses_what_comes_after(
             await anext(runtime.run("w0", _request("later", (1, 2, 3), 2)))
         await runtime.close()   # a second close returns at once
     run_bounded(scenario(), 30, "a closed runtime")
+
+
+def test_the_engine_thread_is_a_named_daemon_that_lives_until_close():
+    async def scenario():
+        runtime, named = EngineRuntime(), EngineRuntime(name="engine-w7")
+        await asyncio.sleep(0.1)
+        threads = {t.name: t for t in threading.enumerate()}
+        for name in ("orchard-engines", "engine-w7"):   # a daemon: never holds up an exit
+            assert threads[name].is_alive() and threads[name].daemon is True, name
+        await runtime.close()
+        await named.close()
+        assert not threads["engine-w7"].is_alive() and not threads["orchard-engines"].is_alive()
+    run_bounded(scenario(), 30, "the engine thread")
