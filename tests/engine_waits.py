@@ -61,7 +61,7 @@ async def take(runtime: EngineRuntime, run: AsyncIterator[T], n: int | None, wha
     while n is None or len(items) < n:
         item = asyncio.ensure_future(anext(run))
         while not (await asyncio.wait({item}, timeout=POLL_S))[0]:
-            if await _idle(runtime, worker_id):
+            if await idle(runtime, worker_id):
                 await settle()
                 if not item.done():
                     item.cancel()
@@ -74,7 +74,8 @@ async def take(runtime: EngineRuntime, run: AsyncIterator[T], n: int | None, wha
     return items
 
 
-async def _idle(runtime: EngineRuntime, worker_id: str) -> bool:
+async def idle(runtime: EngineRuntime, worker_id: str) -> bool:
+    """Whether the engine has nothing to step (or is gone): no more items will come."""
     try:
         return await answer(runtime, runtime.call(worker_id, lambda engine: not engine.busy),
                             "is the engine idle")

@@ -13,6 +13,7 @@ import pytest
 
 from router.key import Namespace
 from tests.bounded import run_bounded
+from tests.engine_waits import to_the_end
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
@@ -84,3 +85,15 @@ def test_the_engine_thread_is_a_named_daemon_that_lives_until_close():
         await named.close()
         assert not threads["engine-w7"].is_alive() and not threads["orchard-engines"].is_alive()
     run_bounded(scenario(), 30, "the engine thread")
+
+
+def test_a_request_the_engine_cannot_even_read_fails_alone():
+    async def scenario():
+        runtime = await _opened(EngineRuntime())
+        broken = GenerateRequest("broken", Namespace("t", "tiny"), (1, 2, 3), None)
+        with pytest.raises(AttributeError, match="sampling"):
+            await to_the_end(runtime, runtime.run("w0", broken), "a request without sampling")
+        done = await to_the_end(runtime, runtime.run("w0", _request("next", (1, 2, 3), 2)), "next")
+        assert len(done) == 3   # the engine thread lives on
+        await runtime.close()
+    run_bounded(scenario(), 30, "a request the engine cannot read")

@@ -321,7 +321,7 @@ class EngineRuntime:
             return
         try:
             slot.engine.submit(command.request)
-        except ValueError as exc:
+        except Exception as exc:  # refused (ValueError), or a bug: this run fails, not the thread
             command.sink(exc)
             return
         rid = command.request.request_id
