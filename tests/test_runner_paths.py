@@ -304,3 +304,55 @@ def test_what_the_runner_hands_the_frontend(tmp_path):
         store.close()
 
     run_bounded(scenario(), 30, "the runner's accessors")
+
+
+class RecordingBackend(BrokenBackend):
+    """The broken backend, keeping every request it is handed."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[GenerateRequest] = []
+
+    async def generate(self, request, block_hashes):
+        self.requests.append(request)
+        return await super().generate(request, block_hashes)
+
+
+def test_each_request_is_traced_with_its_names_and_sent_as_a_batch_request(tmp_path, caplog):
+    async def scenario() -> str:
+        tel, exporter, _ = in_memory(tmp_path)
+        tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                             ServedCache("tiny", BLOCK, 300.0, 10_000)))
+        tracing.chat_opening = (1, 2)   # a prompt that opens so is a chat
+        backend = RecordingBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
+        await backend.start()
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+        runner = _runner(store, backend, tracing=tracing)
+        runner.admit("acme", 2)
+        bodies = [json.dumps({"prompt": p, "max_tokens": n}).encode()
+                  for p, n in (([1, 2, 3], 2), ([4, 5], 3))]
+        job = store.create_job("acme", "tiny", [StagedRequest(0, "chat-7-t4", b"", bodies[0]),
+                                                StagedRequest(1, "c1-turn-2", b"", bodies[1])])
+        runner.launch(job)
+        await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
+                         "the job to finish")
+        assert [(r.request_id, r.batch) for r in backend.requests] == [
+            (f"{job.job_id}-0", True), (f"{job.job_id}-1", True)]
+        assert all(dict(r.trace_context).get("traceparent") for r in backend.requests)
+        spans = {s.attributes.get(A.REQUEST_ID): s for s in exporter.get_finished_spans()}
+        ok, failed = spans[f"{job.job_id}-0"], spans[f"{job.job_id}-1"]
+        assert [(s.attributes[A.JOB_ID], s.attributes[A.GEN_AI_CONVERSATION], s.attributes[A.TURN],
+                 s.attributes[A.GEN_AI_REQUEST_MAX_TOKENS], s.attributes[A.GEN_AI_OPERATION])
+                for s in (ok, failed)] == [(job.job_id, "chat-7", 4, 2, "chat"),
+                                           (job.job_id, "c1", 2, 3, "text_completion")]
+        assert A.ERROR_TYPE not in ok.attributes and ok.status.status_code.name == "UNSET"
+        assert (failed.attributes[A.ERROR_TYPE], failed.status.description) == (
+            "INTERNAL", "INTERNAL: KeyError: 'boom'")
+        await runner.close()
+        await backend.close()
+        store.close()
+        return job.job_id
+
+    job_id = run_bounded(scenario(), 30, "a job's traces")
+    assert [r.getMessage() for r in caplog.records if r.name == "cluster.jobs.runner"] == [
+        f"request {job_id}-1 failed"]
