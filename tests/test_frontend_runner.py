@@ -29,6 +29,8 @@ def test_admit_limits_per_tenant_and_in_total(tmp_path):
     assert runner.pending() == {"a": 3, "b": 3}
     with pytest.raises(RuntimeError, match=r"^pending count for 'b' went negative \(-1\)$"):
         runner.release("b", 4)
+    runner.release("z", 0)        # nothing pending, nothing released: no count appears
+    assert runner.pending() == {"a": 3, "b": 3}
     with pytest.raises(RuntimeError, match=r"^pending count for 'z' went negative \(-1\)$"):
         runner.release("z", 1)
     store.close()

@@ -152,6 +152,8 @@ def test_cancelling_a_running_job_stops_its_requests_and_releases_its_count(tmp_
                                                          for i in range(4)]))
         runner.launch(job)
         await wait_until(lambda: runner.slots_in_use() == {"acme": 2}, "2 requests running")
+        assert store.get_job(job.job_id).state is JobState.RUNNING
+        assert job.job_id in {t.get_name() for t in asyncio.all_tasks()}  # the job's own task
         with pytest.raises(JobNotFound, match=f"^job_id: no job '{job.job_id}'$"):
             runner.cancel(job.job_id, "bravo")    # another tenant's job: not theirs to cancel
         assert runner.slots_in_use() == {"acme": 2}
@@ -346,6 +348,9 @@ def test_each_request_is_traced_with_its_names_and_sent_as_a_batch_request(tmp_p
                 for s in (ok, failed)] == [(job.job_id, "chat-7", 4, 2, "chat"),
                                            (job.job_id, "c1", 2, 3, "text_completion")]
         assert A.ERROR_TYPE not in ok.attributes and ok.status.status_code.name == "UNSET"
+        stored = min(store.results(job.job_id), key=lambda r: r.index)  # cost and miss, stored
+        assert (stored.ok, stored.miss_cause) == (True, "shorter_than_block")  # 3 tokens
+        assert stored.measured_multiplier is not None
         assert (failed.attributes[A.ERROR_TYPE], failed.status.description) == (
             "INTERNAL", "INTERNAL: KeyError: 'boom'")
         await runner.close()
