@@ -9,11 +9,13 @@ import shutil
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
 from router.key import Namespace
 from tests.conftest import Clock
 from tests.forged_models import tiny_model
 from workers.engine import Engine, EngineConfig, RequestFailed
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, SamplingParams
+from workers.model_dir import open_model_dir
 
 BS = 16
 
@@ -48,12 +50,15 @@ def test_second_request_reuses_the_prefix_and_gives_the_same_tokens(engine):
     cold = run_one(engine, req(engine, prompt))
     assert (cold.input_tokens, cold.cached_tokens, cold.computed_tokens) == (110, 0, 110)
     assert cold.lookup.outcome == LookupOutcome.MISS
-    # prefill wrote 6 blocks (109 tokens in the cache); the finish, with 110 + 5 output tokens
+    # prefill wrote 6 blocks (110 tokens in the cache); the finish, with 110 + 5 output tokens
     # in the cache, added the 7th block that the output completed
     assert cold.written_tokens == 112
     warm = run_one(engine, req(engine, prompt))
     assert warm.lookup.outcome == LookupOutcome.HIT
-    assert (warm.cached_tokens, warm.computed_tokens, warm.written_tokens) == (96, 14, 0)
+    # the store matches 6 blocks; the kept cache of the first request gives the partial 7th
+    # block up to the prompt's last token, which is always computed
+    assert (warm.lookup.matched_tokens, warm.lookup.kept_tokens) == (96, 13)
+    assert (warm.cached_tokens, warm.computed_tokens, warm.written_tokens) == (109, 1, 0)
     assert warm.output_tokens == cold.output_tokens
     assert warm.finish_reason == "length" and len(warm.output_tokens) == 6
     assert warm.ttft_s > 0 and warm.tpot_s > 0
@@ -68,7 +73,8 @@ def test_uncached_engine_agrees(engine):
     run_one(engine, req(engine, prompt))
     a = run_one(engine, req(engine, prompt + [5, 6, 7]))
     b = run_one(plain, req(plain, prompt + [5, 6, 7]))
-    assert a.cached_tokens == 64 and b.cached_tokens == 0
+    # the store's 4 blocks and, from the first request's kept cache, the rest of its prompt
+    assert (a.lookup.matched_tokens, a.cached_tokens, b.cached_tokens) == (64, 70, 0)
     assert a.output_tokens == b.output_tokens
 
 
@@ -173,14 +179,17 @@ def test_ttl_events_and_invalidation_through_the_engine():
     assert len(events) == first.written_tokens // BS
     assert {h.block for h in eng.store.holdings()} == {e.block for e in events}
     clock.now = 20
-    assert run_one(eng, req(eng, prompt)).cached_tokens == 32
+    again = run_one(eng, req(eng, prompt))  # 2 blocks, and the kept tail up to the last token
+    assert (again.lookup.matched_tokens, again.cached_tokens) == (32, 39)
     clock.now = 55  # 35 s after the last use
     expired = run_one(eng, req(eng, prompt))
     assert expired.cached_tokens == 0 and expired.lookup.outcome == LookupOutcome.MISS
     assert eng.store.stats().ledger.expirations == len(events)
     near = run_one(eng, req(eng, prompt[:20] + [7] + prompt[21:]))
     assert near.lookup.outcome == LookupOutcome.NEAR_MISS
-    assert near.lookup.line() == "common=20 of 40" and near.cached_tokens == 16
+    # the store's first block, and the kept cache up to where the prompts part
+    assert near.lookup.line() == "common=20 of 40" and near.lookup.matched_tokens == 16
+    assert near.cached_tokens == 20
     # the prefix's block and both children below it: the prompt's own and the near miss's
     assert eng.store.invalidate_prefix(eng.namespace("t"), prompt[:16]) == 3
     assert run_one(eng, req(eng, prompt)).cached_tokens == 0
@@ -267,8 +276,38 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs():
         runs.append(deltas)
     assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
     assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
-    # 99 body tokens in chunks of 16: the 7th step runs the last 3 and the final token
+    # 100 tokens in chunks of 16: the 7th step runs the last 4 and gives the first token
     assert steps[:7] == [0, 0, 0, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_the_vocabulary_projection_of_the_body_is_the_models_output(arch):
+    loaded = open_model_dir(tiny_model(arch))
+    tokens = mx.array([prompt_of(12, seed=70)])
+    whole = loaded.model(tokens)
+    assert loaded.head is not None
+    assert float(mx.abs(loaded.head(loaded.body(tokens)) - whole).max()) == 0.0
+    # an architecture not known to end at the projection: no head, the whole model instead
+    other = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
+    assert other.head is None
+
+
+@pytest.mark.parametrize("budget", [512, 16])
+def test_a_last_token_in_the_chunk_and_one_on_its_own_give_the_same_tokens(budget):
+    loaded = open_model_dir(tiny_model("llama"))
+    apart = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
+    config = EngineConfig(block_size=BS, prefill_budget=budget)
+    runs = []
+    for model in (loaded, apart):
+        eng = Engine(model, config, Clock(), lambda: 0)
+        eng.submit(req(eng, prompt_of(100, seed=71), max_tokens=6))
+        deltas = []
+        while eng.busy:
+            deltas += eng.step().deltas
+        runs.append(deltas)
+    assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
+    assert len(runs[0]) == 6
+    assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
 
 
 def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills():
@@ -289,7 +328,7 @@ def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills():
         per_step.append({d.request_id for d in out.deltas})
         if long.request_id in per_step[-1]:
             break
-    # 299 body tokens, 4 then 16 a step: 20 steps, and the running pair decodes in every one
+    # 300 tokens, 4 then 16 a step: 20 steps, and the running pair decodes in every one
     assert len(per_step) == 20
     assert all({r.request_id for r in short} <= got for got in per_step)
     while eng.busy:
@@ -318,7 +357,7 @@ def test_only_interactive_decodes_bound_the_prefill_of_a_long_prompt(batch, step
         taken += 1
         if long.request_id in {d.request_id for d in eng.step().deltas}:
             break
-    # 299 body tokens: 18 x 16 + 11 (and the last token) in 19 steps, or 74 x 4 + 3 in 75
+    # 300 tokens: 18 x 16 + 12 in 19 steps, or 75 x 4 in 75
     assert taken == steps
     for r in running:
         eng.abort(r.request_id)

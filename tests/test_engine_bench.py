@@ -58,3 +58,25 @@ def test_bench_vs_mlx_lm_json_keys(capsys):
     assert out["targets"] == {"warm_ttft": 0.9, "cold_ttft": 1.05, "batch_wall": 0.8}
     assert out["cold_ttft_ratio"] == out["turns"][0]["ttft_orchard_s"] / out["turns"][0][
         "ttft_mlx_lm_s"]
+
+
+def test_the_batch_sends_every_turn_of_every_chat_turn_by_turn():
+    from cluster.bench.vs_mlx_lm import Workload, batch_requests
+
+    w = Workload(system_words=5, user_words=3, reply_tokens=4, chats=3, history=2)
+    first, second = batch_requests(w, 0), batch_requests(w, 1)
+    assert len(first) == 9
+    # turn-major: three first turns, then three second turns, then three third turns
+    assert [len(m) for m in first] == [2, 2, 2, 4, 4, 4, 6, 6, 6]
+    for chat in range(3):
+        turns = first[chat::3]
+        for k in range(2):  # turn k + 1 is turn k, a reply of 2 words and a new question
+            assert turns[k + 1][:len(turns[k])] == turns[k]
+            assert turns[k + 1][len(turns[k])]["role"] == "assistant"
+            assert len(turns[k + 1][len(turns[k])]["content"].split()) == 2
+    # chats take the 2 system prompts in turn
+    assert first[0][0] != first[1][0] and first[2][0] == first[0][0]
+    assert first[0][1]["content"].startswith("round 0: ")
+    assert second[0][1]["content"] == "round 1: " + first[0][1]["content"][len("round 0: "):]
+    assert [m[0] for m in second] == [m[0] for m in first]  # the system prompts stay shared
+    assert second[3][2:] == first[3][2:]

@@ -73,7 +73,7 @@ def test_same_prompt_through_http_and_grpc_gives_the_same_tokens_and_cached_coun
     assert http.usage.prompt_tokens == first.usage.prompt_tokens
     cached = http.usage.prompt_tokens_details.cached_tokens
     assert cached == again.usage.cached_tokens
-    assert cached == (first.usage.prompt_tokens - 1) // 16 * 16  # every full block but the last
+    assert cached == first.usage.prompt_tokens - 1  # all but the last token: kept, then taken
     assert http.choices[0].finish_reason == "length" and http.object == "chat.completion"
 
 
@@ -90,9 +90,8 @@ def test_streamed_chat_with_usage_matches_the_unstreamed_answer(acme, model):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
-    prompt_tokens = whole.usage.prompt_tokens  # the same prompt, again: every full block
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == min(
-        prompt_tokens // 16 * 16, prompt_tokens - 1)
+    prompt_tokens = whole.usage.prompt_tokens  # the same prompt, again: all but its last token
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == prompt_tokens - 1
     assert all(c.usage is None for c in chunks[:-1])
 
 

@@ -35,14 +35,38 @@ def test_take_hands_over_the_cache_cut_to_the_matched_tokens():
     assert kept.take("a", list(range(8)) + [99, 98], 9) is None  # token 8 differs
     assert kept.take("b", list(range(12)), 8) is None            # another namespace
     assert kept.take("a", list(range(12)), 11) is None           # holds only 10 tokens
-    got = kept.take("a", list(range(12)), 8)
-    assert [c.offset for c in got] == [8, 8]
+    got, held = kept.take("a", list(range(12)), 8)
+    assert held == 8 and [c.offset for c in got] == [8, 8]
     assert got[0].keys.shape == (1, HEADS, 10, DIM)  # the buffer, extended in place later
     keys, _ = got[0].update_and_fetch(mx.zeros((1, HEADS, 3, DIM)), mx.zeros((1, HEADS, 3, DIM)))
     assert keys.shape == (1, HEADS, 11, DIM)
     assert keys[0, 0, :, 0].tolist() == [3.0] * 8 + [0.0] * 3
     assert kept.take("a", list(range(12)), 8) is None  # handed over, not shared
     assert kept.stats() == KeptStats(0, 0, 1 << 20, 1, 0)
+
+
+def test_the_tail_past_the_stores_match_is_taken_only_within_the_next_block():
+    kept = KeptCaches(1 << 20)
+    tokens = list(range(40))
+    # parts from the prompt 5 tokens past a 16-token match: the tail of 5 comes along
+    kept.keep("a", tokens, _cache(40))
+    got, held = kept.take("a", tokens[:21] + [99] * 10, 16, block_size=16)
+    assert held == 21 and [c.offset for c in got] == [21, 21]
+    # a whole block past the match still in common: the store lacks a block it holds
+    kept.keep("a", tokens, _cache(40))
+    assert kept.take("a", tokens[:32] + [99], 16, block_size=16)[1] == 16
+    # 15 past the match (one short of a block): taken
+    kept.keep("a", tokens, _cache(40))
+    assert kept.take("a", tokens[:31] + [99], 16, block_size=16)[1] == 31
+    # the prompt's last token is always computed, even when the kept cache holds it
+    kept.keep("a", tokens, _cache(40))
+    assert kept.take("a", tokens[:20], 16, block_size=16)[1] == 19
+    # the kept cache ends inside the tail: all of it
+    kept.keep("a", tokens[:18], _cache(18))
+    assert kept.take("a", tokens[:30], 16, block_size=16)[1] == 18
+    # block size 1 (the default): exactly the store's match
+    kept.keep("a", tokens, _cache(40))
+    assert kept.take("a", tokens[:30], 16)[1] == 16
 
 
 def test_a_later_turn_supersedes_the_older_one_and_eviction_goes_oldest_first():
@@ -95,8 +119,9 @@ def test_next_turns_extend_the_kept_cache_and_compute_what_a_join_does():
     joined = Engine.open(model, EngineConfig(block_size=BS, kept_bytes=0))
     plain = Engine.open(model, EngineConfig(block_size=BS, use_store=False))
     got, join, ref = _turns(kept, prompts), _turns(joined, prompts), _turns(plain, prompts)
-    # prompts of 40, 53, 74 and 83 tokens: the full blocks of the previous prompt are matched
-    assert [c for _, _, c in got] == [0, 32, 48, 64]
+    # prompts of 40, 53, 74 and 83 tokens: the store matches the full blocks of the previous
+    # prompt; the kept cache also gives the previous prompt's partial last block
+    assert [c for _, _, c in got] == [0, 40, 53, 74]
     assert [c for _, _, c in join] == [0, 32, 48, 64]
     stats = kept.kept_stats()
     assert (stats.taken, stats.entries) == (3, 1)  # turns 2-4 took the previous turn's cache

@@ -48,11 +48,15 @@ def test_miss_then_hit(cluster):
     hit, route = trace_of(exporter, "b")
     assert A.MISS_CAUSE not in hit["request"]
     assert hit["lookup"][A.CACHE_OUTCOME] == "hit" and hit["lookup"][A.CACHE_MATCHED] == 64
+    # past the store's 4 blocks, a's kept cache gives the prompt but its last token
+    assert hit["lookup"][A.CACHE_KEPT_TOKENS] == 5
     assert hit["request"][A.GEN_AI_INPUT_TOKENS] == 70
-    assert hit["request"][A.GEN_AI_CACHE_READ] == 64
-    assert hit["prefill"][A.PREFILL_TOKENS] == 6
-    assert hit["request"][A.COST_MEASURED_M] == pytest.approx((6 + 0.1 * 64) / 70)
-    assert hit["request"][A.COST_FORECAST_ERROR] == pytest.approx(0.0)
+    assert hit["request"][A.GEN_AI_CACHE_READ] == 69
+    assert hit["prefill"][A.PREFILL_TOKENS] == 1
+    assert hit["request"][A.COST_MEASURED_M] == pytest.approx((1 + 0.1 * 69) / 70)
+    # the router forecast the store's blocks only: 64 cached, 6 computed
+    assert hit["request"][A.COST_FORECAST_ERROR] == pytest.approx(
+        (6 + 0.1 * 64) / 70 - (1 + 0.1 * 69) / 70)
     assert route.attributes[A.ROUTE_REASON] == "prefix_match"
     assert route.attributes[A.ROUTE_EXPECTED_CACHED] == 64
     assert {e.attributes[A.CANDIDATE_WORKER] for e in route.events} == {"w0", "w1"}

@@ -7,7 +7,8 @@ One real worker (a tiny forged model) with a memory tier of 6 blocks and a disk 
     B   70 tokens   miss: b0..b3 stored; memory is full, a3 and a2 go to disk
     A'  A[:64] + 40 new tokens: a0 a1 from memory, a2 a3 from disk, 2 new blocks computed;
                     promoting a2 a3 and storing a4 a5 pushes b0..b3 out to disk
-    B   again       all 64 reusable tokens from disk
+    B   again       all 64 tokens of the store's blocks from disk, the rest but the last
+                    token from B's kept cache
 """
 import random
 
@@ -73,11 +74,13 @@ def test_spans_and_attribution_name_the_tier_that_served(tiered):
     assert tiers_of(seen["request"]) == tiers_of(seen["lookup"]) == ("memory+disk", 32, 32)
     assert seen["request"][A.MISS_SERVED] == "memory+disk"
 
-    # B again: a hit, every reusable token read back from disk
-    assert again.observed.miss is None and again.observed.served is ServedTier.DISK
+    # B again: a hit, every block the store matched read back from disk; past them, B's kept
+    # cache (memory) gives the prompt but its last token
+    assert again.observed.miss is None and again.observed.served is ServedTier.BOTH
     seen = request_span(exporter, "b-again")
-    assert tiers_of(seen["request"]) == tiers_of(seen["lookup"]) == ("disk", 0, 64)
-    assert seen["request"][A.GEN_AI_CACHE_READ] == 64 and A.MISS_SERVED not in seen["request"]
+    assert tiers_of(seen["lookup"]) == ("disk", 0, 64) and seen["lookup"][A.CACHE_KEPT_TOKENS] == 5
+    assert tiers_of(seen["request"]) == ("memory+disk", 5, 64)
+    assert seen["request"][A.GEN_AI_CACHE_READ] == 69 and A.MISS_SERVED not in seen["request"]
 
 
 def test_the_forecast_mirror_keeps_both_tiers_as_the_store_does(tiered):

@@ -43,11 +43,11 @@ def test_verify_catches_a_wrong_reuse(monkeypatch, capsys):
 def test_verify_catches_a_wrong_kept_cache(monkeypatch, capsys):
     take = KeptCaches.take
 
-    def off_by_a_little(self, namespace, prompt, tokens):
-        cache = take(self, namespace, prompt, tokens)
-        for c in cache or ():
+    def off_by_a_little(self, namespace, prompt, tokens, block_size=1):
+        taken = take(self, namespace, prompt, tokens, block_size)
+        for c in taken[0] if taken else ():
             c.keys = c.keys + 1e-2
-        return cache
+        return taken
 
     monkeypatch.setattr(KeptCaches, "take", off_by_a_little)
     assert main(["verify", "--model", str(tiny_model("llama")), "--json"]) == 1

@@ -1,7 +1,7 @@
 """The disk tier of a worker's prefix store: blocks evicted from memory, kept in files.
 
 ``DiskTier`` owns one directory (one per worker, held with an exclusive ``flock`` on
-``.lock``: a second worker pointed at it is refused) and a ``BlockLedger`` of its own, with its
+``.lock`` by ``workers.disk_lock``: a second worker pointed at it is refused) and a ``BlockLedger`` of its own, with its
 own byte budget, the same eviction policy and the same TTL as the memory tier. Files are
 written behind the engine's back by ``workers.disk_writer``; the format is
 ``workers.disk_files``.
@@ -15,8 +15,9 @@ Rules:
   its token ids against the prompt's). A file that fails is deleted, counted (``corrupt``)
   and its subtree forgotten; the lookup stops before it and the engine recomputes.
 - **Restart keeps the cache.** Opening a directory that holds blocks indexes their headers:
-  leftover ``.tmp`` files (a kill during a write) and files whose size disagrees with their
-  header are deleted and counted (``torn``), blocks of another model or weights revision
+  leftover ``.tmp`` files (a kill during a write), files whose size disagrees with their
+  header and blocks whose parent chain loops (hashing never makes one) are deleted and
+  counted (``torn``), blocks of another model or weights revision
   (another namespace, never servable here) are deleted and counted (``foreign``), blocks
   unused for ``ttl_s`` (by file mtime, which a hit refreshes) are deleted (``expired``), and
   the newest that fit the budget are restored. Restored blocks are announced like new ones:
@@ -36,7 +37,6 @@ Rules:
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import time
@@ -50,20 +50,16 @@ from router.key import BlockHash
 from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, LedgerStats, RemovalReason
 from workers.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, CorruptBlock,
                                 block_path, decode_block, read_header)
+from workers.disk_lock import DiskDirError, lock_directory  # noqa: F401  (raised from here)
 from workers.disk_writer import DiskWriter, PendingBlock
 from workers.kv_quant import KVCodec
 from workers.rates import moving_average
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".lock"
 READ_THREADS = 4  # parallel file reads: one SSD queue is not enough to reach its bandwidth
 FULL_RECHECK_S = 5.0  # a full tier looks at the free space at most this often
 RESUME_BLOCKS = 8     # ... and writes again once this many blocks fit
-
-
-class DiskDirError(ValueError):
-    """The disk tier's directory cannot be used (not writable, or another worker holds it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +84,7 @@ class DiskStats:
     read_blocks: int
     read_bytes: int
     read_s: float          # summed over reader threads
+    prefetched: int        # block reads started by prefetch, ahead of their lookup
     corrupt: int           # files that failed verification on read: deleted, never served
     failed_writes: int
     full: bool
@@ -116,13 +113,14 @@ class DiskTier:
         self.model, self.revision = model, revision
         self._wall = wall_clock
         self._clock = clock
-        self._lock_fd = _lock(self.directory)
+        self._lock_fd = lock_directory(self.directory)
         self.ledger = BlockLedger(capacity_bytes, ttl_s, clock, bytes_per_token, policy=eviction,
                                   on_remove=self._removed, tier=Tier.DISK)
         self._tokens: dict[BlockHash, bytes] = {}  # token ids per block, for near misses
         self._reads: dict[BlockHash, Future] = {}
         self._read_counts = [0, 0, 0.0]  # blocks, bytes, seconds
         self._read_rate: float | None = None  # bytes/s, moving average over lookups
+        self._prefetched = 0
         self._corrupt = 0
         self._skipped_full = 0
         self._checked_at = 0.0  # while full: when the free space was last looked at
@@ -149,7 +147,7 @@ class DiskTier:
         w = self._writer.counts
         return DiskStats(self.ledger.stats(), self.start, w.written_blocks, w.written_bytes,
                          w.write_s, w.batches, self._read_counts[0], self._read_counts[1],
-                         self._read_counts[2], self._corrupt, w.failed, self._writer.full,
+                         self._read_counts[2], self._prefetched, self._corrupt, w.failed, self._writer.full,
                          self._skipped_full, self._writer.pending_count())
 
     def drain_events(self) -> list[BlockEvent]:
@@ -173,7 +171,11 @@ class DiskTier:
             self._skipped_full += 1
             return False
         self.ledger.expire()  # before reading the chain: insert would expire its head
-        chain = self.ledger.chain_to(record.parent) + [h]
+        ancestors = self.ledger.chain_to(record.parent)
+        if record.parent == h or (ancestors and self.ledger.parent(ancestors[0]) == h):
+            raise RuntimeError(f"disk tier {self.directory}: block {h:032x} would be its own "
+                               "ancestor (a broken hash chain); it was not spilled")
+        chain = ancestors + [h]
         stored = self.ledger.insert(chain, len(record.tokens), record.namespace, record.parent)
         if h not in stored:
             return False
@@ -182,29 +184,41 @@ class DiskTier:
         return True
 
     def flush(self) -> None:
-        """Wait until every queued write is on disk (benchmarks, tests, shutdown)."""
-        self._writer.flush()
-        self._reap()
+        """Wait until every queued write is on disk (benchmarks, tests, shutdown);
+        ``WriterStopped`` if the writer stopped on an error (its blocks are forgotten)."""
+        try:
+            self._writer.flush()
+        finally:
+            self._reap()
 
     def close(self) -> None:
+        """Finish reads and writes; the directory is released even if ``WriterStopped``."""
         self._pool.shutdown(wait=True)
-        self._writer.close()
-        self._reap()
-        os.close(self._lock_fd)  # releases the flock
+        try:
+            self._writer.close()
+        finally:
+            self._reap()
+            os.close(self._lock_fd)  # releases the flock
 
     # ---- reads ---------------------------------------------------------------------------
 
     def prefetch(self, blocks: Sequence[BlockHash]) -> None:
         """Start reading ``blocks`` (held here, not pending) on the reader threads."""
+        self._prefetched += self._start_reads(blocks)
+
+    def _start_reads(self, blocks: Sequence[BlockHash]) -> int:
+        started = 0
         for h in blocks:
             if h in self.ledger and h not in self._reads and self._writer.pending(h) is None:
                 self._reads[h] = self._pool.submit(self._read_file, block_path(self.directory, h))
+                started += 1
+        return started
 
     def load(self, chain: Sequence[BlockHash], tokens: Sequence[tuple[int, ...]]) -> list[BlockData]:
         """The verified blocks of ``chain`` (each expected to hold ``tokens[i]``), in order,
         stopping at the first that is missing or fails verification (dropped and counted).
         """
-        self.prefetch(chain)
+        self._start_reads(chain)
         out: list[BlockData] = []
         reads: list[_Read] = []
         for h, want in zip(chain, tokens):
@@ -228,9 +242,9 @@ class DiskTier:
         future = self._reads.pop(h, None)
         if pending is not None:
             return BlockData(pending.record, pending.keys, pending.values)
-        if future is None:
-            return None
         path = block_path(self.directory, h)
+        if future is None:  # pending when the reads were started, written since: read it now
+            future = self._pool.submit(self._read_file, path)
         try:
             read = future.result()
             data = read.data
@@ -330,6 +344,9 @@ class DiskTier:
                 expired += _delete(path)
             else:
                 found[record.block] = (record, path.stat().st_mtime)
+        for h in [h for h in found if _ancestors(h, found) is None]:
+            torn += _delete(block_path(self.directory, h))
+            del found[h]
         kept, over = self._restore(found, now)
         return StartCounts(kept, torn, foreign, expired, over)
 
@@ -361,9 +378,12 @@ class DiskTier:
         return len(keep), len(found) - len(keep)
 
 
-def _ancestors(h: BlockHash, found: dict) -> list[BlockHash]:
+def _ancestors(h: BlockHash, found: dict) -> list[BlockHash] | None:
+    """``h``'s ancestors held here, nearest first; None if its chain loops (corrupt files)."""
     out, p = [], found[h][0].parent
     while p in found:
+        if len(out) == len(found):  # as many ancestors as blocks: the chain came round
+            return None
         out.append(p)
         p = found[p][0].parent
     return out
@@ -372,34 +392,3 @@ def _ancestors(h: BlockHash, found: dict) -> list[BlockHash]:
 def _delete(path: Path) -> int:
     path.unlink(missing_ok=True)
     return 1
-
-
-def _lock(directory: Path) -> int:
-    """Create ``directory`` and hold its lock; ``DiskDirError`` saying what to change."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise DiskDirError(
-            f"cannot use {directory} for the disk tier: {exc.strerror or exc}; set [cache] "
-            f"disk_dir to a directory this worker can write, or disk_bytes = 0") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise DiskDirError(
-            f"{directory} is in use by another worker (pid {holder}): give each worker its "
-            f"own [cache] disk_dir") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    probe = directory / f".probe-{os.getpid()}"
-    try:  # the lock file may exist already: prove that this process can create files here
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        os.close(fd)
-        raise DiskDirError(f"cannot write to {directory} for the disk tier: "
-                           f"{exc.strerror or exc}; set [cache] disk_dir to a writable "
-                           f"directory, or disk_bytes = 0") from None
-    return fd

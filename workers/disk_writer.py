@@ -12,6 +12,13 @@ memory tier carries on. The tier, which watches the free space, calls ``resume``
 is room again. Any other ``OSError`` fails that one block the same way.
 
 The thread touches no ledger: it only reports. ``flush`` waits until the queue is empty.
+
+Nothing waits on the thread without a bound. An exception the thread does not expect (a bug:
+a block it cannot encode) stops it; it logs the error once, and from then on every ``flush``
+and ``close`` raises ``WriterStopped`` naming that error at once, and every write is refused
+like one on a full disk (the tier forgets the block). A thread that is alive but does not
+finish a flush within ``FLUSH_LIMIT_S`` (a disk that no longer answers) makes ``flush``
+raise ``WriterStopped`` too, saying how many writes are still queued.
 """
 from __future__ import annotations
 
@@ -33,6 +40,14 @@ from workers.disk_files import BlockRecord, TMP_SUFFIX, block_path, write_block
 log = logging.getLogger(__name__)
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+# A flush writes at most the blocks queued before it; even a memory tier of 100 GB written
+# at close on a 500 MB/s disk takes under 4 minutes, so 10 minutes means the disk hangs.
+FLUSH_LIMIT_S = 600.0
+_POLL_S = 0.05  # how often a waiting flush looks whether the thread is still alive
+
+
+class WriterStopped(RuntimeError):
+    """The disk tier's writer thread stopped on an error, or a flush ran past its limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +94,7 @@ class DiskWriter:
         self._pending: dict[BlockHash, PendingBlock] = {}
         self._failed: list[BlockHash] = []
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None  # what stopped the thread, if anything did
         self._thread = threading.Thread(target=self._run, name=f"orchard-disk-{directory.name}",
                                         daemon=True)
         self._thread.start()
@@ -86,6 +102,9 @@ class DiskWriter:
     # ---- the engine's side ---------------------------------------------------------------
 
     def write(self, block: PendingBlock) -> None:
+        if self.error is not None:  # nobody would write it: refused, like on a full disk
+            self._fail(block.record.block)
+            return
         with self._lock:
             self._pending[block.record.block] = block
         self._queue.put(block)
@@ -116,18 +135,49 @@ class DiskWriter:
         """Write again after a full disk (the tier saw free space return)."""
         self.full = False
 
-    def flush(self) -> None:
+    def flush(self, limit_s: float = FLUSH_LIMIT_S) -> None:
+        """Wait until what was queued before is done; ``WriterStopped`` if the thread stopped
+        (at once) or has not got there within ``limit_s``."""
         op = _Flush()
         self._queue.put(op)
-        op.done.wait()
+        deadline = time.monotonic() + limit_s
+        while not op.done.wait(_POLL_S):
+            self._check()
+            if time.monotonic() >= deadline:
+                raise WriterStopped(
+                    f"disk tier {self.directory}: a flush is not done after {limit_s:g} s, "
+                    f"{self.pending_count()} writes still queued (does the disk answer?)")
+        self._check()
 
     def close(self) -> None:
+        """Stop the thread once the queue is done; ``WriterStopped`` if it had stopped on an
+        error (its writes since were not made)."""
         self._queue.put(None)
-        self._thread.join()
+        self._thread.join(FLUSH_LIMIT_S)
+        self._check()
+        if self._thread.is_alive():
+            raise WriterStopped(f"disk tier {self.directory}: the writer has not finished "
+                                f"after {FLUSH_LIMIT_S:g} s (does the disk answer?)")
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise WriterStopped(f"disk tier {self.directory}: the writer thread stopped on "
+                                f"{self.error!r}; blocks spilled since were not written")
 
     # ---- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug: say so once; flush and close raise it
+            with self._lock:  # nothing queued will be written: the tier forgets those blocks
+                self.error = exc
+                self._failed.extend(self._pending)
+                self.counts.failed += len(self._pending)
+                self._pending.clear()
+            log.exception("disk tier %s: the writer thread stopped", self.directory)
+
+    def _serve(self) -> None:
         while True:
             batch = [self._queue.get()]
             while True:  # take what else is queued: one batch per wake-up

@@ -13,13 +13,13 @@ A request goes through::
            ─► finished requests write their output blocks and return a ``GenerateResult``
            prefill chunks within the step's token budget, oldest job first, jobs at equal
            cache lengths batched into one pass ─► store the blocks the chunks completed
-           a job whose prompt is all in: its last token through the whole model ─► the
-           first token ─► join the running batch
+           a chunk that reaches its prompt's end: the last token's hidden state through
+           the vocabulary projection ─► the first token ─► join the running batch
 
 Requests join and leave the decode batch between steps (continuous batching); a long prompt
 is prefilled a chunk per step, so running requests keep decoding while it is admitted.
 Prefill runs through the model body without the vocabulary projection, which only the last
-prompt token needs. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
+prompt token needs: its row alone is projected, in the same pass. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
 cluster can draw lookup/prefill/decode spans: this module never imports OpenTelemetry.
 
 Bad input raises ``ValueError`` from ``submit`` with what to fix, and nothing is queued, so
@@ -28,6 +28,7 @@ the other requests are untouched; ``generate`` turns such errors into ``RequestF
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,8 @@ class Engine:
             model=loaded.model_id, revision=loaded.revision)
         self._eos = set(loaded.tokenizer.eos_token_ids)
         self._stops = StopSequences([[e] for e in sorted(self._eos)])
-        self._body = getattr(loaded.model, "model", loaded.model)  # without the vocabulary
+        self._body = loaded.body      # without the vocabulary projection
+        self._head = loaded.head      # None: the last prompt token runs through the whole model
         self._batch = BatchGenerator(loaded.model, completion_batch_size=config.max_batch,
                                      prefill_batch_size=config.max_batch)
         self._admission: Admission[tuple[GenerateRequest, int]] = Admission()
@@ -283,13 +285,17 @@ class Engine:
         if self.config.use_store:
             found = self.store.lookup(job.request.namespace, job.prompt)
             report, cache = found.report, found.cache
-            # a kept cache holding the matched tokens replaces the join (left lazy: never run)
-            cache = self._kept.take(job.request.namespace.label(), job.prompt,
-                                    report.matched_tokens) or cache
+            # a kept cache holding the matched tokens replaces the join (left lazy: never run),
+            # and may hold the partial block after them too
+            kept = self._kept.take(job.request.namespace.label(), job.prompt,
+                                   report.matched_tokens, self.config.block_size)
+            if kept is not None:
+                cache, held = kept
+                report = dataclasses.replace(report, kept_tokens=held - report.matched_tokens)
         else:
             report, cache = _no_store_report(len(job.prompt), self.config.ttl_s), None
         job.cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
-        job.done = report.matched_tokens
+        job.done = report.reused_tokens
         lookup_end = self._now_ns()
         job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
                            lookup_end, detokenizer=self.tokenizer.detokenizer)
@@ -317,14 +323,20 @@ class Engine:
         budget = self._budget.tokens(bounded)
         jobs = self._this_step(budget)
         shares = split_budget([job.need for job in jobs], budget)
-        body = [min(n, job.need - 1) for job, n in zip(jobs, shares)]  # the last token waits
+        # a chunk takes the prompt's last token along when the model's head can be applied to
+        # its hidden state; otherwise the last token waits for its own pass
+        cut = 0 if self._head is not None else 1
+        body = [min(n, job.need - cut) for job, n in zip(jobs, shares)]
         start = self._now_ns()
-        run_chunks(self._body, list(zip(jobs, body)))
+        last = run_chunks(self._body, list(zip(jobs, body)))
         mx.eval([[c.keys, c.values] for job, n in zip(jobs, body) if n for c in job.cache])
         self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9, bounded)
         bs = self.config.block_size
         for job, n, share in zip(jobs, body, shares):
-            if job.need == 1 and share > n:  # its share covers the last token too
+            if job.request_id in last:  # the chunk ran to the prompt's end: logits from it
+                self._prefilling.remove(job)
+                self._start_decoding(job, deltas, finished, self._head(last[job.request_id]))
+            elif job.need == 1 and share > n:  # its share covers the last token too
                 self._prefilling.remove(job)
                 self._start_decoding(job, deltas, finished)
             elif self.config.use_store and job.done // bs > (job.done - n) // bs:
@@ -342,10 +354,13 @@ class Engine:
             self._look_up(job)
 
     def _start_decoding(self, job: PrefillJob, deltas: list[TokenDelta],
-                        finished: list[GenerateResult]) -> None:
-        """The prompt's last token through the whole model: the first token; join the batch."""
+                        finished: list[GenerateResult], logits: mx.array | None = None) -> None:
+        """The first token, from ``logits`` of the prompt's last token (or else its pass
+        through the whole model); the request joins the decode batch."""
         req, seq = job.request, job.seq
-        logits = self._m.model(mx.array([job.prompt[-1:]]), cache=job.cache)[:, -1, :]
+        if logits is None:
+            logits = self._m.model(mx.array([job.prompt[-1:]]), cache=job.cache)
+        logits = logits[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         token = job.sampler(logprobs) if job.sampler else mx.argmax(logprobs, axis=-1)
         mx.eval(token, logprobs)

@@ -10,14 +10,22 @@ matched tokens instead of the joined blocks::
 
     turn 1 finishes:   cache [system | user 1 | reply 1]            ─► kept
     turn 2, lookup:    the store matches M tokens (full blocks, verified)
-                       ─► the kept cache whose first M tokens are turn 2's, cut to M
+                       ─► the kept cache whose first M tokens are turn 2's, cut to where it
+                          and turn 2 part (M, or up to 15 tokens past M: the tail)
                        ─► extended by turn 2's new tokens (no join)
 
 Rules:
 
-- The store stays the authority on what may be reused: a kept cache is taken only for the
-  tokens the store itself matched in the same namespace, so eviction, expiry and
-  invalidation of the store's blocks apply to it unchanged.
+- The store stays the authority on what may be reused: a kept cache is taken only where the
+  store itself matched in the same namespace, so eviction, expiry and invalidation of the
+  store's blocks apply to it unchanged. Past the store's match it serves only the **tail**:
+  the tokens it shares with the prompt up to where the two part, when they part within the
+  next block. The store holds whole blocks only, so that partial block is nowhere else; a
+  turn would compute it again (8 tokens on average at block 16, of the 80-100 a chat turn
+  adds: mlx-lm's prompt cache matches to the token). Where they part a whole block or more
+  past the store's match, the store lacks a block the kept cache holds (evicted, expired):
+  the kept cache gives only what the store matched. The tail always leaves the prompt's last
+  token to compute, as the store's match does.
 - A kept cache is handed over, never shared: the request that takes it extends it in place
   and is kept again when it finishes; a cache that an older turn's cache is a prefix of
   replaces that older one.
@@ -91,9 +99,13 @@ class KeptCaches:
         self._bytes += nbytes
         return True
 
-    def take(self, namespace: str, prompt: Sequence[int], tokens: int) -> list[KVCache] | None:
-        """The most recently kept cache whose first ``tokens`` tokens are ``prompt``'s, cut
-        to those tokens and no longer kept; ``None`` when no kept cache holds them."""
+    def take(self, namespace: str, prompt: Sequence[int], tokens: int, block_size: int = 1
+             ) -> tuple[list[KVCache], int] | None:
+        """The most recently kept cache whose first ``tokens`` tokens (the store's match) are
+        ``prompt``'s, no longer kept, and how many of ``prompt``'s tokens it now holds: cut to
+        ``tokens`` plus its tail (the rest of the common prefix, when that ends within the next
+        ``block_size`` tokens and before the prompt's last token). ``None`` when no kept cache
+        holds the matched tokens."""
         if tokens <= 0:
             return None
         want = tuple(prompt[:tokens])
@@ -102,9 +114,10 @@ class KeptCaches:
             if e.namespace == namespace and len(e.tokens) >= tokens and e.tokens[:tokens] == want:
                 self._remove(key)
                 self._taken += 1
+                held = _tail(e.tokens, prompt, tokens, block_size)
                 for c in e.cache:  # what lies past the offset is overwritten as it grows
-                    c.trim(c.offset - tokens)
-                return e.cache
+                    c.trim(c.offset - held)
+                return e.cache, held
         return None
 
     def drop(self, namespace: str) -> int:
@@ -120,3 +133,13 @@ class KeptCaches:
 
     def _remove(self, key: int) -> None:
         self._bytes -= self._entries.pop(key).nbytes
+
+
+def _tail(kept: Sequence[int], prompt: Sequence[int], matched: int, block_size: int) -> int:
+    """``matched``, or where ``kept`` and ``prompt`` part when that is within the next
+    ``block_size`` tokens (never past the prompt's last token but one)."""
+    end = min(len(kept), len(prompt) - 1, matched + block_size)
+    common = matched
+    while common < end and kept[common] == prompt[common]:
+        common += 1
+    return common if common < matched + block_size else matched

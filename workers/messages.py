@@ -53,6 +53,14 @@ class LookupReport:
     entry_age_s: float | None     # age of the deepest matched block, None on a miss
     ttl_s: float
     disk_tokens: int = 0          # of matched_tokens, those read from the disk tier
+    # past matched_tokens, those reused from a finished request's kept cache: the partial
+    # block after the store's match, which the store (whole blocks only) cannot hold
+    kept_tokens: int = 0
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens not computed: the store's match and the kept tail."""
+        return self.matched_tokens + self.kept_tokens
 
     def line(self) -> str:
         """The line an engineer reads: ``common=5919 of 5923``."""

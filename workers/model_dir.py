@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import xxhash
 
@@ -28,6 +28,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from workers.store import KVShape
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+# Architectures whose logits are exactly the vocabulary projection of the body's output
+# (``Model.__call__`` is ``lm_head(model(x))``, or the tied embedding): nothing after it.
+_PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,21 @@ class LoadedModel:
     revision: str
     vocab_size: int
     max_context: int
+
+    @property
+    def body(self) -> nn.Module:
+        """The model without its vocabulary projection (hidden states out)."""
+        return getattr(self.model, "model", self.model)
+
+    @property
+    def head(self) -> Callable[[mx.array], mx.array] | None:
+        """The vocabulary projection, hidden states to logits, where ``model(x)`` is exactly
+        ``head(body(x))``; None for an architecture where it may not be (run ``model``)."""
+        if self.config.get("model_type") not in _PLAIN_HEAD or self.body is self.model:
+            return None
+        if getattr(self.model, "lm_head", None) is not None:
+            return self.model.lm_head
+        return self.body.embed_tokens.as_linear
 
 
 def check_model_dir(path: Path) -> dict[str, Any]:

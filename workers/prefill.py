@@ -3,9 +3,13 @@
 A ``PrefillJob`` is a request between admission and its first token. It is looked up in the
 store when it first gets budget (so that it finds what older jobs wrote meanwhile); its cache
 starts with the reused prefix and grows by one chunk per step (``workers.scheduler`` sizes
-the chunks). The prompt's last token is not part of any chunk: it goes through the whole model
-(with the vocabulary projection) on its own, which gives the first token's logits exactly as
-an unchunked prefill would.
+the chunks). A chunk that reaches the end of its prompt hands back the hidden state of the
+prompt's last token, and only that row goes through the vocabulary projection: the first
+token's logits come out of the same pass, with no pass of their own for the last token (its
+fixed cost, every weight read once, is about 0.08 s on SmolLM2-135M on one CPU thread). For an
+architecture whose logits are not plainly the projection of the body's output
+(``LoadedModel.head`` is None), the engine keeps the last token out of the chunks and runs it
+through the whole model.
 
 Chunks of several jobs run as one forward pass when their caches hold the same number of
 tokens (the same RoPE positions and the same causal mask): the caches are stacked along the
@@ -61,24 +65,33 @@ class PrefillJob:
         return self.request.request_id
 
 
-def run_chunks(body: nn.Module, chunks: list[tuple[PrefillJob, int]]) -> None:
+def run_chunks(body: nn.Module, chunks: list[tuple[PrefillJob, int]]) -> dict[str, mx.array]:
     """Run each ``(job, tokens)`` chunk through ``body``; jobs at equal offsets share a pass.
 
-    Leaves the caches lazy: the caller evaluates them once for the whole step.
+    Returns, by request id, the hidden state (``[1, 1, hidden]``) of the prompt's last token
+    for each job whose chunk reached the end of its prompt. Leaves everything lazy: the caller
+    evaluates the caches once for the whole step.
     """
     groups: dict[int, list[tuple[PrefillJob, int]]] = {}
     for job, n in chunks:
         if n > 0:
             groups.setdefault(job.done, []).append((job, n))
+    last: dict[str, mx.array] = {}
     for group in groups.values():
         for pack in _packs(group):
             if len(pack) == 1:
                 job, n = pack[0]
-                body(mx.array([job.prompt[job.done:job.done + n]]), cache=job.cache)
+                hidden = body(mx.array([job.prompt[job.done:job.done + n]]), cache=job.cache)
+                rows = [hidden]
             else:
-                _stacked_pass(body, pack)
+                hidden = _stacked_pass(body, pack)
+                rows = [hidden[row:row + 1] for row in range(len(pack))]
+            for (job, n), h in zip(pack, rows):
+                if job.done + n == len(job.prompt):
+                    last[job.request_id] = h[:, n - 1:n, :]
         for job, n in group:
             job.done += n
+    return last
 
 
 def _packs(group: list[tuple[PrefillJob, int]]) -> list[list[tuple[PrefillJob, int]]]:
@@ -92,7 +105,8 @@ def _packs(group: list[tuple[PrefillJob, int]]) -> list[list[tuple[PrefillJob, i
     return packs
 
 
-def _stacked_pass(body: nn.Module, group: list[tuple[PrefillJob, int]]) -> None:
+def _stacked_pass(body: nn.Module, group: list[tuple[PrefillJob, int]]) -> mx.array:
+    """One pass for chunks at the same offset; the hidden states, a row per job."""
     width = max(n for _, n in group)
     rows = [job.prompt[job.done:job.done + n] + [0] * (width - n) for job, n in group]
     offset = group[0][0].done
@@ -103,10 +117,11 @@ def _stacked_pass(body: nn.Module, group: list[tuple[PrefillJob, int]]) -> None:
             keys = mx.concatenate([job.cache[layer].keys[..., :offset, :] for job, _ in group])
             values = mx.concatenate([job.cache[layer].values[..., :offset, :] for job, _ in group])
             cache.state = (keys, values, offset)
-    body(mx.array(rows), cache=stacked)
+    hidden = body(mx.array(rows), cache=stacked)
     for row, (job, n) in enumerate(group):
         for layer, cache in enumerate(stacked):
             mine = KVCache()
             mine.state = (cache.keys[row:row + 1, :, :offset + n, :],
                           cache.values[row:row + 1, :, :offset + n, :], offset + n)
             job.cache[layer] = mine
+    return hidden

@@ -120,8 +120,8 @@ class Sequence:
         return GenerateResult(
             request_id=self.request.request_id, output_tokens=tuple(self.tokens), text=self.text,
             finish_reason=self.finish_reason, ttft_s=ttft, tpot_s=tpot,
-            input_tokens=r.prompt_tokens, cached_tokens=r.matched_tokens,
-            computed_tokens=r.prompt_tokens - r.matched_tokens, written_tokens=self.written,
+            input_tokens=r.prompt_tokens, cached_tokens=r.reused_tokens,
+            computed_tokens=r.prompt_tokens - r.reused_tokens, written_tokens=self.written,
             lookup=r, worker_id=worker_id,
             timings=Timings(self.received_ns, self.lookup_start_ns, self.lookup_end_ns,
                             self.prefill_start_ns, self.first_token_ns, self.last_token_ns))

@@ -149,7 +149,7 @@ class PrefixStore:
         matched = in_memory + len(loaded)
         cached = reusable_tokens(len(prompt), matched, bs)
         parent = hashes[matched - 1] if matched else namespace.root()
-        lcp, child = self._closest_child(parent, prompt[matched * bs:(matched + 1) * bs])
+        lcp, child = self._closest_child(parent, prompt[matched * bs:])
         common = matched * bs + lcp
         next_prompt = prompt[common] if common < len(prompt) else None
         next_stored = child[lcp] if child is not None and lcp < len(child) else None
@@ -183,7 +183,7 @@ class PrefixStore:
         run = self.disk.ledger.peek(hashes[in_memory:])
         chain = hashes[in_memory:in_memory + run]
         want = [tuple(prompt[i * bs:(i + 1) * bs]) for i in range(in_memory, in_memory + run)]
-        loaded = self.disk.load(chain, want) if chain else []
+        loaded = self.disk.load(chain, want)
         if loaded:
             self._promote(namespace, hashes[:in_memory + len(loaded)], loaded)
         return loaded
@@ -213,7 +213,8 @@ class PrefixStore:
 
     def _closest_child(self, parent: BlockHash, want: Sequence[int]
                        ) -> tuple[int, tuple[int, ...] | None]:
-        """The stored child block of ``parent`` (either tier) sharing most of ``want``."""
+        """The stored child block of ``parent`` (either tier) sharing the longest prefix with
+        ``want`` (the prompt from that block on); on a tie the first found, memory first."""
         candidates = [self._blocks[h].tokens for h in self.ledger.children(parent)]
         if self.disk is not None:
             candidates += [self.disk.tokens(h) for h in self.disk.ledger.children(parent)
@@ -315,9 +316,8 @@ class PrefixStore:
         if label not in self.namespaces():
             held = ", ".join(self.namespaces()) or "none"
             raise ValueError(f"unknown namespace {label!r}: held namespaces are {held}")
-        removed = 0
-        if label in self.ledger.namespaces():
-            removed += self.ledger.invalidate_namespace(label)
+        in_memory = label in self.ledger.namespaces()
+        removed = self.ledger.invalidate_namespace(label) if in_memory else 0
         if self.disk is not None:
             removed += self.disk.invalidate_namespace(label)
         return removed

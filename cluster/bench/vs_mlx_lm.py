@@ -16,11 +16,18 @@ serves it.
    Turn 1 is cold (a system prompt neither has seen), turns 2.. are warm. The chat runs
    ``chat_rounds`` times, each with a new system prompt and messages; the ratios are medians of
    the per-turn ratios (first turns for cold, the others for warm).
-2. **Batch.** ``chats`` multi-turn chats (each with ``history`` earlier exchanges) sharing
-   ``system_prompts`` system prompts: orchard gets them as one job; mlx-lm as the same
-   requests from ``clients`` concurrent clients (8). The figure is the wall time from the
-   first request sent to the last result received, best of ``batch_rounds``; the order of
-   the two sides alternates from round to round.
+2. **Batch.** ``chats`` multi-turn chats sharing ``system_prompts`` system prompts, each of
+   ``history`` + 1 turns, every turn a request: a turn's prompt is the chat so far (the
+   earlier questions with fixed replies) and its next question, so turn k + 1 extends turn
+   k's prompt. The requests go turn by turn across the chats (every chat's first turn, then
+   every chat's second, ...), as a batch over logged conversations runs. orchard gets them as
+   one job; mlx-lm as the same requests, in the same order, from ``clients`` concurrent
+   clients (8). orchard's store holds every chat's earlier turns; mlx-lm keeps 10 whole
+   prompt caches, so by a chat's next turn its cache is gone and only the system prompt is
+   found. The figure is the wall time from the first request sent to the last result
+   received, best of ``batch_rounds``; the order of the two sides alternates from round to
+   round, and each round's chats open with a question of their own, so no round finds
+   another round's turns.
 
 Ratios are orchard over mlx-lm (below 1: orchard is faster). Targets: warm TTFT <= 0.9,
 cold TTFT <= 1.05, batch wall time <= 0.8.
@@ -60,7 +67,7 @@ class Workload:
     reply_tokens: int = 24
     chats: int = 48
     system_prompts: int = 2
-    history: int = 2          # earlier exchanges in each batch chat
+    history: int = 2          # earlier exchanges in each batch chat: history + 1 requests
     clients: int = 8
     chat_rounds: int = 1
     batch_rounds: int = 1
@@ -216,17 +223,27 @@ def _system(rng: random.Random, w: Workload) -> str:
     return "You answer questions about orchards. Notes: " + _text(rng, w.system_words)
 
 
-def _batch_chats(w: Workload) -> list[list[dict]]:
+def batch_requests(w: Workload, round_: int) -> list[list[dict]]:
+    """Every turn of every batch chat as a request's messages, turn by turn across the chats.
+
+    The system prompts and messages are the same in every round but for the first question,
+    which names the round: the system prompts stay shared across rounds, the turns do not.
+    """
     rng = random.Random(w.seed + 1)
     systems = [_system(rng, w) for _ in range(w.system_prompts)]
     chats = []
     for i in range(w.chats):
         messages = [{"role": "system", "content": systems[i % w.system_prompts]}]
-        for _ in range(w.history):
-            messages += [{"role": "user", "content": _text(rng, w.user_words)},
-                         {"role": "assistant", "content": _text(rng, w.reply_tokens // 2)}]
-        chats.append(messages + [{"role": "user", "content": _text(rng, w.user_words)}])
-    return chats
+        turns = []
+        for k in range(w.history + 1):
+            question = _text(rng, w.user_words)
+            messages = messages + [{"role": "user", "content":
+                                    f"round {round_}: {question}" if k == 0 else question}]
+            turns.append(messages)
+            messages = messages + [{"role": "assistant",
+                                    "content": _text(rng, w.reply_tokens // 2)}]
+        chats.append(turns)
+    return [chat[k] for k in range(w.history + 1) for chat in chats]
 
 
 def run_chat(client: Client, server: MlxLmServer, w: Workload, round_: int) -> list[Turn]:
@@ -253,13 +270,9 @@ def run_chat(client: Client, server: MlxLmServer, w: Workload, round_: int) -> l
 
 def run_batch(client: Client, server: MlxLmServer, w: Workload) -> tuple[float, float]:
     """Best wall time of each side over the rounds, the first side alternating."""
-    chats = _batch_chats(w)
     orchard, mlx = [], []
     for k in range(w.batch_rounds):
-        # a fresh tenant-free variant per round: the last user message differs, so no round
-        # finds a previous round's whole prompts (the shared system prompts stay shared)
-        tagged = [c[:-1] + [{"role": "user", "content": f"round {k}: {c[-1]['content']}"}]
-                  for c in chats]
+        tagged = batch_requests(w, k)
         if k % 2 == 0:
             orchard.append(_orchard_batch(client, tagged, w.reply_tokens, f"batch{k}"))
             mlx.append(_mlx_batch(server, tagged, w.reply_tokens, w.clients))

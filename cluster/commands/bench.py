@@ -155,7 +155,7 @@ def vs_mlx_lm(args: argparse.Namespace) -> int:
           f"median of first turns)")
     print(f"warm TTFT ratio   {r.warm_ttft_ratio:.2f} (target <= {r.targets['warm_ttft']}, "
           f"median of turns 2..)")
-    print(f"batch of {w.chats}: orchard {r.batch_wall_orchard_s:.1f}s, mlx-lm "
+    print(f"batch of {w.chats} chats, {w.chats * (w.history + 1)} requests: orchard {r.batch_wall_orchard_s:.1f}s, mlx-lm "
           f"{r.batch_wall_mlx_lm_s:.1f}s ({w.clients} clients), ratio {r.batch_wall_ratio:.2f} "
           f"(target <= {r.targets['batch_wall']})")
     return 0

@@ -1,4 +1,5 @@
-"""``orchard verify --model DIR [--json]``: cached and uncached generation must agree.
+"""``orchard verify [--model DIR] [--json]``: cached and uncached generation must agree (on
+the embedded default model unless ``--model`` names another).
 
 Then one line per store setting: the disk tier (must agree exactly), and 8-bit and 4-bit K/V
 (greedy agreement, largest logit difference and bytes per cached token, measured: quantized
@@ -18,7 +19,7 @@ from dataclasses import asdict
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "verify", help="check that prefix reuse gives the same tokens and logits as recomputing")
-    p.add_argument("--model", required=True, help="a local mlx-lm model directory")
+    p.add_argument("--model", help="a local mlx-lm model directory (default: the embedded model)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per cached block")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
     p.add_argument("--seed", type=int, default=0, help="seed for the random test prompts")
@@ -30,11 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
+    from workers.default_model import ensure_default_model
     from workers.verify import verify_model
 
     if args.block_size <= 0 or args.max_tokens <= 0:
         raise ValueError("--block-size and --max-tokens must be positive")
-    report = verify_model(args.model, args.block_size, args.max_tokens, args.seed,
+    report = verify_model(str(args.model or ensure_default_model()), args.block_size, args.max_tokens, args.seed,
                           tiers=not args.no_tiers)
     if args.json:
         print(json.dumps({

@@ -157,7 +157,9 @@ class RequestObserver:
         self._modelled = 0.99 * self._modelled + modelled
         self._realised = 0.99 * self._realised + min(result.cached_tokens, modelled)
         miss = self.attributor.observe(seen, now)
-        kept = -(-result.cached_tokens // self.block_size) + result.written_tokens // self.block_size
+        # the blocks the store matched (a kept cache's tail is not a block of the store)
+        kept = (-(-result.lookup.matched_tokens // self.block_size)
+                + result.written_tokens // self.block_size)
         self.holdings.stored(result.worker_id, request.namespace, block_hashes, kept)
         took_s = (result.timings.first_token_ns - result.timings.lookup_start_ns) / 1e9
         self._prefill_s = 0.9 * self._prefill_s + 0.1 * max(took_s, 0.0)
