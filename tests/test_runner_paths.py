@@ -361,3 +361,55 @@ def test_each_request_is_traced_with_its_names_and_sent_as_a_batch_request(tmp_p
     job_id = run_bounded(scenario(), 30, "a job's traces")
     assert [r.getMessage() for r in caplog.records if r.name == "cluster.jobs.runner"] == [
         f"request {job_id}-1 failed"]
+
+
+def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_rest(tmp_path):
+    def prepare(body: bytes) -> NewRequest:
+        if json.loads(body)["max_tokens"] == 7:
+            raise RuntimeError("tokenizer broke")
+        return _prepare(body)
+
+    class BrokenForecast(JobTracing):
+        def job_launched(self, *args, **kwargs) -> None:
+            raise RuntimeError("forecast broke")
+
+    async def scenario() -> None:
+        backend = await _backend()
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+        limits = RunnerLimits(max_concurrent=2, max_pending_per_tenant=1000,
+                              max_pending_total=1000, request_timeout_s=10.0)
+        runner = JobRunner(store, backend, prepare, limits, namespace=lambda t: Namespace(t, "tiny"),
+                           block_size=BLOCK)
+        runner.admit("acme", 3)
+        job = store.create_job("acme", "tiny", _staged(([1, 2], 1), ([3, 4], 7), ([5, 6], 1)))
+        runner.launch(job)
+        await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
+                         "the job with a prepare bug to finish")
+        results = sorted(store.results(job.job_id), key=lambda r: r.index)
+        assert [r.ok for r in results] == [True, False, True]
+        assert (results[1].error_code, results[1].error_message) == (
+            "INTERNAL", "RuntimeError: tokenizer broke")
+        assert runner.pending() == {}
+        await runner.close()
+
+        # the job's own task fails before any request runs: every request still gets a result
+        broken = JobRunner(store, backend, _prepare, limits,
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK,
+                           tracing=BrokenForecast(RequestObserver(
+                               in_memory(tmp_path)[0], PriceTable(),
+                               ServedCache("tiny", BLOCK, 300.0, 10_000))))
+        broken.admit("beta", 2)
+        job = store.create_job("beta", "tiny", _staged(([1, 2], 1), ([3, 4], 1)))
+        broken.launch(job)
+        done = await wait_until(
+            lambda: (j := store.get_job(job.job_id)).state is JobState.SUCCEEDED and j,
+            "the job whose task failed to finish")
+        assert (done.total, done.completed, done.failed) == (2, 0, 2)
+        assert {(r.error_code, r.error_message) for r in store.results(job.job_id)} == {
+            ("INTERNAL", "RuntimeError: forecast broke")}
+        assert broken.pending() == {}
+        await broken.close()
+        await backend.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "a prepare bug and a broken job task")
