@@ -48,7 +48,8 @@ install_mutmut() {
 }
 
 # Mutation testing, one core module at a time (a benchmark, not CI): `./run.sh mutants
-# router/key.py router/ledger.py`. MUTANT_CHILDREN sets the parallelism (default 1).
+# router/key.py router/ledger.py`. MUTANT_CHILDREN sets the parallelism (default 1). The tests'
+# forged models are made once, under mutants/forged-models, not once per mutant.
 run_mutants() {
   [ $# -gt 0 ] || { echo "usage: ./run.sh mutants MODULE.py... (the core: see [tool.mutmut] in pyproject.toml)" >&2; exit 2; }
   install_mutmut
@@ -58,7 +59,8 @@ run_mutants() {
     name=${module%.py}; name=${name//\//.}
     echo "== $module" >&2
     start=$(date +%s)
-    OPENBLAS_NUM_THREADS=1 .venv/bin/mutmut run "$name.*" --max-children "${MUTANT_CHILDREN:-1}"
+    OPENBLAS_NUM_THREADS=1 ORCHARD_FORGED_MODELS="$PWD/mutants/forged-models" \
+      .venv/bin/mutmut run "$name.*" --max-children "${MUTANT_CHILDREN:-1}"
     echo "== $module: $(( $(date +%s) - start )) s" >&2
   done
   .venv/bin/mutmut results

@@ -1,6 +1,7 @@
 """Wall-clock bounds for tests that wait on threads or tasks: a stuck wait fails, saying so.
 
-``wall_clock_limit`` does the same for synchronous tests (the ``bounded`` fixture in
+``wait_until(done, "what")`` polls a condition within a bound; ``wall_clock_limit`` does the
+same as ``run_bounded`` for synchronous tests (the ``bounded`` fixture in
 ``conftest.py``).
 
 ``run_bounded(scenario(), 60, "what it does")`` is ``asyncio.run`` with a deadline. Past it the
@@ -8,6 +9,9 @@ scenario is cancelled and the test fails with an ``AssertionError`` naming the s
 of hanging: an engine thread that never answers, a slot never given back. The loop is closed
 without waiting for the default executor (``asyncio.run`` would join a thread that may be the
 stuck one).
+
+Under mutmut (``MUTANT_UNDER_TEST`` set) both exit with mutmut's timeout status instead of
+failing, so a mutant that only a hang catches is counted as a timeout, never as killed.
 """
 from __future__ import annotations
 
@@ -16,18 +20,22 @@ import contextlib
 import os
 import signal
 import sys
-from typing import Coroutine, TypeVar
+from typing import Callable, Coroutine, TypeVar
 
 T = TypeVar("T")
 
 
 def run_bounded(scenario: Coroutine[object, object, T], timeout_s: float, what: str) -> T:
     async def bounded() -> T:
-        try:
-            return await asyncio.wait_for(scenario, timeout_s)
-        except TimeoutError:
-            raise AssertionError(f"{what}: not finished after {timeout_s:g} s of wall-clock time "
-                                 "(a wait that never ended)") from None
+        task = asyncio.ensure_future(scenario)
+        # not ``wait_for``: a ``TimeoutError`` the scenario raises is its failure, not the bound
+        if not (await asyncio.wait({task}, timeout=timeout_s))[0]:
+            task.cancel()
+            message = (f"{what}: not finished after {timeout_s:g} s of wall-clock time "
+                       "(a wait that never ended)")
+            _a_timeout_under_mutmut(message)
+            raise AssertionError(message)
+        return task.result()
 
     loop = asyncio.new_event_loop()
     try:
@@ -40,6 +48,20 @@ def run_bounded(scenario: Coroutine[object, object, T], timeout_s: float, what: 
             loop.run_until_complete(asyncio.wait(left, timeout=5))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+async def wait_until(done: Callable[[], object], what: str, timeout_s: float = 60.0):
+    """Poll ``done()`` every 10 ms until it is true, and return it; past ``timeout_s`` of
+    wall-clock time the test fails naming ``what`` (under mutmut: a timeout)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not (value := done()):
+        if loop.time() > deadline:
+            message = f"waited {timeout_s:g} s of wall-clock time for {what}"
+            _a_timeout_under_mutmut(message)
+            raise AssertionError(message)
+        await asyncio.sleep(0.01)
+    return value
 
 
 WALL_CLOCK_LIMIT_S = 60.0
@@ -56,10 +78,9 @@ def wall_clock_limit(what: str, limit_s: float = WALL_CLOCK_LIMIT_S):
     catches is counted as a timeout, never as killed.
     """
     def expire(signum, frame):
-        message = f"{what}: still running after {limit_s:g} s of wall-clock time (a wait that never ended)"
-        if os.environ.get("MUTANT_UNDER_TEST"):
-            print(message, file=sys.stderr, flush=True)
-            os._exit(TIMEOUT_EXIT)
+        message = (f"{what}: still running after {limit_s:g} s of wall-clock time "
+                   "(a wait that never ended)")
+        _a_timeout_under_mutmut(message)
         raise TimeoutError(message)
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -69,3 +90,10 @@ def wall_clock_limit(what: str, limit_s: float = WALL_CLOCK_LIMIT_S):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _a_timeout_under_mutmut(message: str) -> None:
+    """Under mutmut, a bound that ran out ends the process with mutmut's timeout status."""
+    if os.environ.get("MUTANT_UNDER_TEST"):
+        print(message, file=sys.stderr, flush=True)
+        os._exit(TIMEOUT_EXIT)

@@ -1,16 +1,27 @@
-"""Tiny forged models shared by the engine tests: made once per test process, in a temp dir."""
+"""Tiny forged models shared by the engine tests: made once per test process, in a temp dir.
+
+With ``ORCHARD_FORGED_MODELS`` set to a directory (``./run.sh mutants`` sets it), a model is
+forged once into it and reused by every process after, under a name that changes with the
+forge's source and the model's spec: mutation testing starts a process per mutant, and
+forging costs seconds (and a process ended by ``os._exit`` never removes its temp dir).
+"""
 from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
+import workers.forge
 from workers.forge import ForgeSpec, forge
 
-_ROOT = Path(tempfile.mkdtemp(prefix="orchard-models-"))
-atexit.register(shutil.rmtree, _ROOT, True)
+_SHARED = os.environ.get("ORCHARD_FORGED_MODELS", "")
+_ROOT = Path(_SHARED) if _SHARED else Path(tempfile.mkdtemp(prefix="orchard-models-"))
+if not _SHARED:
+    atexit.register(shutil.rmtree, _ROOT, True)
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, max_context=2048)
 
@@ -20,4 +31,15 @@ def tiny_model(arch: str = "llama", sliding: bool = False) -> Path:
     """A 2-layer, hidden-64 model of ``arch`` (``sliding`` adds sliding-window layers)."""
     extra = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8} if sliding else {}
     name = f"{arch}-sliding" if sliding else arch
-    return forge(_ROOT / name, ForgeSpec(arch=arch, extra=extra, **TINY))
+    spec = ForgeSpec(arch=arch, extra=extra, **TINY)
+    if not _SHARED:
+        return forge(_ROOT / name, spec)
+    source = Path(workers.forge.__file__).read_bytes() + repr(spec).encode()
+    out = _ROOT / f"{name}-{hashlib.sha256(source).hexdigest()[:16]}"
+    if not out.exists():
+        staged = forge(_ROOT / f".{name}-{os.getpid()}", spec)
+        try:
+            staged.rename(out)  # atomic; another process may have published it first
+        except OSError:
+            shutil.rmtree(staged, ignore_errors=True)
+    return out

@@ -13,7 +13,7 @@ from cluster.backend.local import LocalBackend
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.store import JobState, JobStore, NewRequest, StagedRequest
 from router.key import Namespace
-from tests.bounded import run_bounded
+from tests.bounded import run_bounded, wait_until
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import SamplingParams
@@ -35,21 +35,17 @@ def _staged(*specs: tuple[list[int], int]) -> list[StagedRequest]:
             for i, (p, n) in enumerate(specs)]
 
 
-def _runner(store: JobStore, backend, timeout_s: float = 30.0) -> JobRunner:
+def _runner(store: JobStore, backend, timeout_s: float = 10.0) -> JobRunner:
     return JobRunner(store, backend, _prepare,
                      RunnerLimits(max_concurrent=2, max_pending_per_tenant=100,
                                   max_pending_total=100, request_timeout_s=timeout_s),
                      namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
 
 
-async def _finished(store: JobStore, job_id: str, timeout_s: float = 60.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while (job := store.get_job(job_id)).state is not JobState.SUCCEEDED:
-        if loop.time() > deadline:
-            raise AssertionError(f"job {job_id} not finished after {timeout_s:g} s: {job}")
-        await asyncio.sleep(0.01)
-    return job
+async def _finished(store: JobStore, job_id: str, timeout_s: float = 20.0):
+    return await wait_until(
+        lambda: (job := store.get_job(job_id)).state is JobState.SUCCEEDED and job,
+        f"job {job_id} to finish", timeout_s)
 
 
 async def _backend() -> LocalBackend:
@@ -92,7 +88,7 @@ def test_results_failures_and_pending_counts_are_exact(tmp_path):
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 120, "a job over the in-process backend")
+    run_bounded(scenario(), 30, "a job over the in-process backend")
 
 
 def test_a_request_past_its_deadline_or_without_workers_gets_its_status(tmp_path):
@@ -121,7 +117,7 @@ def test_a_request_past_its_deadline_or_without_workers_gets_its_status(tmp_path
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 120, "deadline and no-worker statuses")
+    run_bounded(scenario(), 30, "deadline and no-worker statuses")
 
 
 def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tmp_path):
@@ -142,7 +138,7 @@ def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tm
         assert runner.pending() == {"acme": 4}
         runner.launch(job)  # a second run of the same requests: every result twice
         await _finished(store, job.job_id)
-        await _until(lambda: runner.slots_in_use() == {}, "the reruns to end")
+        await wait_until(lambda: runner.slots_in_use() == {}, "the reruns to end")
         # each request stored once, and released once: the other job's request still counts
         assert [r.index for r in store.results(job.job_id)] == [0, 1, 2]
         assert runner.pending() == {"acme": 1}
@@ -150,13 +146,4 @@ def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tm
         await backend.close()
         store.close()
 
-    run_bounded(scenario(), 120, "resume after a restart")
-
-
-async def _until(predicate, what: str, timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {timeout_s:g} s for {what}")
-        await asyncio.sleep(0.01)
+    run_bounded(scenario(), 30, "resume after a restart")

@@ -1,23 +1,27 @@
 """``workers.runtime.EngineRuntime``: one engine thread, typed commands, aborts that stop work.
 
 A real engine on a tiny forged model; the runtime is driven from an asyncio loop as the
-in-process backend and the worker actor drive it.
+in-process backend and the worker actor drive it. Every wait is one that fails at once when
+an answer was lost (``tests.engine_waits``), inside a wall-clock bound for the scenario.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import time
 
 import pytest
 
+from router.events import BlockRemoved
 from router.key import Namespace
 from tests.bounded import run_bounded
+from tests.engine_waits import answer, idle, settle, take, to_the_end
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
-from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
-from workers.runtime import EngineRuntime, Finished
+from workers.messages import GenerateRequest, SamplingParams, WorkerFailed, WorkerStats
+from workers.runtime import IDLE_WAIT_S, EngineRuntime, Finished
 
 BLOCK = 16
+NO_ENGINE = "^worker {} has no engine \\(not started, broken or retired\\)$"
 
 
 def _request(rid: str, prompt: tuple[int, ...], max_tokens: int) -> GenerateRequest:
@@ -25,9 +29,11 @@ def _request(rid: str, prompt: tuple[int, ...], max_tokens: int) -> GenerateRequ
                            SamplingParams(max_tokens=max_tokens))
 
 
-async def _runtime(events: list) -> EngineRuntime:
+async def _runtime(events: list, **config) -> EngineRuntime:
     runtime = EngineRuntime(events.append)
-    await runtime.open("w0", str(tiny_model()), EngineConfig(block_size=BLOCK, max_batch=4))
+    await answer(runtime, runtime.open("w0", str(tiny_model()),
+                                       EngineConfig(block_size=BLOCK, max_batch=4, **config)),
+                 "open w0")
     return runtime
 
 
@@ -36,22 +42,55 @@ def test_a_run_yields_deltas_then_finished_and_counts_what_the_store_wrote():
         events: list = []
         runtime = await _runtime(events)
         prompt = tuple(range(30, 30 + 4 * BLOCK))
-        items = [i async for i in runtime.run("w0", _request("a", prompt, 3))]
+        started = time.monotonic()
+        items = await to_the_end(runtime, runtime.run("w0", _request("a", prompt, 3)), "run a")
+        took = time.monotonic() - started
         assert len(items) == 4 and isinstance(items[-1], Finished)
         assert [d.token for d in items[:-1]] == list(items[-1].result.output_tokens)
-        stats = await runtime.stats("w0")
+        assert all(d.request_id == "a" for d in items[:-1])
+        # the worker's time: from receipt to after the step's cache writes, within the run
+        timings = items[-1].result.timings
+        assert (timings.finished_ns - timings.received_ns) / 1e9 <= items[-1].worker_s <= took
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        kv = (await answer(runtime, runtime.call("w0", lambda e: e), "engine")).kv_bytes_per_token
         # 64 prompt tokens + 2 more in the cache at the end: 4 full blocks, written once
-        assert stats.written_tokens == 4 * BLOCK == items[-1].result.written_tokens
-        assert (stats.requests_served, stats.input_tokens, stats.running) == (1, 64, 0)
+        assert stats == WorkerStats(running=0, cache_bytes=4 * BLOCK * kv,
+                                    cache_capacity_bytes=1 << 30, cache_blocks=4,
+                                    written_tokens=64, input_tokens=64, cached_tokens=0,
+                                    requests_served=1, evictions=0, expirations=0)
+        assert items[-1].result.written_tokens == 4 * BLOCK
+        for rid in ("b", "c"):
+            again = await to_the_end(runtime, runtime.run("w0", _request(rid, prompt, 1)), rid)
+            assert again[-1].result.cached_tokens == 63  # a kept cache; the last token recomputed
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        assert (stats.requests_served, stats.input_tokens, stats.cached_tokens) == (3, 192, 126)
         assert [b.seq for b in events] == list(range(1, len(events) + 1))
-        holdings = await runtime.holdings("w0")
+        assert {b.worker_id for b in events} == {"w0"} and events[-1].rates is None  # no disk
+        holdings = await answer(runtime, runtime.holdings("w0"), "holdings")
         assert holdings.seq == events[-1].seq and len(holdings.blocks) == 4
+        assert holdings.disk_blocks == ()
         with pytest.raises(ValueError, match="vocabulary"):
-            [i async for i in runtime.run("w0", _request("bad", (10**9,), 2))]
-        with pytest.raises(WorkerFailed, match="no engine"):
-            await runtime.call("nobody", lambda engine: engine.busy)
+            await to_the_end(runtime, runtime.run("w0", _request("bad", (10**9,), 2)), "bad")
+        with pytest.raises(WorkerFailed, match=NO_ENGINE.format("nobody")):
+            await answer(runtime, runtime.call("nobody", lambda engine: engine.busy), "nobody")
+        with pytest.raises(WorkerFailed, match=NO_ENGINE.format("nobody")):
+            await to_the_end(runtime, runtime.run("nobody", _request("n", (1, 2), 1)), "nobody")
         await runtime.close()
-    run_bounded(scenario(), 120, "a run, its stats and holdings")
+    run_bounded(scenario(), 30, "a run, its stats and holdings")
+
+
+def test_a_call_answers_its_value_or_raises_its_exception_and_a_second_open_reuses():
+    async def scenario():
+        runtime = await _runtime([])
+        engine = await answer(runtime, runtime.call("w0", lambda engine: engine), "the engine")
+        assert await answer(runtime, runtime.call("w0", lambda e: e.vocab_size), "vocab") \
+            == engine.vocab_size
+        with pytest.raises(KeyError, match="'missing'"):
+            await answer(runtime, runtime.call("w0", lambda e: {}["missing"]), "a raising call")
+        again = await answer(runtime, runtime.open("w0", "/nowhere", EngineConfig()), "reopen")
+        assert again is engine   # w0 is open: its engine, the model directory never read
+        await runtime.close()
+    run_bounded(scenario(), 30, "a call's value or exception")
 
 
 def test_closing_runs_early_aborts_them_before_the_next_step():
@@ -59,53 +98,69 @@ def test_closing_runs_early_aborts_them_before_the_next_step():
         runtime = await _runtime([])
         runs = [runtime.run("w0", _request(f"r{i}", tuple(range(40 + i, 72 + i)), 1500))
                 for i in range(16)]
-        firsts = await asyncio.gather(*(anext(r) for r in runs[:4]))  # 4 decode, 12 queued
-        assert all(f.request_id == f"r{i}" for i, f in enumerate(firsts))
+        firsts = [(await take(runtime, run, 1, f"r{i}"))[0] for i, run in enumerate(runs[:4])]
+        assert [f.request_id for f in firsts] == ["r0", "r1", "r2", "r3"]  # 4 decode, 12 queued
         for run in runs:
             await run.aclose()   # a consumer that gives up: the runtime sends Abort
         # Commands run in order on the engine thread: the aborts came first, so by this call
         # no step has run for them and the engine holds nothing.
-        assert await runtime.call("w0", lambda engine: engine.busy) is False
-        written = (await runtime.stats("w0")).written_tokens
-        await asyncio.sleep(0.2)
-        assert (await runtime.stats("w0")).written_tokens == written == 4 * 2 * BLOCK
+        assert await answer(runtime, runtime.call("w0", lambda e: e.busy), "busy") is False
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        assert (stats.written_tokens, stats.running, stats.requests_served) == (4 * 2 * BLOCK, 0, 0)
         # nothing queues behind them: a new request finishes at once
-        done = [i async for i in runtime.run("w0", _request("next", tuple(range(5, 40)), 2))]
+        done = await to_the_end(runtime, runtime.run("w0", _request("next", tuple(range(5, 40)), 2)),
+                                "next")
         assert isinstance(done[-1], Finished) and done[-1].result.cached_tokens == 0
         await runtime.close()
-    run_bounded(scenario(), 120, "closing runs early aborts them before the next step")
+    run_bounded(scenario(), 30, "closing runs early aborts them before the next step")
 
 
 def test_abort_from_elsewhere_ends_the_run_without_a_result():
     async def scenario():
         runtime = await _runtime([])
         run = runtime.run("w0", _request("long", tuple(range(10, 50)), 1500))
-        first = await anext(run)
+        first = (await take(runtime, run, 1, "long"))[0]
+        assert (await answer(runtime, runtime.stats("w0"), "stats")).running == 1
         runtime.abort("long")
-        rest = [i async for i in run]
+        rest = await to_the_end(runtime, run, "long, aborted")
         assert first.request_id == "long" and not any(isinstance(i, Finished) for i in rest)
-        assert len(rest) < 1500 and await runtime.call("w0", lambda e: e.busy) is False
+        assert len(rest) < 1500
+        assert await answer(runtime, runtime.call("w0", lambda e: e.busy), "busy") is False
+        runtime.abort("long")          # already gone: nothing happens
+        runtime.abort("never-sent")
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        assert (stats.running, stats.requests_served) == (0, 0)
         await runtime.close()
-    run_bounded(scenario(), 120, "abort from elsewhere ends the run without a result")
+    run_bounded(scenario(), 30, "abort from elsewhere ends the run without a result")
 
 
-def test_a_broken_engine_fails_its_runs_and_leaves():
+def test_a_broken_engine_fails_its_runs_and_leaves(caplog):
+    steps: list[int] = []
+
+    def break_engine(engine):
+        def boom():
+            steps.append(1)
+            raise RuntimeError("MLX fell over")
+        engine.step = boom
+
     async def scenario():
         runtime = await _runtime([])
-
-        def break_engine(engine):
-            def boom():
-                raise RuntimeError("MLX fell over")
-            engine.step = boom
-        await runtime.call("w0", break_engine)
-        with pytest.raises(WorkerFailed, match="MLX fell over"):
-            async with contextlib.aclosing(runtime.run("w0", _request("x", (1, 2, 3), 4))) as run:
-                async for _ in run:
-                    pass
-        with pytest.raises(WorkerFailed, match="no engine"):
-            await runtime.stats("w0")
+        await answer(runtime, runtime.call("w0", break_engine), "break the engine")
+        run = runtime.run("w0", _request("x", (1, 2, 3), 4))
+        first = asyncio.ensure_future(anext(run))
+        while not first.done() and len(steps) < 2 and not await idle(runtime, "w0"):
+            await asyncio.sleep(0.01)
+        await settle()
+        assert steps == [1], "the broken engine was stepped again: it was not dropped"
+        with pytest.raises(WorkerFailed, match=r"^worker w0 failed: RuntimeError\('MLX fell over'\)$"):
+            first.result()   # not done: InvalidStateError
+        with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
+            await answer(runtime, runtime.stats("w0"), "stats")
         await runtime.close()
-    run_bounded(scenario(), 120, "a broken engine fails its runs and leaves")
+    run_bounded(scenario(), 30, "a broken engine fails its runs and leaves")
+    [record] = [r for r in caplog.records if r.name == "workers.runtime"]
+    assert (record.getMessage(), record.exc_info[1].args) == (
+        "worker w0: engine step failed", ("MLX fell over",))
 
 
 def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tmp_path):
@@ -114,25 +169,113 @@ def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tm
     async def held_after_restart(directory, stop) -> list:
         config = EngineConfig(block_size=BLOCK, max_batch=4, worker_id="w0",
                               disk_dir=str(directory), disk_bytes=64 * 2**20)
-        runtime = EngineRuntime()
-        await runtime.open("w0", str(tiny_model()), config)
-        [i async for i in runtime.run("w0", _request("a", prompt, 3))]
+        events: list = []
+        runtime = EngineRuntime(events.append)
+        await answer(runtime, runtime.open("w0", str(tiny_model()), config), "open")
+        await to_the_end(runtime, runtime.run("w0", _request("a", prompt, 3)), "a")
+        assert events[-1].rates.disk_bytes_per_token > 0   # a disk tier: the router's rates
         await stop(runtime)
         again = EngineRuntime()
-        await again.open("w0", str(tiny_model()), config)
-        held = await again.holdings("w0")
+        await answer(again, again.open("w0", str(tiny_model()), config), "reopen")
+        held = await answer(again, again.holdings("w0"), "holdings")
         await again.close()
-        assert held.blocks == ()  # a restarted worker's cache is all on disk
+        assert held.blocks == () and held.seq == 0  # a restarted worker's cache is all on disk
         return held.disk_blocks
 
     async def retire(runtime):
+        run = runtime.run("w0", _request("b", tuple(range(200, 240)), 1500))
+        await take(runtime, run, 1, "b")
         runtime.retire("w0")
-        with pytest.raises(WorkerFailed, match="no engine"):  # the retire has been handled
-            await runtime.stats("w0")
+        with pytest.raises(WorkerFailed, match="^worker w0 left mid-request$"):
+            await to_the_end(runtime, run, "b, retired")
+        with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
+            await answer(runtime, runtime.stats("w0"), "stats")
+        runtime.retire("w0")   # again: nothing left to drop
         await runtime.close()
 
     async def scenario():
-        # nothing was evicted: only closing the engine wrote its 4 memory blocks to disk
-        assert len(await held_after_restart(tmp_path / "retired", retire)) == 4
+        # nothing was evicted: only closing the engine wrote its memory blocks to disk (b's 2
+        # full blocks too, when it was retired mid-request)
+        assert len(await held_after_restart(tmp_path / "retired", retire)) == 6
         assert len(await held_after_restart(tmp_path / "stopped", EngineRuntime.close)) == 4
-    run_bounded(scenario(), 120, "retire or stop, then restart on the same directory")
+    run_bounded(scenario(), 30, "retire or stop, then restart on the same directory")
+
+
+def test_idle_engines_drop_expired_blocks_once_a_second_of_the_runtime_clock(clock):
+    async def scenario():
+        clock.now = 100.0
+        events: list = []
+        runtime = EngineRuntime(events.append, clock=clock)   # its last expiry pass: 100.0
+        config = EngineConfig(block_size=BLOCK, max_batch=4, ttl_s=0.5, kept_bytes=0)
+        await answer(runtime, runtime.open("w0", str(tiny_model()), config, clock), "open")
+        await to_the_end(runtime, runtime.run("w0", _request("a", tuple(range(30, 62)), 1)), "a")
+        stored = [e.block for batch in events for e in batch.events]
+        assert len(stored) == 2
+        clock.now = 100.999   # past the blocks' TTL, not yet a second after the last pass
+        await asyncio.sleep(0.5)   # ten idle turns of the engine thread
+        held = await answer(runtime, runtime.holdings("w0"), "holdings")
+        assert sorted(held.blocks) == sorted(stored) and len(events) == 1
+        clock.now = 101.0     # a second after: the next idle turn drops them and says so
+        await asyncio.sleep(0.5)
+        held = await answer(runtime, runtime.holdings("w0"), "holdings")
+        assert held.blocks == () and held.seq == 2, "no expiry pass a second after the last"
+        assert sorted(e.block for e in events[1].events) == sorted(stored)
+        assert all(isinstance(e, BlockRemoved) for e in events[1].events)
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        assert (stats.expirations, stats.evictions, stats.cache_blocks) == (2, 0, 0)
+        await runtime.close()
+    run_bounded(scenario(), 30, "idle expiry")
+
+
+def test_a_busy_engine_steps_without_waiting_for_commands():
+    async def scenario():
+        runtime = await _runtime([])
+        start = time.monotonic()
+        items = await to_the_end(runtime, runtime.run("w0", _request("a", (5, 6, 7), 200)), "a")
+        took = time.monotonic() - start
+        assert len(items) == 201
+        # waiting IDLE_WAIT_S for a command between steps would take 200 x 0.05 s = 10 s
+        assert took < 200 * IDLE_WAIT_S, f"200 steps took {took:.1f} s: the busy loop waits"
+        await runtime.close()
+    run_bounded(scenario(), 30, "a busy engine's steps")
+
+
+def test_stats_count_what_a_full_store_evicted():
+    async def scenario():
+        runtime = EngineRuntime()
+        config = EngineConfig(block_size=BLOCK, max_batch=4, store_bytes=4 * BLOCK * 512,
+                              kept_bytes=0)
+        engine = await answer(runtime, runtime.open("w0", str(tiny_model()), config), "open")
+        assert engine.kv_bytes_per_token == 512   # room for 4 blocks of the tiny model
+        for rid, first in (("a", 30), ("b", 130)):
+            prompt = tuple(range(first, first + 4 * BLOCK))
+            await to_the_end(runtime, runtime.run("w0", _request(rid, prompt, 3)), rid)
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        assert stats == WorkerStats(running=0, cache_bytes=4 * BLOCK * 512,
+                                    cache_capacity_bytes=4 * BLOCK * 512, cache_blocks=4,
+                                    written_tokens=128, input_tokens=128, cached_tokens=0,
+                                    requests_served=2, evictions=4, expirations=0)
+        await runtime.close()
+    run_bounded(scenario(), 30, "evictions in the stats")
+
+
+def test_two_engines_on_one_thread_step_while_either_is_busy_and_may_share_request_ids():
+    async def scenario():
+        runtime = await _runtime([])
+        await answer(runtime, runtime.open("w1", str(tiny_model()),
+                                           EngineConfig(block_size=BLOCK, max_batch=4)), "open w1")
+        start = time.monotonic()
+        items = await to_the_end(runtime, runtime.run("w0", _request("a", (5, 6, 7), 200)), "a")
+        took = time.monotonic() - start
+        assert len(items) == 201   # w1 idle all along: the thread still steps w0 at once
+        assert took < 200 * IDLE_WAIT_S, f"200 steps took {took:.1f} s beside an idle engine"
+        # the same request id on both workers: each run ends with its own result
+        runs = [runtime.run(w, _request("dup", (9, 10, 11), 5)) for w in ("w0", "w1")]
+        done = await asyncio.gather(*(to_the_end(runtime, r, f"dup on {w}", w)
+                                      for r, w in zip(runs, ("w0", "w1"))))
+        assert [len(d) for d in done] == [6, 6]
+        assert all(isinstance(d[-1], Finished) for d in done)
+        served = [(await answer(runtime, runtime.stats(w), w)).requests_served for w in ("w0", "w1")]
+        assert served == [2, 1]
+        await runtime.close()
+    run_bounded(scenario(), 30, "two engines on one thread")

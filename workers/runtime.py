@@ -23,7 +23,10 @@ through the command queue. This is the one place that drives an engine::
                                                             every EXPIRE_EVERY_S
 
 An engine whose ``step`` raises is broken: every run on it raises ``WorkerFailed`` (the caller
-retries elsewhere, ``cluster.backend.retry``) and the engine is dropped. Whoever consumes a run
+retries elsewhere, ``cluster.backend.retry``) and the engine is dropped. Once the engine thread
+ends (``close``, or a bug that escapes a command, such as an ``on_events`` that raises), every
+run and call, those waiting and those after, raises ``WorkerFailed`` saying why: no caller waits
+on a thread that is gone. Whoever consumes a run
 and stops before its ``Finished`` (a cancelled stream, a deadline, a cancelled job) aborts the
 request in the engine: cancelled work stops within one step.
 
@@ -51,7 +54,6 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05     # how long an idle engine thread waits for a command
 EXPIRE_EVERY_S = 1.0   # how often idle engines drop expired blocks (and say so)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,7 @@ class EngineRuntime:
         self._commands: queue.Queue[Command] = queue.Queue()       # any thread -> engine thread
         self._slots: dict[str, _Slot] = {}                          # engine thread only
         self._where: dict[str, str] = {}                            # engine thread: rid -> worker
+        self._ended: str | None = None   # why the engine thread ended; set once, by that thread
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -182,8 +185,8 @@ class EngineRuntime:
         """
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
-        self._commands.put(Submit(worker_id, request,
-                                  lambda item: loop.call_soon_threadsafe(items.put_nowait, item)))
+        self._send(Submit(worker_id, request,
+                          lambda item: loop.call_soon_threadsafe(items.put_nowait, item)))
         settled = False
         try:
             while True:
@@ -201,15 +204,15 @@ class EngineRuntime:
                 yield item
         finally:
             if not settled:
-                self._commands.put(Abort(request.request_id))
+                self._send(Abort(request.request_id))
 
     def abort(self, request_id: str) -> None:
         """Abort ``request_id`` wherever it runs: it leaves its batch at the next step."""
-        self._commands.put(Abort(request_id))
+        self._send(Abort(request_id))
 
     def retire(self, worker_id: str) -> None:
         """Drop ``worker_id``'s engine; requests still on it raise ``WorkerFailed``."""
-        self._commands.put(Retire(worker_id))
+        self._send(Retire(worker_id))
 
     async def stats(self, worker_id: str) -> WorkerStats:
         return await self.call(worker_id, lambda _: self._stats(self._slots[worker_id]))
@@ -226,13 +229,44 @@ class EngineRuntime:
     async def _ask(self, command: Callable[[Reply], Command]):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._commands.put(command(
+        self._send(command(
             lambda ok, value: loop.call_soon_threadsafe(_settle, future, ok, value)))
         return await future
+
+    def _send(self, command: Command) -> None:
+        self._commands.put(command)
+        if self._ended is not None:  # nobody reads the queue any more: refuse it here
+            self._refuse_queued(self._ended)
 
     # ---- the engine thread ---------------------------------------------------------------
 
     def _loop(self) -> None:
+        why = "the engine runtime was closed"
+        try:
+            self._serve()
+        except Exception as exc:  # a bug: fail every caller now rather than leave them waiting
+            log.exception("the engine thread failed")
+            why = f"the engine thread failed: {exc!r}"
+        finally:
+            self._ended = why   # callers refuse what they send from now on; this refuses the rest
+            try:
+                for worker_id in list(self._slots):
+                    self._drop(worker_id, why)
+            finally:
+                self._refuse_queued(why)
+
+    def _refuse_queued(self, why: str) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, (Open, Call)):
+                command.reply(False, WorkerFailed(why))
+            elif isinstance(command, Submit):
+                command.sink(WorkerFailed(why))
+
+    def _serve(self) -> None:
         expired_at = self._clock()
         while True:
             busy = any(s.engine.busy for s in self._slots.values())
@@ -241,9 +275,7 @@ class EngineRuntime:
             except queue.Empty:
                 command = None
             if isinstance(command, Stop):
-                for worker_id in list(self._slots):
-                    self._drop(worker_id, f"worker {worker_id} stopped mid-request")
-                return
+                return  # ``_loop`` drops the engines: their runs raise ``WorkerFailed``
             if command is not None:
                 self._command(command)
             elif busy:
@@ -289,7 +321,7 @@ class EngineRuntime:
             return
         try:
             slot.engine.submit(command.request)
-        except ValueError as exc:
+        except Exception as exc:  # refused (ValueError), or a bug: this run fails, not the thread
             command.sink(exc)
             return
         rid = command.request.request_id

@@ -25,7 +25,10 @@ the store, so a restarted frontend resumes where it stopped: requests without a 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
 ``NoWorkerAvailable`` is retried with backoff until the request's deadline, then recorded as
 ``UNAVAILABLE``; a deadline as ``DEADLINE_EXCEEDED``; a ``ValueError`` as ``INVALID_ARGUMENT``,
-and so does a request that ``prepare`` finds invalid (a prompt over the context).
+and so does a request that ``prepare`` finds invalid (a prompt over the context); any other
+exception, from ``prepare``, the backend or building the result, as ``INTERNAL``. A job whose
+own task fails (its forecast, reading its pages) records ``INTERNAL`` for every request still
+without a result: every request gets a result, so every job ends.
 """
 from __future__ import annotations
 
@@ -251,15 +254,33 @@ class JobRunner:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
             raise
+        except Exception as exc:  # a bug in the job's own task: its requests still end
+            log.exception("job %s: its task failed", job.job_id)
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            self._fail_rest(job, f"{type(exc).__name__}: {exc}")
         finally:
             if self._jobs.get(job.job_id) is asyncio.current_task():
                 del self._jobs[job.job_id]
                 self._running.pop(job.job_id, None)
 
-    def _prepare_one(self, stored: StoredRequest) -> NewRequest | ValueError:
+    def _fail_rest(self, job: JobRecord, why: str) -> None:
+        """Record ``INTERNAL`` for every request of ``job`` still without a result."""
+        failed = 0
+        page = self._store.next_requests(job.job_id)
+        while page:
+            for stored in page:
+                if self._store.record_result(job.job_id, error_of(stored, "INTERNAL", why)):
+                    failed += 1
+            page = self._store.next_requests(job.job_id, page[-1].position)
+        self.release(job.tenant, failed)
+        self._notify()
+
+    def _prepare_one(self, stored: StoredRequest) -> NewRequest | Exception:
         try:
             return self._prepare(stored.body)
-        except ValueError as exc:  # cannot run (e.g. over the context): its failed result
+        except Exception as exc:  # cannot run (e.g. over the context), or a bug: its result
             return exc
 
     async def _forecast(self, job: JobRecord) -> None:
@@ -280,9 +301,16 @@ class JobRunner:
         ready = await asyncio.to_thread(self._prepare_one, stored)  # the slot is this task's
         if isinstance(ready, ValueError):
             result = error_of(stored, "INVALID_ARGUMENT", str(ready))
+        elif isinstance(ready, Exception):
+            log.error("request %s: prepare failed: %r", stored.request_id, ready)
+            result = error_of(stored, "INTERNAL", f"{type(ready).__name__}: {ready}")
         else:
-            result = await self._execute(tenant, PendingRequest(
-                stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
+            try:
+                result = await self._execute(tenant, PendingRequest(
+                    stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
+            except Exception as exc:  # a bug past the backend call: recorded, so the job ends
+                log.exception("request %s: no result could be built", stored.request_id)
+                result = error_of(stored, "INTERNAL", f"{type(exc).__name__}: {exc}")
         if self._store.record_result(stored.job_id, result) is not None:
             self.release(tenant, 1)
         self._notify()

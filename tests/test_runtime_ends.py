@@ -1,0 +1,99 @@
+"""``workers.runtime.EngineRuntime`` once its engine thread ends: no caller waits on it.
+
+A consumer of block events that raises (a bug on the engine thread) and a closed runtime both
+end the thread; every run in flight, every call waiting and every later command raises
+``WorkerFailed`` saying why, at once. A real engine on a tiny forged model.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from router.key import Namespace
+from tests.bounded import run_bounded
+from tests.engine_waits import to_the_end
+from tests.forged_models import tiny_model
+from workers.engine import EngineConfig
+from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
+from workers.runtime import EngineRuntime
+
+BLOCK = 16
+FAILED = r"^the engine thread failed: RuntimeError\('the feed is down'\)$"
+CLOSED = r"^the engine runtime was closed$"
+
+
+def _request(rid: str, prompt: tuple[int, ...], max_tokens: int) -> GenerateRequest:
+    return GenerateRequest(rid, Namespace("t", "tiny"), prompt,
+                           SamplingParams(max_tokens=max_tokens))
+
+
+async def _opened(runtime: EngineRuntime) -> EngineRuntime:
+    await runtime.open("w0", str(tiny_model()), EngineConfig(block_size=BLOCK, max_batch=4))
+    return runtime
+
+
+def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once():
+    def feed(batch):
+        raise RuntimeError("the feed is down")
+
+    async def scenario():
+        runtime = await _opened(EngineRuntime(feed))
+        runs = [runtime.run("w0", _request(f"r{i}", tuple(range(30 + i, 30 + i + 2 * BLOCK)), 50))
+                for i in range(2)]
+        first = asyncio.ensure_future(anext(runs[0]))  # its step publishes: the feed raises
+        with pytest.raises(WorkerFailed, match=FAILED):
+            await first
+        with pytest.raises(WorkerFailed, match=FAILED):   # sent after the thread ended
+            await anext(runs[1])
+        with pytest.raises(WorkerFailed, match=FAILED):
+            await runtime.call("w0", lambda engine: engine.busy)
+        with pytest.raises(WorkerFailed, match=FAILED):
+            await runtime.open("w1", str(tiny_model()), EngineConfig(block_size=BLOCK))
+        runtime.abort("r0")      # nothing to answer: neither raises nor waits
+        runtime.retire("w0")
+        await runtime.close()
+    run_bounded(scenario(), 30, "an event consumer that raises")
+
+
+def test_a_closed_runtime_fails_its_runs_in_flight_and_refuses_what_comes_after():
+    async def scenario():
+        runtime = await _opened(EngineRuntime())
+        run = runtime.run("w0", _request("long", tuple(range(10, 50)), 1500))
+        await anext(run)
+        await runtime.close()
+        with pytest.raises(WorkerFailed, match=CLOSED):
+            async for _ in run:
+                pass
+        with pytest.raises(WorkerFailed, match=CLOSED):
+            await runtime.stats("w0")
+        with pytest.raises(WorkerFailed, match=CLOSED):
+            await anext(runtime.run("w0", _request("later", (1, 2, 3), 2)))
+        await runtime.close()   # a second close returns at once
+    run_bounded(scenario(), 30, "a closed runtime")
+
+
+def test_the_engine_thread_is_a_named_daemon_that_lives_until_close():
+    async def scenario():
+        runtime, named = EngineRuntime(), EngineRuntime(name="engine-w7")
+        await asyncio.sleep(0.1)
+        threads = {t.name: t for t in threading.enumerate()}
+        for name in ("orchard-engines", "engine-w7"):   # a daemon: never holds up an exit
+            assert threads[name].is_alive() and threads[name].daemon is True, name
+        await runtime.close()
+        await named.close()
+        assert not threads["engine-w7"].is_alive() and not threads["orchard-engines"].is_alive()
+    run_bounded(scenario(), 30, "the engine thread")
+
+
+def test_a_request_the_engine_cannot_even_read_fails_alone():
+    async def scenario():
+        runtime = await _opened(EngineRuntime())
+        broken = GenerateRequest("broken", Namespace("t", "tiny"), (1, 2, 3), None)
+        with pytest.raises(AttributeError, match="'NoneType' object has no attribute"):
+            await to_the_end(runtime, runtime.run("w0", broken), "a request without sampling")
+        done = await to_the_end(runtime, runtime.run("w0", _request("next", (1, 2, 3), 2)), "next")
+        assert len(done) == 3   # the engine thread lives on
+        await runtime.close()
+    run_bounded(scenario(), 30, "a request the engine cannot read")
