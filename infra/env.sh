@@ -7,6 +7,8 @@ export RAY_ENABLE_MAC_LARGE_OBJECT_STORE=1
 export RAY_AUTH_MODE=token
 export RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$HOME/.orchard/ray_auth_token}"
 export RAY_USAGE_STATS_ENABLED=0
+# Ray starts worker processes at niceness 15; orchard's engine worker is what the Mac is for.
+export RAY_worker_niceness=0
 
 orchard_auth_token() {
   if [ ! -s "$RAY_AUTH_TOKEN_PATH" ]; then

@@ -98,7 +98,8 @@ class NetnsCluster:
         """The environment of every process in the cluster (Ray's and orchard's)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         env.update(FAST_FAILURE_ENV, RAY_AUTH_MODE="disabled",
-                   RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", RAY_USAGE_STATS_ENABLED="0")
+                   RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", RAY_USAGE_STATS_ENABLED="0",
+                   RAY_worker_niceness="0")
         return env
 
     # ------------------------------------------------------------- network

@@ -17,6 +17,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from cluster.backend.bootstrap import WORKER_NICENESS  # noqa: E402
 from cluster.backend.protocol import (GenerateOutcome, NoWorkerAvailable, TokenChunk,  # noqa: E402
                              UnknownWorker)
 from cluster.backend.ray_backend import RayBackend  # noqa: E402
@@ -281,3 +282,14 @@ def test_with_every_worker_drained_requests_are_unavailable(cluster):
     with pytest.raises(NoWorkerAvailable):
         _generate(backend, loop, "none-left", _prompt(90))
 
+
+
+def test_workers_run_at_the_normal_priority(cluster):
+    # Ray would start its worker processes at niceness 15, behind every other process on the
+    # Mac; the embedded cluster starts them at 0 (WORKER_NICENESS), as the engine needs
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    assert WORKER_NICENESS == 0
+    assert ray.get(niceness.remote(), timeout=60) == 0

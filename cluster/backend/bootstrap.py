@@ -71,6 +71,13 @@ def local_cpus(workers: int, placement: Placement) -> int:
     return int(max(os.cpu_count() or 1, min(want, LOCAL_SLOTS * placement.cpus_per_worker)))
 
 
+# Ray starts its worker processes at niceness 15 (below its own daemons), so a serving worker
+# would lose the CPU to anything else on the Mac, an mlx_lm.server beside it included. The
+# engine is what the Mac is for: its worker runs at the normal priority. ``ray start`` nodes
+# get the same from RAY_worker_niceness=0 (infra/env.sh).
+WORKER_NICENESS = 0
+
+
 def start_local(num_cpus: int | None = None, slots: int = LOCAL_SLOTS,
                 object_store_bytes: int = LOCAL_OBJECT_STORE_BYTES) -> str:
     """Start an embedded Ray cluster in this process (loopback only); returns its address.
@@ -84,7 +91,8 @@ def start_local(num_cpus: int | None = None, slots: int = LOCAL_SLOTS,
     ray.init(address="local", num_cpus=cpus, resources={NODE_RESOURCE: float(slots)},
              object_store_memory=object_store_bytes, include_dashboard=False,
              namespace=RAY_NAMESPACE, logging_level=logging.WARNING,
-             configure_logging=True, log_to_driver=True)
+             configure_logging=True, log_to_driver=True,
+             _system_config={"worker_niceness": WORKER_NICENESS})
     return _gcs_address()
 
 
