@@ -363,7 +363,8 @@ def test_each_request_is_traced_with_its_names_and_sent_as_a_batch_request(tmp_p
         f"request {job_id}-1 failed"]
 
 
-def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_rest(tmp_path):
+def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_rest(tmp_path,
+                                                                                    caplog):
     def prepare(body: bytes) -> NewRequest:
         if json.loads(body)["max_tokens"] == 7:
             raise RuntimeError("tokenizer broke")
@@ -408,6 +409,10 @@ def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_r
         assert {(r.error_code, r.error_message) for r in store.results(job.job_id)} == {
             ("INTERNAL", "RuntimeError: forecast broke")}
         assert broken.pending() == {}
+        failed = [r for r in caplog.records if r.name == "cluster.jobs.runner"
+                  and r.levelname == "ERROR" and r.exc_info]
+        assert [r.getMessage() for r in failed] == [f"job {job.job_id}: its task failed"]
+        assert str(failed[0].exc_info[1]) == "forecast broke"
         await broken.close()
         await backend.close()
         store.close()
