@@ -6,37 +6,22 @@ result fails here, saying so, instead of hanging.
 """
 from __future__ import annotations
 
-import asyncio
-import json
-
 from cluster.backend.local import LocalBackend
 from cluster.jobs.runner import JobRunner, RunnerLimits
-from cluster.jobs.store import JobState, JobStore, NewRequest, StagedRequest
+from cluster.jobs.store import JobState, JobStore
 from router.key import Namespace
 from tests.bounded import run_bounded, wait_until
 from tests.forged_models import tiny_model
+from tests.runner_bodies import prepare_body, staged_requests
 from workers.engine import EngineConfig
-from workers.messages import SamplingParams
 
 BLOCK = 16
 
 
-def _prepare(body: bytes) -> NewRequest:
-    """A stored body is ``{"prompt": [...], "max_tokens": n}``; a prompt token < 0 is refused."""
-    spec = json.loads(body)
-    if any(t < 0 for t in spec["prompt"]):
-        raise ValueError("prompt: token ids must be >= 0")
-    return NewRequest(custom_id="", prompt=tuple(spec["prompt"]),
-                      sampling=SamplingParams(max_tokens=spec["max_tokens"]))
-
-
-def _staged(*specs: tuple[list[int], int]) -> list[StagedRequest]:
-    return [StagedRequest(i, f"r{i}", b"", json.dumps({"prompt": p, "max_tokens": n}).encode())
-            for i, (p, n) in enumerate(specs)]
 
 
 def _runner(store: JobStore, backend, timeout_s: float = 10.0) -> JobRunner:
-    return JobRunner(store, backend, _prepare,
+    return JobRunner(store, backend, prepare_body,
                      RunnerLimits(max_concurrent=2, max_pending_per_tenant=100,
                                   max_pending_total=100, request_timeout_s=timeout_s),
                      namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
@@ -63,7 +48,8 @@ def test_results_failures_and_pending_counts_are_exact(tmp_path):
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
         runner = _runner(store, backend)
         prompt = list(range(40, 40 + 2 * BLOCK + 3))  # 35 tokens: 2 full blocks
-        staged = _staged((prompt, 3), (prompt, 2), ([5, -1, 7], 2), (prompt + [9] * 20, 1))
+        staged = staged_requests((prompt, 3), (prompt, 2), ([5, -1, 7], 2),
+                                 (prompt + [9] * 20, 1))
         runner.admit("acme", 4)
         job = store.create_job("acme", "tiny", staged)
         runner.launch(job)
@@ -97,7 +83,7 @@ def test_a_request_past_its_deadline_or_without_workers_gets_its_status(tmp_path
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
         runner = _runner(store, backend, timeout_s=0.4)
         runner.admit("acme", 1)
-        job = store.create_job("acme", "tiny", _staged((list(range(10, 30)), 1500)))
+        job = store.create_job("acme", "tiny", staged_requests((list(range(10, 30)), 1500)))
         runner.launch(job)
         job = await _finished(store, job.job_id)
         [late] = store.results(job.job_id)
@@ -105,7 +91,7 @@ def test_a_request_past_its_deadline_or_without_workers_gets_its_status(tmp_path
             False, "DEADLINE_EXCEEDED", "the request ran longer than 0.4 s")
         await backend.drain("local-0")  # no worker left
         runner.admit("acme", 1)
-        job = store.create_job("acme", "tiny", _staged(([1, 2, 3], 1)))
+        job = store.create_job("acme", "tiny", staged_requests(([1, 2, 3], 1)))
         runner.launch(job)
         job = await _finished(store, job.job_id)
         [none] = store.results(job.job_id)
@@ -124,9 +110,9 @@ def test_a_restart_counts_what_is_pending_and_a_rerun_result_releases_nothing(tm
     async def scenario() -> None:
         path = tmp_path / "jobs.sqlite3"
         store = JobStore(path, lambda: 1_000)
-        job = store.create_job("acme", "tiny", _staged(([1, 2, 3], 1), ([4, 5, 6], 1),
+        job = store.create_job("acme", "tiny", staged_requests(([1, 2, 3], 1), ([4, 5, 6], 1),
                                                        ([7, 8, 9], 1)))
-        other = store.create_job("bravo", "tiny", _staged(([1, 2], 1)))
+        other = store.create_job("bravo", "tiny", staged_requests(([1, 2], 1)))
         store.cancel(other.job_id)
         store.close()
         store = JobStore(path, lambda: 2_000)   # the frontend restarts

@@ -24,6 +24,7 @@ from router.cost import PriceTable
 from router.key import Namespace, hash_blocks
 from tests.bounded import run_bounded, wait_until
 from tests.forged_models import tiny_model
+from tests.runner_bodies import prepare_body, staged_requests
 from tests.telemetry_factories import in_memory
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
@@ -32,22 +33,10 @@ BLOCK = 16
 NS = Namespace("acme", "tiny")
 
 
-def _prepare(body: bytes) -> NewRequest:
-    """A stored body is ``{"prompt": [...], "max_tokens": n}``; a prompt token < 0 is refused."""
-    spec = json.loads(body)
-    if any(t < 0 for t in spec["prompt"]):
-        raise ValueError("prompt: token ids must be >= 0")
-    return NewRequest(custom_id="", prompt=tuple(spec["prompt"]),
-                      sampling=SamplingParams(max_tokens=spec["max_tokens"]))
-
-
-def _staged(*specs: tuple[list[int], int]) -> list[StagedRequest]:
-    return [StagedRequest(i, f"r{i}", b"", json.dumps({"prompt": p, "max_tokens": n}).encode())
-            for i, (p, n) in enumerate(specs)]
 
 
 def _runner(store, backend, timeout_s: float = 10.0, tracing=None, concurrent: int = 2):
-    return JobRunner(store, backend, _prepare,
+    return JobRunner(store, backend, prepare_body,
                      RunnerLimits(max_concurrent=concurrent, max_pending_per_tenant=1000,
                                   max_pending_total=1000, request_timeout_s=timeout_s),
                      namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK, tracing=tracing)
@@ -148,8 +137,8 @@ def test_cancelling_a_running_job_stops_its_requests_and_releases_its_count(tmp_
         runner = _runner(store, backend)
         runner.admit("acme", 4)
         runner.admit("bravo", 1)
-        job = store.create_job("acme", "tiny", _staged(*[(list(range(10 + i, 30 + i)), 1500)
-                                                         for i in range(4)]))
+        job = store.create_job("acme", "tiny", staged_requests(
+            *[(list(range(10 + i, 30 + i)), 1500) for i in range(4)]))
         runner.launch(job)
         await wait_until(lambda: runner.slots_in_use() == {"acme": 2}, "2 requests running")
         assert store.get_job(job.job_id).state is JobState.RUNNING
@@ -165,7 +154,7 @@ def test_cancelling_a_running_job_stops_its_requests_and_releases_its_count(tmp_
         await asyncio.wait_for(changed, 1.0)   # the cancel woke whoever waits for progress
         await asyncio.sleep(0.5)
         assert runner.slots_in_use() == {}, "the cancelled requests still run 0.5 s later"
-        queued = store.create_job("bravo", "tiny", _staged(([1, 2], 1)))  # never launched
+        queued = store.create_job("bravo", "tiny", staged_requests(([1, 2], 1)))  # never launched
         assert runner.cancel(queued.job_id, "bravo").cancelled == 1
         assert runner.pending() == {}
         busy = await backend.runtime.call("local-0", lambda engine: engine.busy)
@@ -200,7 +189,7 @@ def test_a_job_longer_than_a_page_runs_every_request_once(tmp_path):
         runner = _runner(store, None, concurrent=8)
         n = PAGE_ROWS + 44
         runner.admit("acme", n)
-        job = store.create_job("acme", "tiny", _staged(*[([i, -1], 1) for i in range(n)]))
+        job = store.create_job("acme", "tiny", staged_requests(*[([i, -1], 1) for i in range(n)]))
         runner.launch(job)   # every prompt is refused by prepare: no backend call
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -238,8 +227,8 @@ def test_a_backend_bug_and_a_refused_request_are_recorded_with_their_status(tmp_
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
         runner = _runner(store, backend)
         runner.admit("acme", 4)
-        job = store.create_job("acme", "tiny", _staged(([1, 2], 1), ([3, 4], 1), ([10**9], 1),
-                                                       ([5, 6], 1)))
+        job = store.create_job("acme", "tiny", staged_requests(
+            ([1, 2], 1), ([3, 4], 1), ([10**9], 1), ([5, 6], 1)))
         runner.launch(job)
         await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
                          "the job to finish")
@@ -272,7 +261,7 @@ def test_the_forecast_covers_the_first_requests_of_a_job_before_any_runs(tmp_pat
         assert runner.tracing is tracing and runner.timeout_s == 0.01
         specs = [([5, -1], 1)] + [(list(range(i, i + 20)), 1) for i in range(129)]
         runner.admit("acme", len(specs))
-        job = store.create_job("acme", "tiny", _staged(*specs))
+        job = store.create_job("acme", "tiny", staged_requests(*specs))
         runner.launch(job)
         await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
                          "the job to finish")
@@ -365,10 +354,10 @@ def test_each_request_is_traced_with_its_names_and_sent_as_a_batch_request(tmp_p
 
 def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_rest(tmp_path,
                                                                                     caplog):
-    def prepare(body: bytes) -> NewRequest:
+    def broken_prepare(body: bytes) -> NewRequest:
         if json.loads(body)["max_tokens"] == 7:
             raise RuntimeError("tokenizer broke")
-        return _prepare(body)
+        return prepare_body(body)
 
     class BrokenForecast(JobTracing):
         def job_launched(self, *args, **kwargs) -> None:
@@ -379,10 +368,11 @@ def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_r
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
         limits = RunnerLimits(max_concurrent=2, max_pending_per_tenant=1000,
                               max_pending_total=1000, request_timeout_s=10.0)
-        runner = JobRunner(store, backend, prepare, limits, namespace=lambda t: Namespace(t, "tiny"),
-                           block_size=BLOCK)
+        runner = JobRunner(store, backend, broken_prepare, limits,
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
         runner.admit("acme", 3)
-        job = store.create_job("acme", "tiny", _staged(([1, 2], 1), ([3, 4], 7), ([5, 6], 1)))
+        job = store.create_job("acme", "tiny",
+                               staged_requests(([1, 2], 1), ([3, 4], 7), ([5, 6], 1)))
         runner.launch(job)
         await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
                          "the job with a prepare bug to finish")
@@ -394,13 +384,13 @@ def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_r
         await runner.close()
 
         # the job's own task fails before any request runs: every request still gets a result
-        broken = JobRunner(store, backend, _prepare, limits,
+        broken = JobRunner(store, backend, prepare_body, limits,
                            namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK,
                            tracing=BrokenForecast(RequestObserver(
                                in_memory(tmp_path)[0], PriceTable(),
                                ServedCache("tiny", BLOCK, 300.0, 10_000))))
         broken.admit("beta", 2)
-        job = store.create_job("beta", "tiny", _staged(([1, 2], 1), ([3, 4], 1)))
+        job = store.create_job("beta", "tiny", staged_requests(([1, 2], 1), ([3, 4], 1)))
         broken.launch(job)
         done = await wait_until(
             lambda: (j := store.get_job(job.job_id)).state is JobState.SUCCEEDED and j,
