@@ -6,7 +6,9 @@ same as ``run_bounded`` for synchronous tests (the ``bounded`` fixture in
 
 ``run_bounded(scenario(), 60, "what it does")`` is ``asyncio.run`` with a deadline. Past it the
 scenario is cancelled and the test fails with an ``AssertionError`` naming the scenario, instead
-of hanging: an engine thread that never answers, a slot never given back. The loop is closed
+of hanging: an engine thread that never answers, a slot never given back. An exception that
+reaches the event loop's handler (raised in a done callback, say one that gives a slot back)
+fails the scenario at once, quoting it, rather than leaving it to stall. The loop is closed
 without waiting for the default executor (``asyncio.run`` would join a thread that may be the
 stuck one).
 
@@ -28,8 +30,21 @@ T = TypeVar("T")
 def run_bounded(scenario: Coroutine[object, object, T], timeout_s: float, what: str) -> T:
     async def bounded() -> T:
         task = asyncio.ensure_future(scenario)
+        escaped: list[dict] = []
+
+        def escape(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+            escaped.append(context)   # an exception no task took: the scenario stops now
+            loop.default_exception_handler(context)
+            task.cancel()
+
+        asyncio.get_running_loop().set_exception_handler(escape)
         # not ``wait_for``: a ``TimeoutError`` the scenario raises is its failure, not the bound
-        if not (await asyncio.wait({task}, timeout=timeout_s))[0]:
+        finished = (await asyncio.wait({task}, timeout=timeout_s))[0]
+        if escaped:
+            context = escaped[0]
+            raise AssertionError(f"{what}: an exception reached the event loop: "
+                                 f"{context['message']}: {context.get('exception')!r}")
+        if not finished:
             task.cancel()
             message = (f"{what}: not finished after {timeout_s:g} s of wall-clock time "
                        "(a wait that never ended)")

@@ -28,7 +28,8 @@ A request whose run fails becomes an error result (``ok = false`` with a gRPC st
 and so does a request that ``prepare`` finds invalid (a prompt over the context); any other
 exception, from ``prepare``, the backend or building the result, as ``INTERNAL``. A job whose
 own task fails (its forecast, reading its pages) records ``INTERNAL`` for every request still
-without a result: every request gets a result, so every job ends.
+without a result, in-flight ones too once they are cancelled and unwound; so does a job whose
+last page left requests behind. Every request gets a result, so every job ends.
 """
 from __future__ import annotations
 
@@ -118,6 +119,16 @@ class RunnerLimits:
     request_timeout_s: float       # one request's deadline, retries included
 
 
+async def _unwind(running: set[asyncio.Task]) -> None:
+    """Cancel the requests in flight and return once each has unwound (its backend call
+    ended, the request aborted on its worker). A request already cancelled is not cancelled
+    again: a second cancel would cut short its wait for the backend call to end."""
+    for task in running:
+        if not task.cancelling():
+            task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
 class JobRunner:
     def __init__(self, store: JobStore, backend: Backend, prepare: Prepare,
                  limits: RunnerLimits, *, namespace: Callable[[str], Namespace],
@@ -195,8 +206,9 @@ class JobRunner:
             # Synchronously: none of them records a result after this. Cancelling a task that
             # awaits ``backend.generate`` cancels that call; the backend stops the request on
             # its worker there (engine abort). A task not yet started gives its slot back
-            # through ``SlotPool.hand_to``'s done callback.
-            request_task.cancel()
+            # through ``SlotPool.hand_to``'s done callback. Once only (see ``_unwind``).
+            if not request_task.cancelling():
+                request_task.cancel()
         self.release(tenant, job.cancelled)
         self._notify()
         return job
@@ -249,16 +261,14 @@ class JobRunner:
                 page = self._store.next_requests(job.job_id, page[-1].position)
             if running:
                 await asyncio.gather(*running)
+            if self._store.next_requests(job.job_id, limit=1):  # a page went missing
+                raise RuntimeError("requests without a result after the job's last page")
         except asyncio.CancelledError:
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await _unwind(running)
             raise
         except Exception as exc:  # a bug in the job's own task: its requests still end
             log.exception("job %s: its task failed", job.job_id)
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await _unwind(running)
             self._fail_rest(job, f"{type(exc).__name__}: {exc}")
         finally:
             if self._jobs.get(job.job_id) is asyncio.current_task():

@@ -1,0 +1,200 @@
+"""How the job runner unwinds requests in flight: on close, when one of two running jobs is
+cancelled, when a job's own task fails mid-run, and when a page of requests goes missing.
+
+The runner and the store are the real ones. The backend holds every call until the test opens
+it and, when a call is cancelled, takes a while to unwind (as an abort sent to a worker does),
+longer for later requests; so a runner that stops waiting after the first unwind is caught.
+Each scenario waits for the job's own task to end, then checks the job: a job left unfinished
+fails at once rather than stalling (``tests.bounded``).
+"""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+from cluster.jobs.runner import JobRunner, RunnerLimits
+from cluster.jobs.store import PAGE_ROWS, JobState, JobStore, NewRequest, StagedRequest
+from router.key import Namespace
+from tests.bounded import run_bounded, wait_until
+from workers.messages import SamplingParams
+
+UNWIND_S = 0.05   # a cancelled call's unwinding takes this long per place in its job
+
+
+class HeldBackend:
+    """Holds each ``generate`` until ``opened``; a cancelled call unwinds, then is counted."""
+
+    def __init__(self):
+        self.opened = asyncio.Event()
+        self.in_flight: set[tuple[str, int]] = set()   # (tenant, index)
+        self.aborted: list[tuple[str, int]] = []       # in the order their unwinding ended
+
+    async def generate(self, request, block_hashes):
+        call = (request.namespace.tenant, request.prompt[0])
+        self.in_flight.add(call)
+        try:
+            await self.opened.wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(UNWIND_S * call[1])
+            self.aborted.append(call)
+            raise
+        finally:
+            self.in_flight.discard(call)
+        raise ValueError(f"request {call[1]} refused")
+
+
+def _prepare(body: bytes) -> NewRequest:
+    """Body ``b"7"`` is the prompt ``(7, 1, 2)``; ``b"-"`` is refused (no backend call)."""
+    if body == b"-":
+        raise ValueError("refused before it ran")
+    return NewRequest(custom_id="", prompt=(int(body), 1, 2),
+                      sampling=SamplingParams(max_tokens=1))
+
+
+def _requests(n: int, body: bytes | None = None) -> list[StagedRequest]:
+    return [StagedRequest(i, f"r{i}", b"", body or str(i).encode()) for i in range(n)]
+
+
+def _runner(store: JobStore, backend, max_concurrent: int) -> JobRunner:
+    return JobRunner(store, backend, _prepare,
+                     RunnerLimits(max_concurrent, max_pending_per_tenant=1000,
+                                  max_pending_total=1000, request_timeout_s=60.0),
+                     namespace=lambda t: Namespace(t, "m"), block_size=16)
+
+
+def _submit(store: JobStore, runner: JobRunner, tenant: str, requests: list[StagedRequest]):
+    runner.admit(tenant, len(requests))
+    job = store.create_job(tenant, "m", requests)
+    runner.launch(job)
+    return job
+
+
+async def _task_ended(job_id: str, what: str) -> None:
+    await wait_until(lambda: job_id not in {t.get_name() for t in asyncio.all_tasks()},
+                     f"{what}: the job's task to end", timeout_s=5.0)
+
+
+def _outcomes(store: JobStore, job_id: str) -> list[tuple[int, str, str]]:
+    return [(r.index, r.error_code, r.error_message)
+            for r in sorted(store.results(job_id, limit=PAGE_ROWS + 10), key=lambda r: r.index)]
+
+
+def test_closing_returns_once_every_request_in_flight_has_unwound(tmp_path):
+    async def scenario() -> None:
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        backend = HeldBackend()
+        runner = _runner(store, backend, max_concurrent=3)
+        job = _submit(store, runner, "acme", _requests(3))
+        await wait_until(lambda: len(backend.in_flight) == 3, "3 requests in flight", 5.0)
+        await runner.close()
+        assert backend.aborted == [("acme", 0), ("acme", 1), ("acme", 2)]
+        assert backend.in_flight == set() and runner.slots_in_use() == {}
+        assert store.get_job(job.job_id).state is JobState.RUNNING   # resumed on next start
+        assert store.results(job.job_id) == []
+        store.close()
+
+    run_bounded(scenario(), 30, "close with requests in flight")
+
+
+def test_cancelling_one_job_leaves_the_other_s_requests_running(tmp_path):
+    async def scenario() -> None:
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        backend = HeldBackend()
+        runner = _runner(store, backend, max_concurrent=4)
+        first = _submit(store, runner, "acme", _requests(2))
+        second = _submit(store, runner, "bravo", _requests(2))
+        await wait_until(lambda: len(backend.in_flight) == 2 * 2, "4 requests in flight", 5.0)
+        assert runner.cancel(first.job_id, "acme").cancelled == 2
+        assert runner.pending() == {"bravo": 2}
+        await _task_ended(first.job_id, "the cancelled job")   # once its calls unwound
+        assert sorted(backend.aborted) == [("acme", 0), ("acme", 1)]
+        assert len(backend.in_flight) == 2, "the other job's calls were stopped too"
+        backend.opened.set()
+        await _task_ended(second.job_id, "the job left running")
+        done = store.get_job(second.job_id)
+        assert (done.state, done.completed, done.failed) == (JobState.SUCCEEDED, 0, 2)
+        assert _outcomes(store, second.job_id) == [
+            (0, "INVALID_ARGUMENT", "request 0 refused"),
+            (1, "INVALID_ARGUMENT", "request 1 refused")]
+        assert runner.pending() == {} and runner.slots_in_use() == {}
+        assert store.results(first.job_id) == []
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "cancel one of two running jobs")
+
+
+class FailingStore(JobStore):
+    """The real store, whose read of a page after the first fails once (a disk error)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.failures_left = 1
+
+    def next_requests(self, job_id, after=(b"", -1), limit=PAGE_ROWS):
+        if after != (b"", -1) and self.failures_left:
+            self.failures_left -= 1
+            raise sqlite3.OperationalError("disk I/O error")
+        return super().next_requests(job_id, after, limit)
+
+
+def test_a_job_whose_task_fails_mid_run_unwinds_its_requests_then_fails_them(tmp_path):
+    async def scenario() -> None:
+        store = FailingStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        backend = HeldBackend()
+        runner = _runner(store, backend, max_concurrent=4)
+        # 3 requests the backend holds, then the rest of the first page refused one by one
+        # through the fourth slot (by then the 3 are in flight), then a second page, whose
+        # read fails just after the first page's last request started
+        refused = [StagedRequest(i, f"r{i}", b"", b"-") for i in range(3, PAGE_ROWS + 1)]
+        job = _submit(store, runner, "acme", _requests(3) + refused)
+        await _task_ended(job.job_id, "the job whose page read failed")
+        assert backend.aborted == [("acme", 0), ("acme", 1), ("acme", 2)]
+        done = store.get_job(job.job_id)
+        assert (done.state, done.completed, done.failed) == (
+            JobState.SUCCEEDED, 0, PAGE_ROWS + 1)
+        failed = "OperationalError: disk I/O error"
+        assert _outcomes(store, job.job_id) == (
+            [(i, "INTERNAL", failed) for i in range(3)]
+            + [(i, "INVALID_ARGUMENT", "refused before it ran") for i in range(3, PAGE_ROWS - 1)]
+            + [(PAGE_ROWS - 1, "INTERNAL", failed),   # started just before the read: cancelled
+               (PAGE_ROWS, "INTERNAL", failed)])
+        assert runner.pending() == {} and runner.slots_in_use() == {}
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "a job task that fails with requests in flight")
+
+
+class LosingStore(JobStore):
+    """The real store, which once answers a page after the first with nothing (a lost page)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.losses_left = 1
+
+    def next_requests(self, job_id, after=(b"", -1), limit=PAGE_ROWS):
+        if after != (b"", -1) and self.losses_left:
+            self.losses_left -= 1
+            return []
+        return super().next_requests(job_id, after, limit)
+
+
+def test_requests_a_lost_page_left_behind_fail_so_the_job_ends(tmp_path):
+    async def scenario() -> None:
+        store = LosingStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        runner = _runner(store, None, max_concurrent=8)
+        n = PAGE_ROWS + 3
+        job = _submit(store, runner, "acme", _requests(n, b"-"))  # refused: no backend call
+        await _task_ended(job.job_id, "the job with a lost page")
+        done = store.get_job(job.job_id)
+        assert (done.state, done.completed, done.failed) == (JobState.SUCCEEDED, 0, n)
+        lost = "RuntimeError: requests without a result after the job's last page"
+        assert _outcomes(store, job.job_id) == (
+            [(i, "INVALID_ARGUMENT", "refused before it ran") for i in range(PAGE_ROWS)]
+            + [(i, "INTERNAL", lost) for i in range(PAGE_ROWS, n)])
+        assert runner.pending() == {}
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "a lost page")
