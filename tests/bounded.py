@@ -8,7 +8,8 @@ same as ``run_bounded`` for synchronous tests (the ``bounded`` fixture in
 scenario is cancelled and the test fails with an ``AssertionError`` naming the scenario, instead
 of hanging: an engine thread that never answers, a slot never given back. An exception that
 reaches the event loop's handler (raised in a done callback, say one that gives a slot back)
-fails the scenario at once, quoting it, rather than leaving it to stall. The loop is closed
+or ends a thread (the engine thread, whose callers would wait forever) fails the scenario at
+once, quoting it, rather than leaving it to stall. The loop is closed
 without waiting for the default executor (``asyncio.run`` would join a thread that may be the
 stuck one).
 
@@ -22,6 +23,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from typing import Callable, Coroutine, TypeVar
 
 T = TypeVar("T")
@@ -37,9 +39,20 @@ def run_bounded(scenario: Coroutine[object, object, T], timeout_s: float, what: 
             loop.default_exception_handler(context)
             task.cancel()
 
-        asyncio.get_running_loop().set_exception_handler(escape)
+        def thread_ended(args: threading.ExceptHookArgs) -> None:
+            escaped.append({"message": f"thread {args.thread.name} ended by an exception",
+                            "exception": args.exc_value})
+            previous_hook(args)
+            loop.call_soon_threadsafe(task.cancel)
+
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(escape)
+        previous_hook, threading.excepthook = threading.excepthook, thread_ended
         # not ``wait_for``: a ``TimeoutError`` the scenario raises is its failure, not the bound
-        finished = (await asyncio.wait({task}, timeout=timeout_s))[0]
+        try:
+            finished = (await asyncio.wait({task}, timeout=timeout_s))[0]
+        finally:
+            threading.excepthook = previous_hook
         if escaped:
             context = escaped[0]
             raise AssertionError(f"{what}: an exception reached the event loop: "

@@ -13,7 +13,7 @@ import pytest
 
 from router.key import Namespace
 from tests.bounded import run_bounded
-from tests.engine_waits import to_the_end
+from tests.engine_waits import answer, take, to_the_end
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
@@ -30,7 +30,8 @@ def _request(rid: str, prompt: tuple[int, ...], max_tokens: int) -> GenerateRequ
 
 
 async def _opened(runtime: EngineRuntime) -> EngineRuntime:
-    await runtime.open("w0", str(tiny_model()), EngineConfig(block_size=BLOCK, max_batch=4))
+    await answer(runtime, runtime.open("w0", str(tiny_model()),
+                                       EngineConfig(block_size=BLOCK, max_batch=4)), "open")
     return runtime
 
 
@@ -42,15 +43,15 @@ def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once():
         runtime = await _opened(EngineRuntime(feed))
         runs = [runtime.run("w0", _request(f"r{i}", tuple(range(30 + i, 30 + i + 2 * BLOCK)), 50))
                 for i in range(2)]
-        first = asyncio.ensure_future(anext(runs[0]))  # its step publishes: the feed raises
-        with pytest.raises(WorkerFailed, match=FAILED):
-            await first
+        with pytest.raises(WorkerFailed, match=FAILED):  # its step publishes: the feed raises
+            await take(runtime, runs[0], 1, "the first run")
         with pytest.raises(WorkerFailed, match=FAILED):   # sent after the thread ended
-            await anext(runs[1])
+            await take(runtime, runs[1], 1, "the second run")
         with pytest.raises(WorkerFailed, match=FAILED):
-            await runtime.call("w0", lambda engine: engine.busy)
+            await answer(runtime, runtime.call("w0", lambda engine: engine.busy), "a call")
         with pytest.raises(WorkerFailed, match=FAILED):
-            await runtime.open("w1", str(tiny_model()), EngineConfig(block_size=BLOCK))
+            await answer(runtime, runtime.open("w1", str(tiny_model()),
+                                               EngineConfig(block_size=BLOCK)), "an open")
         runtime.abort("r0")      # nothing to answer: neither raises nor waits
         runtime.retire("w0")
         await runtime.close()
@@ -61,15 +62,14 @@ def test_a_closed_runtime_fails_its_runs_in_flight_and_refuses_what_comes_after(
     async def scenario():
         runtime = await _opened(EngineRuntime())
         run = runtime.run("w0", _request("long", tuple(range(10, 50)), 1500))
-        await anext(run)
+        await take(runtime, run, 1, "the first token")
         await runtime.close()
         with pytest.raises(WorkerFailed, match=CLOSED):
-            async for _ in run:
-                pass
+            await to_the_end(runtime, run, "the run in flight")
         with pytest.raises(WorkerFailed, match=CLOSED):
-            await runtime.stats("w0")
+            await answer(runtime, runtime.stats("w0"), "stats")
         with pytest.raises(WorkerFailed, match=CLOSED):
-            await anext(runtime.run("w0", _request("later", (1, 2, 3), 2)))
+            await take(runtime, runtime.run("w0", _request("later", (1, 2, 3), 2)), 1, "later")
         await runtime.close()   # a second close returns at once
     run_bounded(scenario(), 30, "a closed runtime")
 
