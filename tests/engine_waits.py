@@ -6,7 +6,9 @@ answer is already here. ``answer`` sends two probes after a command (a call and 
 worker that does not exist, answered at once, one through the call path and one through the
 run path) and fails, naming the command, if its answer is not here when a probe's is.
 ``to_the_end`` consumes a run: once the engine is idle everything for the run has been sent,
-so a run that would wait for more fails, saying so, instead of waiting.
+so a run that would wait for more fails, saying so, instead of waiting; so does a run on a
+busy engine that yields nothing for ``STALL_S`` (its steps stopped). A command whose engine
+thread has ended without answering it fails at once too.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ T = TypeVar("T")
 
 NOBODY = "no-such-worker"
 POLL_S = 0.02  # how often ``to_the_end`` asks a quiet engine whether it is idle
+STALL_S = 10.0  # a busy engine that yields nothing this long takes no steps (a step of the
+#                 tests' tiny model takes milliseconds)
 
 
 async def settle() -> None:
@@ -36,12 +40,17 @@ async def answer(runtime: EngineRuntime, awaitable: Awaitable[T], what: str) -> 
     if not task.done():
         probes = [asyncio.ensure_future(_probe_call(runtime)),
                   asyncio.ensure_future(_probe_run(runtime))]
-        await asyncio.wait(probes, return_when=asyncio.FIRST_COMPLETED)
+        while not (await asyncio.wait(probes, timeout=POLL_S,
+                                      return_when=asyncio.FIRST_COMPLETED))[0]:
+            if not runtime.alive:   # the thread answered all it ever will before it ended
+                break
         for probe in probes:
             probe.cancel()
         await settle()
     if not task.done():
         task.cancel()
+        if not runtime.alive:
+            raise AssertionError(f"{what}: no answer, and the engine thread has ended")
         raise AssertionError(f"{what}: no answer, though a command sent after it was answered")
     return task.result()
 
@@ -57,9 +66,11 @@ async def take(runtime: EngineRuntime, run: AsyncIterator[T], n: int | None, wha
                worker_id: str = "w0") -> list[T]:
     """The next ``n`` items of ``run`` (all, for ``None``), fewer if it ends; fails at once if
     the engine is idle and the run still waits."""
+    loop = asyncio.get_running_loop()
     items: list[T] = []
     while n is None or len(items) < n:
         item = asyncio.ensure_future(anext(run))
+        since = loop.time()
         while not (await asyncio.wait({item}, timeout=POLL_S))[0]:
             if await idle(runtime, worker_id):
                 await settle()
@@ -67,6 +78,10 @@ async def take(runtime: EngineRuntime, run: AsyncIterator[T], n: int | None, wha
                     item.cancel()
                     raise AssertionError(f"{what}: the engine is idle and the run waits for more "
                                          f"after {len(items)} items")
+            elif loop.time() - since > STALL_S:
+                item.cancel()
+                raise AssertionError(f"{what}: the engine is busy, yet nothing came for "
+                                     f"{STALL_S:g} s after {len(items)} items (no step)")
         try:
             items.append(item.result())
         except StopAsyncIteration:

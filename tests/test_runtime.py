@@ -7,6 +7,7 @@ an answer was lost (``tests.engine_waits``), inside a wall-clock bound for the s
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from workers.messages import GenerateRequest, SamplingParams, WorkerFailed, Work
 from workers.runtime import IDLE_WAIT_S, EngineRuntime, Finished
 
 BLOCK = 16
+STEP_S = 5.0   # a step of the tiny model takes milliseconds: none in this long is a stall
 NO_ENGINE = "^worker {} has no engine \\(not started, broken or retired\\)$"
 
 
@@ -190,7 +192,9 @@ def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tm
             await to_the_end(runtime, run, "b, retired")
         with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
             await answer(runtime, runtime.stats("w0"), "stats")
-        runtime.retire("w0")   # again: nothing left to drop
+        runtime.retire("w0")   # again: nothing left to drop, and the thread goes on
+        with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
+            await answer(runtime, runtime.stats("w0"), "stats after a second retire")
         await runtime.close()
 
     async def scenario():
@@ -230,14 +234,118 @@ def test_idle_engines_drop_expired_blocks_once_a_second_of_the_runtime_clock(clo
 def test_a_busy_engine_steps_without_waiting_for_commands():
     async def scenario():
         runtime = await _runtime([])
+        run = runtime.run("w0", _request("a", (5, 6, 7), 200))
         start = time.monotonic()
-        items = await to_the_end(runtime, runtime.run("w0", _request("a", (5, 6, 7), 200)), "a")
-        took = time.monotonic() - start
-        assert len(items) == 201
-        # waiting IDLE_WAIT_S for a command between steps would take 200 x 0.05 s = 10 s
-        assert took < 200 * IDLE_WAIT_S, f"200 steps took {took:.1f} s: the busy loop waits"
+        items: list = []
+        while True:   # no probes, which are commands: the engine gets none while it decodes
+            try:
+                items.append(await asyncio.wait_for(anext(run), STEP_S))
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise AssertionError(f"no step for {STEP_S:g} s after {len(items)} items") from None
+            took = time.monotonic() - start
+            # waiting IDLE_WAIT_S for a command between steps: 200 steps would take 10 s
+            assert took < max(len(items), 20) * IDLE_WAIT_S, (
+                f"{len(items)} steps took {took:.2f} s: the busy loop waits between steps")
+        assert len(items) == 201 and isinstance(items[-1], Finished)
         await runtime.close()
     run_bounded(scenario(), 30, "a busy engine's steps")
+
+
+def test_commands_queued_together_are_all_handled_before_the_next_step():
+    async def scenario():
+        runtime = await _runtime([])
+        entered, gate = threading.Event(), threading.Event()
+
+        def hold(engine) -> bool:   # keeps the engine thread busy while commands queue up
+            entered.set()
+            return gate.wait(10)
+
+        held = asyncio.ensure_future(runtime.call("w0", hold))
+        assert await asyncio.to_thread(entered.wait, 10)
+        run = runtime.run("w0", _request("gone", (5, 6, 7), 50))
+        first = asyncio.ensure_future(anext(run))
+        await asyncio.sleep(0)   # its Submit is queued
+        runtime.abort("gone")    # and its Abort right behind it
+        gate.set()
+        assert await answer(runtime, held, "the held call") is True
+        with pytest.raises(StopAsyncIteration):   # aborted before any step: not one token
+            await answer(runtime, first, "the run aborted behind its submit")
+        stats = await answer(runtime, runtime.stats("w0"), "stats")
+        assert (stats.running, stats.requests_served, stats.written_tokens) == (0, 0, 0)
+        await runtime.close()
+    run_bounded(scenario(), 30, "commands queued together")
+
+
+def test_a_run_left_open_after_its_finished_never_aborts_a_later_run_of_its_id():
+    async def scenario():
+        runtime = await _runtime([])
+        first = runtime.run("w0", _request("same", (5, 6, 7), 2))
+        items = await take(runtime, first, 3, "the first run")   # 2 tokens, then Finished
+        assert isinstance(items[-1], Finished)
+        second = runtime.run("w0", _request("same", (5, 6, 7), 50))
+        await take(runtime, second, 1, "the second run's first token")
+        await first.aclose()   # the first run ends only now, with the second running
+        rest = await to_the_end(runtime, second, "the second run")
+        assert len(rest) == 50 and isinstance(rest[-1], Finished)
+        assert rest[-1].result.output_tokens[1:] == tuple(d.token for d in rest[:-1])
+        await runtime.close()
+    run_bounded(scenario(), 30, "a finished run closed late")
+
+
+def test_a_call_s_block_events_are_published_under_its_worker():
+    async def scenario():
+        events: list = []
+        runtime = await _runtime(events, kept_bytes=0)
+        await to_the_end(runtime, runtime.run("w0", _request("a", tuple(range(30, 62)), 1)), "a")
+        assert [(b.worker_id, b.seq, len(b.events)) for b in events] == [("w0", 1, 2)]
+        dropped = await answer(runtime, runtime.call(
+            "w0", lambda engine: engine.invalidate(Namespace("t", "tiny"))), "invalidate")
+        assert dropped == 2
+        assert [(b.worker_id, b.seq, len(b.events)) for b in events] == [("w0", 1, 2),
+                                                                          ("w0", 2, 2)]
+        assert all(isinstance(e, BlockRemoved) for e in events[1].events)
+        await runtime.close()
+    run_bounded(scenario(), 30, "a call's events")
+
+
+def test_an_engine_keeps_time_by_the_clock_it_was_opened_with(clock):
+    async def scenario():
+        clock.now = 0.0
+        runtime = EngineRuntime(clock=clock)
+        config = EngineConfig(block_size=BLOCK, max_batch=4, ttl_s=10.0, kept_bytes=0)
+        await answer(runtime, runtime.open("w0", str(tiny_model()), config, clock), "open")
+        await to_the_end(runtime, runtime.run("w0", _request("a", tuple(range(30, 62)), 1)), "a")
+        expire = runtime.call("w0", lambda engine: engine.expire())
+        assert await answer(runtime, expire, "expire at 0 s") == 0
+        assert len((await answer(runtime, runtime.holdings("w0"), "holdings")).blocks) == 2
+        clock.now = 10.5   # past the TTL on the engine's clock (not 10 s of real time)
+        await answer(runtime, runtime.call("w0", lambda engine: engine.expire()), "expire")
+        assert (await answer(runtime, runtime.holdings("w0"), "holdings")).blocks == ()
+        await runtime.close()
+    run_bounded(scenario(), 30, "the engine's clock")
+
+
+def test_a_store_that_cannot_be_persisted_at_retire_is_logged_and_the_runtime_goes_on(caplog):
+    def no_space() -> None:
+        raise OSError(28, "No space left on device")
+
+    async def scenario():
+        runtime = await _runtime([])
+        await answer(runtime, runtime.call("w0", lambda engine: setattr(engine, "close", no_space)),
+                     "a disk that fills at close")
+        runtime.retire("w0")
+        with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
+            await answer(runtime, runtime.stats("w0"), "stats")
+        failed = [r for r in caplog.records if r.name == "workers.runtime"]
+        assert [(r.levelname, r.getMessage()) for r in failed] == [
+            ("ERROR", "worker w0: persisting its prefix store at shutdown failed")]
+        assert isinstance(failed[0].exc_info[1], OSError)
+        assert runtime.alive
+        await runtime.close()
+        assert not runtime.alive
+    run_bounded(scenario(), 30, "a store that cannot be persisted")
 
 
 def test_stats_count_what_a_full_store_evicted():

@@ -35,7 +35,7 @@ async def _opened(runtime: EngineRuntime) -> EngineRuntime:
     return runtime
 
 
-def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once():
+def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once(caplog):
     def feed(batch):
         raise RuntimeError("the feed is down")
 
@@ -55,7 +55,38 @@ def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once():
         runtime.abort("r0")      # nothing to answer: neither raises nor waits
         runtime.retire("w0")
         await runtime.close()
+        logged = [r for r in caplog.records if r.name == "workers.runtime"]
+        assert [(r.levelname, r.getMessage()) for r in logged] == [
+            ("ERROR", "the engine thread failed")]
+        assert str(logged[0].exc_info[1]) == "the feed is down"
     run_bounded(scenario(), 30, "an event consumer that raises")
+
+
+def test_commands_queued_behind_a_close_are_refused_as_closed():
+    async def scenario():
+        runtime = await _opened(EngineRuntime())
+        entered, gate = threading.Event(), threading.Event()
+
+        def hold(engine) -> bool:   # keeps the engine thread busy while commands queue up
+            entered.set()
+            return gate.wait(10)
+
+        held = asyncio.ensure_future(runtime.call("w0", hold))
+        assert await asyncio.to_thread(entered.wait, 10)
+        closing = asyncio.ensure_future(runtime.close())
+        await asyncio.sleep(0)   # its Stop is queued behind the held call
+        call = asyncio.ensure_future(runtime.call("w0", lambda engine: engine.busy))
+        run = asyncio.ensure_future(anext(runtime.run("w0", _request("late", (1, 2, 3), 2))))
+        await asyncio.sleep(0)
+        gate.set()
+        assert await answer(runtime, held, "the held call") is True
+        with pytest.raises(WorkerFailed, match=CLOSED):
+            await answer(runtime, call, "a call queued behind the close")
+        with pytest.raises(WorkerFailed, match=CLOSED):
+            await answer(runtime, run, "a run queued behind the close")
+        await closing
+        assert not runtime.alive
+    run_bounded(scenario(), 30, "commands queued behind a close")
 
 
 def test_a_closed_runtime_fails_its_runs_in_flight_and_refuses_what_comes_after():

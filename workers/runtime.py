@@ -22,7 +22,8 @@ through the command queue. This is the one place that drives an engine::
                                                           └ idle: expired blocks dropped
                                                             every EXPIRE_EVERY_S
 
-An engine whose ``step`` raises is broken: every run on it raises ``WorkerFailed`` (the caller
+Between two steps the engine thread handles the commands queued at that moment, so a flood
+of commands never starves decoding. An engine whose ``step`` raises is broken: every run on it raises ``WorkerFailed`` (the caller
 retries elsewhere, ``cluster.backend.retry``) and the engine is dropped. Once the engine thread
 ends (``close``, or a bug that escapes a command, such as an ``on_events`` that raises), every
 run and call, those waiting and those after, raises ``WorkerFailed`` saying why: no caller waits
@@ -221,6 +222,12 @@ class EngineRuntime:
         """What the worker holds, with the sequence number of the last batch included."""
         return await self.call(worker_id, lambda _: self._holdings(worker_id))
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread still runs: once it ended, nothing is answered but
+        ``WorkerFailed`` (a worker whose runtime is not alive must be replaced)."""
+        return self._thread.is_alive()
+
     async def close(self) -> None:
         if self._thread.is_alive():
             self._commands.put(Stop())
@@ -274,11 +281,16 @@ class EngineRuntime:
                 command = self._commands.get(timeout=0 if busy else IDLE_WAIT_S)
             except queue.Empty:
                 command = None
-            if isinstance(command, Stop):
-                return  # ``_loop`` drops the engines: their runs raise ``WorkerFailed``
-            if command is not None:
+            # The commands queued now, then one step of every busy engine: requests submitted
+            # together start in one batch, and no stream of commands starves the steps.
+            behind = self._commands.qsize()
+            while command is not None:
+                if isinstance(command, Stop):
+                    return  # ``_loop`` drops the engines: their runs raise ``WorkerFailed``
                 self._command(command)
-            elif busy:
+                command = self._next_queued() if behind > 0 else None
+                behind -= 1
+            if any(s.engine.busy for s in self._slots.values()):
                 for worker_id, slot in list(self._slots.items()):
                     if slot.engine.busy:
                         self._step(worker_id, slot)
@@ -287,6 +299,12 @@ class EngineRuntime:
                 for worker_id, slot in self._slots.items():
                     if slot.engine.expire():
                         self._publish(worker_id, slot)
+
+    def _next_queued(self) -> Command | None:
+        try:
+            return self._commands.get_nowait()
+        except queue.Empty:
+            return None
 
     def _command(self, command: Command) -> None:
         if isinstance(command, Submit):
