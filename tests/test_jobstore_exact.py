@@ -56,3 +56,16 @@ def test_results_stream_in_order_with_exact_counts(store):
     assert [r.seq for r in store.results(job.job_id, offset=1, limit=1)] == [1]
     assert store.pending_by_tenant() == {}
     assert store.results(job.job_id)[0].error_message == "boom"
+
+
+def test_a_result_for_a_cancelled_job_is_not_stored(store):
+    job = store.create_job("acme", "m", make_requests(3))
+    assert store.record_result(job.job_id, ok_result(0)).seq == 0
+    assert store.cancel(job.job_id).cancelled == 2
+    assert store.record_result(job.job_id, ok_result(1)) is None   # came back too late
+    assert store.record_result(job.job_id, _failed(2)) is None
+    again = store.get_job(job.job_id)
+    assert (again.state, again.completed, again.failed, again.cancelled) == (
+        JobState.CANCELLED, 1, 0, 2)
+    assert [r.index for r in store.results(job.job_id)] == [0]
+    assert [r.index for r in store.next_requests(job.job_id)] == [1, 2]

@@ -91,6 +91,24 @@ def test_no_worker_is_retried_on_the_backoff_schedule_until_the_deadline():
     run_bounded(scenario(), 30, "the no-worker backoff")
 
 
+class SilentBackend:
+    """A backend whose call never ends (a worker that stopped answering)."""
+
+    async def generate(self, request, block_hashes):
+        await asyncio.Event().wait()
+
+
+def test_a_request_gets_its_deadline_and_not_a_moment_more():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(TimeoutError):
+            await dispatch(SilentBackend(), _request("x", (1, 2, 3), 1), (), 0.05)
+        assert 0.05 <= loop.time() - start < 0.5
+
+    run_bounded(scenario(), 30, "a request's deadline")
+
+
 def test_a_stream_yields_chunks_then_its_outcome_and_stops_at_its_deadline():
     async def scenario() -> None:
         backend = await _backend()
@@ -220,7 +238,7 @@ class BrokenBackend(LocalBackend):
         return outcome
 
 
-def test_a_backend_bug_and_a_refused_request_are_recorded_with_their_status(tmp_path):
+def test_a_backend_bug_and_a_refused_request_are_recorded_with_their_status(tmp_path, caplog):
     async def scenario() -> None:
         backend = BrokenBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
         await backend.start()
@@ -241,6 +259,10 @@ def test_a_backend_bug_and_a_refused_request_are_recorded_with_their_status(tmp_
         assert refused.error_message == (
             f"request {job.job_id}-2: token id 1000000000 is outside the vocabulary [0, 32000); "
             "tokenize with this model's tokenizer")
+        logged = sorted((r.getMessage(), type(r.exc_info[1]).__name__)
+                        for r in caplog.records if r.name == "cluster.jobs.runner")
+        assert logged == [(f"request {job.job_id}-1 failed", "KeyError"),
+                          (f"request {job.job_id}-3: no result could be built", "AttributeError")]
         assert runner.pending() == {}
         await runner.close()
         await backend.close()
@@ -270,6 +292,7 @@ def test_the_forecast_covers_the_first_requests_of_a_job_before_any_runs(tmp_pat
         # the first 128 in dispatch order, less the one prepare refused
         assert job_span.attributes[A.JOB_REQUESTS] == 127
         assert job_span.attributes[A.JOB_ID] == job.job_id
+        assert job_span.attributes[A.TENANT] == "acme"
         assert all(s.start_time >= job_span.end_time for s in spans if s is not job_span)
         await runner.close()
         await backend.close()
@@ -336,6 +359,7 @@ def test_each_request_is_traced_with_its_names_and_sent_as_a_batch_request(tmp_p
                  s.attributes[A.GEN_AI_REQUEST_MAX_TOKENS], s.attributes[A.GEN_AI_OPERATION])
                 for s in (ok, failed)] == [(job.job_id, "chat-7", 4, 2, "chat"),
                                            (job.job_id, "c1", 2, 3, "text_completion")]
+        assert {s.attributes[A.TENANT] for s in (ok, failed)} == {"acme"}
         assert A.ERROR_TYPE not in ok.attributes and ok.status.status_code.name == "UNSET"
         stored = min(store.results(job.job_id), key=lambda r: r.index)  # cost and miss, stored
         assert (stored.ok, stored.miss_cause) == (True, "shorter_than_block")  # 3 tokens
@@ -380,6 +404,8 @@ def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_r
         assert [r.ok for r in results] == [True, False, True]
         assert (results[1].error_code, results[1].error_message) == (
             "INTERNAL", "RuntimeError: tokenizer broke")
+        assert [r.getMessage() for r in caplog.records if r.name == "cluster.jobs.runner"] == [
+            f"request {job.job_id}-1: prepare failed: RuntimeError('tokenizer broke')"]
         assert runner.pending() == {}
         await runner.close()
 

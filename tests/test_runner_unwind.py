@@ -124,6 +124,30 @@ def test_cancelling_one_job_leaves_the_other_s_requests_running(tmp_path):
     run_bounded(scenario(), 30, "cancel one of two running jobs")
 
 
+def test_a_result_ready_as_its_job_is_cancelled_is_dropped_and_counted_once(tmp_path):
+    async def scenario():
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        backend = HeldBackend()
+        runner = _runner(store, backend, max_concurrent=2)
+        job = _submit(store, runner, "acme", _requests(3))   # the third waits for a slot
+        await wait_until(lambda: len(backend.in_flight) == 2, "2 requests in flight", 5.0)
+        backend.opened.set()   # both calls end in this very turn of the loop ...
+        cancelled = runner.cancel(job.job_id, "acme")   # ... as the job is cancelled
+        assert (cancelled.state, cancelled.cancelled) == (JobState.CANCELLED, 3)
+        assert runner.pending() == {}
+        await _task_ended(job.job_id, "the cancelled job")
+        await asyncio.sleep(0.1)   # whatever the calls' ends could still record
+        assert store.results(job.job_id) == []
+        again = store.get_job(job.job_id)
+        assert (again.state, again.completed, again.failed, again.cancelled) == (
+            JobState.CANCELLED, 0, 0, 3)
+        assert runner.pending() == {} and runner.slots_in_use() == {}
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "a result ready as its job is cancelled")
+
+
 class FailingStore(JobStore):
     """The real store, whose read of a page after the first fails once (a disk error)."""
 

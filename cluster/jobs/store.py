@@ -84,7 +84,8 @@ NEXT_REQUESTS = (
 PENDING_BY_TENANT = ("SELECT tenant, SUM(total - completed - failed) FROM jobs "
                      "WHERE state IN (?, ?) GROUP BY tenant")
 INSERT_RESULT = ("INSERT OR IGNORE INTO results (job_id, seq, idx, ok, body) "
-                 "SELECT job_id, completed + failed, ?, ?, ? FROM jobs WHERE job_id = ?")
+                 "SELECT job_id, completed + failed, ?, ?, ? FROM jobs WHERE job_id = ? "
+                 "AND state IN (?, ?)")
 COUNT_RESULT = ("UPDATE jobs SET completed = completed + ?, failed = failed + ? "
                 "WHERE job_id = ? RETURNING completed + failed - 1")
 FINISH_JOB = ("UPDATE jobs SET state = ?, finished_ms = ? WHERE job_id = ? AND state IN (?, ?) "
@@ -220,13 +221,15 @@ class JobStore:
     # --------------------------------------------------------------- results
 
     def record_result(self, job_id: str, result: StoredResult) -> StoredResult | None:
-        """Store ``result`` once; ``None`` if that request already has one (a rerun).
+        """Store ``result`` once; ``None`` if that request already has one (a rerun) or its
+        job has ended (a result that came back as its job was cancelled: the cancel counted it).
 
         The job turns ``succeeded`` in the same transaction when this was its last result.
         """
         with self._transaction():
             cursor = self._db.execute(
-                INSERT_RESULT, (result.index, int(result.ok), result.to_json(), job_id))
+                INSERT_RESULT, (result.index, int(result.ok), result.to_json(), job_id,
+                                JobState.QUEUED.value, JobState.RUNNING.value))
             if cursor.rowcount == 0:
                 return None
             ok = int(result.ok)
