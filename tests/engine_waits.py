@@ -13,6 +13,7 @@ thread has ended without answering it fails at once too.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import AsyncIterator, Awaitable, TypeVar
 
 from router.key import Namespace
@@ -25,6 +26,21 @@ NOBODY = "no-such-worker"
 POLL_S = 0.02  # how often ``to_the_end`` asks a quiet engine whether it is idle
 STALL_S = 10.0  # a busy engine that yields nothing this long takes no steps (a step of the
 #                 tests' tiny model takes milliseconds)
+
+
+async def hold(runtime: EngineRuntime, worker_id: str = "w0"
+               ) -> tuple[asyncio.Future, threading.Event]:
+    """Keep the engine thread busy in a call, so that commands queue up behind it, until the
+    returned event is set; the future is that call (``True`` once let go)."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def held(engine) -> bool:
+        entered.set()
+        return gate.wait(10)
+
+    call = asyncio.ensure_future(runtime.call(worker_id, held))
+    assert await asyncio.to_thread(entered.wait, 10), "the engine thread never took the call"
+    return call, gate
 
 
 async def settle() -> None:

@@ -148,23 +148,27 @@ def test_a_result_ready_as_its_job_is_cancelled_is_dropped_and_counted_once(tmp_
     run_bounded(scenario(), 30, "a result ready as its job is cancelled")
 
 
-class FailingStore(JobStore):
-    """The real store, whose read of a page after the first fails once (a disk error)."""
+class PageFault(JobStore):
+    """The real store, whose first read of a page after the first goes wrong once: it raises
+    ``error`` (a disk error) or, without one, answers nothing (a lost page)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, error: Exception | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.failures_left = 1
+        self.error, self.faults_left = error, 1
 
     def next_requests(self, job_id, after=(b"", -1), limit=PAGE_ROWS):
-        if after != (b"", -1) and self.failures_left:
-            self.failures_left -= 1
-            raise sqlite3.OperationalError("disk I/O error")
+        if after != (b"", -1) and self.faults_left:
+            self.faults_left -= 1
+            if self.error is not None:
+                raise self.error
+            return []
         return super().next_requests(job_id, after, limit)
 
 
 def test_a_job_whose_task_fails_mid_run_unwinds_its_requests_then_fails_them(tmp_path):
     async def scenario() -> None:
-        store = FailingStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        store = PageFault(tmp_path / "jobs.sqlite3", lambda: 0,
+                          error=sqlite3.OperationalError("disk I/O error"))
         backend = HeldBackend()
         runner = _runner(store, backend, max_concurrent=4)
         # 3 requests the backend holds, then the rest of the first page refused one by one
@@ -190,23 +194,9 @@ def test_a_job_whose_task_fails_mid_run_unwinds_its_requests_then_fails_them(tmp
     run_bounded(scenario(), 30, "a job task that fails with requests in flight")
 
 
-class LosingStore(JobStore):
-    """The real store, which once answers a page after the first with nothing (a lost page)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.losses_left = 1
-
-    def next_requests(self, job_id, after=(b"", -1), limit=PAGE_ROWS):
-        if after != (b"", -1) and self.losses_left:
-            self.losses_left -= 1
-            return []
-        return super().next_requests(job_id, after, limit)
-
-
 def test_requests_a_lost_page_left_behind_fail_so_the_job_ends(tmp_path):
     async def scenario() -> None:
-        store = LosingStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        store = PageFault(tmp_path / "jobs.sqlite3", lambda: 0)
         runner = _runner(store, None, max_concurrent=8)
         n = PAGE_ROWS + 3
         job = _submit(store, runner, "acme", _requests(n, b"-"))  # refused: no backend call

@@ -7,7 +7,6 @@ an answer was lost (``tests.engine_waits``), inside a wall-clock bound for the s
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from router.events import BlockRemoved
 from router.key import Namespace
 from tests.bounded import run_bounded
-from tests.engine_waits import answer, idle, settle, take, to_the_end
+from tests.engine_waits import answer, hold, idle, settle, take, to_the_end
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed, WorkerStats
@@ -256,14 +255,7 @@ def test_a_busy_engine_steps_without_waiting_for_commands():
 def test_commands_queued_together_are_all_handled_before_the_next_step():
     async def scenario():
         runtime = await _runtime([])
-        entered, gate = threading.Event(), threading.Event()
-
-        def hold(engine) -> bool:   # keeps the engine thread busy while commands queue up
-            entered.set()
-            return gate.wait(10)
-
-        held = asyncio.ensure_future(runtime.call("w0", hold))
-        assert await asyncio.to_thread(entered.wait, 10)
+        held, gate = await hold(runtime)   # commands queue up behind it
         run = runtime.run("w0", _request("gone", (5, 6, 7), 50))
         first = asyncio.ensure_future(anext(run))
         await asyncio.sleep(0)   # its Submit is queued

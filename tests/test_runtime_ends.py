@@ -13,7 +13,7 @@ import pytest
 
 from router.key import Namespace
 from tests.bounded import run_bounded
-from tests.engine_waits import answer, take, to_the_end
+from tests.engine_waits import answer, hold, take, to_the_end
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
@@ -65,14 +65,7 @@ def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once(caplog):
 def test_commands_queued_behind_a_close_are_refused_as_closed():
     async def scenario():
         runtime = await _opened(EngineRuntime())
-        entered, gate = threading.Event(), threading.Event()
-
-        def hold(engine) -> bool:   # keeps the engine thread busy while commands queue up
-            entered.set()
-            return gate.wait(10)
-
-        held = asyncio.ensure_future(runtime.call("w0", hold))
-        assert await asyncio.to_thread(entered.wait, 10)
+        held, gate = await hold(runtime)   # commands queue up behind it
         closing = asyncio.ensure_future(runtime.close())
         await asyncio.sleep(0)   # its Stop is queued behind the held call
         call = asyncio.ensure_future(runtime.call("w0", lambda engine: engine.busy))
