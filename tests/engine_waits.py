@@ -7,8 +7,10 @@ worker that does not exist, answered at once, one through the call path and one 
 run path) and fails, naming the command, if its answer is not here when a probe's is.
 ``to_the_end`` consumes a run: once the engine is idle everything for the run has been sent,
 so a run that would wait for more fails, saying so, instead of waiting; so does a run on a
-busy engine that yields nothing for ``STALL_S`` (its steps stopped). A command whose engine
-thread has ended without answering it fails at once too.
+busy engine that yields nothing for ``STALL_S`` (its steps stopped), and a command when the
+thread answers not even a probe for ``STALL_S`` (it takes no commands). A command whose engine
+thread has ended without answering it fails at once, and ``closed`` closes a runtime, failing
+at once if the thread still serves commands after its ``Stop``.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ T = TypeVar("T")
 
 NOBODY = "no-such-worker"
 POLL_S = 0.02  # how often ``to_the_end`` asks a quiet engine whether it is idle
-STALL_S = 10.0  # a busy engine that yields nothing this long takes no steps (a step of the
-#                 tests' tiny model takes milliseconds)
+STALL_S = 10.0  # a busy engine that yields nothing this long takes no steps, a thread that
+#                 answers no probe this long takes no commands (each takes milliseconds)
 
 
 async def hold(runtime: EngineRuntime, worker_id: str = "w0"
@@ -43,6 +45,19 @@ async def hold(runtime: EngineRuntime, worker_id: str = "w0"
     return call, gate
 
 
+async def closed(runtime: EngineRuntime) -> None:
+    """``runtime.close()``, failing at once if the engine thread serves a command sent after
+    it (its ``Stop`` was lost) instead of waiting for a thread that will not end."""
+    closing = asyncio.ensure_future(runtime.close())
+    await asyncio.sleep(0)   # its Stop is sent
+    try:
+        await answer(runtime, runtime.call(NOBODY, lambda engine: None), "a call after close")
+    except WorkerFailed as refused:   # refused: the thread stopped (or had ended before)
+        assert not str(refused).startswith(f"worker {NOBODY} "), (
+            f"close: the engine thread still serves commands ({refused})")
+    await closing
+
+
 async def settle() -> None:
     """Let the loop run every callback already scheduled (the engine thread's answers)."""
     for _ in range(3):
@@ -56,10 +71,16 @@ async def answer(runtime: EngineRuntime, awaitable: Awaitable[T], what: str) -> 
     if not task.done():
         probes = [asyncio.ensure_future(_probe_call(runtime)),
                   asyncio.ensure_future(_probe_run(runtime))]
+        loop = asyncio.get_running_loop()
+        since = loop.time()
         while not (await asyncio.wait(probes, timeout=POLL_S,
                                       return_when=asyncio.FIRST_COMPLETED))[0]:
             if not runtime.alive:   # the thread answered all it ever will before it ended
                 break
+            if loop.time() - since > STALL_S:
+                task.cancel()
+                raise AssertionError(f"{what}: the engine thread answered nothing, not even a "
+                                     f"probe, for {STALL_S:g} s (it takes no commands)")
         for probe in probes:
             probe.cancel()
         await settle()

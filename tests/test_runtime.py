@@ -14,7 +14,7 @@ import pytest
 from router.events import BlockRemoved
 from router.key import Namespace
 from tests.bounded import run_bounded
-from tests.engine_waits import answer, hold, idle, settle, take, to_the_end
+from tests.engine_waits import answer, closed, hold, idle, settle, take, to_the_end
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed, WorkerStats
@@ -76,7 +76,7 @@ def test_a_run_yields_deltas_then_finished_and_counts_what_the_store_wrote():
             await answer(runtime, runtime.call("nobody", lambda engine: engine.busy), "nobody")
         with pytest.raises(WorkerFailed, match=NO_ENGINE.format("nobody")):
             await to_the_end(runtime, runtime.run("nobody", _request("n", (1, 2), 1)), "nobody")
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "a run, its stats and holdings")
 
 
@@ -90,7 +90,7 @@ def test_a_call_answers_its_value_or_raises_its_exception_and_a_second_open_reus
             await answer(runtime, runtime.call("w0", lambda e: {}["missing"]), "a raising call")
         again = await answer(runtime, runtime.open("w0", "/nowhere", EngineConfig()), "reopen")
         assert again is engine   # w0 is open: its engine, the model directory never read
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "a call's value or exception")
 
 
@@ -112,7 +112,7 @@ def test_closing_runs_early_aborts_them_before_the_next_step():
         done = await to_the_end(runtime, runtime.run("w0", _request("next", tuple(range(5, 40)), 2)),
                                 "next")
         assert isinstance(done[-1], Finished) and done[-1].result.cached_tokens == 0
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "closing runs early aborts them before the next step")
 
 
@@ -131,7 +131,7 @@ def test_abort_from_elsewhere_ends_the_run_without_a_result():
         runtime.abort("never-sent")
         stats = await answer(runtime, runtime.stats("w0"), "stats")
         assert (stats.running, stats.requests_served) == (0, 0)
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "abort from elsewhere ends the run without a result")
 
 
@@ -157,7 +157,7 @@ def test_a_broken_engine_fails_its_runs_and_leaves(caplog):
             first.result()   # not done: InvalidStateError
         with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
             await answer(runtime, runtime.stats("w0"), "stats")
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "a broken engine fails its runs and leaves")
     [record] = [r for r in caplog.records if r.name == "workers.runtime"]
     assert (record.getMessage(), record.exc_info[1].args) == (
@@ -179,7 +179,7 @@ def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tm
         again = EngineRuntime()
         await answer(again, again.open("w0", str(tiny_model()), config), "reopen")
         held = await answer(again, again.holdings("w0"), "holdings")
-        await again.close()
+        await closed(again)
         assert held.blocks == () and held.seq == 0  # a restarted worker's cache is all on disk
         return held.disk_blocks
 
@@ -194,13 +194,13 @@ def test_retiring_or_stopping_an_engine_persists_its_store_for_the_next_start(tm
         runtime.retire("w0")   # again: nothing left to drop, and the thread goes on
         with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
             await answer(runtime, runtime.stats("w0"), "stats after a second retire")
-        await runtime.close()
+        await closed(runtime)
 
     async def scenario():
         # nothing was evicted: only closing the engine wrote its memory blocks to disk (b's 2
         # full blocks too, when it was retired mid-request)
         assert len(await held_after_restart(tmp_path / "retired", retire)) == 6
-        assert len(await held_after_restart(tmp_path / "stopped", EngineRuntime.close)) == 4
+        assert len(await held_after_restart(tmp_path / "stopped", closed)) == 4
     run_bounded(scenario(), 30, "retire or stop, then restart on the same directory")
 
 
@@ -226,7 +226,7 @@ def test_idle_engines_drop_expired_blocks_once_a_second_of_the_runtime_clock(clo
         assert all(isinstance(e, BlockRemoved) for e in events[1].events)
         stats = await answer(runtime, runtime.stats("w0"), "stats")
         assert (stats.expirations, stats.evictions, stats.cache_blocks) == (2, 0, 0)
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "idle expiry")
 
 
@@ -248,7 +248,7 @@ def test_a_busy_engine_steps_without_waiting_for_commands():
             assert took < max(steps, 20) * IDLE_WAIT_S, (
                 f"{steps} decode steps took {took:.2f} s: the busy loop waits between steps")
         assert len(items) == 201 and isinstance(items[-1], Finished)
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "a busy engine's steps")
 
 
@@ -266,7 +266,7 @@ def test_commands_queued_together_are_all_handled_before_the_next_step():
             await answer(runtime, first, "the run aborted behind its submit")
         stats = await answer(runtime, runtime.stats("w0"), "stats")
         assert (stats.running, stats.requests_served, stats.written_tokens) == (0, 0, 0)
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "commands queued together")
 
 
@@ -282,7 +282,7 @@ def test_a_run_left_open_after_its_finished_never_aborts_a_later_run_of_its_id()
         rest = await to_the_end(runtime, second, "the second run")
         assert len(rest) == 50 and isinstance(rest[-1], Finished)
         assert rest[-1].result.output_tokens[1:] == tuple(d.token for d in rest[:-1])
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "a finished run closed late")
 
 
@@ -298,7 +298,7 @@ def test_a_call_s_block_events_are_published_under_its_worker():
         assert [(b.worker_id, b.seq, len(b.events)) for b in events] == [("w0", 1, 2),
                                                                           ("w0", 2, 2)]
         assert all(isinstance(e, BlockRemoved) for e in events[1].events)
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "a call's events")
 
 
@@ -315,7 +315,7 @@ def test_an_engine_keeps_time_by_the_clock_it_was_opened_with(clock):
         clock.now = 10.5   # past the TTL on the engine's clock (not 10 s of real time)
         await answer(runtime, runtime.call("w0", lambda engine: engine.expire()), "expire")
         assert (await answer(runtime, runtime.holdings("w0"), "holdings")).blocks == ()
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "the engine's clock")
 
 
@@ -335,7 +335,7 @@ def test_a_store_that_cannot_be_persisted_at_retire_is_logged_and_the_runtime_go
             ("ERROR", "worker w0: persisting its prefix store at shutdown failed")]
         assert isinstance(failed[0].exc_info[1], OSError)
         assert runtime.alive
-        await runtime.close()
+        await closed(runtime)
         assert not runtime.alive
     run_bounded(scenario(), 30, "a store that cannot be persisted")
 
@@ -355,7 +355,7 @@ def test_stats_count_what_a_full_store_evicted():
                                     cache_capacity_bytes=4 * BLOCK * 512, cache_blocks=4,
                                     written_tokens=128, input_tokens=128, cached_tokens=0,
                                     requests_served=2, evictions=4, expirations=0)
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "evictions in the stats")
 
 
@@ -377,5 +377,5 @@ def test_two_engines_on_one_thread_step_while_either_is_busy_and_may_share_reque
         assert all(isinstance(d[-1], Finished) for d in done)
         served = [(await answer(runtime, runtime.stats(w), w)).requests_served for w in ("w0", "w1")]
         assert served == [2, 1]
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "two engines on one thread")

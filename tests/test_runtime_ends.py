@@ -13,7 +13,7 @@ import pytest
 
 from router.key import Namespace
 from tests.bounded import run_bounded
-from tests.engine_waits import answer, hold, take, to_the_end
+from tests.engine_waits import answer, closed, hold, take, to_the_end
 from tests.forged_models import tiny_model
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
@@ -54,7 +54,7 @@ def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once(caplog):
                                                EngineConfig(block_size=BLOCK)), "an open")
         runtime.abort("r0")      # nothing to answer: neither raises nor waits
         runtime.retire("w0")
-        await runtime.close()
+        await closed(runtime)
         logged = [r for r in caplog.records if r.name == "workers.runtime"]
         assert [(r.levelname, r.getMessage()) for r in logged] == [
             ("ERROR", "the engine thread failed")]
@@ -87,14 +87,14 @@ def test_a_closed_runtime_fails_its_runs_in_flight_and_refuses_what_comes_after(
         runtime = await _opened(EngineRuntime())
         run = runtime.run("w0", _request("long", tuple(range(10, 50)), 1500))
         await take(runtime, run, 1, "the first token")
-        await runtime.close()
+        await closed(runtime)
         with pytest.raises(WorkerFailed, match=CLOSED):
             await to_the_end(runtime, run, "the run in flight")
         with pytest.raises(WorkerFailed, match=CLOSED):
             await answer(runtime, runtime.stats("w0"), "stats")
         with pytest.raises(WorkerFailed, match=CLOSED):
             await take(runtime, runtime.run("w0", _request("later", (1, 2, 3), 2)), 1, "later")
-        await runtime.close()   # a second close returns at once
+        await closed(runtime)   # a second close returns at once
     run_bounded(scenario(), 30, "a closed runtime")
 
 
@@ -105,8 +105,8 @@ def test_the_engine_thread_is_a_named_daemon_that_lives_until_close():
         threads = {t.name: t for t in threading.enumerate()}
         for name in ("orchard-engines", "engine-w7"):   # a daemon: never holds up an exit
             assert threads[name].is_alive() and threads[name].daemon is True, name
-        await runtime.close()
-        await named.close()
+        await closed(runtime)
+        await closed(named)
         assert not threads["engine-w7"].is_alive() and not threads["orchard-engines"].is_alive()
     run_bounded(scenario(), 30, "the engine thread")
 
@@ -119,5 +119,5 @@ def test_a_request_the_engine_cannot_even_read_fails_alone():
             await to_the_end(runtime, runtime.run("w0", broken), "a request without sampling")
         done = await to_the_end(runtime, runtime.run("w0", _request("next", (1, 2, 3), 2)), "next")
         assert len(done) == 3   # the engine thread lives on
-        await runtime.close()
+        await closed(runtime)
     run_bounded(scenario(), 30, "a request the engine cannot read")
