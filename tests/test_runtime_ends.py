@@ -7,6 +7,7 @@ end the thread; every run in flight, every call waiting and every later command 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import pytest
@@ -121,3 +122,23 @@ def test_a_request_the_engine_cannot_even_read_fails_alone():
         assert len(done) == 3   # the engine thread lives on
         await closed(runtime)
     run_bounded(scenario(), 30, "a request the engine cannot read")
+
+
+def _cpu_s(thread: threading.Thread) -> float:
+    """CPU time a thread of this process has used (Linux: its /proc task entry)."""
+    with open(f"/proc/self/task/{thread.native_id}/stat", encoding="ascii") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc (Linux)")
+def test_an_idle_engine_thread_waits_for_commands_instead_of_spinning():
+    async def scenario():
+        runtime = await _opened(EngineRuntime(name="engine-idle"))
+        [thread] = [t for t in threading.enumerate() if t.name == "engine-idle"]
+        before = _cpu_s(thread)
+        await asyncio.sleep(1.0)   # nothing to do: an engine thread waits on its queue
+        used = _cpu_s(thread) - before
+        assert used < 0.25, f"the idle engine thread used {used:.2f} s of CPU in 1 s"
+        await closed(runtime)
+    run_bounded(scenario(), 30, "an idle engine thread")
