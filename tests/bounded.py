@@ -92,6 +92,20 @@ async def wait_until(done: Callable[[], object], what: str, timeout_s: float = 6
     return value
 
 
+async def within(done: Callable[[], object], limit_s: float, what: str):
+    """Poll ``done()`` until it is true, and return it; past ``limit_s`` the test fails, an
+    assertion naming ``what``. For a wait whose bound is itself the behaviour under test, many
+    times what the work takes (a deadline that must cut a request short, a job of instant
+    failures that must end): running past it is the bug, not a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not (value := done()):
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: not within {limit_s:g} s")
+        await asyncio.sleep(0.01)
+    return value
+
+
 WALL_CLOCK_LIMIT_S = 60.0
 TIMEOUT_EXIT = 36  # what mutmut reads as "timeout"
 

@@ -22,9 +22,9 @@ from cluster.telemetry.job_tracing import JobTracing
 from cluster.telemetry.observe import RequestObserver, ServedCache
 from router.cost import PriceTable
 from router.key import Namespace, hash_blocks
-from tests.bounded import run_bounded, wait_until
+from tests.bounded import run_bounded, wait_until, within
 from tests.forged_models import tiny_model
-from tests.runner_bodies import prepare_body, staged_requests
+from tests.runner_bodies import job_task_ended, prepare_body, staged_requests
 from tests.telemetry_factories import in_memory
 from workers.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
@@ -102,8 +102,11 @@ def test_a_request_gets_its_deadline_and_not_a_moment_more():
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
+        call = asyncio.ensure_future(
+            dispatch(SilentBackend(), _request("x", (1, 2, 3), 1), (), 0.05))
+        await within(call.done, 0.5, "a request with a 0.05 s deadline ended")
         with pytest.raises(TimeoutError):
-            await dispatch(SilentBackend(), _request("x", (1, 2, 3), 1), (), 0.05)
+            await call
         assert 0.05 <= loop.time() - start < 0.5
 
     run_bounded(scenario(), 30, "a request's deadline")
@@ -204,17 +207,27 @@ def test_waiting_for_progress_returns_after_its_timeout_when_nothing_moves(tmp_p
 def test_a_job_longer_than_a_page_runs_every_request_once(tmp_path):
     async def scenario() -> None:
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
-        runner = _runner(store, None, concurrent=8)
+        prepared: list[bytes] = []
+
+        def prepare(body: bytes) -> NewRequest:   # refuses every prompt: no backend call
+            prepared.append(body)
+            return prepare_body(body)
+
+        runner = JobRunner(store, None, prepare,
+                           RunnerLimits(max_concurrent=8, max_pending_per_tenant=1000,
+                                        max_pending_total=1000, request_timeout_s=10.0),
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
         n = PAGE_ROWS + 44
         runner.admit("acme", n)
         job = store.create_job("acme", "tiny", staged_requests(*[([i, -1], 1) for i in range(n)]))
-        runner.launch(job)   # every prompt is refused by prepare: no backend call
+        runner.launch(job)
         loop = asyncio.get_running_loop()
         start = loop.time()
         await runner.wait_changed(3.0)   # a result recorded wakes whoever waits for progress
         assert loop.time() - start < 3.0, "no wake-up when a result was recorded"
-        await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
-                         "the job to finish")
+        await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED
+                         or len(prepared) > len(set(prepared)), "the job to finish")
+        assert len(prepared) == len(set(prepared)) == n, "a request was run twice"
         results = store.results(job.job_id, limit=n + 10)
         assert [r.index for r in results] == list(range(n))
         assert {(r.ok, r.error_code) for r in results} == {(False, "INVALID_ARGUMENT")}
@@ -285,8 +298,9 @@ def test_the_forecast_covers_the_first_requests_of_a_job_before_any_runs(tmp_pat
         runner.admit("acme", len(specs))
         job = store.create_job("acme", "tiny", staged_requests(*specs))
         runner.launch(job)
-        await wait_until(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED,
-                         "the job to finish")
+        # 130 requests that fail at once (no worker, a 0.01 s deadline), two at a time
+        await within(lambda: store.get_job(job.job_id).state is JobState.SUCCEEDED, 10.0,
+                     "a job of 130 requests without a worker ended")
         spans = exporter.get_finished_spans()
         [job_span] = [s for s in spans if s.name == "orchard.job"]
         # the first 128 in dispatch order, less the one prepare refused
@@ -415,13 +429,14 @@ def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_r
                            tracing=BrokenForecast(RequestObserver(
                                in_memory(tmp_path)[0], PriceTable(),
                                ServedCache("tiny", BLOCK, 300.0, 10_000))))
-        broken.admit("beta", 2)
-        job = store.create_job("beta", "tiny", staged_requests(([1, 2], 1), ([3, 4], 1)))
+        n = PAGE_ROWS + 2   # failed a page at a time
+        broken.admit("beta", n)
+        job = store.create_job("beta", "tiny", staged_requests(*[([1, 2], 1)] * n))
         broken.launch(job)
-        done = await wait_until(
-            lambda: (j := store.get_job(job.job_id)).state is JobState.SUCCEEDED and j,
-            "the job whose task failed to finish")
-        assert (done.total, done.completed, done.failed) == (2, 0, 2)
+        await job_task_ended(job.job_id, "the job whose forecast failed")
+        done = store.get_job(job.job_id)
+        assert (done.state, done.total, done.completed, done.failed) == (
+            JobState.SUCCEEDED, n, 0, n)
         assert {(r.error_code, r.error_message) for r in store.results(job.job_id)} == {
             ("INTERNAL", "RuntimeError: forecast broke")}
         assert broken.pending() == {}

@@ -16,6 +16,7 @@ from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.store import PAGE_ROWS, JobState, JobStore, NewRequest, StagedRequest
 from router.key import Namespace
 from tests.bounded import run_bounded, wait_until
+from tests.runner_bodies import job_task_ended
 from workers.messages import SamplingParams
 
 UNWIND_S = 0.05   # a cancelled call's unwinding takes this long per place in its job
@@ -28,9 +29,12 @@ class HeldBackend:
         self.opened = asyncio.Event()
         self.in_flight: set[tuple[str, int]] = set()   # (tenant, index)
         self.aborted: list[tuple[str, int]] = []       # in the order their unwinding ended
+        self.twice: list[tuple[str, int]] = []         # sent while already in flight
 
     async def generate(self, request, block_hashes):
         call = (request.namespace.tenant, request.prompt[0])
+        if call in self.in_flight:
+            self.twice.append(call)
         self.in_flight.add(call)
         try:
             await self.opened.wait()
@@ -69,9 +73,18 @@ def _submit(store: JobStore, runner: JobRunner, tenant: str, requests: list[Stag
     return job
 
 
-async def _task_ended(job_id: str, what: str) -> None:
-    await wait_until(lambda: job_id not in {t.get_name() for t in asyncio.all_tasks()},
-                     f"{what}: the job's task to end", timeout_s=5.0)
+async def _in_flight(backend: HeldBackend, store: JobStore, n: int) -> None:
+    """Until ``n`` calls are held by the backend; fails at once if requests got results
+    instead (they never reached it) or one was sent twice."""
+    def ended() -> list:
+        return [(r.index, r.error_code, r.error_message)
+                for job in store.list_jobs("acme") + store.list_jobs("bravo")
+                for r in store.results(job.job_id)]
+
+    await wait_until(lambda: len(backend.in_flight) == n or ended() or backend.twice,
+                     f"{n} calls in flight", 5.0)
+    assert not ended(), f"requests ended before the backend held {n}: {ended()}"
+    assert not backend.twice, f"requests sent twice: {backend.twice}"
 
 
 def _outcomes(store: JobStore, job_id: str) -> list[tuple[int, str, str]]:
@@ -85,7 +98,7 @@ def test_closing_returns_once_every_request_in_flight_has_unwound(tmp_path):
         backend = HeldBackend()
         runner = _runner(store, backend, max_concurrent=3)
         job = _submit(store, runner, "acme", _requests(3))
-        await wait_until(lambda: len(backend.in_flight) == 3, "3 requests in flight", 5.0)
+        await _in_flight(backend, store, 3)
         await runner.close()
         assert backend.aborted == [("acme", 0), ("acme", 1), ("acme", 2)]
         assert backend.in_flight == set() and runner.slots_in_use() == {}
@@ -103,14 +116,14 @@ def test_cancelling_one_job_leaves_the_other_s_requests_running(tmp_path):
         runner = _runner(store, backend, max_concurrent=4)
         first = _submit(store, runner, "acme", _requests(2))
         second = _submit(store, runner, "bravo", _requests(2))
-        await wait_until(lambda: len(backend.in_flight) == 2 * 2, "4 requests in flight", 5.0)
+        await _in_flight(backend, store, 2 * 2)
         assert runner.cancel(first.job_id, "acme").cancelled == 2
         assert runner.pending() == {"bravo": 2}
-        await _task_ended(first.job_id, "the cancelled job")   # once its calls unwound
+        await job_task_ended(first.job_id, "the cancelled job")   # once its calls unwound
         assert sorted(backend.aborted) == [("acme", 0), ("acme", 1)]
         assert len(backend.in_flight) == 2, "the other job's calls were stopped too"
         backend.opened.set()
-        await _task_ended(second.job_id, "the job left running")
+        await job_task_ended(second.job_id, "the job left running")
         done = store.get_job(second.job_id)
         assert (done.state, done.completed, done.failed) == (JobState.SUCCEEDED, 0, 2)
         assert _outcomes(store, second.job_id) == [
@@ -130,12 +143,12 @@ def test_a_result_ready_as_its_job_is_cancelled_is_dropped_and_counted_once(tmp_
         backend = HeldBackend()
         runner = _runner(store, backend, max_concurrent=2)
         job = _submit(store, runner, "acme", _requests(3))   # the third waits for a slot
-        await wait_until(lambda: len(backend.in_flight) == 2, "2 requests in flight", 5.0)
+        await _in_flight(backend, store, 2)
         backend.opened.set()   # both calls end in this very turn of the loop ...
         cancelled = runner.cancel(job.job_id, "acme")   # ... as the job is cancelled
         assert (cancelled.state, cancelled.cancelled) == (JobState.CANCELLED, 3)
         assert runner.pending() == {}
-        await _task_ended(job.job_id, "the cancelled job")
+        await job_task_ended(job.job_id, "the cancelled job")
         await asyncio.sleep(0.1)   # whatever the calls' ends could still record
         assert store.results(job.job_id) == []
         again = store.get_job(job.job_id)
@@ -176,7 +189,7 @@ def test_a_job_whose_task_fails_mid_run_unwinds_its_requests_then_fails_them(tmp
         # read fails just after the first page's last request started
         refused = [StagedRequest(i, f"r{i}", b"", b"-") for i in range(3, PAGE_ROWS + 1)]
         job = _submit(store, runner, "acme", _requests(3) + refused)
-        await _task_ended(job.job_id, "the job whose page read failed")
+        await job_task_ended(job.job_id, "the job whose page read failed")
         assert backend.aborted == [("acme", 0), ("acme", 1), ("acme", 2)]
         done = store.get_job(job.job_id)
         assert (done.state, done.completed, done.failed) == (
@@ -200,7 +213,7 @@ def test_requests_a_lost_page_left_behind_fail_so_the_job_ends(tmp_path):
         runner = _runner(store, None, max_concurrent=8)
         n = PAGE_ROWS + 3
         job = _submit(store, runner, "acme", _requests(n, b"-"))  # refused: no backend call
-        await _task_ended(job.job_id, "the job with a lost page")
+        await job_task_ended(job.job_id, "the job with a lost page")
         done = store.get_job(job.job_id)
         assert (done.state, done.completed, done.failed) == (JobState.SUCCEEDED, 0, n)
         lost = "RuntimeError: requests without a result after the job's last page"
