@@ -40,6 +40,7 @@ async def hold(runtime: EngineRuntime, worker_id: str = "w0"
         entered.set()
         return gate.wait(10)
 
+    await runtime.call(worker_id, lambda engine: None)   # what earlier waits sent is handled
     call = asyncio.ensure_future(runtime.call(worker_id, held))
     assert await asyncio.to_thread(entered.wait, 10), "the engine thread never took the call"
     return call, gate
