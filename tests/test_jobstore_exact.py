@@ -1,16 +1,10 @@
 """The job store's listing and result stream with exact ids, states and sequence numbers."""
 import pytest
 
-from cluster.jobs.store import JobNotFound, JobState, JobStore, StoredResult
+from cluster.jobs.store import JobNotFound, JobState, StoredResult
 
-from tests.test_jobstore import Clock, make_requests, ok_result
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = JobStore(tmp_path / "jobs.sqlite3", Clock())
-    yield s
-    s.close()
+from tests.test_jobstore import make_requests, ok_result
+from tests.test_jobstore import store  # noqa: F401 (the fixture)
 
 
 def _failed(index: int) -> StoredResult:

@@ -9,13 +9,7 @@ from small_disk import small_disk
 from cluster.jobs.store import DISK_RESERVE_BYTES, JobStore, StagedRequest, StoreFull
 
 from tests.test_jobstore import Clock, make_requests, ok_result
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = JobStore(tmp_path / "jobs.sqlite3", Clock())
-    yield s
-    s.close()
+from tests.test_jobstore import store  # noqa: F401 (the fixture)
 
 
 def test_a_listing_is_fifty_jobs_unless_asked_and_starts_at_the_epoch(tmp_path):
