@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from router.key import CacheSecret
 from router.ledger import DEFAULT_EVICTION, Eviction
 
 CONFIG_NAME = "orchard.toml"
@@ -323,7 +324,9 @@ def engine_config(config: Config):
     from workers.engine import EngineConfig  # mlx is imported only where engines run
 
     cache = config.cache
-    return EngineConfig(block_size=cache.block_size, ttl_s=cache.ttl_s,
+    config.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return EngineConfig(cache_secret=CacheSecret.load_or_create(config.run_dir),
+                        block_size=cache.block_size, ttl_s=cache.ttl_s,
                         store_bytes=cache.capacity_bytes, eviction=cache.eviction,
                         kv_bits=cache.kv_bits, disk_bytes=cache.disk_bytes,
                         disk_dir=str(config.run_dir / cache.disk_dir),

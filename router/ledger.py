@@ -101,6 +101,7 @@ class LedgerStats:
     evictions: int
     expirations: int
     invalidations: int
+    collisions: int = 0  # inserts refused: the hash was held as another block (identity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,7 @@ class BlockLedger:
         self._events: list[BlockEvent] = []
         self._log: deque[LedgerEvent] = deque(maxlen=log_limit)
         self._counts = dict(lookups=0, hit_blocks=0, stored_blocks=0, evictions=0,
-                            expirations=0, invalidations=0)
+                            expirations=0, invalidations=0, collisions=0)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -202,6 +203,9 @@ class BlockLedger:
 
     def namespaces(self) -> list[str]:
         return sorted(self._namespaces)
+
+    def namespace(self, block: BlockHash) -> str:
+        return self._entries[block].namespace
 
     def parent(self, block: BlockHash) -> BlockHash:
         return self._entries[block].parent
@@ -246,7 +250,7 @@ class BlockLedger:
         """Leading blocks of ``hashes`` held and unexpired; touches them (LRU) and logs a hit."""
         self.expire()
         self._counts["lookups"] += 1
-        n = self._held_prefix(hashes)
+        n = self._held_run(hashes)
         if n:
             for h in hashes[:n]:
                 self._entries[h].hits += 1
@@ -272,7 +276,7 @@ class BlockLedger:
         """
         counts = _counts_for(hashes, token_counts)
         self.expire()
-        present = self._held_prefix(hashes)
+        present = self._held_prefix(hashes, root, namespace)
         if present:
             self._touch(hashes[:present])
         protected = set(hashes[:present])
@@ -280,6 +284,11 @@ class BlockLedger:
         now = self._clock()
         parent = hashes[present - 1] if present else root
         for h, tokens in zip(hashes[present:], counts[present:]):
+            if h in self._entries:
+                # Held, but as another block (another namespace, parent or position): a hash
+                # collision. Never touched, never re-parented: the chain stops here.
+                self._counts["collisions"] += 1
+                break
             if not self._make_room(tokens * self.bytes_per_token, protected):
                 break
             self._add(h, parent, tokens, namespace, now)
@@ -344,13 +353,25 @@ class BlockLedger:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _held_prefix(self, hashes: Sequence[BlockHash]) -> int:
-        # A for loop, not a while on an index: no slip in the count can make it spin forever.
+    def _held_run(self, hashes: Sequence[BlockHash]) -> int:
+        """How many leading ``hashes`` are held (by hash: the store verifies what they hold)."""
         n = 0
         for h in hashes:
             if h not in self._entries:
                 break
             n += 1
+        return n
+
+    def _held_prefix(self, hashes: Sequence[BlockHash], root: BlockHash, namespace: str) -> int:
+        """How many of ``hashes`` are held as this chain's blocks: same namespace, and each
+        one's parent the block before it (the first's, ``root``)."""
+        # A for loop, not a while on an index: no slip in the count can make it spin forever.
+        n, parent = 0, root
+        for h in hashes:
+            entry = self._entries.get(h)
+            if entry is None or entry.parent != parent or entry.namespace != namespace:
+                break
+            n, parent = n + 1, h
         return n
 
     def _touch(self, chain: Sequence[BlockHash]) -> None:

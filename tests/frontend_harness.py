@@ -66,14 +66,15 @@ class Harness:
 
 
 @contextlib.contextmanager
-def running_frontend(run_dir: Path, model_dir: Path, workers: int = 2, block_size: int = 16):
+def running_frontend(run_dir: Path, model_dir: Path, workers: int = 2, block_size: int = 16,
+                     engine: EngineConfig | None = None):
     config = load_config(run_dir)
     ready = threading.Event()
     box: dict = {}
 
     async def main() -> None:
         backend = LocalBackend(model_dir, workers=workers,
-                               engine=EngineConfig(block_size=block_size, max_batch=4))
+                               engine=engine or EngineConfig(block_size=block_size, max_batch=4))
         try:
             await backend.start()
             frontend = await serve(config, backend)

@@ -47,3 +47,27 @@ def test_bad_invalidation_arguments(frontend, tmp_path, capsys):
     assert "not valid JSON" in capsys.readouterr().err
     assert admin(frontend, "cache", key="key-acme") == 1
     assert "PERMISSION_DENIED" in capsys.readouterr().err
+
+
+def test_workers_and_cache_show_the_disk_tier(tmp_path, capsys):
+    from workers.engine import Engine, EngineConfig
+
+    block = Engine.open(tiny_model()).kv_bytes_per_token * 16
+    engine = EngineConfig(block_size=16, max_batch=4, store_bytes=2 * block,
+                          disk_bytes=1 << 20, disk_dir=str(tmp_path / "cache"))
+    (tmp_path / "orchard.toml").write_text(CONFIG)
+    with running_frontend(tmp_path, tiny_model(), workers=1, engine=engine) as harness:
+        with harness.client("acme") as client:
+            job = client.submit([token_request("a", list(range(500, 564)), 1)])
+            assert client.wait(job.job_id, poll_s=0.05).completed == 1
+        assert admin(harness, "cache", "--json") == 0
+        stats = json.loads(capsys.readouterr().out)
+        # 64 prompt tokens: 4 blocks, two in memory, two straight to disk
+        assert (stats["cache_blocks"], stats["disk_blocks"], stats["disk_bytes"]) == (
+            2, 2, 2 * block)
+        assert (stats["disk_capacity_bytes"], stats["disk_corrupt"], stats["disk_torn"],
+                stats["disk_full"]) == (1 << 20, 0, 0, False)
+        assert stats["disk_free_bytes"] > 0
+        assert admin(harness, "workers") == 0
+        line = capsys.readouterr().out.splitlines()[1]
+        assert f"{2 * block / 2**20:.2f} of 1 MiB, 2 blocks" in line and "corrupt 0, torn 0" in line

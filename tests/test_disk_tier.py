@@ -11,7 +11,7 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
 from router.events import BlockRemoved, BlockStored, Tier
-from router.key import Namespace, hash_blocks
+from router.key import BlockIdentity, Namespace, hash_blocks
 from router.ledger import Eviction
 from workers.disk_files import BlockRecord, block_path, encode_block
 from workers.disk_tier import DiskDirError
@@ -162,10 +162,13 @@ def test_a_file_holding_other_tokens_is_refused(tmp_path):
     kv = kv_for([50, 51, 52, 53])
     keys = (mx.stack([c.keys[0, :, :4] for c in kv]),)
     values = (mx.stack([c.values[0, :, :4] for c in kv]),)
-    forged = BlockRecord(a1, a0, NS.label(), "m", "r1", (50, 51, 52, 53), 0)
-    path.write_bytes(encode_block(forged, keys, values))  # valid checksum, wrong tokens
+    forged = BlockRecord(a1, BlockIdentity(NS.label(), a0, 1, (50, 51, 52, 53)), "m", "r1", 0)
+    path.write_bytes(encode_block(forged, keys, values))  # valid checksum, other tokens
     report = store.lookup(NS, A + [9]).report
-    assert (report.matched_tokens, store.stats().disk.corrupt) == (4, 1)
+    stats = store.stats()
+    # a sound file of another block under the same hash: a miss, never served, never deleted
+    assert (report.matched_tokens, stats.identity_mismatches, stats.disk.corrupt) == (4, 1, 0)
+    assert path.exists()
     store.close()
 
 

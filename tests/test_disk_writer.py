@@ -15,6 +15,7 @@ import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
+from router.key import BlockIdentity
 from workers.disk_files import BlockRecord, block_path
 from workers.disk_tier import DiskTier
 from workers.disk_writer import DiskWriter, PendingBlock, WriterStopped
@@ -31,7 +32,7 @@ STOPPED = (r"the writer thread stopped on ValueError\('cannot write a complex64 
 def block(h: int, dtype: mx.Dtype = mx.float32) -> PendingBlock:
     kv = (mx.zeros((1, 1, len(TOKENS), 2), dtype=dtype),)
     mx.eval(kv)  # as the store hands them over: the writer thread evaluates nothing
-    return PendingBlock(BlockRecord(h, 0, "ns", "m", "r1", TOKENS, 0), kv, kv)
+    return PendingBlock(BlockRecord(h, BlockIdentity("ns", 0, 0, TOKENS), "m", "r1", 0), kv, kv)
 
 
 def test_a_stopped_writer_fails_flush_at_once_and_refuses_further_writes(tmp_path, caplog):

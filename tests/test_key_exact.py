@@ -7,8 +7,8 @@ import pytest
 
 from router.key import Namespace, block_hash, hash_blocks, reusable_tokens
 
-ROOT_ACME = 13511780011187019801
-ROOT_ACME_LORA = 6041454079050737914
+ROOT_ACME = 143368105513921563379075562956746078729
+ROOT_ACME_LORA = 186793725950951311661457717394083250194
 
 
 def test_namespace_fields_are_hashed_with_a_separator():
@@ -34,11 +34,50 @@ def test_the_root_is_pinned():
     assert Namespace("acme", "tiny-llama", "r1", "lora").root() == ROOT_ACME_LORA
 
 
+def test_the_root_is_the_keyed_blake2b_of_the_fields():
+    import hashlib
+
+    def reference(secret, *fields):
+        data = b"orchard-ns\x00" + b"\x00".join(f.encode() for f in fields)
+        digest = hashlib.blake2b(data, key=secret, digest_size=16).digest()
+        return int.from_bytes(digest, "little")
+
+    assert ROOT_ACME == reference(b"", "acme", "tiny-llama", "r1", "")
+    secret = bytes(range(32))
+    keyed = Namespace("acme", "tiny-llama", "r1", secret=secret)
+    assert keyed.root() == reference(secret, "acme", "tiny-llama", "r1", "")
+    assert keyed.root() != ROOT_ACME
+
+
+def test_a_cluster_secret_moves_every_block_hash():
+    tokens = list(range(64))
+    plain = hash_blocks(tokens, 16, Namespace("acme", "m"))
+    keyed = hash_blocks(tokens, 16, Namespace("acme", "m", secret=b"k" * 32))
+    other = hash_blocks(tokens, 16, Namespace("acme", "m", secret=b"j" * 32))
+    assert len(set(plain) | set(keyed) | set(other)) == 12
+
+
+def test_the_secret_never_shows_in_a_repr_or_a_label():
+    ns = Namespace("acme", "m", secret=b"very-secret-bytes")
+    assert "very-secret" not in repr(ns) and ns.label() == "acme/m"
+
+
+def test_a_secret_longer_than_blake2b_takes_is_a_value_error():
+    with pytest.raises(ValueError, match="a cache secret is at most 64 bytes, got 65"):
+        Namespace("t", "m", secret=b"x" * 65)
+
+
 def test_label_joins_only_the_fields_that_are_set():
     assert Namespace("t", "m").label() == "t/m"
     assert Namespace("t", "m", "r").label() == "t/m/r"
     assert Namespace("t", "m", adapter="a").label() == "t/m/a"
     assert Namespace("t", "m", "r", "a").label() == "t/m/r/a"
+
+
+def test_a_slash_inside_a_field_is_escaped_so_one_label_is_one_namespace():
+    assert Namespace("a/b", "c").label() == "a%2Fb/c"
+    assert Namespace("a", "b/c").label() == "a/b%2Fc"
+    assert Namespace("a%2Fb", "c").label() == "a%252Fb/c"
 
 
 def test_a_prompt_of_exactly_one_block_has_one_hash():
@@ -84,26 +123,17 @@ def test_any_sequence_or_buffer_of_ids_gives_the_list_hashes():
         block_hash(block_hash(block_hash(ns.root(), [0]), [1]), [2])]
 
 
-M64 = (1 << 64) - 1
-
-
 def _reference_hashes(tokens, block_size, root):
-    """The key's formula written out in plain integers, one block after another."""
-    def splitmix_odd(position):
-        z = position * 0x9E3779B97F4A7C15 & M64
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & M64
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & M64
-        return (z ^ (z >> 31)) | 1
+    """The key's formula written out with struct and xxhash, one block after another."""
+    import struct
+
+    import xxhash
 
     hashes, parent = [], root
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = list(tokens[start:start + block_size]) + [0] * (block_size % 2)
-        digest = 0
-        for k in range(len(block) // 2):
-            x = (block[2 * k] | block[2 * k + 1] << 32) * 0xFF51AFD7ED558CCD & M64
-            digest += (x ^ (x >> 29)) * splitmix_odd(k + 1)
-        d = (digest + block_size * 0x9E3779B97F4A7C15) * 0xC4CEB9FE1A85EC53 & M64
-        parent = (0x9E3779B97F4A7C15 * parent + (d ^ (d >> 29))) & M64
+        block = struct.pack(f"<{block_size}I", *tokens[start:start + block_size])
+        digest = xxhash.xxh3_128_digest(parent.to_bytes(16, "little") + block)
+        parent = int.from_bytes(digest, "little")
         hashes.append(parent)
     return hashes
 

@@ -37,9 +37,9 @@ def kv_for(tokens: list[int]) -> list[KVCache]:
 
 
 def make_store(eviction: Eviction, blocks: int = 1000, ttl: float = 60.0,
-               clock: Clock | None = None) -> PrefixStore:
+               clock: Clock | None = None, hasher=hash_blocks) -> PrefixStore:
     return PrefixStore(SHAPE, BS, blocks * BS * SHAPE.bytes_per_token, ttl, clock or Clock(),
-                       eviction)
+                       eviction, hasher=hasher)
 
 
 def put(store: PrefixStore, tokens: list[int], ns: Namespace = NS) -> int:
@@ -159,19 +159,17 @@ def test_capacity_exhaustion_stores_what_fits(eviction):
     assert store.lookup(NS, list(range(1, 21))).report.outcome == LookupOutcome.PARTIAL
 
 
-def test_a_hash_collision_is_caught_by_the_token_check(eviction, monkeypatch):
-    import workers.store as store_module
+def test_a_hash_collision_is_caught_by_the_token_check(eviction):
     from router.key import BlockHash
 
     def colliding(tokens, block_size, namespace):  # every prompt's blocks hash alike
         return [BlockHash(1000 + i) for i in range(len(tokens) // block_size)]
 
-    monkeypatch.setattr(store_module, "hash_blocks", colliding)
-    store = make_store(eviction)
+    store = make_store(eviction, hasher=colliding)
     put(store, list(range(1, 13)))
     report = store.lookup(NS, list(range(1, 5)) + [60, 61, 62, 63, 64]).report
     assert report.matched_tokens == 4  # block 0 really matches; block 1 only by hash
-    assert store.stats().hash_mismatches == 1
+    assert store.stats().identity_mismatches == 1
 
 
 def test_blocks_hold_their_own_slices_not_the_cache_buffer(eviction):

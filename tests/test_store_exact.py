@@ -69,19 +69,17 @@ def test_write_takes_only_the_full_blocks_the_cache_holds():
     assert single.write(NS, A, kv_for(A)[:1]) == 8
 
 
-def test_every_refused_hit_is_counted(monkeypatch):
-    import workers.store as store_module
+def test_every_refused_hit_is_counted():
     from router.key import BlockHash
 
     def colliding(tokens, block_size, namespace):  # every prompt's blocks hash alike
         return [BlockHash(1000 + i) for i in range(len(tokens) // block_size)]
 
-    monkeypatch.setattr(store_module, "hash_blocks", colliding)
-    store = make_store(Eviction.LRU)
+    store = make_store(Eviction.LRU, hasher=colliding)
     put(store, A)
     for _ in range(2):
         assert store.lookup(NS, [1, 2, 3, 4, 60, 61, 62, 63, 64]).report.matched_tokens == 4
-    assert store.stats().hash_mismatches == 2
+    assert store.stats().identity_mismatches == 2
 
 
 def test_a_near_miss_at_the_first_token_of_a_block_names_both_tokens():

@@ -13,7 +13,7 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
 from router.events import BlockStored, Tier
-from router.key import Namespace, hash_blocks
+from router.key import BlockIdentity, Namespace, hash_blocks
 from router.ledger import Eviction
 from workers.disk_files import BlockRecord, block_path, encode_block
 from workers.messages import LookupOutcome
@@ -174,7 +174,7 @@ def test_blocks_whose_parents_loop_are_dropped_at_restart_as_torn(tmp_path):
     values = (mx.stack([c.values[0, :, :4] for c in kv]),)
     loop = {11: 12, 12: 11, 13: 12, 14: NS.root()}  # 11 and 12 loop; 13 hangs off the loop
     for block, parent in loop.items():
-        record = BlockRecord(block, parent, NS.label(), "m", "r1", (1, 2, 3, 4), 0)
+        record = BlockRecord(block, BlockIdentity(NS.label(), parent, 0, (1, 2, 3, 4)), "m", "r1", 0)
         path = block_path(directory, block)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(encode_block(record, keys, values))
@@ -198,8 +198,8 @@ def test_a_block_spilled_as_its_own_ancestor_is_refused(tmp_path):
     mx.eval(keys, values)
 
     def spill(block: int, parent: int) -> bool:
-        return tier.spill(BlockRecord(block, parent, NS.label(), "m", "r1", (1, 2, 3, 4), 0),
-                          keys, values)
+        identity = BlockIdentity(NS.label(), parent, 0, (1, 2, 3, 4))
+        return tier.spill(BlockRecord(block, identity, "m", "r1", 0), keys, values)
 
     assert spill(21, 22)  # its parent is not held here: taken
     for block, parent in ((22, 21), (23, 23)):  # 22 -> 21 -> 22; 23 -> 23

@@ -5,8 +5,9 @@ listings short at millions of blocks)::
 
     "ORKV" | version u16 | header length u32 | header (msgpack) | payload | xxh3_128 (16 bytes)
 
-    header:  block hash, parent hash, namespace label, model id, weights revision,
-             token ids, kv bits, and each array's dtype and shape (keys' parts, then values')
+    header:  block hash, parent hash, namespace label, position in its chain, model id,
+             weights revision, token ids, kv bits, and each array's dtype and shape (keys'
+             parts, then values')
     payload: the arrays' bytes, in that order
 
 The digest covers everything before it, so a torn write (a kill -9 or a power cut between
@@ -14,6 +15,10 @@ The digest covers everything before it, so a torn write (a kill -9 or a power cu
 ``<name>.tmp`` and renamed into place, so a complete name normally means a complete file;
 ``read_header`` also checks the file's size against the header, which catches a truncated file
 at restart without reading its payload. Decoding rebuilds ``mx.array``s from the payload.
+
+Version 2 records the block's whole identity (namespace, parent, position, tokens), which a
+load checks against what the lookup expects; a version 1 file (no position, written under the
+old 64-bit key) is ``OutdatedBlock``: dropped at start and counted, never misread.
 """
 from __future__ import annotations
 
@@ -28,10 +33,10 @@ import msgpack
 import numpy as np
 import xxhash
 
-from router.key import BlockHash
+from router.key import BlockHash, BlockIdentity
 
 MAGIC = b"ORKV"
-VERSION = 1
+VERSION = 2
 SUFFIX = ".kv"
 TMP_SUFFIX = ".tmp"
 _PREFIX = struct.Struct("<4sHI")  # magic, version, header length
@@ -47,17 +52,31 @@ class CorruptBlock(ValueError):
     """A block file that cannot be trusted: torn, truncated, flipped or not a block at all."""
 
 
+class OutdatedBlock(CorruptBlock):
+    """A block file of an older format version: never read, dropped."""
+
+
 @dataclass(frozen=True, slots=True)
 class BlockRecord:
     """What a block file says about itself (its header)."""
 
     block: BlockHash
-    parent: BlockHash
-    namespace: str
+    identity: BlockIdentity
     model: str
     revision: str
-    tokens: tuple[int, ...]
     bits: int
+
+    @property
+    def parent(self) -> BlockHash:
+        return self.identity.parent
+
+    @property
+    def namespace(self) -> str:
+        return self.identity.namespace
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.identity.tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +107,8 @@ def write_block(f: BinaryIO, record: BlockRecord, keys: tuple[mx.array, ...],
     specs = [[_dtype_name(a), list(a.shape)] for a in arrays]
     header = msgpack.packb([
         record.block.to_bytes(16, "little"), record.parent.to_bytes(16, "little"),
-        record.namespace, record.model, record.revision, list(record.tokens), record.bits,
-        len(keys), specs], use_bin_type=True)
+        record.namespace, record.identity.position, record.model, record.revision,
+        list(record.tokens), record.bits, len(keys), specs], use_bin_type=True)
     digest = xxhash.xxh3_128()
     size = 0
     for part in [_PREFIX.pack(MAGIC, VERSION, len(header)), header, *map(_raw, arrays)]:
@@ -147,6 +166,8 @@ def _check_prefix(prefix: bytes, path: Path) -> int:
     magic, version, header_len = _PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise CorruptBlock(f"{path}: not an orchard block file")
+    if version < VERSION:
+        raise OutdatedBlock(f"{path}: block file version {version}, this orchard reads {VERSION}")
     if version != VERSION:
         raise CorruptBlock(f"{path}: block file version {version}, this orchard reads {VERSION}")
     return header_len
@@ -154,11 +175,12 @@ def _check_prefix(prefix: bytes, path: Path) -> int:
 
 def _parse_header(header: bytes, path: Path) -> tuple[BlockRecord, int, list]:
     try:
-        block, parent, ns, model, revision, tokens, bits, n_keys, specs = msgpack.unpackb(
-            header, raw=False)
-        record = BlockRecord(BlockHash(int.from_bytes(block, "little")),
-                             BlockHash(int.from_bytes(parent, "little")), str(ns), str(model),
-                             str(revision), tuple(int(t) for t in tokens), int(bits))
+        (block, parent, ns, position, model, revision, tokens, bits, n_keys,
+         specs) = msgpack.unpackb(header, raw=False)
+        identity = BlockIdentity(str(ns), BlockHash(int.from_bytes(parent, "little")),
+                                 int(position), tuple(int(t) for t in tokens))
+        record = BlockRecord(BlockHash(int.from_bytes(block, "little")), identity, str(model),
+                             str(revision), int(bits))
         specs = [(str(name), tuple(int(d) for d in shape)) for name, shape in specs]
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptBlock(f"{path}: unreadable header ({exc})") from None

@@ -11,13 +11,16 @@ written behind the engine's back by ``workers.disk_writer``; the format is
 
 Rules:
 
-- **Nothing unverified is served.** Every block read back is checked (digest, its hash and
-  its token ids against the prompt's). A file that fails is deleted, counted (``corrupt``)
-  and its subtree forgotten; the lookup stops before it and the engine recomputes.
+- **Nothing unverified is served.** Every block read back is checked: its digest, then its
+  hash and its identity (namespace, parent, position, token ids) against what the lookup
+  expects. A file that fails the digest is deleted, counted (``corrupt``) and its subtree
+  forgotten; a sound file that is another block (a hash collision) stays and is an identity
+  mismatch for this lookup. Either way the lookup stops before it and the engine recomputes.
 - **Restart keeps the cache.** Opening a directory that holds blocks indexes their headers:
   leftover ``.tmp`` files (a kill during a write), files whose size disagrees with their
   header and blocks whose parent chain loops (hashing never makes one) are deleted and
-  counted (``torn``), blocks of another model or weights revision
+  counted (``torn``), files of an older format version are deleted and counted
+  (``outdated``), blocks of another model or weights revision
   (another namespace, never servable here) are deleted and counted (``foreign``), blocks
   unused for ``ttl_s`` (by file mtime, which a hit refreshes) are deleted (``expired``), and
   the newest that fit the budget are restored. Restored blocks are announced like new ones:
@@ -46,10 +49,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from router.events import BlockEvent, Tier
-from router.key import BlockHash
+from router.key import BlockHash, BlockIdentity
 from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, LedgerStats, RemovalReason
 from workers.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, CorruptBlock,
-                                block_path, decode_block, read_header)
+                                OutdatedBlock, block_path, decode_block, read_header)
 from workers.disk_lock import DiskDirError, lock_directory  # noqa: F401  (raised from here)
 from workers.disk_writer import DiskWriter, PendingBlock
 from workers.kv_quant import KVCodec
@@ -71,6 +74,7 @@ class StartCounts:
     foreign: int    # another model's or weights revision's blocks, deleted
     expired: int    # unused for ttl_s, deleted
     over_budget: int  # the oldest beyond the byte budget, deleted
+    outdated: int = 0  # files of an older format version, deleted
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,8 @@ class DiskStats:
     full: bool
     skipped_full: int      # spills refused because the disk is full
     pending_writes: int
+    lost_blocks: int = 0   # forgotten because the directory was removed under the tier
+    free_bytes: int | None = None  # the file system's free space (None: unreadable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +129,7 @@ class DiskTier:
         self._prefetched = 0
         self._corrupt = 0
         self._skipped_full = 0
+        self._lost_blocks = 0  # forgotten because the directory was removed under the tier
         self._checked_at = 0.0  # while full: when the free space was last looked at
         self.start = self._index()
         self._writer = DiskWriter(self.directory, clock)
@@ -148,7 +155,8 @@ class DiskTier:
         return DiskStats(self.ledger.stats(), self.start, w.written_blocks, w.written_bytes,
                          w.write_s, w.batches, self._read_counts[0], self._read_counts[1],
                          self._read_counts[2], self._prefetched, self._corrupt, w.failed, self._writer.full,
-                         self._skipped_full, self._writer.pending_count())
+                         self._skipped_full, self._writer.pending_count(), self._lost_blocks,
+                         _free_bytes(self.directory))
 
     def drain_events(self) -> list[BlockEvent]:
         self._reap()
@@ -165,6 +173,8 @@ class DiskTier:
         self._reap()
         h = record.block
         if h in self.ledger:
+            if self.ledger.parent(h) != record.parent or self.ledger.namespace(h) != record.namespace:
+                return False  # another block under the same hash: never touched or replaced
             self.ledger.touch(self.ledger.chain_to(h))
             return True
         if self._writer.full and not self._space_returned(len(record.tokens)):
@@ -176,7 +186,8 @@ class DiskTier:
             raise RuntimeError(f"disk tier {self.directory}: block {h:032x} would be its own "
                                "ancestor (a broken hash chain); it was not spilled")
         chain = ancestors + [h]
-        stored = self.ledger.insert(chain, len(record.tokens), record.namespace, record.parent)
+        root = self.ledger.parent(ancestors[0]) if ancestors else record.parent
+        stored = self.ledger.insert(chain, len(record.tokens), record.namespace, root)
         if h not in stored:
             return False
         self._tokens[h] = b"".join(t.to_bytes(4, "little") for t in record.tokens)
@@ -214,16 +225,22 @@ class DiskTier:
                 started += 1
         return started
 
-    def load(self, chain: Sequence[BlockHash], tokens: Sequence[tuple[int, ...]]) -> list[BlockData]:
-        """The verified blocks of ``chain`` (each expected to hold ``tokens[i]``), in order,
-        stopping at the first that is missing or fails verification (dropped and counted).
+    def load(self, chain: Sequence[BlockHash], want: Sequence[BlockIdentity],
+             mismatch: Callable[[BlockHash, BlockIdentity, BlockIdentity], None]
+             ) -> list[BlockData]:
+        """The verified blocks of ``chain`` (each expected to be ``want[i]``), in order,
+        stopping at the first that is missing, fails verification (dropped and counted) or is
+        another block under the same hash (reported to ``mismatch``, kept).
         """
         self._start_reads(chain)
         out: list[BlockData] = []
         reads: list[_Read] = []
-        for h, want in zip(chain, tokens):
-            block = self._load_one(h, want, reads)
+        for h, identity in zip(chain, want):
+            block = self._load_one(h, reads)
             if block is None:
+                break
+            if block.record.identity != identity:
+                mismatch(h, identity, block.record.identity)
                 break
             out.append(block)
         self._observe(reads)
@@ -236,8 +253,7 @@ class DiskTier:
                 self._writer.touch(b.record.block)
         return out
 
-    def _load_one(self, h: BlockHash, want: tuple[int, ...], reads: list[_Read]
-                  ) -> BlockData | None:
+    def _load_one(self, h: BlockHash, reads: list[_Read]) -> BlockData | None:
         pending = self._writer.pending(h)
         future = self._reads.pop(h, None)
         if pending is not None:
@@ -249,8 +265,8 @@ class DiskTier:
             read = future.result()
             data = read.data
             block = decode_block(data, path)
-            if block.record.block != h or block.record.tokens != want:
-                raise CorruptBlock(f"{path}: holds other tokens than its hash says")
+            if block.record.block != h:
+                raise CorruptBlock(f"{path}: holds block {block.record.block:032x}")
         except (CorruptBlock, FileNotFoundError):
             self._corrupt += 1
             self.ledger.invalidate_prefix([h])  # its file and its subtree go
@@ -316,14 +332,31 @@ class DiskTier:
         self._writer.delete(block)
 
     def _reap(self) -> None:
-        """Forget blocks the writer could not write (disk full or an I/O error)."""
+        """Forget blocks the writer could not write (disk full or an I/O error), and every
+        block once the directory was found removed (their files went with it)."""
+        if self._writer.take_lost():
+            self._directory_lost()
         for h in self._writer.take_failed():
             if h in self.ledger:
                 self.ledger.invalidate_prefix([h])
 
+    def _directory_lost(self) -> None:
+        """Forget the blocks whose files went with the directory (not those written since,
+        nor those still queued), and hold the new directory's lock."""
+        gone = [h for h in self._held() if self._writer.pending(h) is None
+                and not block_path(self.directory, h).exists()]
+        for h in gone:
+            if h in self.ledger:  # a subtree removed earlier in this loop took it already
+                self._lost_blocks += self.ledger.invalidate_prefix([h])
+        os.close(self._lock_fd)  # the lock's file went with the directory: take it again
+        self._lock_fd = lock_directory(self.directory)
+
+    def _held(self) -> list[BlockHash]:
+        return [holding.block for holding in self.ledger.holdings()]
+
     def _index(self) -> StartCounts:
         found: dict[BlockHash, tuple[BlockRecord, float]] = {}
-        torn = foreign = expired = 0
+        torn = foreign = expired = outdated = 0
         now = self._wall()
         for path in sorted(self.directory.glob("*/*")):
             if path.name.endswith(TMP_SUFFIX):
@@ -335,6 +368,9 @@ class DiskTier:
                 record = read_header(path)
                 if path != block_path(self.directory, record.block):
                     raise CorruptBlock(f"{path}: holds block {record.block:032x}")
+            except OutdatedBlock:
+                outdated += _delete(path)
+                continue
             except CorruptBlock:
                 torn += _delete(path)
                 continue
@@ -348,7 +384,10 @@ class DiskTier:
             torn += _delete(block_path(self.directory, h))
             del found[h]
         kept, over = self._restore(found, now)
-        return StartCounts(kept, torn, foreign, expired, over)
+        if outdated:
+            log.warning("disk tier %s: %d block files of an older format deleted (the cache "
+                        "key changed; they are recomputed on use)", self.directory, outdated)
+        return StartCounts(kept, torn, foreign, expired, over, outdated)
 
     def _restore(self, found: dict[BlockHash, tuple[BlockRecord, float]], now: float
                  ) -> tuple[int, int]:
@@ -387,6 +426,14 @@ def _ancestors(h: BlockHash, found: dict) -> list[BlockHash] | None:
         out.append(p)
         p = found[p][0].parent
     return out
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return None
+    return fs.f_bavail * fs.f_frsize
 
 
 def _delete(path: Path) -> int:

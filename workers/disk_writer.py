@@ -11,6 +11,10 @@ reports the blocks it could not write (``take_failed``) so the tier forgets them
 memory tier carries on. The tier, which watches the free space, calls ``resume`` once there
 is room again. Any other ``OSError`` fails that one block the same way.
 
+A directory removed under the running tier (``rm -rf``) is made again by the next write,
+with one warning, and reported (``take_lost``): the tier forgets the blocks it held there
+(their files are gone) and writes go on. No restart, and no warning per block.
+
 The thread touches no ledger: it only reports. ``flush`` waits until the queue is empty.
 
 Nothing waits on the thread without a bound. An exception the thread does not expect (a bug:
@@ -93,6 +97,7 @@ class DiskWriter:
         self._lock = threading.Lock()
         self._pending: dict[BlockHash, PendingBlock] = {}
         self._failed: list[BlockHash] = []
+        self._lost = 0  # times the directory was found removed and made again
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None  # what stopped the thread, if anything did
         self._thread = threading.Thread(target=self._run, name=f"orchard-disk-{directory.name}",
@@ -130,6 +135,12 @@ class DiskWriter:
         with self._lock:
             failed, self._failed = self._failed, []
         return failed
+
+    def take_lost(self) -> int:
+        """How many times the directory was found removed (and made again) since last asked."""
+        with self._lock:
+            lost, self._lost = self._lost, 0
+        return lost
 
     def resume(self) -> None:
         """Write again after a full disk (the tier saw free space return)."""
@@ -217,6 +228,8 @@ class DiskWriter:
         path = block_path(self.directory, h)
         tmp = path.with_name(path.name + TMP_SUFFIX)
         try:
+            if not self.directory.is_dir():
+                self._remake_directory()
             path.parent.mkdir(exist_ok=True)
             with open(tmp, "wb") as f:
                 size = write_block(f, op.record, op.keys, op.values)
@@ -239,6 +252,14 @@ class DiskWriter:
             self.counts.written_blocks += 1
             self.counts.written_bytes += size
         return 1
+
+    def _remake_directory(self) -> None:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self._lock:
+            self._lost += 1
+        log.warning("disk tier %s was removed while in use: made it again; the blocks it "
+                    "held are forgotten and recomputed on use, new blocks are written",
+                    self.directory)
 
     def _fail(self, h: BlockHash) -> None:
         with self._lock:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence as Seq
 
@@ -39,7 +39,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
 from router.events import BlockEvent, WorkerRates
-from router.key import Namespace
+from router.key import Hasher, Namespace, hash_blocks
 from router.ledger import DEFAULT_EVICTION, Eviction, Holding
 from workers.kept import KeptCaches, KeptStats
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
@@ -66,6 +66,9 @@ class EngineConfig:
     prefill_budget: int = 512  # prompt tokens prefilled per step (workers.scheduler)
     decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
     worker_id: str = ""
+    # The cluster's cache-key secret (router.key.CacheSecret): it enters every namespace's
+    # root, so only the cluster computes block hashes. Empty: unkeyed (a lone engine, tools).
+    cache_secret: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +89,8 @@ class Engine:
     """Generation with prefix reuse for one local mlx-lm model directory."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig,
-                 clock: Callable[[], float], now_ns: Callable[[], int]) -> None:
+                 clock: Callable[[], float], now_ns: Callable[[], int],
+                 hasher: Hasher = hash_blocks) -> None:
         self._m = loaded
         self.config = config
         self._now_ns = now_ns
@@ -95,7 +99,7 @@ class Engine:
             memory_bytes=config.store_bytes, eviction=config.eviction, kv_bits=config.kv_bits,
             disk_bytes=config.disk_bytes, disk_kv_bits=config.disk_kv_bits,
             disk_dir=Path(config.disk_dir) / (config.worker_id or "worker"),
-            model=loaded.model_id, revision=loaded.revision)
+            model=loaded.model_id, revision=loaded.revision, hasher=hasher)
         self._eos = set(loaded.tokenizer.eos_token_ids)
         self._stops = StopSequences([[e] for e in sorted(self._eos)])
         self._body = loaded.body      # without the vocabulary projection
@@ -113,8 +117,9 @@ class Engine:
     @classmethod
     def open(cls, model_dir: Path | str, config: EngineConfig | None = None, *,
              clock: Callable[[], float] = time.monotonic,
-             now_ns: Callable[[], int] = time.time_ns) -> "Engine":
-        return cls(open_model_dir(model_dir), config or EngineConfig(), clock, now_ns)
+             now_ns: Callable[[], int] = time.time_ns, hasher: Hasher = hash_blocks
+             ) -> "Engine":
+        return cls(open_model_dir(model_dir), config or EngineConfig(), clock, now_ns, hasher)
 
     # ---- what the model is ---------------------------------------------------------------
 
@@ -161,7 +166,8 @@ class Engine:
 
     def namespace(self, tenant: str, adapter: str = "") -> Namespace:
         """The cache namespace of ``tenant`` on this model and weights revision."""
-        return Namespace(tenant, self.model_id, self.revision, adapter)
+        return Namespace(tenant, self.model_id, self.revision, adapter,
+                         secret=self.config.cache_secret)
 
     def render_chat(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True
                     ) -> list[int]:
@@ -184,6 +190,10 @@ class Engine:
         s = req.sampling
         if not isinstance(req.namespace, Namespace):
             raise ValueError(f"request {req.request_id}: namespace must be a router.key.Namespace")
+        if req.namespace.secret != self.config.cache_secret:
+            raise ValueError(f"request {req.request_id}: its namespace is hashed with another "
+                             "cache secret than this worker's; start workers from the cluster "
+                             "that routes to them")
         if not req.prompt:
             raise ValueError(f"request {req.request_id}: the prompt is empty; send at least one token")
         bad = next((t for t in req.prompt if not 0 <= t < self.vocab_size), None)

@@ -17,8 +17,9 @@ matched tokens instead of the joined blocks::
 Rules:
 
 - The store stays the authority on what may be reused: a kept cache is taken only where the
-  store itself matched in the same namespace, so eviction, expiry and invalidation of the
-  store's blocks apply to it unchanged. Past the store's match it serves only the **tail**:
+  store itself matched (every block's identity verified) in the same namespace, and only if
+  its tokens from position 0 are the prompt's, so a hash collision can never reach it and
+  eviction, expiry and invalidation of the store's blocks apply to it unchanged. Past the store's match it serves only the **tail**:
   the tokens it shares with the prompt up to where the two part, when they part within the
   next block. The store holds whole blocks only, so that partial block is nowhere else; a
   turn would compute it again (8 tokens on average at block 16, of the 80-100 a chat turn

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Iterable
 
 from router.key import Namespace
 
@@ -56,6 +57,9 @@ class LookupReport:
     # past matched_tokens, those reused from a finished request's kept cache: the partial
     # block after the store's match, which the store (whole blocks only) cannot hold
     kept_tokens: int = 0
+    # blocks refused because the block under the prompt's hash is another block (its
+    # namespace, parent, position or tokens differ): a collision, served as a miss
+    identity_mismatches: int = 0
 
     @property
     def reused_tokens(self) -> int:
@@ -102,6 +106,33 @@ class WorkerFailed(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class DiskTierStats:
+    """A worker's disk tier (or several workers' summed), as operators read it."""
+
+    blocks: int
+    bytes: int
+    capacity_bytes: int
+    free_bytes: int | None  # the file system's free space (None: unreadable)
+    corrupt: int           # files that failed verification on read: deleted, never served
+    torn: int              # truncated or half-written files found at start: deleted
+    outdated: int          # files of an older format found at start: deleted
+    full: bool             # writes stopped: the file system is full
+
+    @classmethod
+    def total(cls, tiers: Iterable[DiskTierStats]) -> DiskTierStats | None:
+        """Several workers' tiers summed (free space: None if any is unknown)."""
+        tiers = list(tiers)
+        if not tiers:
+            return None
+        free = [t.free_bytes for t in tiers]
+        return cls(sum(t.blocks for t in tiers), sum(t.bytes for t in tiers),
+                   sum(t.capacity_bytes for t in tiers),
+                   None if None in free else sum(free),  # type: ignore[arg-type]
+                   sum(t.corrupt for t in tiers), sum(t.torn for t in tiers),
+                   sum(t.outdated for t in tiers), any(t.full for t in tiers))
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerStats:
     """One worker's engine and store, as ``workers.runtime`` counts them."""
 
@@ -115,3 +146,4 @@ class WorkerStats:
     requests_served: int
     evictions: int = 0     # blocks the store evicted so far (capacity)
     expirations: int = 0   # blocks the store dropped after their TTL so far
+    disk: DiskTierStats | None = None  # None: no disk tier

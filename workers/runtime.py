@@ -48,7 +48,9 @@ from router.events import EventBatch, Tier
 from router.key import BlockHash
 from router.ledger import Holding
 from workers.engine import Engine, EngineConfig
-from workers.messages import GenerateRequest, GenerateResult, WorkerFailed, WorkerStats
+from workers.disk_tier import DiskStats
+from workers.messages import (DiskTierStats, GenerateRequest, GenerateResult, WorkerFailed,
+                              WorkerStats)
 from workers.sequence import TokenDelta
 
 log = logging.getLogger(__name__)
@@ -407,7 +409,14 @@ class EngineRuntime:
         return WorkerStats(len(slot.runs), s.tensor_bytes, s.ledger.capacity_bytes,
                            s.ledger.blocks, slot.engine.written_tokens(), slot.input_tokens,
                            slot.cached_tokens, slot.served, s.ledger.evictions,
-                           s.ledger.expirations)
+                           s.ledger.expirations, _disk_stats(s.disk))
+
+
+def _disk_stats(d: DiskStats | None) -> DiskTierStats | None:
+    if d is None:
+        return None
+    return DiskTierStats(d.ledger.blocks, d.ledger.bytes, d.ledger.capacity_bytes, d.free_bytes,
+                         d.corrupt, d.start.torn, d.start.outdated, d.full)
 
 
 def _answer(reply: Reply, fn: Callable[[], object]) -> None:

@@ -9,7 +9,7 @@ One block holds exactly its own slice of every layer's K and V, nothing more::
 
     block i  keys   [layers, kv_heads, block_size, head_dim]   (float32: 4 bytes/element)
              values [layers, kv_heads, block_size, head_dim]   (or their 8/4-bit encoding)
-             tokens (block_size token ids, checked on every hit)
+             identity (namespace, parent hash, position, token ids: checked on every hit)
 
 so the bytes per cached token are ``2 x layers x kv_heads x head_dim x bytes/element``.
 
@@ -41,6 +41,7 @@ prompt's next block with the closest stored child block (``common=5919 of 5923``
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,13 +51,17 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from router.events import BlockEvent
-from router.key import BlockHash, Namespace, hash_blocks, reusable_tokens
+from router.key import (BlockHash, BlockIdentity, Hasher, Namespace, hash_blocks, identities,
+                        reusable_tokens)
 from router.ledger import (DEFAULT_EVICTION, BlockLedger, Eviction, Holding, LedgerEvent,
                            LedgerStats, RemovalReason)
 from workers.disk_files import BlockData, BlockRecord
 from workers.disk_tier import DiskStats, DiskTier
 from workers.kv_quant import KVCodec, nbytes
 from workers.messages import LookupOutcome, LookupReport
+
+log = logging.getLogger(__name__)
+_LOGGED_MISMATCHES = 64  # distinct blocks whose identity mismatch is logged (once each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +83,7 @@ class KVShape:
 
 @dataclass(frozen=True, slots=True)
 class _Block:
-    tokens: tuple[int, ...]
-    parent: BlockHash
-    namespace: str
+    identity: BlockIdentity
     keys: tuple[mx.array, ...]    # [layers, kv_heads, block_size, head_dim], encoded
     values: tuple[mx.array, ...]
 
@@ -102,7 +105,7 @@ class StoreStats:
     ledger: LedgerStats
     tensor_bytes: int        # bytes of K/V actually held in memory
     bytes_per_token: int     # memory tier: 2 x layers x kv_heads x head_dim x bytes/elem
-    hash_mismatches: int     # hits refused because stored tokens differed
+    identity_mismatches: int  # hits refused: the block under the hash is another block
     disk: DiskStats | None = None
 
 
@@ -111,7 +114,7 @@ class PrefixStore:
 
     def __init__(self, shape: KVShape, block_size: int, capacity_bytes: int, ttl_s: float,
                  clock: Callable[[], float], eviction: Eviction = DEFAULT_EVICTION, *, kv_bits: int = 0,
-                 disk: DiskTier | None = None) -> None:
+                 disk: DiskTier | None = None, hasher: Hasher = hash_blocks) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.shape = shape
@@ -119,6 +122,8 @@ class PrefixStore:
         self.codec = KVCodec(kv_bits, shape.dtype)
         self.codec.check(shape.head_dim)
         self.disk = disk
+        self._hash = hasher
+        self._logged: set[BlockHash] = set()
         self._blocks: dict[BlockHash, _Block] = {}
         self._tensor_bytes = 0
         self._mismatches = 0
@@ -133,7 +138,7 @@ class PrefixStore:
         """Start reading the prompt's blocks that only the disk holds; return how many."""
         if self.disk is None:
             return 0
-        hashes = hash_blocks(prompt, self.block_size, namespace)
+        hashes = self._hash(prompt, self.block_size, namespace)
         in_memory = self.ledger.peek(hashes)
         on_disk = self.disk.ledger.peek(hashes[in_memory:])
         self.disk.prefetch(hashes[in_memory:in_memory + on_disk])
@@ -142,8 +147,10 @@ class PrefixStore:
     def lookup(self, namespace: Namespace, prompt: Sequence[int]) -> Lookup:
         """Find the longest stored prefix of ``prompt`` (at most ``len(prompt) - 1`` tokens)."""
         bs = self.block_size
-        hashes = hash_blocks(prompt, bs, namespace)
-        in_memory = self._verified(hashes, prompt, self.ledger.peek(hashes))
+        mismatches_before = self._mismatches
+        hashes = self._hash(prompt, bs, namespace)
+        held = self.ledger.peek(hashes)
+        in_memory = self._verified(hashes, identities(namespace, hashes, prompt, bs, 0, held), held)
         in_memory = self.ledger.match(hashes[:in_memory])
         loaded = self._load_from_disk(namespace, hashes, prompt, in_memory)
         matched = in_memory + len(loaded)
@@ -166,7 +173,8 @@ class PrefixStore:
             outcome=outcome, prompt_tokens=len(prompt), matched_tokens=cached,
             common_prefix=common, next_prompt_token=next_prompt, next_stored_token=next_stored,
             entry_age_s=self._age(hashes[matched - 1]) if matched else None,
-            ttl_s=self.ledger.ttl_s, disk_tokens=max(0, cached - in_memory * bs))
+            ttl_s=self.ledger.ttl_s, disk_tokens=max(0, cached - in_memory * bs),
+            identity_mismatches=self._mismatches - mismatches_before)
         if not cached:
             return Lookup(report, None)
         parts = [self._decoded(self._blocks[h]) for h in hashes[:in_memory]]
@@ -179,11 +187,10 @@ class PrefixStore:
         """Verified disk blocks continuing the memory match; promoted into memory."""
         if self.disk is None:
             return []
-        bs = self.block_size
         run = self.disk.ledger.peek(hashes[in_memory:])
         chain = hashes[in_memory:in_memory + run]
-        want = [tuple(prompt[i * bs:(i + 1) * bs]) for i in range(in_memory, in_memory + run)]
-        loaded = self.disk.load(chain, want)
+        want = identities(namespace, hashes, prompt, self.block_size, in_memory, in_memory + run)
+        loaded = self.disk.load(chain, want, self.mismatch)
         if loaded:
             self._promote(namespace, hashes[:in_memory + len(loaded)], loaded)
         return loaded
@@ -199,23 +206,37 @@ class PrefixStore:
             if self.codec != self.disk.codec:
                 keys = self.codec.encode(self.disk.codec.decode(keys))
                 values = self.codec.encode(self.disk.codec.decode(values))
-            self._put(h, _Block(b.record.tokens, b.record.parent, b.record.namespace, keys, values))
+            self._put(h, _Block(b.record.identity, keys, values))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
 
-    def _verified(self, hashes: Sequence[BlockHash], prompt: Sequence[int], n: int) -> int:
-        """How many of the first ``n`` held blocks really hold the prompt's tokens."""
-        bs = self.block_size
+    def _verified(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity], n: int
+                  ) -> int:
+        """How many of the first ``n`` held blocks really are the prompt's: namespace, parent,
+        position and tokens, not the hash alone (a collision is a miss, counted)."""
         for i in range(n):
-            if self._blocks[hashes[i]].tokens != tuple(prompt[i * bs:(i + 1) * bs]):
-                self._mismatches += 1
+            held = self._blocks[hashes[i]].identity
+            if held != want[i]:
+                self.mismatch(hashes[i], want[i], held)
                 return i
         return n
+
+    def mismatch(self, block: BlockHash, want: BlockIdentity, held: BlockIdentity) -> None:
+        """Count a block refused for its identity; log it once per block."""
+        self._mismatches += 1
+        if block in self._logged or len(self._logged) >= _LOGGED_MISMATCHES:
+            return
+        self._logged.add(block)
+        log.warning("cache identity mismatch at block %032x: the lookup wants namespace %s, "
+                    "parent %032x, position %d; the store holds namespace %s, parent %032x, "
+                    "position %d%s: served as a miss", block, want.namespace, want.parent,
+                    want.position, held.namespace, held.parent, held.position,
+                    "" if want.tokens == held.tokens else ", other tokens")
 
     def _closest_child(self, parent: BlockHash, want: Sequence[int]
                        ) -> tuple[int, tuple[int, ...] | None]:
         """The stored child block of ``parent`` (either tier) sharing the longest prefix with
         ``want`` (the prompt from that block on); on a tie the first found, memory first."""
-        candidates = [self._blocks[h].tokens for h in self.ledger.children(parent)]
+        candidates = [self._blocks[h].identity.tokens for h in self.ledger.children(parent)]
         if self.disk is not None:
             candidates += [self.disk.tokens(h) for h in self.disk.ledger.children(parent)
                            if h not in self._blocks]
@@ -251,31 +272,56 @@ class PrefixStore:
         """Store the full blocks of ``tokens`` whose K/V ``cache`` holds; return tokens written.
 
         ``cache`` holds (at least) the K/V of ``tokens`` in order, one KVCache per layer. Blocks
-        already stored are touched, not copied again. When the byte budget is spent the blocks
-        that fit are stored and the rest are not (the ledger reports what it kept); blocks
-        evicted to make room go to the disk tier, if there is one.
+        already stored are touched, not copied again. When the memory budget is spent the
+        blocks that fit are stored in memory and, with a disk tier, the rest go straight to
+        disk (a prompt larger than the memory tier is still cached whole); blocks evicted to
+        make room go to the disk tier too. A hash held as another block (a collision) ends
+        the chain there: nothing is stored under another block's hash.
         """
         bs = self.block_size
         held = cache[0].offset if cache else 0
         usable = min(len(tokens), held) // bs * bs
-        hashes = hash_blocks(tokens[:usable], bs, namespace)
-        label, root = namespace.label(), namespace.root()
-        new = self.ledger.insert(hashes, bs, label, root)
-        if not new:
-            return 0
-        first = hashes.index(new[0])  # blocks before it were already held
-        layer_keys = [c.keys for c in cache]
-        layer_values = [c.values for c in cache]
+        hashes = self._hash(tokens[:usable], bs, namespace)
+        want = identities(namespace, hashes, tokens, bs)
+        new = self.ledger.insert(hashes, bs, namespace.label(), namespace.root())
+        first = hashes.index(new[0]) if new else self._chain_in_memory(hashes, want)
+        slices = _BlockSlices(cache, bs)
         for i, h in enumerate(new, start=first):
-            start, end = i * bs, (i + 1) * bs
-            # mx.stack copies: a block holds exactly its slice, never the cache's spare room.
-            keys = mx.stack([k[0, :, start:end] for k in layer_keys])
-            values = mx.stack([v[0, :, start:end] for v in layer_values])
-            parent = hashes[i - 1] if i else root
-            self._put(h, _Block(tuple(tokens[start:end]), parent, label,
-                                self.codec.encode(keys), self.codec.encode(values)))
+            keys, values = slices.block(i)
+            self._put(h, _Block(want[i], self.codec.encode(keys), self.codec.encode(values)))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
-        return len(new) * bs
+        spilled = self._overflow(hashes, want, first + len(new), slices)
+        return (len(new) + spilled) * bs
+
+    def _chain_in_memory(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity]) -> int:
+        """How many leading blocks of the chain memory holds as these very blocks."""
+        n = 0
+        for h, identity in zip(hashes, want):
+            block = self._blocks.get(h)
+            if block is None or block.identity != identity:
+                break
+            n += 1
+        return n
+
+    def _overflow(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity], start: int,
+                  slices: _BlockSlices) -> int:
+        """Write blocks ``start`` on, which memory had no room for, to the disk tier; how many."""
+        disk = self.disk
+        if disk is None:
+            return 0
+        written = 0
+        for i in range(start, len(hashes)):
+            h = hashes[i]
+            if h in self.ledger or h in disk:
+                break  # held already (here or as another block): not written twice
+            keys, values = slices.block(i)
+            keys, values = disk.codec.encode(keys), disk.codec.encode(values)
+            mx.eval(keys, values)
+            record = BlockRecord(h, want[i], disk.model, disk.revision, disk.codec.bits)
+            if not disk.spill(record, keys, values):
+                break
+            written += 1
+        return written
 
     def _put(self, h: BlockHash, block: _Block) -> None:
         self._blocks[h] = block
@@ -296,8 +342,7 @@ class PrefixStore:
             keys = disk.codec.encode(self.codec.decode(keys))
             values = disk.codec.encode(self.codec.decode(values))
             mx.eval(keys, values)
-        record = BlockRecord(h, block.parent, block.namespace, disk.model, disk.revision,
-                             block.tokens, disk.codec.bits)
+        record = BlockRecord(h, block.identity, disk.model, disk.revision, disk.codec.bits)
         disk.spill(record, keys, values)
 
     # ---- management ----------------------------------------------------------------------
@@ -323,7 +368,7 @@ class PrefixStore:
         return removed
 
     def invalidate_prefix(self, namespace: Namespace, tokens: Sequence[int]) -> int:
-        hashes = hash_blocks(tokens, self.block_size, namespace)
+        hashes = self._hash(tokens, self.block_size, namespace)
         removed = self.ledger.invalidate_prefix(hashes)
         if self.disk is not None:
             removed += self.disk.invalidate_prefix(hashes)
@@ -369,7 +414,8 @@ def open_store(shape: KVShape, block_size: int, ttl_s: float, clock: Callable[[]
                memory_bytes: int, eviction: Eviction = DEFAULT_EVICTION, kv_bits: int = 0,
                disk_dir: Path | str | None = None, disk_bytes: int = 0, disk_kv_bits: int = 0,
                model: str = "", revision: str = "",
-               wall_clock: Callable[[], float] = time.time) -> PrefixStore:
+               wall_clock: Callable[[], float] = time.time,
+               hasher: Hasher = hash_blocks) -> PrefixStore:
     """A store with a memory tier and, when ``disk_bytes > 0``, a disk tier in ``disk_dir``.
 
     ``model`` and ``revision`` mark the disk's blocks: another model's are never served.
@@ -387,11 +433,26 @@ def open_store(shape: KVShape, block_size: int, ttl_s: float, clock: Callable[[]
                         wall_clock)
     try:
         return PrefixStore(shape, block_size, memory_bytes, ttl_s, clock, eviction,
-                           kv_bits=kv_bits, disk=disk)
+                           kv_bits=kv_bits, disk=disk, hasher=hasher)
     except ValueError:
         if disk is not None:
             disk.close()
         raise
+
+
+class _BlockSlices:
+    """One block's K/V cut out of a request's per-layer caches (a copy: a block holds exactly
+    its slice, never the cache's spare room)."""
+
+    def __init__(self, cache: Sequence[KVCache], block_size: int) -> None:
+        self._keys = [c.keys for c in cache]
+        self._values = [c.values for c in cache]
+        self._bs = block_size
+
+    def block(self, i: int) -> tuple[mx.array, mx.array]:
+        start, end = i * self._bs, (i + 1) * self._bs
+        return (mx.stack([k[0, :, start:end] for k in self._keys]),
+                mx.stack([v[0, :, start:end] for v in self._values]))
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

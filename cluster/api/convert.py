@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from cluster.api.validate import FieldError
 from cluster.backend.protocol import CacheStats, WorkerInfo
+from workers.messages import DiskTierStats
 from cluster.jobs.store import JobRecord, JobState, StoredResult
 from proto.orchard.v1 import orchard_pb2 as pb
 
@@ -46,7 +47,8 @@ def worker_to_pb(w: WorkerInfo) -> pb.Worker:
     return pb.Worker(worker_id=w.worker_id, node=w.node, state=w.state, running=w.running,
                      queued_tokens=w.queued_tokens, cache_bytes=w.cache_bytes,
                      cache_capacity_bytes=w.cache_capacity_bytes, cache_blocks=w.cache_blocks,
-                     hit_ratio=w.hit_ratio, requests_served=w.requests_served)
+                     hit_ratio=w.hit_ratio, requests_served=w.requests_served,
+                     disk=disk_to_pb(w.disk))
 
 
 def stats_to_pb(s: CacheStats) -> pb.CacheStats:
@@ -54,7 +56,15 @@ def stats_to_pb(s: CacheStats) -> pb.CacheStats:
                          cache_capacity_bytes=s.cache_capacity_bytes, cache_blocks=s.cache_blocks,
                          input_tokens=s.input_tokens, cached_tokens=s.cached_tokens,
                          computed_tokens=s.computed_tokens, written_tokens=s.written_tokens,
-                         hit_ratio=s.hit_ratio)
+                         hit_ratio=s.hit_ratio, disk=disk_to_pb(s.disk))
+
+
+def disk_to_pb(d: DiskTierStats | None) -> pb.DiskTier | None:
+    if d is None:
+        return None
+    return pb.DiskTier(blocks=d.blocks, bytes=d.bytes, capacity_bytes=d.capacity_bytes,
+                       free_bytes=d.free_bytes, corrupt=d.corrupt, torn=d.torn,
+                       outdated=d.outdated, full=d.full)
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,9 +116,7 @@ def _owner_pid(path: Path) -> int | None:
 
 
 def namespace_for(model: ModelInfo) -> Callable[[str], Namespace]:
-    def namespace(tenant: str) -> Namespace:
-        return Namespace(tenant=tenant, model=model.model_id, revision=model.revision)
-    return namespace
+    return model.namespace
 
 
 async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | None = None,

@@ -188,7 +188,8 @@ class LocalBackend:
                 self._info = ModelInfo(engine.model_id, engine.revision, engine.vocab_size,
                                        engine.max_context, str(self._model_dir),
                                        engine.config.block_size, engine.kv_bytes_per_token,
-                                       engine.disk_kv_bytes_per_token)
+                                       engine.disk_kv_bytes_per_token,
+                                       engine.config.cache_secret)
         return await self.workers()
 
     async def drain(self, worker_id: str) -> WorkerInfo:
@@ -245,7 +246,8 @@ def _info(w: _Worker, s: WorkerStats, load) -> WorkerInfo:
         cache_bytes=s.cache_bytes, cache_capacity_bytes=s.cache_capacity_bytes,
         cache_blocks=s.cache_blocks,
         hit_ratio=s.cached_tokens / s.input_tokens if s.input_tokens else 0.0,
-        requests_served=s.requests_served, evictions=s.evictions, expirations=s.expirations)
+        requests_served=s.requests_served, evictions=s.evictions, expirations=s.expirations,
+        disk=s.disk)
 
 
 def _fields(obj) -> dict:

@@ -20,12 +20,12 @@ Errors: ``NoWorkerAvailable`` (the router's, re-exported here) when no worker ca
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
 
 from router.key import BlockHash, Namespace
 from router.policy import NoWorkerAvailable, RoutingDecision  # the router's, used unchanged
-from workers.messages import GenerateRequest, GenerateResult, WorkerStats
+from workers.messages import DiskTierStats, GenerateRequest, GenerateResult, WorkerStats
 
 
 class UnknownWorker(LookupError):
@@ -44,6 +44,11 @@ class ModelInfo:
     block_size: int        # tokens per cache block, one value per cluster
     kv_bytes_per_token: int  # the engine's memory tier, as its store accounts it
     disk_kv_bytes_per_token: int = 0  # its disk tier's (0: no disk tier)
+    cache_secret: bytes = field(default=b"", repr=False)  # the workers' cache-key secret
+
+    def namespace(self, tenant: str) -> Namespace:
+        """``tenant``'s cache namespace on this model, keyed as the workers key theirs."""
+        return Namespace(tenant, self.model_id, self.revision, secret=self.cache_secret)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,7 @@ class WorkerInfo:
     requests_served: int
     evictions: int = 0     # blocks the worker's store evicted so far (capacity)
     expirations: int = 0   # blocks the worker's store dropped after their TTL so far
+    disk: DiskTierStats | None = None  # its disk tier (None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +116,7 @@ class CacheStats:
     cached_tokens: int
     computed_tokens: int
     written_tokens: int
+    disk: DiskTierStats | None = None  # the workers' disk tiers, summed (None: none has one)
 
     @property
     def hit_ratio(self) -> float:
@@ -125,7 +132,8 @@ class CacheStats:
             input_tokens=sum(s.input_tokens for s in stats),
             cached_tokens=sum(s.cached_tokens for s in stats),
             computed_tokens=sum(s.input_tokens - s.cached_tokens for s in stats),
-            written_tokens=sum(s.written_tokens for s in stats))
+            written_tokens=sum(s.written_tokens for s in stats),
+            disk=DiskTierStats.total(s.disk for s in stats if s.disk is not None))
 
 
 @runtime_checkable

@@ -121,7 +121,8 @@ class RayBackend:
         hello = self._pool.first_hello
         self._info = ModelInfo(hello.model_id, hello.revision, hello.vocab_size,
                                hello.max_context, self._model_dir, hello.block_size,
-                               hello.kv_bytes_per_token, hello.disk_kv_bytes_per_token)
+                               hello.kv_bytes_per_token, hello.disk_kv_bytes_per_token,
+                               self._engine.cache_secret)
 
     async def close(self) -> None:
         if self._pool is None:
@@ -285,4 +286,5 @@ def _info(worker: PoolWorker, stats: WorkerStats | None, load) -> WorkerInfo:
         cache_bytes=s.cache_bytes, cache_capacity_bytes=s.cache_capacity_bytes,
         cache_blocks=s.cache_blocks,
         hit_ratio=s.cached_tokens / s.input_tokens if s.input_tokens else 0.0,
-        requests_served=s.requests_served, evictions=s.evictions, expirations=s.expirations)
+        requests_served=s.requests_served, evictions=s.evictions, expirations=s.expirations,
+        disk=s.disk)

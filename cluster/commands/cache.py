@@ -25,12 +25,23 @@ def cache(args) -> int:
                "input_tokens": s.input_tokens, "cached_tokens": s.cached_tokens,
                "computed_tokens": s.computed_tokens, "written_tokens": s.written_tokens,
                "hit_ratio": round(s.hit_ratio, 4)}
+    if s.HasField("disk"):
+        figures.update(disk_figures(s.disk))
     if args.json:
         print(json.dumps(figures))
         return 0
     for key, value in figures.items():
         print(f"{key:<22} {value}")
     return 0
+
+
+def disk_figures(d) -> dict:
+    """A disk tier (``orchard.v1.DiskTier``) as the ``disk_*`` figures the commands print."""
+    return {"disk_bytes": d.bytes, "disk_capacity_bytes": d.capacity_bytes,
+            "disk_blocks": d.blocks,
+            "disk_free_bytes": d.free_bytes if d.HasField("free_bytes") else None,
+            "disk_corrupt": d.corrupt, "disk_torn": d.torn, "disk_outdated": d.outdated,
+            "disk_full": d.full}
 
 
 def _prefix(args) -> dict:

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from cluster.commands.cache import disk_figures
 from cluster.commands.tls import add_client_args
 from cluster.config import default_run_dir
 
@@ -154,10 +155,13 @@ def cmd_workers(args) -> int:
 
 
 def worker_dict(w) -> dict:
-    return {"worker_id": w.worker_id, "node": w.node, "state": w.state, "running": w.running,
-            "queued_tokens": w.queued_tokens, "cache_bytes": w.cache_bytes,
-            "cache_capacity_bytes": w.cache_capacity_bytes, "cache_blocks": w.cache_blocks,
-            "hit_ratio": round(w.hit_ratio, 4), "requests_served": w.requests_served}
+    out = {"worker_id": w.worker_id, "node": w.node, "state": w.state, "running": w.running,
+           "queued_tokens": w.queued_tokens, "cache_bytes": w.cache_bytes,
+           "cache_capacity_bytes": w.cache_capacity_bytes, "cache_blocks": w.cache_blocks,
+           "hit_ratio": round(w.hit_ratio, 4), "requests_served": w.requests_served}
+    if w.HasField("disk"):
+        out.update(disk_figures(w.disk))
+    return out
 
 
 def _print_workers(workers, as_json: bool) -> None:
@@ -165,8 +169,18 @@ def _print_workers(workers, as_json: bool) -> None:
         print(json.dumps([worker_dict(w) for w in workers], indent=2))
         return
     print(f"{'worker':<8} {'node':<14} {'state':<9} {'running':>7} {'queued':>7} "
-          f"{'cache MiB':>9} {'blocks':>7} {'hit':>6} {'served':>7}")
+          f"{'cache MiB':>9} {'blocks':>7} {'hit':>6} {'served':>7}   disk tier")
     for w in workers:
         print(f"{w.worker_id:<8} {w.node[:12]:<14} {w.state:<9} {w.running:>7} "
               f"{w.queued_tokens:>7} {w.cache_bytes / 2**20:>9.2f} {w.cache_blocks:>7} "
-              f"{w.hit_ratio:>6.1%} {w.requests_served:>7}", file=sys.stdout)
+              f"{w.hit_ratio:>6.1%} {w.requests_served:>7}   {_disk_line(w)}", file=sys.stdout)
+
+
+def _disk_line(w) -> str:
+    if not w.HasField("disk"):
+        return "none"
+    d = w.disk
+    free = f"{d.free_bytes / 2**30:.1f} GiB free" if d.HasField("free_bytes") else "free unknown"
+    line = (f"{d.bytes / 2**20:.2f} of {d.capacity_bytes / 2**20:.0f} MiB, {d.blocks} blocks, "
+            f"{free}, corrupt {d.corrupt}, torn {d.torn}")
+    return line + (", FULL: writes stopped" if d.full else "")

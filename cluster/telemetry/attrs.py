@@ -60,6 +60,7 @@ CACHE_OUTCOME = "orchard.cache.outcome"             # hit | partial | near_miss 
 CACHE_PROMPT_TOKENS = "orchard.cache.prompt_tokens"
 CACHE_MATCHED = "orchard.cache.matched_tokens"
 CACHE_KEPT_TOKENS = "orchard.cache.kept_tokens"     # past matched_tokens, from a kept cache
+CACHE_IDENTITY_MISMATCH = "orchard.cache.identity_mismatch"  # blocks refused: another block
 CACHE_DISK_TOKENS = "orchard.cache.disk_tokens"     # of matched_tokens, read from the disk tier
 CACHE_MEMORY_TOKENS = "orchard.cache.memory_tokens"  # of matched_tokens, read from memory
 CACHE_TIER = "orchard.cache.tier"                   # none | memory | disk | memory+disk

@@ -219,6 +219,7 @@ def _lookup_attributes(request: GenerateRequest, lookup: LookupReport,
                        decode: Callable[[Sequence[int]], str] | None) -> dict:
     attrs = {A.CACHE_OUTCOME: lookup.outcome.value, A.CACHE_PROMPT_TOKENS: lookup.prompt_tokens,
              A.CACHE_MATCHED: lookup.matched_tokens, A.CACHE_KEPT_TOKENS: lookup.kept_tokens,
+             A.CACHE_IDENTITY_MISMATCH: lookup.identity_mismatches,
              A.CACHE_COMMON_PREFIX: lookup.common_prefix,
              A.CACHE_TTL_S: lookup.ttl_s, A.CACHE_LINE: lookup.line(),
              **_tier_attributes(lookup.matched_tokens, lookup.disk_tokens)}

@@ -228,7 +228,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
 
 class Worker(_message.Message):
-    __slots__ = ("worker_id", "node", "state", "running", "queued_tokens", "cache_bytes", "cache_capacity_bytes", "cache_blocks", "hit_ratio", "requests_served")
+    __slots__ = ("worker_id", "node", "state", "running", "queued_tokens", "cache_bytes", "cache_capacity_bytes", "cache_blocks", "hit_ratio", "requests_served", "disk")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +239,7 @@ class Worker(_message.Message):
     CACHE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     node: str
     state: str
@@ -249,7 +250,28 @@ class Worker(_message.Message):
     cache_blocks: int
     hit_ratio: float
     requests_served: int
-    def __init__(self, worker_id: _Optional[str] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., running: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_capacity_bytes: _Optional[int] = ..., cache_blocks: _Optional[int] = ..., hit_ratio: _Optional[float] = ..., requests_served: _Optional[int] = ...) -> None: ...
+    disk: DiskTier
+    def __init__(self, worker_id: _Optional[str] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., running: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_capacity_bytes: _Optional[int] = ..., cache_blocks: _Optional[int] = ..., hit_ratio: _Optional[float] = ..., requests_served: _Optional[int] = ..., disk: _Optional[_Union[DiskTier, _Mapping]] = ...) -> None: ...
+
+class DiskTier(_message.Message):
+    __slots__ = ("blocks", "bytes", "capacity_bytes", "free_bytes", "corrupt", "torn", "outdated", "full")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    TORN_FIELD_NUMBER: _ClassVar[int]
+    OUTDATED_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    bytes: int
+    capacity_bytes: int
+    free_bytes: int
+    corrupt: int
+    torn: int
+    outdated: int
+    full: bool
+    def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., corrupt: _Optional[int] = ..., torn: _Optional[int] = ..., outdated: _Optional[int] = ..., full: _Optional[bool] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()
@@ -294,7 +316,7 @@ class CacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("workers", "cache_bytes", "cache_capacity_bytes", "cache_blocks", "input_tokens", "cached_tokens", "computed_tokens", "written_tokens", "hit_ratio")
+    __slots__ = ("workers", "cache_bytes", "cache_capacity_bytes", "cache_blocks", "input_tokens", "cached_tokens", "computed_tokens", "written_tokens", "hit_ratio", "disk")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHE_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -304,6 +326,7 @@ class CacheStats(_message.Message):
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
     workers: int
     cache_bytes: int
     cache_capacity_bytes: int
@@ -313,4 +336,5 @@ class CacheStats(_message.Message):
     computed_tokens: int
     written_tokens: int
     hit_ratio: float
-    def __init__(self, workers: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_capacity_bytes: _Optional[int] = ..., cache_blocks: _Optional[int] = ..., input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., written_tokens: _Optional[int] = ..., hit_ratio: _Optional[float] = ...) -> None: ...
+    disk: DiskTier
+    def __init__(self, workers: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_capacity_bytes: _Optional[int] = ..., cache_blocks: _Optional[int] = ..., input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., written_tokens: _Optional[int] = ..., hit_ratio: _Optional[float] = ..., disk: _Optional[_Union[DiskTier, _Mapping]] = ...) -> None: ...
