@@ -48,7 +48,7 @@ install_mutmut() {
 }
 
 # Mutation testing, one core module at a time (a benchmark, not CI): `./run.sh mutants
-# router/key.py router/ledger.py`. MUTANT_CHILDREN sets the parallelism (default 1). The tests'
+# router/kv/key.py router/kv/ledger.py`. MUTANT_CHILDREN sets the parallelism (default 1). The tests'
 # forged models are made once, under mutants/forged-models, not once per mutant.
 run_mutants() {
   [ $# -gt 0 ] || { echo "usage: ./run.sh mutants MODULE.py... (the core: see [tool.mutmut] in pyproject.toml)" >&2; exit 2; }

@@ -64,8 +64,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from router.key import CacheSecret
-from router.ledger import DEFAULT_EVICTION, Eviction
+from router.kv.key import CacheSecret
+from router.kv.ledger import DEFAULT_EVICTION, Eviction
 
 CONFIG_NAME = "orchard.toml"
 ADDRESS_NAME = "frontend.json"
@@ -321,7 +321,7 @@ def write_default_config(run_dir: Path | str, tenants: tuple[str, ...] = ("defau
 
 def engine_config(config: Config):
     """The ``workers`` engine settings this cluster config narrows to (one per worker)."""
-    from workers.engine import EngineConfig  # mlx is imported only where engines run
+    from workers.engine.engine import EngineConfig  # mlx is imported only where engines run
 
     cache = config.cache
     config.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

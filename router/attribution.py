@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping, Sequence
 
-from router.key import BlockHash, Namespace, hash_blocks, reusable_tokens
+from router.kv.key import BlockHash, Namespace, hash_blocks, reusable_tokens
 
 
 class ServedTier(str, Enum):

@@ -26,7 +26,7 @@ Events are processed in time order; at equal times writes come before lookups::
 The output is a ``TokenUsage`` per request (``router.cost``), priced like the measured ones.
 
 What the cluster holds when a job is submitted comes from ``ClusterHoldings``: one
-``router.tiers.TieredLedger`` per serving worker (its memory tier and, with ``[cache]
+``router.kv.tiers.TieredLedger`` per serving worker (its memory tier and, with ``[cache]
 disk_bytes``, its disk tier, each with its capacity in tokens), mirroring that worker's store
 from the requests it finished (the blocks it read and wrote, at the time it did). Because the
 mirror is the stores' own ledger with their capacity, TTL and policy, what the forecast
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Sequence
 
 from router.cost import TokenUsage
-from router.key import BlockHash, Namespace, reusable_tokens
-from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction
-from router.tiers import TieredLedger
+from router.kv.key import BlockHash, Namespace, reusable_tokens
+from router.kv.ledger import DEFAULT_EVICTION, BlockLedger, Eviction
+from router.kv.tiers import TieredLedger
 
 
 @dataclass(frozen=True, slots=True)

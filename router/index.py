@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Iterable, Sequence
 
-from router.events import BlockRemoved, BlockStored, EventBatch, Tier
-from router.key import BlockHash
+from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
+from router.kv.key import BlockHash
 
 DEFAULT_MAX_BLOCKS = 4_000_000
 DEFAULT_PENDING_TTL_S = 10.0

@@ -93,8 +93,8 @@ from typing import Collection, Iterator, Mapping, Sequence
 
 import xxhash
 
-from router.events import WorkerRates
-from router.key import BlockHash
+from router.kv.events import WorkerRates
+from router.kv.key import BlockHash
 
 HOME_CHOICES = 2  # a cold prompt's home: the less busy of its two rendezvous winners
 # Loading a token's K/V from a worker's disk tier, in tokens of prefill, until the worker has

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from router.events import EventBatch, decode_batch
+from router.kv.events import EventBatch, decode_batch
 from router.index import DEFAULT_MAX_BLOCKS, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
-from router.key import BlockHash, Namespace
+from router.kv.key import BlockHash, Namespace
 from router.policy import (NoWorkerAvailable, PolicyConfig, RouteQuery, RoutingDecision, WorkerLoad,
                            decide, disk_token_cost)
 from router.sharing import SharedPrefixes

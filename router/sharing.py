@@ -22,7 +22,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Sequence
 
-from router.key import BlockHash
+from router.kv.key import BlockHash
 
 DEFAULT_MAX_ENTRIES = 1_000_000
 

@@ -2,7 +2,7 @@
 
 ``Clock`` is the one clock tests hand to stores, ledgers, routers and tracers: it reads
 ``clock.now``, which the test sets. The ``eviction`` fixture runs a test once per eviction
-policy (``router.ledger.Eviction``).
+policy (``router.kv.ledger.Eviction``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import pytest
 
 import workers  # noqa: F401  (loads OpenBLAS before mlx on Linux)
-from router.ledger import Eviction
+from router.kv.ledger import Eviction
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""Waits on ``workers.runtime.EngineRuntime`` that fail at once when an answer was lost.
+"""Waits on ``workers.engine.runtime.EngineRuntime`` that fail at once when an answer was lost.
 
 The engine thread handles commands in the order they were sent and hands each answer to the
 caller's loop as it handles it, so once a later command has been answered every earlier
@@ -18,9 +18,9 @@ import asyncio
 import threading
 from typing import AsyncIterator, Awaitable, TypeVar
 
-from router.key import Namespace
+from router.kv.key import Namespace
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
-from workers.runtime import EngineRuntime
+from workers.engine.runtime import EngineRuntime
 
 T = TypeVar("T")
 

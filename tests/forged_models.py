@@ -15,8 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import workers.forge
-from workers.forge import ForgeSpec, forge
+import workers.model.forge
+from workers.model.forge import ForgeSpec, forge
 
 _SHARED = os.environ.get("ORCHARD_FORGED_MODELS", "")
 _ROOT = Path(_SHARED) if _SHARED else Path(tempfile.mkdtemp(prefix="orchard-models-"))
@@ -34,7 +34,7 @@ def tiny_model(arch: str = "llama", sliding: bool = False) -> Path:
     spec = ForgeSpec(arch=arch, extra=extra, **TINY)
     if not _SHARED:
         return forge(_ROOT / name, spec)
-    source = Path(workers.forge.__file__).read_bytes() + repr(spec).encode()
+    source = Path(workers.model.forge.__file__).read_bytes() + repr(spec).encode()
     out = _ROOT / f"{name}-{hashlib.sha256(source).hexdigest()[:16]}"
     if not out.exists():
         staged = forge(_ROOT / f".{name}-{os.getpid()}", spec)

@@ -15,7 +15,7 @@ from cluster.api.client import Client
 from cluster.config import Config, load_config
 from cluster.api.frontend import Frontend, serve
 from cluster.backend.local import LocalBackend
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 
 
 # One tenant (acme) and an admin key: the config most API tests run under.

@@ -2,7 +2,7 @@
 import pytest
 
 from router.attribution import Attribution, MissAttributor, MissCause, RequestSeen, ServedTier
-from router.key import Namespace
+from router.kv.key import Namespace
 
 BS = 4
 ACME, BETA = Namespace("acme", "m"), Namespace("beta", "m")

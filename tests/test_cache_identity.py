@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
-from router.key import BlockHash, Namespace, hash_blocks
-from router.ledger import Eviction
+from router.kv.key import BlockHash, Namespace, hash_blocks
+from router.kv.ledger import Eviction
 from tests.conftest import Clock
 from tests.forged_models import tiny_model
 from test_store import BS, SHAPE, kv_for
-from workers.engine import Engine, EngineConfig
+from workers.engine.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
-from workers.store import PrefixStore, open_store
+from workers.cache.store import PrefixStore, open_store
 
 A_NS = Namespace("tenant-a", "m", "r1")
 B_NS = Namespace("tenant-b", "m", "r1")
@@ -178,7 +178,7 @@ class TestTheEngine:
 
 class TestTheClusterSecret:
     def test_made_once_at_first_use_kept_0600_then_read(self, tmp_path):
-        from router.key import CacheSecret
+        from router.kv.key import CacheSecret
 
         first = CacheSecret.load_or_create(tmp_path)
         path = tmp_path / "cache.key"
@@ -194,7 +194,7 @@ class TestTheClusterSecret:
 
     def test_the_cluster_config_hands_the_workers_its_run_directorys_secret(self, tmp_path):
         from cluster.config import engine_config, load_config
-        from router.key import CacheSecret
+        from router.kv.key import CacheSecret
 
         run_dir = tmp_path / "run"
         run_dir.mkdir()

@@ -50,7 +50,7 @@ def test_bad_invalidation_arguments(frontend, tmp_path, capsys):
 
 
 def test_workers_and_cache_show_the_disk_tier(tmp_path, capsys):
-    from workers.engine import Engine, EngineConfig
+    from workers.engine.engine import Engine, EngineConfig
 
     block = Engine.open(tiny_model()).kv_bytes_per_token * 16
     engine = EngineConfig(block_size=16, max_batch=4, store_bytes=2 * block,

@@ -4,7 +4,7 @@ import pytest
 from router.cost import (Rates, TokenUsage, forecast_request, job_multiplier,
                          load_price_table, measured_usage)
 from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
-from router.key import Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 
 NS = Namespace("t", "m")
 

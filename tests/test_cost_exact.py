@@ -6,7 +6,7 @@ import pytest
 from router.cost import (CostComparison, PriceTable, Rates, TokenUsage, compare,
                          forecast_request, measured_usage, parse_price_table, total_usage)
 from router.forecast import CacheModel, PlannedRequest, batch_arrivals, forecast_job
-from router.key import BlockHash
+from router.kv.key import BlockHash
 
 
 def test_the_write_rate_switches_just_above_five_minutes():

@@ -1,9 +1,9 @@
 """Job forecasts against the simulator on a synthetic trace the forecast was not tuned on."""
 import pytest
 
-from router.forecast_replay import forecast_replay
-from router.simulator import SimConfig
-from router.trace import SynthShape, synthesize
+from router.sim.forecast_replay import forecast_replay
+from router.sim.simulator import SimConfig
+from router.sim.trace import SynthShape, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_bench_forecast_command_on_a_trace_file(tmp_path, capsys):
     import json
 
     from cluster.cli import main
-    from router.trace import write_trace
+    from router.sim.trace import write_trace
 
     path = tmp_path / "small.jsonl"
     write_trace(synthesize(SynthShape(requests=300, rate_per_s=2.0), seed=3), path)

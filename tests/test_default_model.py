@@ -11,10 +11,10 @@ import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
 from cluster.cli import main
-from workers.chat import ChatSession
-from workers.default_model import default_gguf, ensure_default_model
-from workers.engine import Engine, EngineConfig
-from workers.forge import ForgeSpec, forge
+from workers.engine.chat import ChatSession
+from workers.model.default_model import default_gguf, ensure_default_model
+from workers.engine.engine import Engine, EngineConfig
+from workers.model.forge import ForgeSpec, forge
 from workers.messages import SamplingParams
 
 pytestmark = pytest.mark.slow

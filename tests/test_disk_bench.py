@@ -6,7 +6,7 @@ import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 
 from forged_models import tiny_model
-from workers.disk_bench import bench_disk
+from workers.lab.disk_bench import bench_disk
 
 
 def test_the_disk_trials_read_the_whole_prefix_from_disk():

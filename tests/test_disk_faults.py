@@ -10,10 +10,10 @@ import msgpack
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
-from router.key import hash_blocks
+from router.kv.key import hash_blocks
 from test_disk_tier import A, B, BS, NS, put, tiered
-from workers.disk_lock import DiskDirError
-from workers.disk_files import MAGIC, SUFFIX, block_path, _PREFIX
+from workers.cache.disk_lock import DiskDirError
+from workers.cache.disk_files import MAGIC, SUFFIX, block_path, _PREFIX
 
 
 def test_a_prompt_larger_than_memory_is_cached_whole_on_disk(tmp_path):
@@ -36,7 +36,7 @@ def test_a_removed_directory_is_made_again_with_one_warning_and_writes_resume(tm
     put(store, B)  # A's two blocks go to disk
     store.flush()
     shutil.rmtree(directory)
-    caplog.set_level(logging.WARNING, logger="workers.disk_writer")
+    caplog.set_level(logging.WARNING, logger="workers.cache.disk_writer")
     more = [list(range(200 + 10 * i, 200 + 10 * i + 2 * BS)) for i in range(6)]
     for tokens in more:  # B, then each but the last, evicted: twelve writes in all
         put(store, tokens)

@@ -19,9 +19,9 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from router.key import Namespace, hash_blocks
-from workers.disk_files import SUFFIX, TMP_SUFFIX, block_path
-from workers.store import KVShape, open_store
+from router.kv.key import Namespace, hash_blocks
+from workers.cache.disk_files import SUFFIX, TMP_SUFFIX, block_path
+from workers.cache.store import KVShape, open_store
 
 BS = 16
 SHAPE = KVShape(layers=8, kv_heads=8, head_dim=64, dtype=mx.float32)  # 512 KB per block

@@ -10,13 +10,13 @@ import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
-from router.events import BlockRemoved, BlockStored, Tier
-from router.key import BlockIdentity, Namespace, hash_blocks
-from router.ledger import Eviction
-from workers.disk_files import BlockRecord, block_path, encode_block
-from workers.disk_tier import DiskDirError
+from router.kv.events import BlockRemoved, BlockStored, Tier
+from router.kv.key import BlockIdentity, Namespace, hash_blocks
+from router.kv.ledger import Eviction
+from workers.cache.disk_files import BlockRecord, block_path, encode_block
+from workers.cache.disk_tier import DiskDirError
 from workers.messages import LookupOutcome
-from workers.store import KVShape, PrefixStore, open_store
+from workers.cache.store import KVShape, PrefixStore, open_store
 
 from test_store import BS, NS, SHAPE, kv_for
 from tests.conftest import Clock
@@ -223,7 +223,7 @@ def test_disk_full_stops_writes_once_and_memory_carries_on(tmp_path, caplog):
         path = block_path(tmp_path / "w0", h)
         path.parent.mkdir(parents=True, exist_ok=True)
         (path.parent / (path.name + ".tmp")).symlink_to("/dev/full")
-    with caplog.at_level(logging.WARNING, logger="workers.disk_writer"):
+    with caplog.at_level(logging.WARNING, logger="workers.cache.disk_writer"):
         put(store, A)
         put(store, B)
         store.flush()
@@ -253,7 +253,7 @@ def _fill(directory: Path) -> Path:
 
 def test_a_full_disk_is_written_again_once_space_returns(tmp_path, caplog):
     from small_disk import small_disk
-    from workers.disk_tier import FULL_RECHECK_S
+    from workers.cache.disk_tier import FULL_RECHECK_S
 
     clock = Clock()
     with small_disk(tmp_path / "disk", megabytes=1) as disk:
@@ -370,7 +370,7 @@ def test_close_keeps_the_memory_tier_on_disk_for_the_next_start(tmp_path):
 
 def test_an_engine_restarted_on_its_directory_reuses_its_cache_and_agrees(tmp_path):
     from forged_models import tiny_model
-    from workers.engine import Engine, EngineConfig
+    from workers.engine.engine import Engine, EngineConfig
     from workers.messages import GenerateRequest, SamplingParams
 
     config = EngineConfig(block_size=16, disk_bytes=1 << 26, disk_dir=str(tmp_path),

@@ -1,6 +1,6 @@
 """The disk tier's writer thread: when it stops on an error, nothing waits on it forever.
 
-A block the file format cannot hold (a complex64 array: ``workers.disk_files`` writes float
+A block the file format cannot hold (a complex64 array: ``workers.cache.disk_files`` writes float
 and integer arrays only) raises ``ValueError`` on the writer thread, as a bug in what the
 store hands the tier would. Before, that ended the thread silently and the next ``flush``
 waited forever; now ``flush`` and ``close`` raise ``WriterStopped`` naming the error at once.
@@ -15,11 +15,11 @@ import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
-from router.key import BlockIdentity
-from workers.disk_files import BlockRecord, block_path
-from workers.disk_tier import DiskTier
-from workers.disk_writer import DiskWriter, PendingBlock, WriterStopped
-from workers.kv_quant import KVCodec
+from router.kv.key import BlockIdentity
+from workers.cache.disk_files import BlockRecord, block_path
+from workers.cache.disk_tier import DiskTier
+from workers.cache.disk_writer import DiskWriter, PendingBlock, WriterStopped
+from workers.cache.kv_quant import KVCodec
 from tests.conftest import Clock
 
 pytestmark = pytest.mark.usefixtures("bounded")  # a wait that never ends fails, saying so
@@ -40,7 +40,7 @@ def test_a_stopped_writer_fails_flush_at_once_and_refuses_further_writes(tmp_pat
     writer.write(block(7))
     writer.flush()
     assert block_path(tmp_path, 7).exists() and writer.take_failed() == []
-    with caplog.at_level(logging.ERROR, logger="workers.disk_writer"):
+    with caplog.at_level(logging.ERROR, logger="workers.cache.disk_writer"):
         writer.write(block(8, mx.complex64))
         start = time.monotonic()
         with pytest.raises(WriterStopped, match=STOPPED):

@@ -10,12 +10,12 @@ import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
-from router.key import Namespace
+from router.kv.key import Namespace
 from tests.conftest import Clock
 from tests.forged_models import tiny_model
-from workers.engine import Engine, EngineConfig, RequestFailed
+from workers.engine.engine import Engine, EngineConfig, RequestFailed
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, SamplingParams
-from workers.model_dir import open_model_dir
+from workers.model.model_dir import open_model_dir
 
 BS = 16
 

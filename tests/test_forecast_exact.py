@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from router.cost import TokenUsage
 from router.forecast import CacheModel, PlannedRequest, forecast_job
-from router.key import BlockHash
+from router.kv.key import BlockHash
 
 
 def _request(blocks, tokens, at, service=0.0, output=1):

@@ -11,7 +11,7 @@ import mlx_lm
 
 from cluster.cli import main
 from tests.forged_models import TINY, tiny_model
-from workers.forge import ForgeSpec, forge
+from workers.model.forge import ForgeSpec, forge
 
 
 def test_forged_directory_loads_offline_with_mlx_lm():

@@ -2,7 +2,7 @@
 import pytest
 
 from cluster.config import engine_config, load_config, write_default_config
-from router.ledger import Eviction
+from router.kv.ledger import Eviction
 
 
 def test_default_config_has_fresh_keys_and_loopback(tmp_path):

@@ -3,7 +3,7 @@ import pytest
 
 from cluster.jobs.store import JobStore
 from cluster.jobs.runner import JobRunner, Overloaded, RunnerLimits
-from router.key import Namespace
+from router.kv.key import Namespace
 
 
 def test_admit_limits_per_tenant_and_in_total(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import workers  # noqa: F401
 from cluster.api.chat import ChatTokenizer
 from forged_models import tiny_model
-from workers.engine import Engine
+from workers.engine.engine import Engine
 
 CHAT = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hello there, café ☕?"},

@@ -1,7 +1,7 @@
 """PrefixIndex: events in, per-worker matched depth out; pending, churn, bounds, rebuild."""
-from router.events import BlockRemoved, BlockStored, EventBatch
+from router.kv.events import BlockRemoved, BlockStored, EventBatch
 from router.index import PrefixIndex
-from router.key import BlockHash
+from router.kv.key import BlockHash
 
 ROOT = BlockHash(1)
 

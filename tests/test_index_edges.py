@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from router.events import BlockRemoved, BlockStored, EventBatch, Tier
+from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
 from router.index import Match, PrefixIndex
-from router.key import BlockHash
+from router.kv.key import BlockHash
 
 from tests.test_index import chain, index, removed, stored
 

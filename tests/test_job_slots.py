@@ -12,7 +12,7 @@ from tests.bounded import run_bounded
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import JobStore, NewRequest, StagedRequest
-from router.key import Namespace
+from router.kv.key import Namespace
 from workers.messages import SamplingParams
 
 

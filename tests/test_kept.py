@@ -1,4 +1,4 @@
-"""Kept caches (``workers.kept``): what is kept, handed over, superseded and evicted, exactly;
+"""Kept caches (``workers.engine.kept``): what is kept, handed over, superseded and evicted, exactly;
 and the engine's next turn extending a kept cache computes what a join (and no store) does."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 from tests.forged_models import tiny_model
-from workers.engine import Engine, EngineConfig
-from workers.forge import ForgeSpec, forge
-from workers.kept import KeptCaches, KeptStats
+from workers.engine.engine import Engine, EngineConfig
+from workers.model.forge import ForgeSpec, forge
+from workers.engine.kept import KeptCaches, KeptStats
 from workers.messages import GenerateRequest, SamplingParams
 
 BS = 16

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from router.events import BlockRemoved, BlockStored, EventBatch, decode_batch, encode_batch
-from router.key import Namespace, block_hash, hash_blocks, reusable_tokens
+from router.kv.events import BlockRemoved, BlockStored, EventBatch, decode_batch, encode_batch
+from router.kv.key import Namespace, block_hash, hash_blocks, reusable_tokens
 
 NS = Namespace(tenant="acme", model="tiny-llama", revision="r1")
 
@@ -28,7 +28,7 @@ def test_namespace_is_part_of_every_key():
 
 
 def test_hash_is_stable_across_processes_and_hash_seeds():
-    code = ("from router.key import Namespace, hash_blocks;"
+    code = ("from router.kv.key import Namespace, hash_blocks;"
             "print(hash_blocks(list(range(100)), 16, Namespace('acme','tiny-llama','r1'))[-1])")
     outputs = set()
     for seed in ("1", "12345"):

@@ -5,7 +5,7 @@ from array import array
 
 import pytest
 
-from router.key import Namespace, block_hash, hash_blocks, reusable_tokens
+from router.kv.key import Namespace, block_hash, hash_blocks, reusable_tokens
 
 ROOT_ACME = 143368105513921563379075562956746078729
 ROOT_ACME_LORA = 186793725950951311661457717394083250194

@@ -8,10 +8,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from cluster.config import load_config, write_default_config
-from router.events import BlockRemoved, BlockStored, EventBatch, Tier, decode_batch, encode_batch
-from router.key import BlockHash, Namespace
-from workers.kv_quant import KVCodec
-from workers.store import KVShape, PrefixStore, open_store
+from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier, decode_batch, encode_batch
+from router.kv.key import BlockHash, Namespace
+from workers.cache.kv_quant import KVCodec
+from workers.cache.store import KVShape, PrefixStore, open_store
 
 BS = 16
 SHAPE = KVShape(layers=2, kv_heads=2, head_dim=64, dtype=mx.float32)

@@ -1,7 +1,7 @@
 """BlockLedger's remaining edges: limits, byte arithmetic, tie order, the reuse horizon, restore.
 
 Like ``test_ledger_exact.py``, each test pins an exact value that a one-token slip in
-``router/ledger.py`` changes: a bound off by one, a count assigned instead of added, the
+``router/kv/ledger.py`` changes: a bound off by one, a count assigned instead of added, the
 horizon clamped at the wrong floor, an equal-priority tie broken by hash instead of age.
 """
 from __future__ import annotations
@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from router.events import BlockRemoved, Tier
-from router.key import BlockHash
-from router.ledger import BlockLedger, LedgerEvent, LedgerEventKind
+from router.kv.events import BlockRemoved, Tier
+from router.kv.key import BlockHash
+from router.kv.ledger import BlockLedger, LedgerEvent, LedgerEventKind
 
 from tests.conftest import Clock
 

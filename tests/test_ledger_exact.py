@@ -2,15 +2,15 @@
 
 Each test pins a value a plausible one-token slip would change (``<`` for ``<=`` at the TTL,
 the bonus cap of 3 reuses, which counter a removal lands in), so a mutation run of
-``router/ledger.py`` has a behaviour to break.
+``router/kv/ledger.py`` has a behaviour to break.
 """
 from __future__ import annotations
 
 import pytest
 
-from router.events import BlockRemoved, BlockStored, Tier
-from router.key import BlockHash
-from router.ledger import (BlockLedger, Eviction, Holding, LedgerEvent, LedgerEventKind,
+from router.kv.events import BlockRemoved, BlockStored, Tier
+from router.kv.key import BlockHash
+from router.kv.ledger import (BlockLedger, Eviction, Holding, LedgerEvent, LedgerEventKind,
                            LedgerStats)
 from tests.conftest import Clock
 

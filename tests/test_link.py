@@ -15,10 +15,10 @@ from cluster.backend.link import WorkerLink
 from cluster.backend.protocol import TokenChunk
 from cluster.backend.wire import Kind, Prefilled, WorkerDone
 from cluster.backend.worker_actor import EngineWorker
-from router.events import BlockRemoved, BlockStored, EventBatch, Tier
-from router.key import Namespace
+from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
+from router.kv.key import Namespace
 from tests.forged_models import tiny_model
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import (GenerateRequest, GenerateResult, LookupOutcome, LookupReport,
                               SamplingParams, Timings, WorkerFailed)
 

@@ -16,7 +16,7 @@ from mlx_lm.utils import _get_classes
 
 from cluster.cli import main
 from tests import model_files as mf
-from workers.model_import import PROVENANCE, import_model
+from workers.model.model_import import PROVENANCE, import_model
 
 PROMPT = [5, 70, 120, 33, 200, 7, 1, 90, 44, 3]
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from cluster.backend.local import LocalBackend
-from router.key import Namespace
+from router.kv.key import Namespace
 from router.policy import NoWorkerAvailable, RoutingDecision
-from router.stats import percentile
+from router.kv.stats import percentile
 from tests.forged_models import tiny_model
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
 
 
@@ -41,10 +41,10 @@ def test_store_ledger_engine_config_forecast_and_simulator_share_one_eviction_de
 
     from cluster.config import CacheConfig
     from router.forecast import CacheModel
-    from router.ledger import DEFAULT_EVICTION, BlockLedger, Eviction
-    from router.simulator import SimConfig
-    from workers.disk_tier import DiskTier
-    from workers.store import PrefixStore, open_store
+    from router.kv.ledger import DEFAULT_EVICTION, BlockLedger, Eviction
+    from router.sim.simulator import SimConfig
+    from workers.cache.disk_tier import DiskTier
+    from workers.cache.store import PrefixStore, open_store
 
     def default(fn, name):
         return inspect.signature(fn).parameters[name].default
@@ -142,7 +142,7 @@ def test_the_forecast_capacity_of_the_disk_tier_comes_from_the_engines_too(tmp_p
 
 def test_a_backend_restarted_on_its_disk_directory_routes_to_what_it_kept(tmp_path):
     """The restored blocks reach the router, as disk blocks, before the first request."""
-    from router.key import hash_blocks
+    from router.kv.key import hash_blocks
 
     engine = EngineConfig(block_size=16, store_bytes=1 << 20, disk_bytes=1 << 22,
                           disk_dir=str(tmp_path / "cache"))

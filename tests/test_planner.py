@@ -18,9 +18,9 @@ import pytest
 
 from cluster.cli import main
 from router.cost import Rates
-from router.planner import Grid, Point, RecordedRequest, plan, trace_from_spans
-from router.simulator import SimConfig
-from router.trace import TraceRequest
+from router.sim.planner import Grid, Point, RecordedRequest, plan, trace_from_spans
+from router.sim.simulator import SimConfig
+from router.sim.trace import TraceRequest
 
 A = (0, 1, 2, 3, 4)
 B = (5, 6, 7, 8, 9)

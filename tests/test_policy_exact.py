@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from router.key import BlockHash
+from router.kv.key import BlockHash
 from router.policy import (Candidate, CandidateRows, NoWorkerAvailable, PolicyConfig, Reason, RouteQuery, WorkerLoad,
                            decide, rendezvous)
 

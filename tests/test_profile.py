@@ -2,9 +2,9 @@
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
-from router.service import EngineProfile, ProfileService
+from router.sim.service import EngineProfile, ProfileService
 from tests.forged_models import tiny_model
-from workers.profile import ProfileGrid, measure_profile
+from workers.lab.profile import ProfileGrid, measure_profile
 
 GRID = ProfileGrid(new_tokens=(4, 8), cached_tokens=(0, 8), batch_sizes=(1, 2), contexts=(8, 16),
                    decode_steps=2, repeats=1)

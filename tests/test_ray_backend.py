@@ -22,9 +22,9 @@ from cluster.backend.protocol import (GenerateOutcome, NoWorkerAvailable, TokenC
                              UnknownWorker)
 from cluster.backend.ray_backend import RayBackend  # noqa: E402
 from cluster.backend.ray_pool import NoRoom  # noqa: E402
-from router.key import Namespace, hash_blocks  # noqa: E402
+from router.kv.key import Namespace, hash_blocks  # noqa: E402
 from tests.forged_models import tiny_model  # noqa: E402
-from workers.engine import EngineConfig  # noqa: E402
+from workers.engine.engine import EngineConfig  # noqa: E402
 from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow

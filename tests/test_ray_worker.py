@@ -10,10 +10,10 @@ import pytest
 
 from cluster.backend.protocol import TokenChunk
 from cluster.backend.worker_actor import ROUTER_SEND_S, EngineWorker, WorkerDone
-from router.key import Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from router.router import Router
 from tests.forged_models import tiny_model
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
 
 BLOCK = 16
@@ -106,7 +106,7 @@ def test_a_worker_with_a_disk_tier_sends_its_measured_rates_with_its_events(tmp_
     """The Ray path's carriers of block events (a result's batches, the msgpack batches sent
     to the router actor) carry the worker's rates: after a request read its prefix from disk,
     the router costs a token on that disk exactly as the rates say."""
-    from router.events import WorkerRates
+    from router.kv.events import WorkerRates
     from router.policy import disk_token_cost
 
     config = EngineConfig(block_size=BLOCK, store_bytes=1 << 20, disk_bytes=1 << 22,

@@ -1,9 +1,9 @@
 """Router: decisions as data, load accounting, churn, restart rebuild, errors."""
 import pytest
 
-from router.events import EventBatch, encode_batch
-from router.key import Namespace, hash_blocks
-from router.ledger import BlockLedger
+from router.kv.events import EventBatch, encode_batch
+from router.kv.key import Namespace, hash_blocks
+from router.kv.ledger import BlockLedger
 from router.policy import (NoWorkerAvailable, PolicyConfig, Reason, RouteQuery, WorkerLoad,
                            decide, rendezvous)
 from router.router import Router

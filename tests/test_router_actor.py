@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from router.key import Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from router.policy import NoWorkerAvailable, Reason
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def test_actor_costs_a_disk_hit_at_the_rates_a_worker_sent(ray_local):
     """The encoded batch a worker actor sends carries its measured rates: 4,096 bytes per
     token at 1 GiB/s and 2**14 prefill tokens/s make a disk token cost exactly 0.0625."""
     from cluster.backend.router_actor import TracedRouterActor
-    from router.events import BlockStored, EventBatch, Tier, WorkerRates, encode_batch
+    from router.kv.events import BlockStored, EventBatch, Tier, WorkerRates, encode_batch
     from router.policy import PolicyConfig
 
     tokens = list(range(200, 265))  # 4 full blocks and a token

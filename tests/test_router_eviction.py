@@ -1,8 +1,8 @@
 """The ledger's "reuse" eviction variant: reused blocks outlive blocks used once; leaves first."""
 import pytest
 
-from router.key import BlockHash
-from router.ledger import BlockLedger
+from router.kv.key import BlockHash
+from router.kv.ledger import BlockLedger
 from tests.conftest import Clock
 
 ROOT = BlockHash(999)

@@ -9,11 +9,11 @@ from __future__ import annotations
 from cluster.backend.local import LocalBackend
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.store import JobState, JobStore
-from router.key import Namespace
+from router.kv.key import Namespace
 from tests.bounded import run_bounded, wait_until
 from tests.forged_models import tiny_model
 from tests.runner_bodies import prepare_body, staged_requests
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 
 BLOCK = 16
 

@@ -21,12 +21,12 @@ from cluster.telemetry import attrs as A
 from cluster.telemetry.job_tracing import JobTracing
 from cluster.telemetry.observe import RequestObserver, ServedCache
 from router.cost import PriceTable
-from router.key import Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from tests.bounded import run_bounded, wait_until, within
 from tests.forged_models import tiny_model
 from tests.runner_bodies import job_task_ended, prepare_body, staged_requests
 from tests.telemetry_factories import in_memory
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
 
 BLOCK = 16

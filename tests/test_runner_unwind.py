@@ -14,7 +14,7 @@ import sqlite3
 
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.store import PAGE_ROWS, JobState, JobStore, NewRequest, StagedRequest
-from router.key import Namespace
+from router.kv.key import Namespace
 from tests.bounded import run_bounded, wait_until
 from tests.runner_bodies import job_task_ended
 from workers.messages import SamplingParams

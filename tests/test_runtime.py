@@ -1,4 +1,4 @@
-"""``workers.runtime.EngineRuntime``: one engine thread, typed commands, aborts that stop work.
+"""``workers.engine.runtime.EngineRuntime``: one engine thread, typed commands, aborts that stop work.
 
 A real engine on a tiny forged model; the runtime is driven from an asyncio loop as the
 in-process backend and the worker actor drive it. Every wait is one that fails at once when
@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from router.events import BlockRemoved
-from router.key import Namespace
+from router.kv.events import BlockRemoved
+from router.kv.key import Namespace
 from tests.bounded import run_bounded
 from tests.engine_waits import answer, closed, hold, idle, settle, take, to_the_end
 from tests.forged_models import tiny_model
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed, WorkerStats
-from workers.runtime import IDLE_WAIT_S, EngineRuntime, Finished
+from workers.engine.runtime import IDLE_WAIT_S, EngineRuntime, Finished
 
 BLOCK = 16
 STEP_S = 5.0   # a step of the tiny model takes milliseconds: none in this long is a stall
@@ -159,7 +159,7 @@ def test_a_broken_engine_fails_its_runs_and_leaves(caplog):
             await answer(runtime, runtime.stats("w0"), "stats")
         await closed(runtime)
     run_bounded(scenario(), 30, "a broken engine fails its runs and leaves")
-    [record] = [r for r in caplog.records if r.name == "workers.runtime"]
+    [record] = [r for r in caplog.records if r.name == "workers.engine.runtime"]
     assert (record.getMessage(), record.exc_info[1].args) == (
         "worker w0: engine step failed", ("MLX fell over",))
 
@@ -330,7 +330,7 @@ def test_a_store_that_cannot_be_persisted_at_retire_is_logged_and_the_runtime_go
         runtime.retire("w0")
         with pytest.raises(WorkerFailed, match=NO_ENGINE.format("w0")):
             await answer(runtime, runtime.stats("w0"), "stats")
-        failed = [r for r in caplog.records if r.name == "workers.runtime"]
+        failed = [r for r in caplog.records if r.name == "workers.engine.runtime"]
         assert [(r.levelname, r.getMessage()) for r in failed] == [
             ("ERROR", "worker w0: persisting its prefix store at shutdown failed")]
         assert isinstance(failed[0].exc_info[1], OSError)

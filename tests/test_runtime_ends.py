@@ -1,4 +1,4 @@
-"""``workers.runtime.EngineRuntime`` once its engine thread ends: no caller waits on it.
+"""``workers.engine.runtime.EngineRuntime`` once its engine thread ends: no caller waits on it.
 
 A consumer of block events that raises (a bug on the engine thread) and a closed runtime both
 end the thread; every run in flight, every call waiting and every later command raises
@@ -12,13 +12,13 @@ import threading
 
 import pytest
 
-from router.key import Namespace
+from router.kv.key import Namespace
 from tests.bounded import run_bounded
 from tests.engine_waits import answer, closed, hold, take, to_the_end
 from tests.forged_models import tiny_model
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams, WorkerFailed
-from workers.runtime import EngineRuntime
+from workers.engine.runtime import EngineRuntime
 
 BLOCK = 16
 FAILED = r"^the engine thread failed: RuntimeError\('the feed is down'\)$"
@@ -56,7 +56,7 @@ def test_an_event_consumer_that_raises_fails_every_run_and_call_at_once(caplog):
         runtime.abort("r0")      # nothing to answer: neither raises nor waits
         runtime.retire("w0")
         await closed(runtime)
-        logged = [r for r in caplog.records if r.name == "workers.runtime"]
+        logged = [r for r in caplog.records if r.name == "workers.engine.runtime"]
         assert [(r.levelname, r.getMessage()) for r in logged] == [
             ("ERROR", "the engine thread failed")]
         assert str(logged[0].exc_info[1]) == "the feed is down"

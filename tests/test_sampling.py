@@ -3,9 +3,9 @@ import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
 from tests.forged_models import tiny_model
-from workers.engine import Engine, EngineConfig
+from workers.engine.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, GenerateResult, SamplingParams
-from workers.sequence import GREEDY_BELOW, make_sampler
+from workers.engine.sequence import GREEDY_BELOW, make_sampler
 
 PROMPT = tuple(range(100, 140))
 

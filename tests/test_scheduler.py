@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.scheduler import Admission, StepBudget, split_budget
+from workers.engine.scheduler import Admission, StepBudget, split_budget
 
 
 def test_tenants_take_turns_and_each_keeps_its_order():

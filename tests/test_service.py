@@ -5,9 +5,9 @@ import pytest
 
 from cluster.bench.replay import ReplaySlice, prompt_tokens, scale_slice
 from cluster.cli import main
-from router.service import EngineProfile, ProfileService
-from router.simulator import SimConfig, replay
-from router.trace import TraceRequest, write_trace
+from router.sim.service import EngineProfile, ProfileService
+from router.sim.simulator import SimConfig, replay
+from router.sim.trace import TraceRequest, write_trace
 
 
 def profile(**changes) -> EngineProfile:
@@ -100,7 +100,7 @@ def test_the_forecast_hook_is_refused_on_a_profile():
 
 
 def test_the_simulated_step_budget_defaults_are_the_engines():
-    from workers.engine import EngineConfig
+    from workers.engine.engine import EngineConfig
 
     engine, sim = EngineConfig(), SimConfig()
     assert (sim.prefill_budget, sim.decode_stall) == (engine.prefill_budget, engine.decode_stall)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.simulator import SimConfig, replay
-from router.trace import TraceRequest
+from router.sim.simulator import SimConfig, replay
+from router.sim.trace import TraceRequest
 
 TRACE = [TraceRequest(0.0, 1025, 1, (1, 2)),     # cold: stores blocks 1, 2
          TraceRequest(100.0, 1025, 1, (3, 4)),   # cold: evicts 1, 2 from a 2-block memory

@@ -1,12 +1,12 @@
 """The simulator's figures and its baselines, each on a small hand-made case with exact answers."""
 import pytest
 
-from router.key import BlockHash
-from router.simulator import SimConfig, replay
-from router.sim_base import SimRequest
-from router.sim_peers import (DynamoKv, PrefixHash, SglangGatewayCacheAware,
+from router.kv.key import BlockHash
+from router.sim.simulator import SimConfig, replay
+from router.sim.base import SimRequest
+from router.sim.peers import (DynamoKv, PrefixHash, SglangGatewayCacheAware,
                               SglangRouterCacheAware)
-from router.trace import DEFAULT_TRACE, TraceRequest, load_trace
+from router.sim.trace import DEFAULT_TRACE, TraceRequest, load_trace
 
 BS = 512
 

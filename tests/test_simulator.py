@@ -4,10 +4,10 @@ import json
 import pytest
 
 from cluster.cli import main
-from router.bench import run_decision_bench
-from router.simulator import SimConfig, ideal_hit_ratio, replay, simulate, to_requests
-from router.sim_policies import POLICY_NAMES
-from router.trace import SynthShape, TraceRequest, load_trace, synthesize, write_trace
+from router.sim.decision_bench import run_decision_bench
+from router.sim.simulator import SimConfig, ideal_hit_ratio, replay, simulate, to_requests
+from router.sim.policies import POLICY_NAMES
+from router.sim.trace import SynthShape, TraceRequest, load_trace, synthesize, write_trace
 
 SMALL = SynthShape(requests=400, rate_per_s=4.0, system_prompts=2, system_blocks=(1,),
                    new_conversation=0.3, turn_blocks=(2, 6), think_s=(5.0, 60.0))

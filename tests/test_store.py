@@ -7,11 +7,11 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from router.events import BlockRemoved, BlockStored
-from router.key import Namespace, hash_blocks
-from router.ledger import Eviction, LedgerEventKind
+from router.kv.events import BlockRemoved, BlockStored
+from router.kv.key import Namespace, hash_blocks
+from router.kv.ledger import Eviction, LedgerEventKind
 from workers.messages import LookupOutcome
-from workers.store import KVShape, PrefixStore
+from workers.cache.store import KVShape, PrefixStore
 from tests.conftest import Clock
 
 BS = 4
@@ -160,7 +160,7 @@ def test_capacity_exhaustion_stores_what_fits(eviction):
 
 
 def test_a_hash_collision_is_caught_by_the_token_check(eviction):
-    from router.key import BlockHash
+    from router.kv.key import BlockHash
 
     def colliding(tokens, block_size, namespace):  # every prompt's blocks hash alike
         return [BlockHash(1000 + i) for i in range(len(tokens) // block_size)]

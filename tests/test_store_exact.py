@@ -8,10 +8,10 @@ import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
-from router.key import Namespace, hash_blocks
-from router.ledger import Eviction
+from router.kv.key import Namespace, hash_blocks
+from router.kv.ledger import Eviction
 from workers.messages import LookupOutcome
-from workers.store import KVShape, PrefixStore
+from workers.cache.store import KVShape, PrefixStore
 
 from test_store import BS, NS, SHAPE, kv_for, make_store, put
 from tests.conftest import Clock
@@ -70,7 +70,7 @@ def test_write_takes_only_the_full_blocks_the_cache_holds():
 
 
 def test_every_refused_hit_is_counted():
-    from router.key import BlockHash
+    from router.kv.key import BlockHash
 
     def colliding(tokens, block_size, namespace):  # every prompt's blocks hash alike
         return [BlockHash(1000 + i) for i in range(len(tokens) // block_size)]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.events import BlockRemoved, BlockStored
-from router.key import BlockHash, Namespace, hash_blocks
-from router.ledger import BlockLedger, Eviction, LedgerEventKind
+from router.kv.events import BlockRemoved, BlockStored
+from router.kv.key import BlockHash, Namespace, hash_blocks
+from router.kv.ledger import BlockLedger, Eviction, LedgerEventKind
 from tests.conftest import Clock
 
 BS = 4  # tokens per block

@@ -12,12 +12,12 @@ import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
-from router.events import BlockStored, Tier
-from router.key import BlockIdentity, Namespace, hash_blocks
-from router.ledger import Eviction
-from workers.disk_files import BlockRecord, block_path, encode_block
+from router.kv.events import BlockStored, Tier
+from router.kv.key import BlockIdentity, Namespace, hash_blocks
+from router.kv.ledger import Eviction
+from workers.cache.disk_files import BlockRecord, block_path, encode_block
 from workers.messages import LookupOutcome
-from workers.store import open_store
+from workers.cache.store import open_store
 
 from test_disk_tier import A, B, BLOCK_BYTES, TTL, WALL_START, ha, put, spilled_a, tiered
 from test_store import BS, NS, SHAPE, kv_for
@@ -187,8 +187,8 @@ def test_blocks_whose_parents_loop_are_dropped_at_restart_as_torn(tmp_path):
 
 
 def test_a_block_spilled_as_its_own_ancestor_is_refused(tmp_path):
-    from workers.disk_tier import DiskTier
-    from workers.kv_quant import KVCodec
+    from workers.cache.disk_tier import DiskTier
+    from workers.cache.kv_quant import KVCodec
 
     tier = DiskTier(tmp_path / "w0", 100 * BLOCK_BYTES, TTL, Clock(), KVCodec(0, mx.float32),
                     SHAPE.bytes_per_token, "m", "r1")

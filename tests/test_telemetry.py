@@ -10,7 +10,7 @@ from cluster.telemetry.observe import RequestObserver, ServedCache
 from cluster.telemetry.metrics import StoreGauges
 from cluster.telemetry.setup import Telemetry, context_of, extract_metadata, inject_metadata
 from router.cost import PriceTable
-from router.key import Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from router.policy import Reason
 from telemetry_factories import T0, decision, in_memory, result
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams

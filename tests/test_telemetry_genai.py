@@ -11,7 +11,7 @@ from cluster.telemetry import attrs as A
 from cluster.telemetry.job_tracing import JobTracing, chat_opening, frontend_tracing, model_name
 from cluster.telemetry.observe import RequestObserver, ServedCache
 from router.cost import PriceTable
-from router.key import Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from telemetry_factories import in_memory, result
 from tests.forged_models import tiny_model
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams

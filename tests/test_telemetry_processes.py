@@ -14,9 +14,9 @@ from cluster.backend.router_actor import TracedRouter
 from cluster.telemetry.setup import (SERVICE_FRONTEND, TelemetrySettings, request_context,
                                setup_telemetry)
 from cluster.backend.worker_actor import EngineWorker, WorkerDone
-from router.key import Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from tests.forged_models import tiny_model
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
 
 BLOCK = 16

@@ -21,10 +21,10 @@ from cluster.backend.ray_backend import RayBackend  # noqa: E402
 from cluster.report.build import build_report, request_rows  # noqa: E402
 from cluster.telemetry.setup import SERVICE_FRONTEND, TelemetrySettings, setup_telemetry  # noqa: E402
 from router.cost import load_price_table  # noqa: E402
-from router.key import Namespace, hash_blocks  # noqa: E402
+from router.kv.key import Namespace, hash_blocks  # noqa: E402
 from tests.forged_models import tiny_model  # noqa: E402
 from tests.test_ray_backend import Loop, _prompt  # noqa: E402
-from workers.engine import EngineConfig  # noqa: E402
+from workers.engine.engine import EngineConfig  # noqa: E402
 from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from router.events import (BlockRemoved, BlockStored, EventBatch, Tier, WorkerRates, decode_batch,
+from router.kv.events import (BlockRemoved, BlockStored, EventBatch, Tier, WorkerRates, decode_batch,
                            encode_batch)
 from router.index import PrefixIndex
-from router.key import Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from router.policy import DISK_TOKEN_COST, PolicyConfig, disk_token_cost
 from router.router import Router
 
@@ -70,9 +70,9 @@ def test_a_router_rebuilt_from_a_tiered_store_keeps_each_blocks_tier(tmp_path):
     """A store whose memory holds B and whose disk holds A: the holdings say so block by
     block, and a router rebuilt from them charges A's blocks as disk, as one fed by the
     store's events does."""
-    from router.key import hash_blocks as hashes
+    from router.kv.key import hash_blocks as hashes
     from test_disk_tier import A, B, NS as SNS, spilled_a
-    from workers.runtime import Holdings
+    from workers.engine.runtime import Holdings
 
     store = spilled_a(tmp_path)
     a0, a1 = hashes(A, 4, SNS)
@@ -97,9 +97,9 @@ def test_a_router_rebuilt_from_a_tiered_store_keeps_each_blocks_tier(tmp_path):
 
 def test_a_restarted_worker_announces_its_whole_cache_on_disk(tmp_path):
     """After a restart every block is on disk only: the holdings have no memory blocks."""
-    from router.key import hash_blocks as hashes
+    from router.kv.key import hash_blocks as hashes
     from test_disk_tier import A, B, NS as SNS, spilled_a, tiered
-    from workers.runtime import Holdings
+    from workers.engine.runtime import Holdings
 
     spilled_a(tmp_path).close()
     again = tiered(tmp_path / "w0")
@@ -189,7 +189,7 @@ def test_a_real_engines_measured_rates_reach_the_in_process_router(tmp_path):
 
     from cluster.backend.local import LocalBackend
     from tests.forged_models import tiny_model
-    from workers.engine import EngineConfig
+    from workers.engine.engine import EngineConfig
     from workers.messages import GenerateRequest, SamplingParams
 
     engine = EngineConfig(block_size=16, store_bytes=1 << 20, disk_bytes=1 << 22,

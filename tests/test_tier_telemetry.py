@@ -18,11 +18,11 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 from cluster.backend.traced_cluster import TracedCluster, Turn
 from cluster.telemetry import attrs as A
 from router.attribution import MissCause, ServedTier, served_from
-from router.key import hash_blocks
+from router.kv.key import hash_blocks
 from telemetry_factories import in_memory
 from tests.conftest import Clock
 from tests.forged_models import tiny_model
-from workers.model_dir import open_model_dir
+from workers.model.model_dir import open_model_dir
 
 BS = 16
 

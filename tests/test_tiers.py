@@ -1,9 +1,9 @@
-"""``router.tiers.TieredLedger``: the store's two tiers as bookkeeping, exact blocks per tier."""
+"""``router.kv.tiers.TieredLedger``: the store's two tiers as bookkeeping, exact blocks per tier."""
 import pytest
 
-from router.events import BlockRemoved, BlockStored, Tier
-from router.key import Namespace, hash_blocks
-from router.tiers import TieredLedger
+from router.kv.events import BlockRemoved, BlockStored, Tier
+from router.kv.key import Namespace, hash_blocks
+from router.kv.tiers import TieredLedger
 
 BS = 4
 NS = Namespace("t", "m")

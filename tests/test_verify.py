@@ -10,8 +10,8 @@ import mlx.core as mx
 
 from cluster.cli import main
 from tests.forged_models import tiny_model
-from workers.kept import KeptCaches
-from workers.store import PrefixStore
+from workers.engine.kept import KeptCaches
+from workers.cache.store import PrefixStore
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable
 
-from router.key import Namespace
+from router.kv.key import Namespace
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class GenerateRequest:
     # W3C trace context (``traceparent``/``tracestate``) carried across process boundaries.
     trace_context: tuple[tuple[str, str], ...] = ()
     # A batch job's request: throughput first. The step budget's decode-stall bound protects
-    # only the decodes of interactive requests (``workers.scheduler``).
+    # only the decodes of interactive requests (``workers.engine.scheduler``).
     batch: bool = False
 
 
@@ -134,7 +134,7 @@ class DiskTierStats:
 
 @dataclass(frozen=True, slots=True)
 class WorkerStats:
-    """One worker's engine and store, as ``workers.runtime`` counts them."""
+    """One worker's engine and store, as ``workers.engine.runtime`` counts them."""
 
     running: int
     cache_bytes: int

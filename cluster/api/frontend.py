@@ -56,7 +56,7 @@ from cluster.api.tls import TlsFiles, check_binding, server_credentials
 from cluster.api.work import Work
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
-from router.key import Namespace
+from router.kv.key import Namespace
 
 log = logging.getLogger(__name__)
 

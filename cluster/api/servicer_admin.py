@@ -14,7 +14,7 @@ from cluster.api.convert import stats_to_pb, worker_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
-from router.key import Namespace
+from router.kv.key import Namespace
 
 
 class AdminServicer(pb_grpc.AdminServicer):

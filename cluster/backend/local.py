@@ -1,11 +1,11 @@
 """``LocalBackend``: the Backend protocol over in-process engines and the real router, no Ray.
 
 The reference implementation of ``cluster.backend.protocol.Backend``, used by the fast tests
-and by ``python -m cluster.api.frontend``. The engines run on one ``workers.runtime``
+and by ``python -m cluster.api.frontend``. The engines run on one ``workers.engine.runtime``
 ``EngineRuntime`` (one engine thread, as MLX wants); the router and the per-worker tables live
 on the event loop::
 
-    event loop                                   engine thread (workers.runtime)
+    event loop                                   engine thread (workers.engine.runtime)
     ──────────                                   ─────────────
     stream(): router.route ─► runtime.run ─────► engine.submit
                 router.prefilled ◄─ first TokenDelta ┤ loop: step() every busy engine
@@ -14,7 +14,7 @@ on the event loop::
               closed early (cancel, deadline) ─► Abort: the request leaves its batch
     admin calls ─────────── runtime.call / stats (stats, invalidate, open engines)
 
-Each worker is one ``workers.engine.Engine`` with its own prefix store; its block events reach
+Each worker is one ``workers.engine.engine.Engine`` with its own prefix store; its block events reach
 the router exactly as a Ray worker's would, so routing sees what each worker really holds. A
 worker whose engine breaks leaves; its requests are retried elsewhere
 (``cluster.backend.retry``).
@@ -32,12 +32,12 @@ from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, To
                                       UnknownWorker, WorkerInfo)
 from cluster.backend.retry import retried
 from cluster.config import engine_config
-from router.events import EventBatch
-from router.key import BlockHash, Namespace
+from router.kv.events import EventBatch
+from router.kv.key import BlockHash, Namespace
 from router.router import Router
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
-from workers.runtime import EngineRuntime, Finished
+from workers.engine.runtime import EngineRuntime, Finished
 
 
 @dataclass(slots=True)
@@ -69,7 +69,7 @@ class LocalBackend:
     @classmethod
     def from_config(cls, config, workers: int = 1) -> LocalBackend:
         """From a ``cluster.config.Config`` (the embedded default model when none is set)."""
-        from workers.default_model import ensure_default_model
+        from workers.model.default_model import ensure_default_model
 
         model_dir = config.model_dir or str(ensure_default_model())
         engine = engine_config(config)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
 
-from router.key import BlockHash, Namespace
+from router.kv.key import BlockHash, Namespace
 from router.policy import NoWorkerAvailable, RoutingDecision  # the router's, used unchanged
 from workers.messages import DiskTierStats, GenerateRequest, GenerateResult, WorkerStats
 

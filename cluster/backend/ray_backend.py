@@ -53,9 +53,9 @@ from cluster.backend.retry import retried
 from cluster.backend.routing import FrontendRouter
 from cluster.backend.wire import WorkerDone
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
-from router.key import BlockHash, Namespace
+from router.kv.key import BlockHash, Namespace
 from router.policy import RoutingDecision
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class RayBackend:
     def from_config(cls, config, workers: int = 1, address: str | None = None,
                     placement: Placement = Placement(), policy: str = "orchard") -> RayBackend:
         """From a ``cluster.config.Config`` (the embedded default model when none is set)."""
-        from workers.default_model import ensure_default_model
+        from workers.model.default_model import ensure_default_model
 
         model_dir = config.model_dir or str(ensure_default_model())
         engine = engine_config(config)

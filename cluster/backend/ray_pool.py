@@ -35,7 +35,7 @@ from cluster.backend.router_actor import TracedRouterActor
 from cluster.backend.routing import FrontendRouter
 from cluster.telemetry.setup import TelemetrySettings
 from cluster.backend.worker_actor import WorkerActor, WorkerHello
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 
 log = logging.getLogger(__name__)
 

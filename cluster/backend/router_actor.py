@@ -30,9 +30,9 @@ from cluster.backend.bootstrap import node_address, node_id
 from cluster.telemetry import spans
 from cluster.telemetry.setup import (SERVICE_ROUTER, TelemetrySettings, process_settings,
                                      process_telemetry)
-from router.events import EventBatch
+from router.kv.events import EventBatch
 from router.index import IndexCounters
-from router.key import BlockHash, Namespace
+from router.kv.key import BlockHash, Namespace
 from router.policy import PolicyConfig, RoutingDecision
 from router.router import Router, WorkerStatus
 

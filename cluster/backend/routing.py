@@ -25,9 +25,9 @@ from typing import Callable, Sequence
 
 import ray
 
-from router.events import EventBatch
+from router.kv.events import EventBatch
 from router.router import Router
-from workers.runtime import Holdings
+from workers.engine.runtime import Holdings
 
 log = logging.getLogger(__name__)
 

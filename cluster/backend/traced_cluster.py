@@ -1,7 +1,7 @@
 """A traced in-process cluster: real engines and the real router, observed like the frontend does.
 
 ``TracedCluster`` runs requests one at a time through ``router.router.Router`` and one
-``workers.engine.Engine`` per worker (each with its own prefix store), feeding the stores'
+``workers.engine.engine.Engine`` per worker (each with its own prefix store), feeding the stores'
 block events back to the router after every request, and records every request through a
 ``RequestObserver`` as the job runner does. The telemetry tests drive it to get traces that
 come from the real engine and router rather than from hand-written results, with a clock they
@@ -22,10 +22,10 @@ from cluster.telemetry import spans
 from cluster.telemetry.observe import Observed, RequestObserver, ServedCache
 from cluster.telemetry.setup import Telemetry
 from router.cost import PriceTable, TokenUsage
-from router.events import EventBatch
-from router.key import hash_blocks
+from router.kv.events import EventBatch
+from router.kv.key import hash_blocks
 from router.router import Router
-from workers.engine import Engine, EngineConfig
+from workers.engine.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, GenerateResult, SamplingParams
 
 

@@ -11,7 +11,7 @@ A frame is a 4-byte big-endian length, then a msgpack array ``[kind, stream_id, 
 
 Messages travel as msgpack extension types, not pickle: a dataclass is its position in
 ``_DATACLASSES`` and its fields in order, an enum its position in ``_ENUMS`` and its value, an
-``EventBatch`` the bytes of ``router.events.encode_batch`` (its 128-bit block hashes do not
+``EventBatch`` the bytes of ``router.kv.events.encode_batch`` (its 128-bit block hashes do not
 fit msgpack's integers). Only the types listed here decode: the stream carries data, never
 code. Arrays decode as tuples, as the messages' fields are.
 
@@ -32,8 +32,8 @@ from enum import IntEnum
 import msgpack
 
 from cluster.backend.protocol import TokenChunk
-from router.events import EventBatch, decode_batch, encode_batch
-from router.key import Namespace
+from router.kv.events import EventBatch, decode_batch, encode_batch
+from router.kv.key import Namespace
 from workers.messages import (GenerateRequest, GenerateResult, LookupOutcome, LookupReport,
                               SamplingParams, Timings)
 

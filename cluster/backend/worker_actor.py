@@ -1,11 +1,11 @@
-"""The worker actor: a thin Ray shell around one engine on a ``workers.runtime.EngineRuntime``.
+"""The worker actor: a thin Ray shell around one engine on a ``workers.engine.runtime.EngineRuntime``.
 
 ``EngineWorker`` is a plain class (usable without Ray); ``WorkerActor`` is its one-line async
 Ray actor. The runtime drives the engine on its own thread; the actor's event loop only hands
 it work and relays what comes back. Requests reach ``generate`` over the frontend's own stream
 (``listen``, ``cluster.backend.link``), not over Ray calls; everything else is a Ray call::
 
-    actor event loop                               engine thread (workers.runtime)
+    actor event loop                               engine thread (workers.engine.runtime)
     ────────────────                               ─────────────
     generate(request, feed_after) ─ runtime.run ──► engine.submit, then step() while busy
       yields TokenChunk (or one Prefilled) ◄ TokenDelta ┤
@@ -51,12 +51,12 @@ from cluster.telemetry import attrs as A
 from cluster.telemetry import spans
 from cluster.telemetry.setup import (SERVICE_WORKER, Telemetry, TelemetrySettings,
                                      process_settings, process_telemetry)
-from router.events import EventBatch, encode_batch
-from router.key import Namespace
+from router.kv.events import EventBatch, encode_batch
+from router.kv.key import Namespace
 from workers.blas import openblas_in_use
-from workers.engine import EngineConfig
+from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
-from workers.runtime import EngineRuntime, Finished, Holdings
+from workers.engine.runtime import EngineRuntime, Finished, Holdings
 
 __all__ = ["EngineWorker", "Prefilled", "WorkerActor", "WorkerDone", "WorkerFailed",
            "WorkerHello", "WorkerStats"]

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from cluster.api.client import Client, chat_request
-from router.stats import percentile
+from router.kv.stats import percentile
 
 if TYPE_CHECKING:  # the HTTP side needs the openai SDK (a test dependency): imported on use
     import openai
@@ -250,7 +250,7 @@ def bench_api(args) -> int:
                                 batch=False, http=http)
     else:
         import workers  # noqa: F401  (OpenBLAS before mlx, for forging the default model)
-        from workers.default_model import ensure_default_model
+        from workers.model.default_model import ensure_default_model
 
         model_dir = args.model or str(ensure_default_model())
         if args.ray:

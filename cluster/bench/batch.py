@@ -184,7 +184,7 @@ def bench_batch(requests: int, window_s: float, model_dir: str, log=print) -> Ba
 def run_bench(args) -> int:
     if args.requests < 1 or args.window <= 0:
         raise ValueError("--requests must be >= 1 and --window > 0")
-    from workers.default_model import ensure_default_model
+    from workers.model.default_model import ensure_default_model
 
     model_dir = args.model or str(ensure_default_model())
     figures = bench_batch(args.requests, args.window, model_dir,

@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from cluster.backend.bootstrap import Placement
-from router.stats import percentile
+from router.kv.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class PolicyResult:
 
 async def _conversation(backend, workload: Workload, index: int, vocab: int, namespace,
                         block_size: int, outcomes: list) -> None:
-    from router.key import hash_blocks
+    from router.kv.key import hash_blocks
     from workers.messages import GenerateRequest, SamplingParams
 
     rng = random.Random(workload.seed * 1_000_003 + index)
@@ -83,7 +83,7 @@ async def _conversation(backend, workload: Workload, index: int, vocab: int, nam
 async def run_policy(policy: str, model_dir: str, workers: int, workload: Workload,
                      placement: Placement = Placement()) -> PolicyResult:
     from cluster.backend.ray_backend import RayBackend
-    from router.key import Namespace
+    from router.kv.key import Namespace
 
     backend = RayBackend(model_dir, workers, placement=placement, policy=policy)
     await backend.start()
@@ -139,7 +139,7 @@ def register_bench(sub) -> None:
 
 def _command(args) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.default_model import ensure_default_model
+    from workers.model.default_model import ensure_default_model
 
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")

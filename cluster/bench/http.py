@@ -22,7 +22,7 @@ import httpx2  # the openai SDK's HTTP stack
 import openai
 
 from cluster.api.client import Client, chat_request
-from router.stats import percentile
+from router.kv.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)

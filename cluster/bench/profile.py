@@ -4,7 +4,7 @@
                           [--new-tokens 16,128,512,1024] [--cached-tokens 0,512,2048]
                           [--batch-sizes 1,2,4,8] [--contexts 128,1024,2048] [--repeats 2]
 
-The measurement lives in ``workers.profile``; ``orchard simulate --profile PROFILE.json``
+The measurement lives in ``workers.lab.profile``; ``orchard simulate --profile PROFILE.json``
 uses its answer instead of the linear service model.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ _GRID_FIELDS = ("new_tokens", "cached_tokens", "batch_sizes", "contexts")
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
     """Add ``profile`` to the ``orchard bench`` subcommands."""
-    from workers.profile import ProfileGrid
+    from workers.lab.profile import ProfileGrid
 
     p = sub.add_parser("profile", help="measure the engine's prefill, decode and load times "
                                        "for `orchard simulate --profile`")
@@ -38,8 +38,8 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.default_model import ensure_default_model
-    from workers.profile import ProfileGrid, measure_profile
+    from workers.model.default_model import ensure_default_model
+    from workers.lab.profile import ProfileGrid, measure_profile
 
     if args.block_size < 1 or args.max_batch < 1:
         raise ValueError("--block-size and --max-batch must be positive")

@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from router.simulator import TRACE_BLOCK
-from router.stats import percentile
-from router.trace import TraceRequest
+from router.sim.simulator import TRACE_BLOCK
+from router.kv.stats import percentile
+from router.sim.trace import TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ def prompt_tokens(line: TraceRequest, block_tokens: int, vocab: int, salt: int) 
 
 async def _send_all(backend, lines: Sequence[TraceRequest], block_tokens: int,
                     say: Callable[[str], None], check: Callable[[object], None]) -> list[Served]:
-    from router.key import Namespace, hash_blocks
+    from router.kv.key import Namespace, hash_blocks
     from workers.messages import GenerateRequest, SamplingParams
 
     info = backend.model_info()

@@ -40,8 +40,8 @@ def _worker_spans(model_dir: Path, run_dir: Path, calls: int) -> tuple[float, fl
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from cluster.telemetry import spans
     from cluster.telemetry.setup import setup_telemetry
-    from router.key import Namespace
-    from workers.engine import Engine, EngineConfig
+    from router.kv.key import Namespace
+    from workers.engine.engine import Engine, EngineConfig
     from workers.messages import GenerateRequest, SamplingParams
 
     tel = setup_telemetry(TelemetrySettings("orchard-worker", run_dir))
@@ -68,7 +68,7 @@ def _worker_spans(model_dir: Path, run_dir: Path, calls: int) -> tuple[float, fl
 
 async def _router(run_dir: Path, calls: int, workers: int) -> dict[str, tuple[float, float]]:
     from cluster.backend.router_actor import TracedRouter
-    from router.key import Namespace, hash_blocks
+    from router.kv.key import Namespace, hash_blocks
 
     router = TracedRouter(16, TelemetrySettings("orchard", run_dir))
     for i in range(workers):
@@ -102,7 +102,7 @@ def bench_spans(model_dir: Path, calls: int = 2000, workers: int = 4) -> dict:
 
 
 def spans_command(args: argparse.Namespace) -> int:
-    from workers.default_model import ensure_default_model
+    from workers.model.default_model import ensure_default_model
 
     r = bench_spans(Path(args.model) if args.model else ensure_default_model(), args.calls,
                     args.workers)

@@ -17,7 +17,7 @@ robust figure) and as wall-time ratios at the client.
 ``--demo FILE``: the batch runs through the real frontend over ``LocalBackend`` (gRPC, job
 runner, router, engines); the forecast is the job's at submission, the measured ``M`` comes
 from the traces, both read back by ``orchard report``'s code. ``--trace FILE``: a Mooncake
-trace replayed through the simulator (``router.forecast_replay``).
+trace replayed through the simulator (``router.sim.forecast_replay``).
 """
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def bench_tracing_work(model_dir: Path, conversations: int = 6, turns: int = 4,
 
 async def _outcomes(model_dir: Path, tmp: Path, prompts, max_tokens: int):
     from cluster.backend.local import LocalBackend
-    from router.key import Namespace, hash_blocks
+    from router.kv.key import Namespace, hash_blocks
     from workers.messages import GenerateRequest, SamplingParams
 
     backend = LocalBackend(model_dir, workers=1)
@@ -295,9 +295,9 @@ def _demo_job(report: dict, batch_path: Path, workers: int, job_id: str) -> dict
 
 def bench_trace_forecast(trace_path: Path, workers: int, capacity_tokens: int,
                          block_size: int, window_s: float) -> dict:
-    from router.forecast_replay import forecast_replay
-    from router.simulator import SimConfig
-    from router.trace import load_trace
+    from router.sim.forecast_replay import forecast_replay
+    from router.sim.simulator import SimConfig
+    from router.sim.trace import load_trace
 
     config = SimConfig(workers=workers, capacity_tokens=capacity_tokens, block_size=block_size)
     result = forecast_replay(load_trace(trace_path), config, window_s=window_s).as_json()
@@ -315,7 +315,7 @@ def _print(result: dict, as_json: bool, lines: list[str]) -> int:
 
 def telemetry_command(args) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.default_model import ensure_default_model
+    from workers.model.default_model import ensure_default_model
 
     model = Path(args.model) if args.model else ensure_default_model()
     r = bench_overhead(model, args.conversations, args.turns, args.max_tokens, args.repeats)
@@ -341,7 +341,7 @@ def forecast_command(args) -> int:
         raise ValueError("give --demo FILE.jsonl (a batch) or --trace FILE (a Mooncake trace)")
     if args.demo is not None:
         import workers  # noqa: F401  (OpenBLAS before mlx)
-        from workers.default_model import ensure_default_model
+        from workers.model.default_model import ensure_default_model
 
         steps = [s.strip() for s in args.steps.split(",") if s.strip()]
         if "job" not in steps or set(steps) - {"job", "invalidate"}:

@@ -1,11 +1,11 @@
 """``orchard bench ...``: benchmarks that print measured figures.
 
-``orchard bench engine [--json]`` runs the engine benchmark (``workers.bench``, and the
-scheduler's figures from ``workers.bench_sched``) on the embedded default model
+``orchard bench engine [--json]`` runs the engine benchmark (``workers.lab.bench``, and the
+scheduler's figures from ``workers.lab.bench_sched``) on the embedded default model
 (SmolLM2-135M-Instruct, imported on first use) or
 ``--model DIR``; ``orchard bench vs-mlx-lm`` sets orchard beside ``mlx_lm.server``
 (``cluster.bench.vs_mlx_lm``); ``orchard bench disk [--json]`` runs the disk tier benchmark
-(``workers.disk_bench``): TTFT of a long prefix from disk, memory and recomputed, read/write
+(``workers.lab.disk_bench``): TTFT of a long prefix from disk, memory and recomputed, read/write
 bandwidth, decode TPOT while blocks are written behind.
 """
 from __future__ import annotations
@@ -60,8 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def engine(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.bench import bench_engine
-    from workers.default_model import ensure_default_model
+    from workers.lab.bench import bench_engine
+    from workers.model.default_model import ensure_default_model
 
     if min(args.turns, args.reply_tokens, args.block_size, args.long_prompt, args.stall_rounds,
            args.prefill_prompts, args.prefill_tokens) < 1:
@@ -93,8 +93,8 @@ def engine(args: argparse.Namespace) -> int:
 
 
 def _sched(model, args: argparse.Namespace) -> dict:
-    from workers.bench_sched import as_json, batched_prefill, decode_stall
-    from workers.engine import Engine, EngineConfig
+    from workers.lab.bench_sched import as_json, batched_prefill, decode_stall
+    from workers.engine.engine import Engine, EngineConfig
 
     budget = max(512, args.prefill_prompts * args.prefill_tokens)
     engine = Engine.open(model, EngineConfig(block_size=args.block_size, prefill_budget=budget))
@@ -134,7 +134,7 @@ def _add_vs_mlx_lm(sub) -> None:
 def vs_mlx_lm(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from cluster.bench.vs_mlx_lm import Workload, bench_vs_mlx_lm
-    from workers.default_model import ensure_default_model
+    from workers.model.default_model import ensure_default_model
 
     if args.blas_threads < 1:
         raise ValueError("--blas-threads must be >= 1")
@@ -163,8 +163,8 @@ def vs_mlx_lm(args: argparse.Namespace) -> int:
 
 def disk(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.disk_bench import bench_disk
-    from workers.default_model import ensure_default_model
+    from workers.lab.disk_bench import bench_disk
+    from workers.model.default_model import ensure_default_model
 
     if args.prefix_tokens < 32 or args.trials < 1 or args.decode_pairs < 1:
         raise ValueError("--prefix-tokens must be >= 32, --trials and --decode-pairs >= 1")

@@ -34,9 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.chat import ChatSession
-    from workers.engine import Engine
-    from workers.default_model import ensure_default_model
+    from workers.engine.chat import ChatSession
+    from workers.engine.engine import Engine
+    from workers.model.default_model import ensure_default_model
     from workers.messages import SamplingParams
 
     if not 1 <= args.turns <= len(QUESTIONS) or args.max_tokens < 1:

@@ -1,7 +1,7 @@
 """``orchard model ...``: import, list, inspect and forge local mlx-lm model directories.
 
 - ``import SRC --out DIR [--dtype float32|float16|bfloat16|keep]``: a GGUF file (llama family)
-  or a Hugging Face safetensors directory to an mlx-lm directory (``workers.model_import``);
+  or a Hugging Face safetensors directory to an mlx-lm directory (``workers.model.model_import``);
 - ``list``: the directories under ``$ORCHARD_HOME/models`` (the default model among them);
 - ``inspect DIR [--json]``: architecture, sizes, dtype, K/V bytes per token, provenance;
 - ``forge --out DIR``: a model with random weights, for tests and shape experiments.
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def import_(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from workers.model_import import import_model
+    from workers.model.model_import import import_model
 
     console = Console(stderr=True)
     started = time.monotonic()
@@ -64,8 +64,8 @@ def list_(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from workers.default_model import models_dir
-    from workers.model_info import list_models
+    from workers.model.default_model import models_dir
+    from workers.model.model_info import list_models
 
     found = list_models()
     if not found:
@@ -94,8 +94,8 @@ def _source(provenance: dict) -> str:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from workers.default_model import ensure_default_model
-    from workers.model_info import inspect_model
+    from workers.model.default_model import ensure_default_model
+    from workers.model.model_info import inspect_model
 
     info = inspect_model(args.dir or ensure_default_model())
     if args.json:
@@ -122,7 +122,7 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def forge(args: argparse.Namespace) -> int:
-    from workers.forge import ForgeSpec, forge as forge_model
+    from workers.model.forge import ForgeSpec, forge as forge_model
 
     spec = ForgeSpec(arch=args.arch, layers=args.layers, hidden=args.hidden, heads=args.heads,
                      kv_heads=args.kv_heads, intermediate=args.intermediate,

@@ -4,7 +4,7 @@
                  [--requests 2000] [--workers 4,8,16] [--memory-tokens 250000,1000000]
                  [--disk-tokens 0,8000000] [--ttls-s 300,3600] [--json] [--plot FILE.png]
 
-Replays the first ``--requests`` requests of the workload over the grid (``router.planner``)
+Replays the first ``--requests`` requests of the workload over the grid (``router.sim.planner``)
 and prints the configurations that meet the target, smallest first, each with its hit ratio
 and effective input multiplier M. Without a source it plans for the shipped conversation
 trace. This module parses, reads the run's spans, prints and draws.
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "share of requests, with hit ratio and effective input multiplier M.")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--trace", help="Mooncake-format JSONL trace (default: the shipped "
-                                        "conversation trace, router/traces/)")
+                                        "conversation trace, router/sim/traces/)")
     source.add_argument("--run-dir", type=Path, help="plan for the requests recorded in "
                                                      "RUN/traces by a cluster that has run")
     p.add_argument("--ttft-slo-s", type=float, default=2.0, help="TTFT target in seconds")
@@ -76,9 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from router.cost import load_price_table
-    from router.planner import Grid, check_goodput, plan
-    from router.sim_policies import POLICY_NAMES
-    from router.simulator import SimConfig
+    from router.sim.planner import Grid, check_goodput, plan
+    from router.sim.policies import POLICY_NAMES
+    from router.sim.simulator import SimConfig
 
     check_goodput(args.goodput)
     if args.requests < 0:
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _workload(args: argparse.Namespace) -> tuple[list, int, str]:
     """The requests to plan for, the tokens per block id, and where they came from."""
-    from router.trace import DEFAULT_TRACE, load_trace
+    from router.sim.trace import DEFAULT_TRACE, load_trace
 
     if args.run_dir is None:
         path = args.trace or DEFAULT_TRACE
@@ -119,7 +119,7 @@ def _workload(args: argparse.Namespace) -> tuple[list, int, str]:
     from cluster.report.build import request_rows
     from cluster.telemetry import attrs as A
     from cluster.telemetry.otlp_json import read_spans
-    from router.planner import RecordedRequest, trace_from_spans
+    from router.sim.planner import RecordedRequest, trace_from_spans
 
     spans = read_spans(args.run_dir / "traces").spans
     outputs = {s.trace_id: int(s.attributes.get(A.GEN_AI_OUTPUT_TOKENS, 0)) for s in spans
@@ -133,7 +133,7 @@ def _workload(args: argparse.Namespace) -> tuple[list, int, str]:
 def _run_grid(trace, grid, base, rates, args):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-    from router.planner import plan
+    from router.sim.planner import plan
 
     points = len(grid.points())
     with Progress(TextColumn("replaying {task.description}"), BarColumn(),

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "--scale, as Generate requests to a fresh local cluster; with --profile, "
                     "beside the simulator's figures for the same slice.")
     p.add_argument("--trace", help="Mooncake-format JSONL (default: the shipped conversation "
-                                   "trace, router/traces/)")
+                                   "trace, router/sim/traces/)")
     p.add_argument("--start", type=int, default=0, help="first trace line of the slice (0-based)")
     p.add_argument("--requests", type=int, default=150)
     p.add_argument("--scale", type=int, default=32,
@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from cluster.bench.replay import ReplaySlice, replay_on_cluster, scale_slice
-    from router.service import EngineProfile
-    from router.trace import DEFAULT_TRACE, load_trace, write_trace
+    from router.sim.service import EngineProfile
+    from router.sim.trace import DEFAULT_TRACE, load_trace, write_trace
 
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"orchard replay: {line}", file=sys.stderr, flush=True)
 
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.engine import EngineConfig
-    from workers.default_model import ensure_default_model
+    from workers.engine.engine import EngineConfig
+    from workers.model.default_model import ensure_default_model
 
     check(_Planned(EngineConfig().block_size))  # before any process starts
 
@@ -93,8 +93,8 @@ class _Planned:
 
 
 def _simulate(lines, part, profile, workers: int) -> dict:
-    from router.simulator import SimConfig, replay
-    from workers.engine import EngineConfig
+    from router.sim.simulator import SimConfig, replay
+    from workers.engine.engine import EngineConfig
 
     engine = EngineConfig()
     config = SimConfig(workers=workers, block_size=profile.block_size,

@@ -5,8 +5,8 @@
     orchard simulate --decision-bench [--bench-workers 32] [--indexed-blocks 1000000] ...
     orchard simulate --synthesize FILE [--seed S]      # write a differently shaped trace
 
-Without a mode it replays the conversation trace shipped in ``router/traces/``. The replay
-itself lives in ``router.simulator``; this module parses, validates and prints.
+Without a mode it replays the conversation trace shipped in ``router/sim/traces/``. The replay
+itself lives in ``router.sim.simulator``; this module parses, validates and prints.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import json
 import sys
 from dataclasses import asdict
 
-from router.ledger import DEFAULT_EVICTION, EVICTION_POLICIES
+from router.kv.ledger import DEFAULT_EVICTION, EVICTION_POLICIES
 from router.policy import PolicyConfig
-from router.sim_policies import POLICY_NAMES
+from router.sim.policies import POLICY_NAMES
 
 _DEFAULTS = PolicyConfig()
 
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "policies on simulated workers (same store accounting as the cluster).")
     mode = p.add_argument_group("what to run (one of)")
     mode.add_argument("--trace", help="Mooncake-format JSONL trace to replay (default: the "
-                                      "shipped conversation trace, router/traces/)")
+                                      "shipped conversation trace, router/sim/traces/)")
     mode.add_argument("--decision-bench", action="store_true",
                       help="time routing decisions (8k-token prompt, many workers, big index)")
     mode.add_argument("--synthesize", metavar="FILE",
@@ -91,9 +91,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from router.service import EngineProfile
-    from router.simulator import SimConfig, simulate
-    from router.trace import DEFAULT_TRACE, load_trace
+    from router.sim.service import EngineProfile
+    from router.sim.simulator import SimConfig, simulate
+    from router.sim.trace import DEFAULT_TRACE, load_trace
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICY_NAMES]
@@ -144,7 +144,7 @@ def _print_table(summary: dict) -> None:
 
 
 def _decision_bench(args: argparse.Namespace) -> int:
-    from router.bench import run_decision_bench
+    from router.sim.decision_bench import run_decision_bench
 
     result = run_decision_bench(workers=args.bench_workers, indexed_blocks=args.indexed_blocks,
                                 block_size=args.block_size, prompt_tokens=args.prompt_tokens,
@@ -166,7 +166,7 @@ def _decision_bench(args: argparse.Namespace) -> int:
 
 
 def _synthesize(args: argparse.Namespace) -> int:
-    from router.trace import SynthShape, synthesize, write_trace
+    from router.sim.trace import SynthShape, synthesize, write_trace
 
     requests = synthesize(SynthShape(), seed=args.seed)
     write_trace(requests, args.synthesize)

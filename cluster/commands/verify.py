@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
-    from workers.default_model import ensure_default_model
-    from workers.verify import verify_model
+    from workers.model.default_model import ensure_default_model
+    from workers.lab.verify import verify_model
 
     if args.block_size <= 0 or args.max_tokens <= 0:
         raise ValueError("--block-size and --max-tokens must be positive")

@@ -45,7 +45,7 @@ from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
 from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
-from router.key import BlockHash, Namespace, hash_blocks
+from router.kv.key import BlockHash, Namespace, hash_blocks
 from workers.messages import GenerateRequest
 
 log = logging.getLogger(__name__)

@@ -36,10 +36,10 @@ from cluster.telemetry.observe import Observed, RequestObserver, ServedCache
 from cluster.telemetry.setup import extract_metadata, guarded, settings_from_config, setup_telemetry
 from cluster.telemetry.metrics import StoreGauges
 from router.cost import load_price_table
-from router.key import BlockHash, hash_blocks
+from router.kv.key import BlockHash, hash_blocks
 from workers.messages import GenerateRequest
-from workers.model_import import read_provenance
-from workers.model_import import read_provenance
+from workers.model.model_import import read_provenance
+from workers.model.model_import import read_provenance
 
 log = logging.getLogger("orchard.telemetry")
 MAX_JOB_CONTEXTS = 10_000

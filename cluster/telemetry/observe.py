@@ -41,7 +41,7 @@ from router.cost import (CostComparison, PriceTable, TokenUsage, compare, foreca
                          measured_usage, total_usage)
 from router.forecast import (CacheModel, ClusterHoldings, PlannedRequest, batch_arrivals,
                              forecast_job)
-from router.key import BlockHash, reusable_tokens
+from router.kv.key import BlockHash, reusable_tokens
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
 
 

@@ -1,0 +1,1 @@
+"""The prefix store: the memory tier, the disk tier and its files, K/V quantization."""

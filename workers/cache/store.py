@@ -1,0 +1,464 @@
+"""The prefix store: K/V tensors per block, keyed by the chained block hash, bounded in bytes.
+
+The store owns the tensors; the bookkeeping (which blocks, LRU leaves first, TTL, invalidation,
+events, the event log) is ``router.kv.ledger.BlockLedger``, the same class the simulator replays.
+When the ledger drops a block (evicted, expired, invalidated) it calls back here and the
+block's tensors go with it.
+
+One block holds exactly its own slice of every layer's K and V, nothing more::
+
+    block i  keys   [layers, kv_heads, block_size, head_dim]   (float32: 4 bytes/element)
+             values [layers, kv_heads, block_size, head_dim]   (or their 8/4-bit encoding)
+             identity (namespace, parent hash, position, token ids: checked on every hit)
+
+so the bytes per cached token are ``2 x layers x kv_heads x head_dim x bytes/element``.
+
+Lookup outcomes (``LookupOutcome``), for a prompt whose full blocks the store may reuse up to
+``len(prompt) - 1`` tokens:
+
+- **hit**: every reusable token came from the store;
+- **partial**: some prefix was reused and the closest stored sequence simply ends there (the
+  prompt runs on past what was ever stored);
+- **near_miss**: the closest stored sequence diverges from the prompt (it has a next token and
+  it differs), whether or not some blocks were reused before the divergence;
+- **miss**: no stored sequence shares even one token with the prompt.
+
+Tiers. With a ``DiskTier`` (``workers.cache.disk_tier``) the store has two, each with its own
+budget: a block the memory ledger evicts is spilled to disk (written behind, off the engine's
+step), and a lookup continues its chain on disk where memory ends::
+
+    prompt   [ b0 ][ b1 ][ b2 ][ b3 ][ b4 ]
+    memory     ✓     ✓                        matched in memory, touched
+    disk                   ✓     ✓            read (prefetched at submit), verified, promoted
+                                       ✗      the suffix from here is prefilled
+
+Either tier may hold K/V quantized (``workers.cache.kv_quant``, ``kv_bits`` 8 or 4); a block moving
+between tiers of different precision is re-encoded, and a hit is always decoded to the
+model's dtype. TTL and invalidation cover both tiers.
+
+The near miss is measured in tokens: whole matched blocks plus the longest common prefix of the
+prompt's next block with the closest stored child block (``common=5919 of 5923``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from router.kv.events import BlockEvent
+from router.kv.key import (BlockHash, BlockIdentity, Hasher, Namespace, hash_blocks, identities,
+                        reusable_tokens)
+from router.kv.ledger import (DEFAULT_EVICTION, BlockLedger, Eviction, Holding, LedgerEvent,
+                           LedgerStats, RemovalReason)
+from workers.cache.disk_files import BlockData, BlockRecord
+from workers.cache.disk_tier import DiskStats, DiskTier
+from workers.cache.kv_quant import KVCodec, nbytes
+from workers.messages import LookupOutcome, LookupReport
+
+log = logging.getLogger(__name__)
+_LOGGED_MISMATCHES = 64  # distinct blocks whose identity mismatch is logged (once each)
+
+
+@dataclass(frozen=True, slots=True)
+class KVShape:
+    """What one cached token costs: the model's K/V geometry."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: mx.Dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.size
+
+    def tier_bytes_per_token(self, codec: KVCodec) -> int:
+        return codec.bytes_per_token(self.layers, self.kv_heads, self.head_dim)
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    identity: BlockIdentity
+    keys: tuple[mx.array, ...]    # [layers, kv_heads, block_size, head_dim], encoded
+    values: tuple[mx.array, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.keys) + nbytes(self.values)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A lookup's answer: the report and, when tokens are reused, the cache to extend."""
+
+    report: LookupReport
+    cache: list[KVCache] | None  # one KVCache per layer holding report.matched_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    ledger: LedgerStats
+    tensor_bytes: int        # bytes of K/V actually held in memory
+    bytes_per_token: int     # memory tier: 2 x layers x kv_heads x head_dim x bytes/elem
+    identity_mismatches: int  # hits refused: the block under the hash is another block
+    disk: DiskStats | None = None
+
+
+class PrefixStore:
+    """Deduplicated per-block K/V storage with LRU/TTL/invalidation from ``BlockLedger``."""
+
+    def __init__(self, shape: KVShape, block_size: int, capacity_bytes: int, ttl_s: float,
+                 clock: Callable[[], float], eviction: Eviction = DEFAULT_EVICTION, *, kv_bits: int = 0,
+                 disk: DiskTier | None = None, hasher: Hasher = hash_blocks) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.shape = shape
+        self.block_size = block_size
+        self.codec = KVCodec(kv_bits, shape.dtype)
+        self.codec.check(shape.head_dim)
+        self.disk = disk
+        self._hash = hasher
+        self._logged: set[BlockHash] = set()
+        self._blocks: dict[BlockHash, _Block] = {}
+        self._tensor_bytes = 0
+        self._mismatches = 0
+        self._promoted = 0  # blocks read back from disk into memory: stored, not written
+        self.ledger = BlockLedger(capacity_bytes, ttl_s, clock,
+                                  shape.tier_bytes_per_token(self.codec),
+                                  policy=eviction, on_remove=self._drop)
+
+    # ---- lookup --------------------------------------------------------------------------
+
+    def prefetch(self, namespace: Namespace, prompt: Sequence[int]) -> int:
+        """Start reading the prompt's blocks that only the disk holds; return how many."""
+        if self.disk is None:
+            return 0
+        hashes = self._hash(prompt, self.block_size, namespace)
+        in_memory = self.ledger.peek(hashes)
+        on_disk = self.disk.ledger.peek(hashes[in_memory:])
+        self.disk.prefetch(hashes[in_memory:in_memory + on_disk])
+        return on_disk
+
+    def lookup(self, namespace: Namespace, prompt: Sequence[int]) -> Lookup:
+        """Find the longest stored prefix of ``prompt`` (at most ``len(prompt) - 1`` tokens)."""
+        bs = self.block_size
+        mismatches_before = self._mismatches
+        hashes = self._hash(prompt, bs, namespace)
+        held = self.ledger.peek(hashes)
+        in_memory = self._verified(hashes, identities(namespace, hashes, prompt, bs, 0, held), held)
+        in_memory = self.ledger.match(hashes[:in_memory])
+        loaded = self._load_from_disk(namespace, hashes, prompt, in_memory)
+        matched = in_memory + len(loaded)
+        cached = reusable_tokens(len(prompt), matched, bs)
+        parent = hashes[matched - 1] if matched else namespace.root()
+        lcp, child = self._closest_child(parent, prompt[matched * bs:])
+        common = matched * bs + lcp
+        next_prompt = prompt[common] if common < len(prompt) else None
+        next_stored = child[lcp] if child is not None and lcp < len(child) else None
+        reusable = reusable_tokens(len(prompt), len(hashes), bs)
+        if cached and cached == reusable:
+            outcome = LookupOutcome.HIT
+        elif common == 0:
+            outcome = LookupOutcome.MISS
+        elif next_stored is not None and next_prompt is not None:
+            outcome = LookupOutcome.NEAR_MISS
+        else:
+            outcome = LookupOutcome.PARTIAL
+        report = LookupReport(
+            outcome=outcome, prompt_tokens=len(prompt), matched_tokens=cached,
+            common_prefix=common, next_prompt_token=next_prompt, next_stored_token=next_stored,
+            entry_age_s=self._age(hashes[matched - 1]) if matched else None,
+            ttl_s=self.ledger.ttl_s, disk_tokens=max(0, cached - in_memory * bs),
+            identity_mismatches=self._mismatches - mismatches_before)
+        if not cached:
+            return Lookup(report, None)
+        parts = [self._decoded(self._blocks[h]) for h in hashes[:in_memory]]
+        parts += [(self.disk.codec.decode(b.keys), self.disk.codec.decode(b.values))
+                  for b in loaded]
+        return Lookup(report, self._assemble(parts, cached))
+
+    def _load_from_disk(self, namespace: Namespace, hashes: list[BlockHash],
+                        prompt: Sequence[int], in_memory: int) -> list[BlockData]:
+        """Verified disk blocks continuing the memory match; promoted into memory."""
+        if self.disk is None:
+            return []
+        run = self.disk.ledger.peek(hashes[in_memory:])
+        chain = hashes[in_memory:in_memory + run]
+        want = identities(namespace, hashes, prompt, self.block_size, in_memory, in_memory + run)
+        loaded = self.disk.load(chain, want, self.mismatch)
+        if loaded:
+            self._promote(namespace, hashes[:in_memory + len(loaded)], loaded)
+        return loaded
+
+    def _promote(self, namespace: Namespace, chain: list[BlockHash], loaded: list[BlockData]
+                 ) -> None:
+        by_hash = {b.record.block: b for b in loaded}
+        new = self.ledger.insert(chain, self.block_size, namespace.label(), namespace.root())
+        self._promoted += len(new)
+        for h in new:
+            b = by_hash[h]
+            keys, values = b.keys, b.values
+            if self.codec != self.disk.codec:
+                keys = self.codec.encode(self.disk.codec.decode(keys))
+                values = self.codec.encode(self.disk.codec.decode(values))
+            self._put(h, _Block(b.record.identity, keys, values))
+        mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
+
+    def _verified(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity], n: int
+                  ) -> int:
+        """How many of the first ``n`` held blocks really are the prompt's: namespace, parent,
+        position and tokens, not the hash alone (a collision is a miss, counted)."""
+        for i in range(n):
+            held = self._blocks[hashes[i]].identity
+            if held != want[i]:
+                self.mismatch(hashes[i], want[i], held)
+                return i
+        return n
+
+    def mismatch(self, block: BlockHash, want: BlockIdentity, held: BlockIdentity) -> None:
+        """Count a block refused for its identity; log it once per block."""
+        self._mismatches += 1
+        if block in self._logged or len(self._logged) >= _LOGGED_MISMATCHES:
+            return
+        self._logged.add(block)
+        log.warning("cache identity mismatch at block %032x: the lookup wants namespace %s, "
+                    "parent %032x, position %d; the store holds namespace %s, parent %032x, "
+                    "position %d%s: served as a miss", block, want.namespace, want.parent,
+                    want.position, held.namespace, held.parent, held.position,
+                    "" if want.tokens == held.tokens else ", other tokens")
+
+    def _closest_child(self, parent: BlockHash, want: Sequence[int]
+                       ) -> tuple[int, tuple[int, ...] | None]:
+        """The stored child block of ``parent`` (either tier) sharing the longest prefix with
+        ``want`` (the prompt from that block on); on a tie the first found, memory first."""
+        candidates = [self._blocks[h].identity.tokens for h in self.ledger.children(parent)]
+        if self.disk is not None:
+            candidates += [self.disk.tokens(h) for h in self.disk.ledger.children(parent)
+                           if h not in self._blocks]
+        best, best_tokens = 0, None
+        for tokens in candidates:
+            n = _common_prefix(tokens, want)
+            if best_tokens is None or n > best:
+                best, best_tokens = n, tokens
+        return best, best_tokens
+
+    def _age(self, block: BlockHash) -> float:
+        if block in self.ledger or self.disk is None:
+            return self.ledger.age(block)
+        return self.disk.ledger.age(block)
+
+    def _decoded(self, block: _Block) -> tuple[mx.array, mx.array]:
+        return self.codec.decode(block.keys), self.codec.decode(block.values)
+
+    def _assemble(self, parts: list[tuple[mx.array, mx.array]], tokens: int) -> list[KVCache]:
+        keys = mx.concatenate([k for k, _ in parts], axis=2)[:, :, :tokens]
+        values = mx.concatenate([v for _, v in parts], axis=2)[:, :, :tokens]
+        caches = []
+        for layer in range(self.shape.layers):
+            cache = KVCache()
+            cache.state = (keys[layer][None], values[layer][None], tokens)
+            caches.append(cache)
+        # Left lazy: the join happens inside the caller's prefill graph, with no extra sync.
+        return caches
+
+    # ---- write ---------------------------------------------------------------------------
+
+    def write(self, namespace: Namespace, tokens: Sequence[int], cache: Sequence[KVCache]) -> int:
+        """Store the full blocks of ``tokens`` whose K/V ``cache`` holds; return tokens written.
+
+        ``cache`` holds (at least) the K/V of ``tokens`` in order, one KVCache per layer. Blocks
+        already stored are touched, not copied again. When the memory budget is spent the
+        blocks that fit are stored in memory and, with a disk tier, the rest go straight to
+        disk (a prompt larger than the memory tier is still cached whole); blocks evicted to
+        make room go to the disk tier too. A hash held as another block (a collision) ends
+        the chain there: nothing is stored under another block's hash.
+        """
+        bs = self.block_size
+        held = cache[0].offset if cache else 0
+        usable = min(len(tokens), held) // bs * bs
+        hashes = self._hash(tokens[:usable], bs, namespace)
+        want = identities(namespace, hashes, tokens, bs)
+        new = self.ledger.insert(hashes, bs, namespace.label(), namespace.root())
+        first = hashes.index(new[0]) if new else self._chain_in_memory(hashes, want)
+        slices = _BlockSlices(cache, bs)
+        for i, h in enumerate(new, start=first):
+            keys, values = slices.block(i)
+            self._put(h, _Block(want[i], self.codec.encode(keys), self.codec.encode(values)))
+        mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
+        spilled = self._overflow(hashes, want, first + len(new), slices)
+        return (len(new) + spilled) * bs
+
+    def _chain_in_memory(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity]) -> int:
+        """How many leading blocks of the chain memory holds as these very blocks."""
+        n = 0
+        for h, identity in zip(hashes, want):
+            block = self._blocks.get(h)
+            if block is None or block.identity != identity:
+                break
+            n += 1
+        return n
+
+    def _overflow(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity], start: int,
+                  slices: _BlockSlices) -> int:
+        """Write blocks ``start`` on, which memory had no room for, to the disk tier; how many."""
+        disk = self.disk
+        if disk is None:
+            return 0
+        written = 0
+        for i in range(start, len(hashes)):
+            h = hashes[i]
+            if h in self.ledger or h in disk:
+                break  # held already (here or as another block): not written twice
+            keys, values = slices.block(i)
+            keys, values = disk.codec.encode(keys), disk.codec.encode(values)
+            mx.eval(keys, values)
+            record = BlockRecord(h, want[i], disk.model, disk.revision, disk.codec.bits)
+            if not disk.spill(record, keys, values):
+                break
+            written += 1
+        return written
+
+    def _put(self, h: BlockHash, block: _Block) -> None:
+        self._blocks[h] = block
+        self._tensor_bytes += block.nbytes
+
+    def _drop(self, block: BlockHash, reason: RemovalReason) -> None:
+        gone = self._blocks.pop(block, None)
+        if gone is None:  # a block whose tensors were never written has nothing to drop
+            return
+        self._tensor_bytes -= gone.nbytes
+        if reason == RemovalReason.EVICTED and self.disk is not None:
+            self._spill(block, gone)
+
+    def _spill(self, h: BlockHash, block: _Block) -> None:
+        keys, values = block.keys, block.values
+        disk = self.disk
+        if disk.codec != self.codec:
+            keys = disk.codec.encode(self.codec.decode(keys))
+            values = disk.codec.encode(self.codec.decode(values))
+            mx.eval(keys, values)
+        record = BlockRecord(h, block.identity, disk.model, disk.revision, disk.codec.bits)
+        disk.spill(record, keys, values)
+
+    # ---- management ----------------------------------------------------------------------
+
+    def written_blocks(self) -> int:
+        """Blocks whose K/V were computed and stored here (not those read back from disk)."""
+        return self.ledger.stats().stored_blocks - self._promoted
+
+    def namespaces(self) -> list[str]:
+        """Namespaces held in either tier."""
+        disk = self.disk.ledger.namespaces() if self.disk is not None else []
+        return sorted(set(self.ledger.namespaces()) | set(disk))
+
+    def invalidate_namespace(self, namespace: Namespace | str) -> int:
+        label = namespace.label() if isinstance(namespace, Namespace) else namespace
+        if label not in self.namespaces():
+            held = ", ".join(self.namespaces()) or "none"
+            raise ValueError(f"unknown namespace {label!r}: held namespaces are {held}")
+        in_memory = label in self.ledger.namespaces()
+        removed = self.ledger.invalidate_namespace(label) if in_memory else 0
+        if self.disk is not None:
+            removed += self.disk.invalidate_namespace(label)
+        return removed
+
+    def invalidate_prefix(self, namespace: Namespace, tokens: Sequence[int]) -> int:
+        hashes = self._hash(tokens, self.block_size, namespace)
+        removed = self.ledger.invalidate_prefix(hashes)
+        if self.disk is not None:
+            removed += self.disk.invalidate_prefix(hashes)
+        return removed
+
+    def expire(self) -> int:
+        gone = len(self.ledger.expire())
+        return gone + (self.disk.expire() if self.disk is not None else 0)
+
+    def stats(self) -> StoreStats:
+        return StoreStats(self.ledger.stats(), self._tensor_bytes, self.ledger.bytes_per_token,
+                          self._mismatches, self.disk.stats() if self.disk is not None else None)
+
+    def drain_events(self) -> list[BlockEvent]:
+        """Both tiers' events; the router holds a block on a worker while any tier does."""
+        events = self.ledger.drain_events()
+        return events + (self.disk.drain_events() if self.disk is not None else [])
+
+    def holdings(self) -> list[Holding]:
+        disk = self.disk.ledger.holdings() if self.disk is not None else []
+        return self.ledger.holdings() + disk
+
+    def log(self) -> list[LedgerEvent]:
+        return self.ledger.log()
+
+    def flush(self) -> None:
+        """Wait until every block spilled to disk is written."""
+        if self.disk is not None:
+            self.disk.flush()
+
+    def close(self) -> None:
+        """Write the memory tier's blocks to disk too (so a restart keeps them), finish the
+        disk tier's writes and release its directory."""
+        if self.disk is None:
+            return
+        for holding in self.ledger.holdings():  # parents before children
+            if holding.block not in self.disk:
+                self._spill(holding.block, self._blocks[holding.block])
+        self.disk.close()
+
+
+def open_store(shape: KVShape, block_size: int, ttl_s: float, clock: Callable[[], float], *,
+               memory_bytes: int, eviction: Eviction = DEFAULT_EVICTION, kv_bits: int = 0,
+               disk_dir: Path | str | None = None, disk_bytes: int = 0, disk_kv_bits: int = 0,
+               model: str = "", revision: str = "",
+               wall_clock: Callable[[], float] = time.time,
+               hasher: Hasher = hash_blocks) -> PrefixStore:
+    """A store with a memory tier and, when ``disk_bytes > 0``, a disk tier in ``disk_dir``.
+
+    ``model`` and ``revision`` mark the disk's blocks: another model's are never served.
+    """
+    disk = None
+    if disk_bytes < 0:
+        raise ValueError(f"disk_bytes must be >= 0 (0: no disk tier), got {disk_bytes}")
+    if disk_bytes:
+        if not disk_dir:
+            raise ValueError("disk_bytes > 0 needs a disk_dir: set [cache] disk_dir")
+        codec = KVCodec(disk_kv_bits, shape.dtype)
+        codec.check(shape.head_dim)
+        disk = DiskTier(disk_dir, disk_bytes, ttl_s, clock, codec,
+                        shape.tier_bytes_per_token(codec), model, revision, eviction,
+                        wall_clock)
+    try:
+        return PrefixStore(shape, block_size, memory_bytes, ttl_s, clock, eviction,
+                           kv_bits=kv_bits, disk=disk, hasher=hasher)
+    except ValueError:
+        if disk is not None:
+            disk.close()
+        raise
+
+
+class _BlockSlices:
+    """One block's K/V cut out of a request's per-layer caches (a copy: a block holds exactly
+    its slice, never the cache's spare room)."""
+
+    def __init__(self, cache: Sequence[KVCache], block_size: int) -> None:
+        self._keys = [c.keys for c in cache]
+        self._values = [c.values for c in cache]
+        self._bs = block_size
+
+    def block(self, i: int) -> tuple[mx.array, mx.array]:
+        start, end = i * self._bs, (i + 1) * self._bs
+        return (mx.stack([k[0, :, start:end] for k in self._keys]),
+                mx.stack([v[0, :, start:end] for v in self._values]))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

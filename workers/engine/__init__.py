@@ -1,0 +1,1 @@
+"""The engine: batching, prefill, decode, the engine thread and kept caches."""

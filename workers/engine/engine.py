@@ -1,0 +1,450 @@
+"""The engine: one loaded model, its prefix store, and continuous batching of requests.
+
+The engine owns the store, the admission queue and step budget (``workers.engine.scheduler``), the
+requests in prefill (``workers.engine.prefill``), an mlx-lm ``BatchGenerator`` for the decodes and
+the caches of recently finished requests (``workers.engine.kept``), which a hit extends in place of
+the store's joined blocks when one holds the matched prefix.
+A request goes through::
+
+    submit ─► validate ─► admission (per-tenant round robin)
+    step:  admit while the batch has room: lookup in the store ─► a prefill job holding the
+           reused K/V
+           one decode step for every running request (mlx-lm's ``BatchGenerator``)
+           ─► finished requests write their output blocks and return a ``GenerateResult``
+           prefill chunks within the step's token budget, oldest job first, jobs at equal
+           cache lengths batched into one pass ─► store the blocks the chunks completed
+           a chunk that reaches its prompt's end: the last token's hidden state through
+           the vocabulary projection ─► the first token ─► join the running batch
+
+Requests join and leave the decode batch between steps (continuous batching); a long prompt
+is prefilled a chunk per step, so running requests keep decoding while it is admitted.
+Prefill runs through the model body without the vocabulary projection, which only the last
+prompt token needs: its row alone is projected, in the same pass. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
+cluster can draw lookup/prefill/decode spans: this module never imports OpenTelemetry.
+
+Bad input raises ``ValueError`` from ``submit`` with what to fix, and nothing is queued, so
+the other requests are untouched; ``generate`` turns such errors into ``RequestFailed``.
+``abort`` drops a request wherever it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence as Seq
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.models.cache import KVCache
+
+from router.kv.events import BlockEvent, WorkerRates
+from router.kv.key import Hasher, Namespace, hash_blocks
+from router.kv.ledger import DEFAULT_EVICTION, Eviction, Holding
+from workers.engine.kept import KeptCaches, KeptStats
+from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
+from workers.model.model_dir import LoadedModel, open_model_dir
+from workers.engine.prefill import PrefillJob, run_chunks
+from workers.engine.scheduler import Admission, StepBudget, split_budget, this_step
+from workers.engine.sequence import Sequence, TokenDelta, make_sampler
+from workers.cache.store import PrefixStore, StoreStats, open_store
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    store_bytes: int = 1 << 30
+    ttl_s: float = 300.0
+    eviction: Eviction = DEFAULT_EVICTION   # the store's eviction policy
+    kv_bits: int = 0           # memory tier K/V: 0 (model dtype), 8 or 4 bits
+    disk_bytes: int = 0        # disk tier budget; 0: no disk tier
+    disk_dir: str = ""         # the disk tier lives in disk_dir/<worker_id>
+    disk_kv_bits: int = 0      # disk tier K/V: 0, 8 or 4 bits
+    use_store: bool = True     # False: every request computes its whole prompt
+    kept_bytes: int = 256 << 20  # finished requests' whole caches (workers.engine.kept); 0: none
+    max_batch: int = 8         # requests in prefill or decoding at once
+    prefill_budget: int = 512  # prompt tokens prefilled per step (workers.engine.scheduler)
+    decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
+    worker_id: str = ""
+    # The cluster's cache-key secret (router.kv.key.CacheSecret): it enters every namespace's
+    # root, so only the cluster computes block hashes. Empty: unkeyed (a lone engine, tools).
+    cache_secret: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """A request refused by validation; the others in the same call still ran."""
+
+    request_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    deltas: tuple[TokenDelta, ...]
+    finished: tuple[GenerateResult, ...]
+
+
+class Engine:
+    """Generation with prefix reuse for one local mlx-lm model directory."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig,
+                 clock: Callable[[], float], now_ns: Callable[[], int],
+                 hasher: Hasher = hash_blocks) -> None:
+        self._m = loaded
+        self.config = config
+        self._now_ns = now_ns
+        self.store = open_store(
+            loaded.kv_shape, config.block_size, config.ttl_s, clock,
+            memory_bytes=config.store_bytes, eviction=config.eviction, kv_bits=config.kv_bits,
+            disk_bytes=config.disk_bytes, disk_kv_bits=config.disk_kv_bits,
+            disk_dir=Path(config.disk_dir) / (config.worker_id or "worker"),
+            model=loaded.model_id, revision=loaded.revision, hasher=hasher)
+        self._eos = set(loaded.tokenizer.eos_token_ids)
+        self._stops = StopSequences([[e] for e in sorted(self._eos)])
+        self._body = loaded.body      # without the vocabulary projection
+        self._head = loaded.head      # None: the last prompt token runs through the whole model
+        self._batch = BatchGenerator(loaded.model, completion_batch_size=config.max_batch,
+                                     prefill_batch_size=config.max_batch)
+        self._admission: Admission[tuple[GenerateRequest, int]] = Admission()
+        self._prefilling: list[PrefillJob] = []  # oldest first
+        self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
+        exact = config.use_store and not (config.kv_bits or config.disk_kv_bits)
+        self._kept = KeptCaches(config.kept_bytes if exact else 0)
+        self._budget = StepBudget(config.prefill_budget, config.decode_stall,
+                                  min(4, config.prefill_budget))
+
+    @classmethod
+    def open(cls, model_dir: Path | str, config: EngineConfig | None = None, *,
+             clock: Callable[[], float] = time.monotonic,
+             now_ns: Callable[[], int] = time.time_ns, hasher: Hasher = hash_blocks
+             ) -> "Engine":
+        return cls(open_model_dir(model_dir), config or EngineConfig(), clock, now_ns, hasher)
+
+    # ---- what the model is ---------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self._m.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self._m.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self._m.max_context
+
+    @property
+    def model_id(self) -> str:
+        return self._m.model_id
+
+    @property
+    def revision(self) -> str:
+        return self._m.revision
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K/V bytes one cached token takes in this engine's memory tier, as its store accounts
+        it (the model's dtype, or ``kv_bits``): the one figure a capacity in tokens comes from."""
+        return self.store.ledger.bytes_per_token
+
+    @property
+    def disk_kv_bytes_per_token(self) -> int:
+        """K/V bytes one cached token takes in this engine's disk tier (0: no disk tier)."""
+        disk = self.store.disk
+        return disk.ledger.bytes_per_token if disk is not None else 0
+
+    def rates(self) -> WorkerRates | None:
+        """What the router costs a disk hit here from: the disk tier's bytes per token and
+        read bandwidth, and the prefill rate (None without a disk tier)."""
+        disk = self.store.disk
+        if disk is None:
+            return None
+        return WorkerRates(disk.ledger.bytes_per_token, disk.read_bytes_s,
+                           self._budget.prefill_tokens_s)
+
+    def namespace(self, tenant: str, adapter: str = "") -> Namespace:
+        """The cache namespace of ``tenant`` on this model and weights revision."""
+        return Namespace(tenant, self.model_id, self.revision, adapter,
+                         secret=self.config.cache_secret)
+
+    def render_chat(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True
+                    ) -> list[int]:
+        """Token ids of ``messages`` (``{"role", "content"}`` dicts) through the chat template."""
+        if not messages:
+            raise ValueError("messages is empty: pass at least one {'role', 'content'} message")
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"each message needs 'role' and 'content' keys, got {m!r}")
+        ids = self._m.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def validate(self, req: GenerateRequest) -> None:
+        """Raise ``ValueError`` saying what to fix when ``req`` cannot run."""
+        s = req.sampling
+        if not isinstance(req.namespace, Namespace):
+            raise ValueError(f"request {req.request_id}: namespace must be a router.kv.key.Namespace")
+        if req.namespace.secret != self.config.cache_secret:
+            raise ValueError(f"request {req.request_id}: its namespace is hashed with another "
+                             "cache secret than this worker's; start workers from the cluster "
+                             "that routes to them")
+        if not req.prompt:
+            raise ValueError(f"request {req.request_id}: the prompt is empty; send at least one token")
+        bad = next((t for t in req.prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"request {req.request_id}: token id {bad} is outside the vocabulary "
+                f"[0, {self.vocab_size}); tokenize with this model's tokenizer")
+        if s.max_tokens <= 0:
+            raise ValueError(f"request {req.request_id}: max_tokens must be >= 1, got {s.max_tokens}")
+        if len(req.prompt) + s.max_tokens > self.max_context:
+            raise ValueError(
+                f"request {req.request_id}: prompt ({len(req.prompt)} tokens) plus max_tokens "
+                f"({s.max_tokens}) exceeds the model's context of {self.max_context}; "
+                f"shorten the prompt or lower max_tokens")
+        if s.temperature < 0 or not 0 < s.top_p <= 1:
+            raise ValueError(
+                f"request {req.request_id}: need temperature >= 0 and 0 < top_p <= 1, "
+                f"got {s.temperature} and {s.top_p}")
+        busy = set(self._admission.keys())
+        busy.update(job.request_id for job in self._prefilling)
+        busy.update(seq.request.request_id for seq in self._running.values())
+        if req.request_id in busy:
+            raise ValueError(f"request id {req.request_id!r} is already running: use a unique id")
+
+    def submit(self, req: GenerateRequest) -> None:
+        """Validate and queue ``req``; it starts on a later ``step``."""
+        self.validate(req)
+        if self.config.use_store:  # disk blocks are read while earlier requests run
+            self.store.prefetch(req.namespace, req.prompt)
+        self._admission.push(req.namespace.tenant, req.request_id, (req, self._now_ns()))
+
+    def abort(self, request_id: str) -> bool:
+        """Drop ``request_id`` wherever it is; return whether it was queued or running.
+
+        It yields nothing from the next ``step`` on and its K/V is freed with it; the blocks
+        its prefill already wrote stay in the store (they are complete and shared).
+        """
+        if self._admission.remove(request_id):
+            return True
+        for i, job in enumerate(self._prefilling):
+            if job.request_id == request_id:
+                del self._prefilling[i]
+                return True
+        uid = next((u for u, seq in self._running.items()
+                    if seq.request.request_id == request_id), None)
+        if uid is None:
+            return False
+        self._batch.remove([uid])
+        del self._running[uid]
+        return True
+
+    @property
+    def busy(self) -> bool:
+        return bool(len(self._admission) or self._prefilling or self._running)
+
+    def step(self) -> StepOutput:
+        """Admit what fits, decode one token for every running request, prefill one budget."""
+        deltas: list[TokenDelta] = []
+        finished: list[GenerateResult] = []
+        while len(self._admission) and (
+                len(self._running) + len(self._prefilling) < self.config.max_batch):
+            self._prefilling.append(self._queued(*self._admission.pop()))
+        decoding = bool(self._running)
+        if decoding:
+            self._decode(deltas, finished, settle=bool(self._prefilling))
+        if self._prefilling:
+            # only interactive decodes bound the prefill: a batch job's wait for throughput
+            interactive = any(not seq.request.batch for seq in self._running.values())
+            self._prefill(interactive, deltas, finished)
+        return StepOutput(tuple(deltas), tuple(finished))
+
+    def generate(self, requests: Iterable[GenerateRequest]) -> list[GenerateResult | RequestFailed]:
+        """Run ``requests`` together to completion; results in the order given."""
+        order: list[str] = []
+        failed: dict[str, RequestFailed] = {}
+        for req in requests:
+            order.append(req.request_id)
+            try:
+                self.submit(req)
+            except ValueError as exc:
+                failed[req.request_id] = RequestFailed(req.request_id, str(exc))
+        done: dict[str, GenerateResult] = {}
+        while self.busy:
+            for result in self.step().finished:
+                done[result.request_id] = result
+        return [failed.get(rid) or done[rid] for rid in order]
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _queued(self, req: GenerateRequest, received_ns: int) -> PrefillJob:
+        bs = self.config.block_size
+        share = (req.namespace, req.prompt[:bs]) if self.config.use_store and len(
+            req.prompt) > bs else None
+        return PrefillJob(req, received_ns, list(req.prompt), make_sampler(req.sampling), share)
+
+    def _look_up(self, job: PrefillJob) -> None:
+        """Find the job's prompt in the store; its cache starts from the reused K/V."""
+        lookup_start = self._now_ns()
+        if self.config.use_store:
+            found = self.store.lookup(job.request.namespace, job.prompt)
+            report, cache = found.report, found.cache
+            # a kept cache holding the matched tokens replaces the join (left lazy: never run),
+            # and may hold the partial block after them too
+            kept = self._kept.take(job.request.namespace.label(), job.prompt,
+                                   report.matched_tokens, self.config.block_size)
+            if kept is not None:
+                cache, held = kept
+                report = dataclasses.replace(report, kept_tokens=held - report.matched_tokens)
+        else:
+            report, cache = _no_store_report(len(job.prompt), self.config.ttl_s), None
+        job.cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
+        job.done = report.reused_tokens
+        lookup_end = self._now_ns()
+        job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
+                           lookup_end, detokenizer=self.tokenizer.detokenizer)
+
+    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult], settle: bool
+                ) -> None:
+        start = self._now_ns()
+        _, responses = self._batch.next()
+        if settle:
+            # next() leaves the following decode step running; let it finish, so that this
+            # step's prefill pass is timed alone and the decode step is timed whole
+            mx.synchronize()
+        self._budget.observe_decode((self._now_ns() - start) / 1e9)
+        for r in responses:
+            seq = self._running[r.uid]
+            added = seq.add(int(r.token), self._now_ns(), self._eos)
+            deltas.append(TokenDelta(seq.request.request_id, int(r.token), added, r.logprobs))
+            if r.finish_reason or seq.finish_reason:
+                finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
+
+    def _prefill(self, bounded: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
+                 ) -> None:
+        """Run this step's chunks; jobs whose prompt is all in get their first token.
+        ``bounded``: interactive requests are decoding, so the step budget bounds their stall."""
+        budget = self._budget.tokens(bounded)
+        jobs = self._this_step(budget)
+        shares = split_budget([job.need for job in jobs], budget)
+        # a chunk takes the prompt's last token along when the model's head can be applied to
+        # its hidden state; otherwise the last token waits for its own pass
+        cut = 0 if self._head is not None else 1
+        body = [min(n, job.need - cut) for job, n in zip(jobs, shares)]
+        start = self._now_ns()
+        last = run_chunks(self._body, list(zip(jobs, body)))
+        mx.eval([[c.keys, c.values] for job, n in zip(jobs, body) if n for c in job.cache])
+        self._budget.observe_prefill(sum(body), (self._now_ns() - start) / 1e9, bounded)
+        bs = self.config.block_size
+        for job, n, share in zip(jobs, body, shares):
+            if job.request_id in last:  # the chunk ran to the prompt's end: logits from it
+                self._prefilling.remove(job)
+                self._start_decoding(job, deltas, finished, self._head(last[job.request_id]))
+            elif job.need == 1 and share > n:  # its share covers the last token too
+                self._prefilling.remove(job)
+                self._start_decoding(job, deltas, finished)
+            elif self.config.use_store and job.done // bs > (job.done - n) // bs:
+                # the chunk completed blocks: store them now, so other prompts can reuse them
+                job.seq.written += self.store.write(
+                    job.request.namespace, job.prompt[:job.done], job.cache)
+
+    def _this_step(self, budget: int) -> list[PrefillJob]:
+        """The jobs that get budget this step (``workers.engine.scheduler.this_step``), each looked up
+        in the store when first reached."""
+        return this_step(self._prefilling, budget, self._reach)
+
+    def _reach(self, job: PrefillJob) -> None:
+        if job.seq is None:
+            self._look_up(job)
+
+    def _start_decoding(self, job: PrefillJob, deltas: list[TokenDelta],
+                        finished: list[GenerateResult], logits: mx.array | None = None) -> None:
+        """The first token, from ``logits`` of the prompt's last token (or else its pass
+        through the whole model); the request joins the decode batch."""
+        req, seq = job.request, job.seq
+        if logits is None:
+            logits = self._m.model(mx.array([job.prompt[-1:]]), cache=job.cache)
+        logits = logits[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = job.sampler(logprobs) if job.sampler else mx.argmax(logprobs, axis=-1)
+        mx.eval(token, logprobs)
+        first = int(token.item())
+        added = seq.add(first, self._now_ns(), self._eos)
+        deltas.append(TokenDelta(req.request_id, first, added, logprobs[0]))
+        if self.config.use_store:  # after the first token: storing never delays it
+            seq.written += self.store.write(req.namespace, job.prompt, job.cache)
+        if seq.finish_reason:
+            self._kept.keep(req.namespace.label(), job.prompt, job.cache)
+            finished.append(seq.result(self.config.worker_id))
+            return
+        (uid,) = self._batch.insert(
+            [[first]], max_tokens=[req.sampling.max_tokens - 1], caches=[job.cache],
+            all_tokens=[job.prompt], samplers=[job.sampler] if job.sampler else None,
+            stop_sequences=[self._stops])
+        self._running[uid] = seq
+
+    def _finish(self, uid: int, cache: list[KVCache] | None, all_tokens: list[int] | None
+                ) -> GenerateResult:
+        seq = self._running.pop(uid)
+        if cache is None:  # stopped by a stop string: take it out of the batch ourselves
+            cache, all_tokens = self._batch.remove([uid], return_prompt_caches=True)[uid]
+        if self.config.use_store and cache:
+            if all_tokens is None or len(all_tokens) != cache[0].offset:
+                raise RuntimeError(
+                    f"request {seq.request.request_id}: batch cache holds {cache[0].offset} "
+                    f"tokens but {len(all_tokens or ())} token ids were tracked")
+            seq.written += self.store.write(seq.request.namespace, all_tokens, cache)
+            self._kept.keep(seq.request.namespace.label(), all_tokens, cache)
+        if not seq.finish_reason:
+            seq.finish_reason = "length"
+        return seq.result(self.config.worker_id)
+
+
+    # ---- the store, for the runtime (nobody outside reaches into ``store``) --------------
+
+    def stats(self) -> StoreStats:
+        return self.store.stats()
+
+    def kept_stats(self) -> KeptStats:
+        return self._kept.stats()
+
+    def written_tokens(self) -> int:
+        """Tokens this engine's store has written so far (blocks stored x block size): the
+        one count of written tokens, aborted requests' blocks included."""
+        return self.store.written_blocks() * self.config.block_size
+
+    def invalidate(self, namespace: Namespace, prefix_tokens: Seq[int] | None = None) -> int:
+        """Drop ``namespace``'s blocks, or only those under ``prefix_tokens``; how many (0
+        for a namespace this store never held: the cluster asks every worker)."""
+        self._kept.drop(namespace.label())  # never taken without the store's match: memory
+        if prefix_tokens is not None:
+            return self.store.invalidate_prefix(namespace, list(prefix_tokens))
+        if namespace.label() not in self.store.namespaces():
+            return 0
+        return self.store.invalidate_namespace(namespace)
+
+    def expire(self) -> int:
+        """Drop blocks past their TTL; how many."""
+        return self.store.expire()
+
+    def drain_events(self) -> list[BlockEvent]:
+        """The store's block events since the last call (for the router)."""
+        return self.store.drain_events()
+
+    def close(self) -> None:
+        """Persist the store's blocks to its disk tier (if any) and release its directory."""
+        self.store.close()
+
+    def holdings(self) -> list[Holding]:
+        """Every block the store holds, with its tier (for the router to rebuild its view)."""
+        return self.store.holdings()
+
+
+def _no_store_report(prompt_tokens: int, ttl_s: float) -> LookupReport:
+    return LookupReport(LookupOutcome.MISS, prompt_tokens, 0, 0, None, None, None, ttl_s)

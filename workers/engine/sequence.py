@@ -1,0 +1,127 @@
+"""One request's life inside the engine: its sampler, stop conditions, counts and timestamps.
+
+``Sequence`` is private to the engine's loop (``workers.engine.engine``): it turns the tokens the
+batch produces into text, notices stop strings, and finally builds the ``GenerateResult``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_p
+
+from workers.messages import GenerateRequest, GenerateResult, LookupReport, SamplingParams, Timings
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+# Below this temperature sampling is greedy: 1/T times the log-probabilities overflows float32
+# near T = 1e-38 (every logit becomes -inf, and the draw is uniform), and long before that the
+# most likely token's probability rounds to 1.
+GREEDY_BELOW = 1e-5
+
+
+def make_sampler(params: SamplingParams) -> Sampler | None:
+    """``None`` for greedy (the batch's shared argmax); otherwise a seeded sampler of its own.
+
+    Each sampled request owns its PRNG key, split once per token, so its tokens depend only on
+    its seed, never on which other requests share the batch.
+    """
+    if params.temperature < GREEDY_BELOW:
+        return None
+    key = mx.random.key(params.seed)
+    scale = 1.0 / params.temperature
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        if params.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, params.top_p)
+        key, sub = mx.random.split(key)
+        return mx.random.categorical(logprobs * scale, key=sub)
+
+    return sample
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """One new output token of one request, as streaming callers see it.
+
+    ``logprobs`` is the full log-softmax over the vocabulary at this step (an ``mx.array``);
+    drop it before sending a delta to another process.
+    """
+
+    request_id: str
+    token: int
+    text: str  # text added by this token (may be empty while a character is incomplete)
+    logprobs: mx.array
+
+
+@dataclass(slots=True)
+class Sequence:
+    request: GenerateRequest
+    report: LookupReport
+    received_ns: int
+    lookup_start_ns: int
+    lookup_end_ns: int
+    prefill_start_ns: int
+    written: int = 0
+    emitted: int = 0  # tokens the model produced, a final EOS included
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""
+    detokenizer: Any = None  # mlx-lm's streaming detokenizer, one per sequence
+    _stopped_by_string: bool = False
+
+    def add(self, token: int, now_ns: int, eos: set[int]) -> str:
+        """Take one token; return the text it adds. Sets ``finish_reason`` when it stops."""
+        if not self.first_token_ns:
+            self.first_token_ns = now_ns
+        self.last_token_ns = now_ns
+        self.emitted += 1
+        if token in eos:
+            self.finish_reason = "stop"
+            return self._flush()
+        self.tokens.append(token)
+        self.detokenizer.add_token(token)
+        added = self._append(self.detokenizer.last_segment)
+        if not self.finish_reason and len(self.tokens) >= self.request.sampling.max_tokens:
+            self.finish_reason = "length"
+            added += self._flush()
+        return added
+
+    def _flush(self) -> str:
+        self.detokenizer.finalize()
+        return self._append(self.detokenizer.last_segment)
+
+    def _append(self, segment: str) -> str:
+        """Append decoded text, cutting it at the first stop string; return what is visible."""
+        if self.finish_reason == "stop" and self._stopped_by_string:
+            return ""
+        before = len(self.text)
+        self.text += segment
+        longest = max((len(s) for s in self.request.sampling.stop), default=0)
+        window = max(0, before - longest + 1)  # a stop string may straddle two segments
+        hits = [at for at in (self.text.find(s, window) for s in self.request.sampling.stop)
+                if at >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.finish_reason = "stop"
+            self._stopped_by_string = True
+        return self.text[before:]
+
+    def result(self, worker_id: str) -> GenerateResult:
+        produced = max(1, self.emitted)
+        ttft = (self.first_token_ns - self.received_ns) / 1e9
+        tpot = (self.last_token_ns - self.first_token_ns) / 1e9 / (produced - 1) if produced > 1 else 0.0
+        r = self.report
+        return GenerateResult(
+            request_id=self.request.request_id, output_tokens=tuple(self.tokens), text=self.text,
+            finish_reason=self.finish_reason, ttft_s=ttft, tpot_s=tpot,
+            input_tokens=r.prompt_tokens, cached_tokens=r.reused_tokens,
+            computed_tokens=r.prompt_tokens - r.reused_tokens, written_tokens=self.written,
+            lookup=r, worker_id=worker_id,
+            timings=Timings(self.received_ns, self.lookup_start_ns, self.lookup_end_ns,
+                            self.prefill_start_ns, self.first_token_ns, self.last_token_ns))

@@ -1,0 +1,102 @@
+"""Equivalence check: generation with the prefix store must equal generation without it.
+
+``verify_model`` loads a model directory once and runs two engines on it: a *reference* that
+never uses the store, and a *cached* one whose store is first warmed with the prefixes the
+case needs. Every case compares, request by request and step by step, the greedy tokens and
+the log-probabilities over the whole vocabulary (log-softmax of the logits, so the comparison
+is of the logits up to their constant shift). A case fails on any token difference, on a
+largest absolute difference above the tolerance, or when the cached engine reused nothing
+although the case was built to reuse a prefix.
+
+Cases: multi-turn chats through the chat template; random token sequences; prompts ending just
+below, at and just above block boundaries; several requests batched together against each
+alone; a prefix read back after its neighbours were evicted (these run with no kept caches,
+so every hit joins the store's blocks); the turns of one conversation, each extending the
+cache the previous turn left (``workers.engine.kept``: no join). Then, per store setting
+(``workers.lab.verify_tiers``): a prefix read back from the disk tier (exact), and 8-bit and
+4-bit K/V (greedy agreement and largest logit difference, measured).
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from workers.model.model_dir import open_model_dir
+
+from workers.lab.verify_cases import (CaseResult, Checker, VerifyReport,
+                                     chat_case, random_case, run_requests)
+
+
+def _boundary_case(c: Checker, rng: random.Random) -> CaseResult:
+    ref, cached = c.engines()
+    bs, vocab = c.block_size, c.loaded.vocab_size
+    base = [rng.randrange(vocab) for _ in range(4 * bs + 1)]
+    prompts = [base[:3 * bs - 1], base[:3 * bs], base[:3 * bs + 1], base[:4 * bs]]
+    return c.compare("block boundaries (below / at / above)", ref, cached, prompts,
+                     batched=False, warm=[base])
+
+
+def _batched_case(c: Checker, rng: random.Random) -> CaseResult:
+    ref, cached = c.engines()
+    vocab = c.loaded.vocab_size
+    shared = [rng.randrange(vocab) for _ in range(3 * c.block_size)]
+    prompts = [shared + [rng.randrange(vocab) for _ in range(n)] for n in (1, 7, 20, 33)]
+    prompts.append([rng.randrange(vocab) for _ in range(11)])  # a stranger with no prefix
+    return c.compare("batched together vs each alone", ref, cached, prompts, batched=True,
+                     warm=[shared + [1]])
+
+
+def _eviction_case(c: Checker, rng: random.Random) -> CaseResult:
+    bs, vocab = c.block_size, c.loaded.vocab_size
+    per_block = bs * c.loaded.kv_shape.bytes_per_token
+    ref, cached = c.engines(store_bytes=8 * per_block)
+    keep = [rng.randrange(vocab) for _ in range(3 * bs + 1)]
+    neighbours = [[rng.randrange(vocab) for _ in range(2 * bs + 1)] for _ in range(3)]
+    evicted_before = cached.store.stats().ledger.evictions
+
+    def touch_keep() -> None:
+        # keep is used between its neighbours, so they, not keep, are evicted to make room
+        run_requests(cached, [c.request(cached, keep, 1)])
+        for n in neighbours:
+            run_requests(cached, [c.request(cached, n, 1)])
+            run_requests(cached, [c.request(cached, keep, 1)])
+        if cached.store.stats().ledger.evictions == evicted_before:
+            raise RuntimeError("the eviction case evicted nothing: the store is too large")
+
+    return c.compare("restored after neighbours were evicted", ref, cached,
+                     [keep + [rng.randrange(vocab) for _ in range(5)]], batched=False,
+                     before=touch_keep)
+
+
+def _kept_case(c: Checker, rng: random.Random) -> CaseResult:
+    """Five turns of one conversation, one at a time: each prompt is the previous prompt, a
+    reply and a new message, so each turn takes the cache the previous one left."""
+    ref, cached = c.engines(kept_bytes=1 << 30)
+    vocab = c.loaded.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(2 * c.block_size + 5)]]
+    for _ in range(4):
+        prompts.append(prompts[-1] + [rng.randrange(vocab) for _ in range(rng.randrange(9, 30))])
+    result = c.compare("next turns extend the kept cache", ref, cached, prompts, batched=False)
+    if cached.kept_stats().taken != len(prompts) - 1:
+        raise RuntimeError(f"the kept case took {cached.kept_stats().taken} kept caches in "
+                           f"{len(prompts) - 1} later turns: the kept path did not run")
+    return result
+
+
+CASES = (chat_case, random_case, _boundary_case, _batched_case, _eviction_case, _kept_case)
+
+
+def verify_model(model_dir: Path | str, block_size: int = 16, max_tokens: int = 8,
+                 seed: int = 0, tiers: bool = True) -> VerifyReport:
+    """Run every case on ``model_dir``; refuses unsupported architectures with ValueError.
+
+    ``tiers`` adds the per-setting checks of ``workers.lab.verify_tiers`` (disk, 8/4-bit K/V).
+    """
+    from workers.lab.verify_tiers import verify_tiers
+
+    loaded = open_model_dir(model_dir)
+    checker = Checker(loaded, block_size, max_tokens, store_bytes=1 << 30)
+    rng = random.Random(seed)
+    cases = tuple(case(checker, rng) for case in CASES)
+    settings = verify_tiers(loaded, block_size, max_tokens, seed) if tiers else ()
+    return VerifyReport(str(model_dir), cases, settings=settings)

@@ -1,0 +1,1 @@
+"""Model files: opening, inspecting, importing and forging mlx-lm model directories."""
