@@ -16,7 +16,8 @@ from router.kv.ledger import Eviction
 from workers.cache.disk_files import BlockRecord, block_path, encode_block
 from workers.cache.disk_tier import DiskDirError
 from workers.messages import LookupOutcome
-from workers.cache.store import KVShape, PrefixStore, open_store
+from workers.cache.blocks import KVShape
+from workers.cache.store import PrefixStore, open_store
 
 from test_store import BS, NS, SHAPE, kv_for
 from tests.conftest import Clock

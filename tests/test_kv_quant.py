@@ -11,7 +11,8 @@ from cluster.config import load_config, write_default_config
 from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier, decode_batch, encode_batch
 from router.kv.key import BlockHash, Namespace
 from workers.cache.kv_quant import KVCodec
-from workers.cache.store import KVShape, PrefixStore, open_store
+from workers.cache.blocks import KVShape
+from workers.cache.store import PrefixStore, open_store
 
 BS = 16
 SHAPE = KVShape(layers=2, kv_heads=2, head_dim=64, dtype=mx.float32)

@@ -11,7 +11,8 @@ from router.kv.events import BlockRemoved, BlockStored
 from router.kv.key import Namespace, hash_blocks
 from router.kv.ledger import Eviction, LedgerEventKind
 from workers.messages import LookupOutcome
-from workers.cache.store import KVShape, PrefixStore
+from workers.cache.blocks import KVShape
+from workers.cache.store import PrefixStore
 from tests.conftest import Clock
 
 BS = 4

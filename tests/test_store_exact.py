@@ -11,7 +11,8 @@ import mlx.core as mx
 from router.kv.key import Namespace, hash_blocks
 from router.kv.ledger import Eviction
 from workers.messages import LookupOutcome
-from workers.cache.store import KVShape, PrefixStore
+from workers.cache.blocks import KVShape
+from workers.cache.store import PrefixStore
 
 from test_store import BS, NS, SHAPE, kv_for, make_store, put
 from tests.conftest import Clock

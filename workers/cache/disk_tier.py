@@ -16,7 +16,8 @@ Rules:
   expects. A file that fails the digest is deleted, counted (``corrupt``) and its subtree
   forgotten; a sound file that is another block (a hash collision) stays and is an identity
   mismatch for this lookup. Either way the lookup stops before it and the engine recomputes.
-- **Restart keeps the cache.** Opening a directory that holds blocks indexes their headers:
+- **Restart keeps the cache.** Opening a directory that holds blocks indexes their headers
+  (``workers.cache.disk_scan``):
   leftover ``.tmp`` files (a kill during a write), files whose size disagrees with their
   header and blocks whose parent chain loops (hashing never makes one) are deleted and
   counted (``torn``), files of an older format version are deleted and counted
@@ -51,9 +52,10 @@ from typing import Callable, Sequence
 from router.kv.events import BlockEvent, Tier
 from router.kv.key import BlockHash, BlockIdentity
 from router.kv.ledger import DEFAULT_EVICTION, BlockLedger, Eviction, LedgerStats, RemovalReason
-from workers.cache.disk_files import (SUFFIX, TMP_SUFFIX, BlockData, BlockRecord, CorruptBlock,
-                                OutdatedBlock, block_path, decode_block, read_header)
+from workers.cache.disk_files import (BlockData, BlockRecord, CorruptBlock, block_path,
+                                      decode_block)
 from workers.cache.disk_lock import DiskDirError, lock_directory  # noqa: F401  (raised from here)
+from workers.cache.disk_scan import scan
 from workers.cache.disk_writer import DiskWriter, PendingBlock
 from workers.cache.kv_quant import KVCodec
 from workers.rates import moving_average
@@ -355,77 +357,20 @@ class DiskTier:
         return [holding.block for holding in self.ledger.holdings()]
 
     def _index(self) -> StartCounts:
-        found: dict[BlockHash, tuple[BlockRecord, float]] = {}
-        torn = foreign = expired = outdated = 0
-        now = self._wall()
-        for path in sorted(self.directory.glob("*/*")):
-            if path.name.endswith(TMP_SUFFIX):
-                torn += _delete(path)
-                continue
-            if not path.name.endswith(SUFFIX):
-                continue
-            try:
-                record = read_header(path)
-                if path != block_path(self.directory, record.block):
-                    raise CorruptBlock(f"{path}: holds block {record.block:032x}")
-            except OutdatedBlock:
-                outdated += _delete(path)
-                continue
-            except CorruptBlock:
-                torn += _delete(path)
-                continue
-            if (record.model, record.revision) != (self.model, self.revision):
-                foreign += _delete(path)
-            elif now - path.stat().st_mtime >= self.ledger.ttl_s:
-                expired += _delete(path)
-            else:
-                found[record.block] = (record, path.stat().st_mtime)
-        for h in [h for h in found if _ancestors(h, found) is None]:
-            torn += _delete(block_path(self.directory, h))
-            del found[h]
-        kept, over = self._restore(found, now)
-        if outdated:
-            log.warning("disk tier %s: %d block files of an older format deleted (the cache "
-                        "key changed; they are recomputed on use)", self.directory, outdated)
-        return StartCounts(kept, torn, foreign, expired, over, outdated)
-
-    def _restore(self, found: dict[BlockHash, tuple[BlockRecord, float]], now: float
-                 ) -> tuple[int, int]:
-        # A parent is at least as recent as any of its descendants (the ledger's rule).
-        used = {h: t for h, (_, t) in found.items()}
-        for h, (record, t) in found.items():
-            p = record.parent
-            while p in used and used[p] < t:
-                used[p] = t
-                p = found[p][0].parent
-        depth = {h: len(_ancestors(h, found)) for h in found}
-        newest_first = sorted(found, key=lambda h: (-used[h], depth[h]))
-        budget, keep = self.ledger.capacity_bytes, []
-        for h in newest_first:
-            cost = len(found[h][0].tokens) * self.ledger.bytes_per_token
-            if cost <= budget:
-                budget -= cost
-                keep.append(h)
-            else:
-                _delete(block_path(self.directory, h))
+        found = scan(self.directory, self.model, self.revision, self.ledger.ttl_s, self._wall())
+        keep = found.newest_within(self.ledger.capacity_bytes, self.ledger.bytes_per_token)
         clock_now = self._clock()
-        for h in reversed(keep):  # oldest first, children before parents
-            record = found[h][0]
-            self.ledger.restore(h, record.parent, len(record.tokens), record.namespace,
-                                clock_now - (now - used[h]))
-            self._tokens[h] = b"".join(t.to_bytes(4, "little") for t in record.tokens)
-        return len(keep), len(found) - len(keep)
-
-
-def _ancestors(h: BlockHash, found: dict) -> list[BlockHash] | None:
-    """``h``'s ancestors held here, nearest first; None if its chain loops (corrupt files)."""
-    out, p = [], found[h][0].parent
-    while p in found:
-        if len(out) == len(found):  # as many ancestors as blocks: the chain came round
-            return None
-        out.append(p)
-        p = found[p][0].parent
-    return out
+        for record, age_s in reversed(keep):  # oldest first, children before parents
+            self.ledger.restore(record.block, record.parent, len(record.tokens),
+                                record.namespace, clock_now - age_s)
+            self._tokens[record.block] = b"".join(t.to_bytes(4, "little") for t in record.tokens)
+        counts = found.counts
+        if counts.outdated:
+            log.warning("disk tier %s: %d block files of an older format deleted (the cache "
+                        "key changed; they are recomputed on use)", self.directory,
+                        counts.outdated)
+        return StartCounts(len(keep), counts.torn, counts.foreign, counts.expired,
+                           counts.over_budget, counts.outdated)
 
 
 def _free_bytes(directory: Path) -> int | None:
@@ -434,8 +379,3 @@ def _free_bytes(directory: Path) -> int | None:
     except OSError:
         return None
     return fs.f_bavail * fs.f_frsize
-
-
-def _delete(path: Path) -> int:
-    path.unlink(missing_ok=True)
-    return 1

@@ -57,39 +57,12 @@ from router.kv.ledger import (DEFAULT_EVICTION, BlockLedger, Eviction, Holding, 
                            LedgerStats, RemovalReason)
 from workers.cache.disk_files import BlockData, BlockRecord
 from workers.cache.disk_tier import DiskStats, DiskTier
-from workers.cache.kv_quant import KVCodec, nbytes
+from workers.cache.blocks import BlockSlices, KVShape, StoredBlock, common_prefix
+from workers.cache.kv_quant import KVCodec
 from workers.messages import LookupOutcome, LookupReport
 
 log = logging.getLogger(__name__)
 _LOGGED_MISMATCHES = 64  # distinct blocks whose identity mismatch is logged (once each)
-
-
-@dataclass(frozen=True, slots=True)
-class KVShape:
-    """What one cached token costs: the model's K/V geometry."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: mx.Dtype
-
-    @property
-    def bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.size
-
-    def tier_bytes_per_token(self, codec: KVCodec) -> int:
-        return codec.bytes_per_token(self.layers, self.kv_heads, self.head_dim)
-
-
-@dataclass(frozen=True, slots=True)
-class _Block:
-    identity: BlockIdentity
-    keys: tuple[mx.array, ...]    # [layers, kv_heads, block_size, head_dim], encoded
-    values: tuple[mx.array, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return nbytes(self.keys) + nbytes(self.values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +97,7 @@ class PrefixStore:
         self.disk = disk
         self._hash = hasher
         self._logged: set[BlockHash] = set()
-        self._blocks: dict[BlockHash, _Block] = {}
+        self._blocks: dict[BlockHash, StoredBlock] = {}
         self._tensor_bytes = 0
         self._mismatches = 0
         self._promoted = 0  # blocks read back from disk into memory: stored, not written
@@ -206,7 +179,7 @@ class PrefixStore:
             if self.codec != self.disk.codec:
                 keys = self.codec.encode(self.disk.codec.decode(keys))
                 values = self.codec.encode(self.disk.codec.decode(values))
-            self._put(h, _Block(b.record.identity, keys, values))
+            self._put(h, StoredBlock(b.record.identity, keys, values))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
 
     def _verified(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity], n: int
@@ -242,7 +215,7 @@ class PrefixStore:
                            if h not in self._blocks]
         best, best_tokens = 0, None
         for tokens in candidates:
-            n = _common_prefix(tokens, want)
+            n = common_prefix(tokens, want)
             if best_tokens is None or n > best:
                 best, best_tokens = n, tokens
         return best, best_tokens
@@ -252,7 +225,7 @@ class PrefixStore:
             return self.ledger.age(block)
         return self.disk.ledger.age(block)
 
-    def _decoded(self, block: _Block) -> tuple[mx.array, mx.array]:
+    def _decoded(self, block: StoredBlock) -> tuple[mx.array, mx.array]:
         return self.codec.decode(block.keys), self.codec.decode(block.values)
 
     def _assemble(self, parts: list[tuple[mx.array, mx.array]], tokens: int) -> list[KVCache]:
@@ -285,10 +258,10 @@ class PrefixStore:
         want = identities(namespace, hashes, tokens, bs)
         new = self.ledger.insert(hashes, bs, namespace.label(), namespace.root())
         first = hashes.index(new[0]) if new else self._chain_in_memory(hashes, want)
-        slices = _BlockSlices(cache, bs)
+        slices = BlockSlices(cache, bs)
         for i, h in enumerate(new, start=first):
             keys, values = slices.block(i)
-            self._put(h, _Block(want[i], self.codec.encode(keys), self.codec.encode(values)))
+            self._put(h, StoredBlock(want[i], self.codec.encode(keys), self.codec.encode(values)))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
         spilled = self._overflow(hashes, want, first + len(new), slices)
         return (len(new) + spilled) * bs
@@ -304,7 +277,7 @@ class PrefixStore:
         return n
 
     def _overflow(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity], start: int,
-                  slices: _BlockSlices) -> int:
+                  slices: BlockSlices) -> int:
         """Write blocks ``start`` on, which memory had no room for, to the disk tier; how many."""
         disk = self.disk
         if disk is None:
@@ -323,7 +296,7 @@ class PrefixStore:
             written += 1
         return written
 
-    def _put(self, h: BlockHash, block: _Block) -> None:
+    def _put(self, h: BlockHash, block: StoredBlock) -> None:
         self._blocks[h] = block
         self._tensor_bytes += block.nbytes
 
@@ -335,7 +308,7 @@ class PrefixStore:
         if reason == RemovalReason.EVICTED and self.disk is not None:
             self._spill(block, gone)
 
-    def _spill(self, h: BlockHash, block: _Block) -> None:
+    def _spill(self, h: BlockHash, block: StoredBlock) -> None:
         keys, values = block.keys, block.values
         disk = self.disk
         if disk.codec != self.codec:
@@ -438,27 +411,3 @@ def open_store(shape: KVShape, block_size: int, ttl_s: float, clock: Callable[[]
         if disk is not None:
             disk.close()
         raise
-
-
-class _BlockSlices:
-    """One block's K/V cut out of a request's per-layer caches (a copy: a block holds exactly
-    its slice, never the cache's spare room)."""
-
-    def __init__(self, cache: Sequence[KVCache], block_size: int) -> None:
-        self._keys = [c.keys for c in cache]
-        self._values = [c.values for c in cache]
-        self._bs = block_size
-
-    def block(self, i: int) -> tuple[mx.array, mx.array]:
-        start, end = i * self._bs, (i + 1) * self._bs
-        return (mx.stack([k[0, :, start:end] for k in self._keys]),
-                mx.stack([v[0, :, start:end] for v in self._values]))
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -25,7 +25,7 @@ from mlx_lm import load as mlx_load
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from workers.cache.store import KVShape
+from workers.cache.blocks import KVShape
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 # Architectures whose logits are exactly the vocabulary projection of the body's output
