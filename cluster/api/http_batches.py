@@ -8,8 +8,10 @@
     GET  /v1/batches                newest first, paged (limit, after)
     POST /v1/batches/{id}/cancel
 
-Creating a batch parses the file (``openai_shapes.batch_requests``: every line names the
-batch's endpoint) and submits it through ``Work.submit_job``, so a batch is an orchard job
+An upload (at most ``MAX_FILE_BYTES``; ``body_caps`` raises the body's cap for it) is copied
+to the store a piece at a time, never held whole. Creating a batch parses the file
+(``openai_shapes.batch_requests``: every line names the batch's endpoint and the served model)
+and submits it through ``Work.submit_job``, so a batch is an orchard job
 with the same validation, limits and durability (it survives a restart). When the job has
 finished, its results become the output file (ok lines) and the error file (failed lines)
 in the run directory (``cluster.api.batch_store``).
@@ -89,7 +91,7 @@ class Batches:
                 raise FieldError("purpose", f"must be 'batch', got {purpose!r}")
             if upload is None or isinstance(upload, str):
                 raise FieldError("file", "missing: send the JSONL file as the 'file' part")
-            staged = await asyncio.to_thread(self._store.write, _pieces(upload.file))
+            staged = await asyncio.to_thread(self._store.write, file_pieces(upload.file))
             record = self._store.record(staged, tenant, upload.filename or "input.jsonl",
                                         purpose)
         return JSONResponse(_file_object(record))
@@ -196,13 +198,13 @@ class Batches:
         }
 
 
-def _pieces(file: BinaryIO) -> Iterator[bytes]:
-    """An uploaded file's bytes, a piece at a time, refused once past ``MAX_FILE_BYTES``."""
+def file_pieces(file: BinaryIO, max_bytes: int = MAX_FILE_BYTES) -> Iterator[bytes]:
+    """An uploaded file's bytes, a piece at a time, refused once past ``max_bytes``."""
     size = 0
     while piece := file.read(COPY_BYTES):
         size += len(piece)
-        if size > MAX_FILE_BYTES:
-            raise BodyTooLarge("file", f"larger than {MAX_FILE_BYTES >> 20} MiB; split it")
+        if size > max_bytes:
+            raise BodyTooLarge("file", f"larger than {max_bytes} bytes; split it")
         yield piece
 
 
