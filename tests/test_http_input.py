@@ -230,6 +230,17 @@ def test_a_batch_line_for_another_model_is_refused_as_chat_is(api, model, shown)
         400, f"model: unknown model {shown}; this cluster serves 'llama' (GET /v1/models)")
 
 
+def test_a_batch_line_protobuf_cannot_hold_names_the_line_and_field(api):
+    file_id = _upload(api, [_line(0), _line(1, stop=["\ud800"]), _line(2)])
+    assert _batch(api, file_id) == (400, refused(
+        400, "line 2.body.stop[0]", f"line 2.body.stop[0]: not Unicode text ({LONE.format(0)}); "
+        f"{ADVICE}"))
+    file_id = _upload(api, [_line(0), _line(1, max_tokens=2**40)])
+    assert _batch(api, file_id) == (400, refused(
+        400, "line 2.body.max_tokens", "line 2.body.max_tokens: must be at most 2147483647, got "
+        "1099511627776"))
+
+
 def test_a_batch_line_over_the_prompt_size_is_refused_at_intake(api):
     before = len(api.frontend.store.list_jobs("acme", 1000))
     file_id = _upload(api, [_line(0), _line(1, messages=[

@@ -32,10 +32,10 @@ from starlette.routing import Route
 from cluster.api import openai_shapes as shapes
 from cluster.api.edge import Authenticator
 from cluster.api.http_batches import Batches
-from cluster.api.http_guard import (BodyCap, ConnectionGuard, GuardedH11Protocol, HttpLimits,
-                                    RequestGuard)
 from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, json_body,
                                      openai_errors, tenant_of)
+from cluster.api.http_guard import (App, BodyCap, ConnectionGuard, GuardedH11Protocol,
+                                    HttpLimits, RequestGuard)
 from cluster.api.tls import TlsFiles
 from cluster.api.validate import FieldError
 from cluster.api.work import Work
@@ -214,7 +214,7 @@ class HttpServer:
             self.task.cancel()
 
 
-async def start_http(app, host: str, port: int, tls: TlsFiles | None,
+async def start_http(app: App, host: str, port: int, tls: TlsFiles | None,
                      limits: HttpLimits) -> HttpServer:
     """Serve the ASGI ``app`` on ``host:port`` (0: a free port) on this event loop, TLS when
     given, each connection held to ``limits`` (``cluster.api.http_guard``)."""
