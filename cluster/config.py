@@ -43,6 +43,10 @@ running cluster owns: this config, the job store, the frontend's address file, t
     [http]
     enabled = true               # the OpenAI-compatible HTTP API beside gRPC
     port = 0                     # 0: pick a free port (frontend.json's http_address)
+    max_body_bytes = 8388608     # a JSON request body (413 beyond; file uploads: 200 MiB)
+    header_timeout_s = 10.0      # the whole request head (line and headers), from connect
+    body_timeout_s = 30.0        # the longest wait for the next piece of a request body
+    max_connections_per_client = 64  # open connections per client address (429 beyond)
 
     [telemetry]
     exporter = "file"            # "file" (OTLP JSON lines in RUN_DIR/traces), "otlp",
@@ -114,6 +118,13 @@ class FrontendTls:
 class HttpConfig:
     enabled: bool = True
     port: int = 0
+    # a prompt of max_prompt_bytes (1 MiB) fits even with every byte escaped as \uXXXX (6 MiB)
+    max_body_bytes: int = 8 << 20
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # the openai SDK opens one connection per request in flight: 64 lets one client run 8
+    # times max_concurrent's default at once
+    max_connections_per_client: int = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +270,7 @@ def _check(config: Config, path: Path) -> None:
             raise ValueError(f"{path}: [limits] {name} must be >= 1")
     if limits.request_timeout_s <= 0:
         raise ValueError(f"{path}: [limits] request_timeout_s must be > 0")
+    _check_http(config.http, path)
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
     cache = config.cache
@@ -270,6 +282,15 @@ def _check(config: Config, path: Path) -> None:
                          f"with a disk_dir when > 0")
     if set(config.tenant_keys) & config.admin_keys:
         raise ValueError(f"{path}: a key may not be both a tenant key and an admin key")
+
+
+def _check_http(http: HttpConfig, path: Path) -> None:
+    for name in ("max_body_bytes", "max_connections_per_client"):
+        if getattr(http, name) < 1:
+            raise ValueError(f"{path}: [http] {name} must be >= 1")
+    for name in ("header_timeout_s", "body_timeout_s"):
+        if not getattr(http, name) > 0:
+            raise ValueError(f"{path}: [http] {name} must be > 0 (seconds)")
 
 
 def _check_tls(config: Config, path: Path) -> None:

@@ -27,6 +27,20 @@ def test_values_out_of_range_name_their_line(bad, message):
     assert str(err.value).startswith(f"b.jsonl:2: {message}")
 
 
+def test_json_protobuf_cannot_hold_names_its_line_and_field():
+    deep = '{"custom_id": "x", "body": {"messages": ' + "[" * 2000 + "]" * 2000 + "}}"
+    with pytest.raises(ValueError) as err:
+        parse_batch([line("ok"), deep], name="b.jsonl")
+    assert str(err.value) == ("b.jsonl:2: nested deeper than 100 levels of arrays and objects; "
+                              "flatten it")
+    lone = line("x").replace('"hello"', '"hello \\udfff"')
+    with pytest.raises(ValueError) as err:
+        parse_batch([line("ok"), lone], name="b.jsonl")
+    assert str(err.value) == ("b.jsonl:2: body.messages[0].content: not Unicode text (a lone "
+                              "surrogate \\udfff at character 6); escape a character outside "
+                              "the BMP as a surrogate pair")
+
+
 def test_a_line_that_is_not_utf8_is_named():
     lines = [line("ok").encode() + b"\n", b'{"custom_id": "caf\xe9"}\n', line("ok2").encode()]
     with pytest.raises(ValueError) as err:

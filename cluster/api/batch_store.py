@@ -21,7 +21,7 @@ import secrets
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from cluster.jobs.store import JobNotFound
 
@@ -40,6 +40,14 @@ CREATE INDEX IF NOT EXISTS batches_by_tenant ON batches (tenant, created_s);
 
 class FileNotFound(JobNotFound):
     """No file with that id for this tenant (NOT_FOUND at the edge)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    """A file written to the store's folder, not yet recorded (nobody can read it yet)."""
+
+    file_id: str
+    bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +90,35 @@ class BatchStore:
 
     # ---------------------------------------------------------------- files
 
-    def add_file(self, tenant: str, filename: str, purpose: str, data: bytes) -> FileRecord:
-        """Write ``data`` (fsynced, 0600), then record it."""
-        record = FileRecord(f"file-{secrets.token_hex(12)}", tenant, filename, purpose,
-                            len(data), self._clock_s())
-        path = self._files / record.file_id
+    def add_file(self, tenant: str, filename: str, purpose: str,
+                 pieces: Iterable[bytes]) -> FileRecord:
+        """Write the file and record it (``write`` then ``record``)."""
+        return self.record(self.write(pieces), tenant, filename, purpose)
+
+    def write(self, pieces: Iterable[bytes]) -> StagedFile:
+        """Write a new file's ``pieces`` as they come (fsynced, 0600), not yet recorded; may
+        run in a worker thread (it touches no database). If the pieces raise (an upload over
+        its cap), the part written is removed."""
+        file_id = f"file-{secrets.token_hex(12)}"
+        path = self._files / file_id
+        size = 0
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for piece in pieces:
+                    f.write(piece)
+                    size += len(piece)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            path.unlink()
+            raise
+        return StagedFile(file_id, size)
+
+    def record(self, staged: StagedFile, tenant: str, filename: str, purpose: str
+               ) -> FileRecord:
+        record = FileRecord(staged.file_id, tenant, filename, purpose, staged.bytes,
+                            self._clock_s())
         self._db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)",
                          (record.file_id, tenant, filename, purpose, record.bytes,
                           record.created_s))
@@ -144,9 +171,9 @@ class BatchStore:
         if batch.output_file_id or batch.error_file_id:
             return batch
         out = self.add_file(batch.tenant, f"{batch.batch_id}_output.jsonl", "batch_output",
-                            output) if output else None
+                            [output]) if output else None
         err = self.add_file(batch.tenant, f"{batch.batch_id}_error.jsonl", "batch_output",
-                            errors) if errors else None
+                            [errors]) if errors else None
         self._db.execute("UPDATE batches SET output_file_id = ?, error_file_id = ? "
                          "WHERE batch_id = ?",
                          (out.file_id if out else "", err.file_id if err else "",

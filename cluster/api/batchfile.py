@@ -26,6 +26,7 @@ from typing import Iterable
 
 from google.protobuf import json_format
 
+from cluster.api import json_input
 from cluster.api.client import chat_request
 from proto.orchard.v1 import orchard_pb2 as pb
 
@@ -88,9 +89,9 @@ def line_shape(text: str | bytes, name: str, lineno: int) -> dict:
     ``ValueError`` naming ``name:lineno``. What acceptance does per line, and all it does."""
     try:
         # decoded here: json.loads would guess UTF-16 or UTF-32 from the first bytes
-        line = json.loads(text.decode() if isinstance(text, bytes) else text)
-    except json.JSONDecodeError as exc:
-        raise _bad(name, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        line = json_input.loads(text.decode() if isinstance(text, bytes) else text)
+    except json_input.JsonInputError as exc:  # not JSON, too deep, a lone surrogate
+        raise _bad(name, lineno, str(exc)) from None
     except UnicodeDecodeError as exc:
         raise _bad(name, lineno, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
                    f"column {exc.start + 1})") from None

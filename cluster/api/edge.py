@@ -19,7 +19,8 @@ Anything else is a bug: logged with its traceback, answered ``INTERNAL``, and th
 serving.
 
 Bytes that do not parse as the method's request message (garbage, invalid UTF-8 in a string
-field, nesting deeper than protobuf's limit of 100) would fail inside grpc, before any handler,
+field, nesting deeper than protobuf's limit of ``json_input.MAX_NESTING``, 100, which JSON input
+over HTTP and in batch files is held to as well) would fail inside grpc, before any handler,
 as ``UNKNOWN``. ``DecodeGuard`` lets them through as an ``Undecodable``; the method's wrapper
 checks the caller's key first (``authenticate``, the servicer's own check) and then answers
 ``INVALID_ARGUMENT``.

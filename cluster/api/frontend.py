@@ -51,6 +51,7 @@ from cluster.api.servicer import GenerateServicer, JobsServicer
 from cluster.api.batch_store import BatchStore
 from cluster.api.http_app import HttpApi, HttpServer, start_http
 from cluster.api.http_batches import Batches
+from cluster.api.http_guard import HttpLimits
 from cluster.api.servicer_admin import AdminServicer
 from cluster.api.tls import TlsFiles, check_binding, server_credentials
 from cluster.api.work import Work
@@ -152,7 +153,8 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     server = grpc.aio.server(interceptors=[DecodeGuard()],
                              options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.so_reuseport", 0)])
-    intake = JobIntakeService(store, runner, model, limits.max_requests_per_job)
+    intake = JobIntakeService(store, runner, model, limits.max_requests_per_job,
+                              limits.max_prompt_bytes)
     work = Work(runner, backend, model, tokenizer, intake, limits.max_prompt_bytes)
     pb_grpc.add_JobsServicer_to_server(JobsServicer(auth, store, runner, work), server)
     pb_grpc.add_GenerateServicer_to_server(GenerateServicer(auth, work), server)
@@ -170,14 +172,10 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     await server.start()
     http, batches = None, None
     if config.http.enabled:
-        batches = BatchStore(config.run_dir, lambda: clock_ms() // 1000)
-        api = HttpApi(auth, work, tokenizer.encode,
-                      Batches(auth, work, store, runner, batches, tokenizer.encode),
-                      lambda: clock_ms() / 1000)
         try:
-            http = await start_http(api.app(), config.host, config.http.port, tls)
+            http, batches = await _serve_http(config, auth, work, store, runner,
+                                              tokenizer.encode, clock_ms)
         except BaseException:
-            batches.close()
             await server.stop(0)
             raise
     resumed = runner.resume()
@@ -191,6 +189,25 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
         "address": frontend.address, "pid": os.getpid(), "tls": tls is not None,
         "http_address": http.address if http is not None else ""}))
     return frontend
+
+
+async def _serve_http(config: Config, auth: Authenticator, work: Work, store: JobStore,
+                      runner: JobRunner, encode: Callable[[str], list[int]],
+                      clock_ms: Callable[[], int]) -> tuple[HttpServer, BatchStore]:
+    """The OpenAI-compatible HTTP API on its own port, held to ``[http]``'s limits."""
+    batches = BatchStore(config.run_dir, lambda: clock_ms() // 1000)
+    api = HttpApi(auth, work, encode, Batches(auth, work, store, runner, batches, encode),
+                  lambda: clock_ms() / 1000)
+    settings = config.http
+    limits = HttpLimits(settings.max_body_bytes, settings.header_timeout_s,
+                        settings.body_timeout_s, settings.max_connections_per_client)
+    try:
+        http = await start_http(api.app(limits), config.host, settings.port,
+                                config.tls_files(), limits)
+    except BaseException:
+        batches.close()
+        raise
+    return http, batches
 
 
 def _bind(server: grpc.aio.Server, config: Config, tls: TlsFiles | None) -> int:

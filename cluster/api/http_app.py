@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import ssl
@@ -33,6 +34,8 @@ from cluster.api.edge import Authenticator
 from cluster.api.http_batches import Batches
 from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, json_body,
                                      openai_errors, tenant_of)
+from cluster.api.http_guard import (App, BodyCap, ConnectionGuard, GuardedH11Protocol,
+                                    HttpLimits, RequestGuard)
 from cluster.api.tls import TlsFiles
 from cluster.api.validate import FieldError
 from cluster.api.work import Work
@@ -54,14 +57,18 @@ class HttpApi:
         self._clock_s = clock_s
         self._model_id = work.model.model_id
 
-    def app(self) -> Starlette:
+    def app(self, limits: HttpLimits) -> RequestGuard:
+        """The routes, behind the body's size cap and timeout (``cluster.api.http_guard``)."""
         routes = [Route("/v1/models", openai_errors(self.models), methods=["GET"]),
                   Route("/v1/models/{model_id:path}", openai_errors(self.model),
                         methods=["GET"]),
                   Route(shapes.CHAT, openai_errors(self.chat), methods=["POST"]),
                   Route(shapes.COMPLETIONS, openai_errors(self.completions), methods=["POST"]),
                   *self._batches.routes()]
-        return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
+        json_cap = BodyCap(limits.max_body_bytes, "[http] max_body_bytes",
+                           "send a smaller request")
+        return RequestGuard(Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS),
+                            json_cap, limits.body_timeout_s, self._batches.body_caps())
 
     def _model_card(self) -> dict:
         return {"id": self._model_id, "object": "model", "created": 0, "owned_by": "orchard"}
@@ -207,8 +214,10 @@ class HttpServer:
             self.task.cancel()
 
 
-async def start_http(app: Starlette, host: str, port: int, tls: TlsFiles | None) -> HttpServer:
-    """Serve ``app`` on ``host:port`` (0: a free port) on this event loop; TLS when given."""
+async def start_http(app: App, host: str, port: int, tls: TlsFiles | None,
+                     limits: HttpLimits) -> HttpServer:
+    """Serve the ASGI ``app`` on ``host:port`` (0: a free port) on this event loop, TLS when
+    given, each connection held to ``limits`` (``cluster.api.http_guard``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -225,8 +234,10 @@ async def start_http(app: Starlette, host: str, port: int, tls: TlsFiles | None)
         options = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
         if tls.client_ca is not None:
             options |= {"ssl_ca_certs": str(tls.client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    guard = ConnectionGuard(limits.max_connections_per_client, limits.header_timeout_s)
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=1, **options)
+                            timeout_graceful_shutdown=1, ws="none",
+                            http=functools.partial(GuardedH11Protocol, guard=guard), **options)
     server = _Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="http")
     while not server.started:

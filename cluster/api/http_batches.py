@@ -8,8 +8,10 @@
     GET  /v1/batches                newest first, paged (limit, after)
     POST /v1/batches/{id}/cancel
 
-Creating a batch parses the file (``openai_shapes.batch_requests``: every line names the
-batch's endpoint) and submits it through ``Work.submit_job``, so a batch is an orchard job
+An upload (at most ``MAX_FILE_BYTES``; ``body_caps`` raises the body's cap for it) is copied
+to the store a piece at a time, never held whole. Creating a batch parses the file
+(``openai_shapes.batch_requests``: every line names the batch's endpoint and the served model)
+and submits it through ``Work.submit_job``, so a batch is an orchard job
 with the same validation, limits and durability (it survives a restart). When the job has
 finished, its results become the output file (ok lines) and the error file (failed lines)
 in the run directory (``cluster.api.batch_store``).
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import BinaryIO, Iterator
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -28,13 +32,16 @@ from starlette.routing import Route
 from cluster.api import openai_shapes as shapes
 from cluster.api.batch_store import BatchRecord, BatchStore, FileRecord
 from cluster.api.edge import Authenticator
-from cluster.api.http_errors import json_body, openai_errors, tenant_of
+from cluster.api.http_errors import BodyTooLarge, json_body, openai_errors, tenant_of
+from cluster.api.http_guard import BodyCap
+from cluster.api.intake import MAX_FILE_BYTES
 from cluster.api.validate import FieldError
 from cluster.api.work import Work
 from cluster.jobs.runner import JobRunner
 from cluster.jobs.store import JobRecord, JobState, JobStore
 
-MAX_FILE_BYTES = 200 << 20  # OpenAI's own limit for a batch input file
+FORM_BYTES = 64 << 10  # an upload's body beyond its file: multipart framing, "purpose"
+COPY_BYTES = 1 << 20   # an upload goes to its file in pieces of this size
 RESULTS_PAGE = 1000
 INLINE_LINES = 16  # files up to this many lines are parsed on the event loop
 STATUS = {JobState.QUEUED: "in_progress", JobState.RUNNING: "in_progress",
@@ -63,6 +70,12 @@ class Batches:
                 Route("/v1/batches/{batch_id}/cancel", openai_errors(self.cancel),
                       methods=["POST"])]
 
+    def body_caps(self) -> dict[str, BodyCap]:
+        """Paths whose bodies have a cap of their own (``http_guard.RequestGuard``)."""
+        return {"/v1/files": BodyCap(MAX_FILE_BYTES + FORM_BYTES,
+                                     f"a {MAX_FILE_BYTES >> 20} MiB file and its form",
+                                     "split the file")}
+
     def _tenant(self, request: Request) -> str:
         return tenant_of(self._auth, request)
 
@@ -70,17 +83,17 @@ class Batches:
 
     async def upload(self, request: Request) -> Response:
         tenant = self._tenant(request)
-        async with request.form(max_files=1, max_fields=4) as form:
+        # the file part is spooled to a temporary file past 1 MiB, then copied to the store
+        # a piece at a time: never whole in memory
+        async with request.form(max_files=1, max_fields=4, max_part_size=FORM_BYTES) as form:
             purpose, upload = form.get("purpose"), form.get("file")
             if purpose != "batch":
                 raise FieldError("purpose", f"must be 'batch', got {purpose!r}")
             if upload is None or isinstance(upload, str):
                 raise FieldError("file", "missing: send the JSONL file as the 'file' part")
-            data = await upload.read(MAX_FILE_BYTES + 1)
-            if len(data) > MAX_FILE_BYTES:
-                raise FieldError("file", f"larger than {MAX_FILE_BYTES >> 20} MiB; split it")
-            record = self._store.add_file(tenant, upload.filename or "input.jsonl", purpose,
-                                          data)
+            staged = await asyncio.to_thread(self._store.write, file_pieces(upload.file))
+            record = self._store.record(staged, tenant, upload.filename or "input.jsonl",
+                                        purpose)
         return JSONResponse(_file_object(record))
 
     async def file(self, request: Request) -> Response:
@@ -111,7 +124,7 @@ class Batches:
             raise FieldError("input_file_id", "required: the id of a file uploaded with "
                              "purpose 'batch'")
         lines = self._store.content(file_id, tenant).decode("utf-8", "replace").splitlines()
-        args = (lines, endpoint, self._encode)
+        args = (lines, endpoint, self._encode, self._model_id)
         parsed = (shapes.batch_requests(*args) if len(lines) <= INLINE_LINES
                   else await asyncio.to_thread(shapes.batch_requests, *args))
         try:
@@ -183,6 +196,16 @@ class Batches:
                                "failed": job.failed},
             "metadata": batch.metadata, "model": self._model_id,
         }
+
+
+def file_pieces(file: BinaryIO, max_bytes: int = MAX_FILE_BYTES) -> Iterator[bytes]:
+    """An uploaded file's bytes, a piece at a time, refused once past ``max_bytes``."""
+    size = 0
+    while piece := file.read(COPY_BYTES):
+        size += len(piece)
+        if size > max_bytes:
+            raise BodyTooLarge("file", f"larger than {max_bytes} bytes; split it")
+        yield piece
 
 
 def _file_object(record: FileRecord) -> dict:

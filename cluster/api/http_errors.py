@@ -17,6 +17,12 @@ agree on what each error is), and each status has one HTTP status and OpenAI err
     UNAVAILABLE          503   server_error            unavailable
     DEADLINE_EXCEEDED    504   server_error            deadline_exceeded
 
+HTTP has statuses of its own for two refusals of the transport that gRPC folds into the codes
+above; they are looked up first (``OWN_STATUS``):
+
+    BodyTooLarge   413   invalid_request_error   request_too_large   (RESOURCE_EXHAUSTED)
+    SlowClient     408   invalid_request_error   request_timeout     (DEADLINE_EXCEEDED)
+
 The body is OpenAI's: ``{"error": {"message", "type", "param", "code"}}``. Starlette's own
 HTTP errors (an unknown route, a wrong method) take the same shape. Anything without a status
 is a bug: logged with its traceback, answered 500. Every endpoint is wrapped by
@@ -25,7 +31,6 @@ is a bug: logged with its traceback, answered 500. Every endpoint is wrapped by
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from dataclasses import dataclass
 
@@ -34,10 +39,20 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from cluster.api import json_input
 from cluster.api.edge import Authenticator, Unauthenticated, bearer_token, status_of
-from cluster.api.validate import FieldError
+from cluster.api.validate import FieldError, LimitExceeded
 
 log = logging.getLogger(__name__)
+
+
+class BodyTooLarge(LimitExceeded):
+    """A request body (or an uploaded file) over its cap, refused before or while reading it:
+    413, and the connection is closed (the rest of the body is never read)."""
+
+
+class SlowClient(TimeoutError):
+    """A client that sends its request slower than ``[http]`` allows: 408, connection closed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +74,8 @@ HTTP_STATUS = {
 }
 CODES = {grpc.StatusCode.UNAUTHENTICATED: "invalid_api_key",
          grpc.StatusCode.INVALID_ARGUMENT: "invalid_value"}
+OWN_STATUS = ((BodyTooLarge, HttpStatus(413, "invalid_request_error"), "request_too_large"),
+              (SlowClient, HttpStatus(408, "invalid_request_error"), "request_timeout"))
 _BY_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
             403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
             413: grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -82,9 +99,19 @@ def describe(exc: BaseException) -> tuple[grpc.StatusCode, str, str | None]:
     return code, text or type(exc).__name__, param
 
 
-def error_response(exc: BaseException) -> JSONResponse:
+def error_parts(exc: BaseException) -> tuple[int, dict]:
+    """The HTTP status and OpenAI error body that answer ``exc``."""
     code, message, param = describe(exc)
-    return JSONResponse(error_body(code, message, param), status_code=HTTP_STATUS[code].status)
+    for kind, status, name in OWN_STATUS:
+        if isinstance(exc, kind):
+            return status.status, {"error": {"message": message, "type": status.type,
+                                             "param": param, "code": name}}
+    return HTTP_STATUS[code].status, error_body(code, message, param)
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, body = error_parts(exc)
+    return JSONResponse(body, status_code=status)
 
 
 def openai_errors(endpoint):
@@ -117,10 +144,11 @@ def tenant_of(auth: Authenticator, request: Request) -> str:
 
 
 async def json_body(request: Request) -> dict:
+    """The request's JSON object, held to protobuf's limits (``cluster.api.json_input``)."""
     try:
-        body = json.loads(await request.body())
-    except ValueError as exc:
-        raise FieldError("body", f"not valid JSON ({exc})") from None
+        body = json_input.loads(await request.body())
+    except json_input.JsonInputError as exc:
+        raise FieldError(exc.path or "body", exc.reason) from None
     if not isinstance(body, dict):
         raise FieldError("body", "must be a JSON object")
     return body

@@ -4,7 +4,8 @@ Acceptance does what must be done before answering and no more::
 
     file bytes (gRPC chunks, an HTTP upload) ─► BatchIntake.feed ─► whole lines:
         line_shape (JSON, custom_id, method, url, body, messages, sampling types), roles and
-        content kinds, a unique custom_id, the job size limit
+        content kinds, the text's size (max_prompt_bytes), a unique custom_id, the job size
+        limit
         ─► StagedRequest(index, custom_id, prefix_key, b"J" + the line) ─► JobIntake.add
     ... BatchIntake.finish ─► JobIntake.commit: the job exists, queued, whole
 
@@ -90,11 +91,13 @@ def _line_messages(messages: list[dict], where: str) -> list[dict[str, str]]:
     return out
 
 
-def _request_parts(request: pb.Request, where: str, model: ModelInfo) -> list[bytes]:
+def _request_parts(request: pb.Request, where: str, model: ModelInfo,
+                   max_prompt_bytes: int) -> list[bytes]:
     """Every check of ``validate.new_request`` that needs no tokenizer; the prefix parts."""
     kind = request.WhichOneof("prompt")
     if kind == "messages":
         messages = validate.messages_to_dicts(request.messages.messages, f"{where}.messages")
+        validate.check_prompt_bytes(messages, f"{where}.messages", max_prompt_bytes)
         validate.sampling_params(request, where, 1, model)  # the length is known at dispatch
         return _message_parts(messages)
     if kind == "tokens":
@@ -130,6 +133,7 @@ class BatchIntake:
     model: ModelInfo
     max_requests: int
     name: str = "input"
+    max_prompt_bytes: int = validate.MAX_PROMPT_BYTES
     _seen: dict[str, int] = field(default_factory=dict)
     _rest: bytes = b""
     _lineno: int = 0
@@ -159,7 +163,7 @@ class BatchIntake:
             index = self.count
             where = f"requests[{index}]"
             self._check_id(request.custom_id, where + ".custom_id", f"requests[{{}}]")
-            parts = _request_parts(request, where, self.model)
+            parts = _request_parts(request, where, self.model, self.max_prompt_bytes)
             self._stage(request.custom_id, prefix_key(parts),
                         PROTO_BODY + request.SerializeToString())
         self._flush(ROWS_PER_WRITE)
@@ -189,6 +193,7 @@ class BatchIntake:
         where = f"{self.name}:{self._lineno}"
         line = line_shape(text, self.name, self._lineno)
         messages = _line_messages(line["body"]["messages"], where)
+        validate.check_prompt_bytes(messages, f"{where}: body.messages", self.max_prompt_bytes)
         stop = line["body"].get("stop")
         validate.check_stop([stop] if isinstance(stop, str) else stop or [], f"{where}: body.stop")
         self._check_id(line["custom_id"], f"{where}: custom_id", f"{self.name}:{{}}")
@@ -219,7 +224,8 @@ class BatchIntake:
 async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
                       chunks: AsyncIterable[bytes], name: str = "input",
                       idempotency_key: str = "",
-                      on_requests: Callable[[int], None] | None = None
+                      on_requests: Callable[[int], None] | None = None,
+                      max_prompt_bytes: int = validate.MAX_PROMPT_BYTES
                       ) -> tuple[JobRecord, bool]:
     """Accept an OpenAI Batch input file, arriving as ``chunks``, into a durable job.
 
@@ -228,7 +234,8 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
     completes ``n`` requests (the runner's admission: it may raise to refuse the job). On any
     error nothing of the job remains in the store.
     """
-    batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests, name)
+    batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests, name,
+                        max_prompt_bytes)
     try:
         async for chunk in chunks:
             added = await asyncio.to_thread(batch.feed, chunk)
@@ -246,10 +253,12 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
 
 
 async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
-                          requests: Sequence[pb.Request], idempotency_key: str = ""
+                          requests: Sequence[pb.Request], idempotency_key: str = "",
+                          max_prompt_bytes: int = validate.MAX_PROMPT_BYTES
                           ) -> tuple[JobRecord, bool]:
     """``accept_file`` for a job sent as protobuf requests (``SubmitJob``)."""
-    batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests)
+    batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests,
+                        max_prompt_bytes=max_prompt_bytes)
     try:
         await asyncio.to_thread(batch.feed_requests, requests)
         return await asyncio.to_thread(batch.commit, idempotency_key)
@@ -272,12 +281,14 @@ class JobIntakeService:
     runner: JobRunner
     model: ModelInfo
     max_requests: int
+    max_prompt_bytes: int = validate.MAX_PROMPT_BYTES
 
     async def submit_file(self, tenant: str, chunks: AsyncIterable[bytes], name: str = "input",
                           idempotency_key: str = "") -> JobRecord:
         async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
             return await accept_file(self.store, tenant, self.model, self.max_requests, chunks,
-                                     name, idempotency_key, on_requests=admit)
+                                     name, idempotency_key, on_requests=admit,
+                                     max_prompt_bytes=self.max_prompt_bytes)
         return await self._submit(tenant, idempotency_key, accept)
 
     async def submit_requests(self, tenant: str, requests: Sequence[pb.Request],
@@ -287,7 +298,7 @@ class JobIntakeService:
         async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
             admit(len(requests))  # an overloaded cluster does no work
             return await accept_requests(self.store, tenant, self.model, self.max_requests,
-                                         requests, idempotency_key)
+                                         requests, idempotency_key, self.max_prompt_bytes)
         return await self._submit(tenant, idempotency_key, accept)
 
     async def _submit(self, tenant: str, key: str, accept: Callable[

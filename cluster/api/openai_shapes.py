@@ -12,13 +12,14 @@ read from a worker's prefix store as ``usage.prompt_tokens_details.cached_tokens
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from cluster.api import json_input
+from cluster.api.batchfile import INT32_MAX, SEED_LIMIT
 from cluster.api.client import chat_request, sampling, token_request
-from cluster.api.validate import FieldError
+from cluster.api.validate import QUOTE_CHARS, FieldError
 from cluster.jobs.store import StoredResult
 from proto.orchard.v1 import orchard_pb2 as pb
 
@@ -26,6 +27,8 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS)
 DEFAULT_MAX_TOKENS = {CHAT: 128, COMPLETIONS: 16}  # OpenAI's completions default is 16
+
+TOKEN_LIMIT = 2**63  # token ids are int64 on the wire
 
 Encode = Callable[[str], list[int]]
 
@@ -41,17 +44,31 @@ def _number(body: dict, key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise FieldError(key, f"must be a number, got {value!r}")
-    return value
+        raise FieldError(key, f"must be a number, got {_shown(value)}")
+    try:
+        return float(value)
+    except OverflowError:  # an integer past the largest float
+        raise FieldError(key, f"must be a finite number, got {_shown(value)}") from None
 
 
-def _integer(body: dict, key: str) -> int | None:
+def _integer(body: dict, key: str, high: int | None = None) -> int | None:
+    """``body[key]``, an integer (of at most ``high``, what its protobuf field holds), or None
+    when absent."""
     value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise FieldError(key, f"must be an integer, got {value!r}")
+        raise FieldError(key, f"must be an integer, got {_shown(value)}")
+    if high is not None and value > high:
+        raise FieldError(key, f"must be at most {high}, got {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """A value as an error quotes it: at most ``QUOTE_CHARS`` characters (a number may have
+    thousands of digits)."""
+    text = repr(value)
+    return text if len(text) <= QUOTE_CHARS else f"{text[:QUOTE_CHARS]}... ({len(text)} characters)"
 
 
 def _unsupported(body: dict) -> None:
@@ -65,13 +82,15 @@ def _unsupported(body: dict) -> None:
 
 
 def sampling_params(body: dict, endpoint: str) -> pb.SamplingParams:
-    max_tokens = _integer(body, "max_tokens")
+    max_tokens = _integer(body, "max_tokens", INT32_MAX)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_completion_tokens")
+        max_tokens = _integer(body, "max_completion_tokens", INT32_MAX)
+    if max_tokens is not None and max_tokens < -INT32_MAX:  # below what an int32 holds
+        raise FieldError("max_tokens", f"must be >= 1, got {_shown(max_tokens)}")  # 0: later
     temperature = _number(body, "temperature")
-    seed = _integer(body, "seed")
+    seed = _integer(body, "seed", SEED_LIMIT - 1)
     if seed is not None and seed < 0:
-        raise FieldError("seed", f"must be >= 0, got {seed}")
+        raise FieldError("seed", f"must be >= 0, got {_shown(seed)}")
     stop = body.get("stop")
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
@@ -127,6 +146,10 @@ def _prompt_ids(prompt: Any, encode: Encode) -> list[int]:
         return encode(prompt)
     if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        for j, token in enumerate(prompt):
+            if not -TOKEN_LIMIT <= token < TOKEN_LIMIT:  # the vocabulary is checked later
+                raise FieldError(f"prompt[{j}]", f"token id {_shown(token)} is outside the "
+                                 "vocabulary")
         return list(prompt)
     raise FieldError("prompt", "must be a string or a list of token ids (one prompt per "
                      "request; send several prompts as several requests or as a batch)")
@@ -203,30 +226,40 @@ class BatchInput:
         return type(exc)(field, str(exc).removeprefix(f"{exc.field}: "))
 
 
-def batch_requests(lines: Sequence[str], endpoint: str, encode: Encode) -> BatchInput:
-    """The requests of a Batch input file; ``FieldError`` naming ``line N`` on bad input."""
+def batch_requests(lines: Sequence[str], endpoint: str, encode: Encode, model_id: str
+                   ) -> BatchInput:
+    """The requests of a Batch input file; ``FieldError`` naming ``line N`` on bad input.
+    Every line names the batch's endpoint and the served model (``check_model``, as a chat
+    request must)."""
     requests, numbers = [], []
     for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FieldError(f"line {number}", f"not valid JSON ({exc.msg})") from None
-        if not isinstance(line, dict):
-            raise FieldError(f"line {number}", "each line must be a JSON object")
-        custom_id = line.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            raise FieldError(f"line {number}.custom_id", "must be a non-empty string")
-        if line.get("method", "POST") != "POST" or line.get("url", endpoint) != endpoint:
-            raise FieldError(f"line {number}.url", f"every line must be POST {endpoint}, the "
-                             "batch's endpoint")
-        try:
-            requests.append(request_of(line.get("body"), endpoint, encode, custom_id))
+        if text.strip():
+            requests.append(_batch_line(text, f"line {number}", endpoint, encode, model_id))
             numbers.append(number)
-        except FieldError as exc:
-            raise FieldError(f"line {number}.body.{exc.field}",
-                             str(exc).removeprefix(f"{exc.field}: ")) from None
     if not requests:
         raise FieldError("input_file_id", "the input file has no requests")
     return BatchInput(requests, numbers)
+
+
+def _batch_line(text: str, where: str, endpoint: str, encode: Encode, model_id: str
+                ) -> pb.Request:
+    try:
+        line = json_input.loads(text)
+    except json_input.JsonInputError as exc:
+        raise FieldError(f"{where}.{exc.path}" if exc.path else where, exc.reason) from None
+    if not isinstance(line, dict):
+        raise FieldError(where, "each line must be a JSON object")
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise FieldError(f"{where}.custom_id", "must be a non-empty string")
+    if line.get("method", "POST") != "POST" or line.get("url", endpoint) != endpoint:
+        raise FieldError(f"{where}.url", f"every line must be POST {endpoint}, the batch's "
+                         "endpoint")
+    body = line.get("body")
+    try:
+        if isinstance(body, dict):
+            check_model(body, model_id)
+        return request_of(body, endpoint, encode, custom_id)
+    except FieldError as exc:
+        raise FieldError(f"{where}.body.{exc.field}",
+                         str(exc).removeprefix(f"{exc.field}: ")) from None
