@@ -15,12 +15,30 @@ from router.kv.key import Namespace
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """What a request's output must be (``workers.engine.constraints`` enforces it).
+
+    ``kind``: ``json_object`` (any JSON object), ``json_schema`` (``schema``: the schema as
+    canonical JSON text, so equal schemas are one cache entry), ``regex`` (``pattern``) or
+    ``choice`` (exactly one of ``choices``).
+    """
+
+    kind: str
+    schema: str = ""
+    pattern: str = ""
+    choices: tuple[str, ...] = ()
+    name: str = ""        # the schema's name, as the client gave it
+    strict: bool = False  # the client asked for strict validation (always enforced here)
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()  # stop strings; the model's EOS tokens always stop
+    response_format: ResponseFormat | None = None  # None: free text
 
 
 @dataclass(frozen=True, slots=True)
