@@ -40,10 +40,11 @@ STOP_TIMEOUT_S = 60.0
 @dataclass(frozen=True, slots=True)
 class ClusterState:
     pid: int
-    frontend: str          # host:port of the gRPC frontend (loopback)
+    frontend: str          # host:port of the gRPC frontend ([frontend] host)
     ray_address: str
     workers: int
     started_at: float
+    http: str = ""         # the HTTP API's base address (scheme://host:port); "" when off
 
     @classmethod
     def read(cls, run_dir: Path) -> ClusterState | None:
@@ -105,7 +106,8 @@ async def run_cluster(options: UpOptions, stop: asyncio.Event,
     import ray
 
     state = ClusterState(os.getpid(), frontend.address, ray.get_runtime_context().gcs_address,
-                         options.workers, time.time())
+                         options.workers, time.time(),
+                         frontend.http.address if frontend.http is not None else "")
     if stop_on_signals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
