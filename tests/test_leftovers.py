@@ -67,6 +67,18 @@ def test_a_damaged_record_names_itself(tmp_path):
         leftovers.clean(tmp_path)
 
 
+def kill_watchdog(recorded: list[leftovers.Process]) -> None:
+    """SIGKILL the cluster's watchdog, so that a kill -9 of the cluster leaves its Ray agents
+    running, as it would without one: what the record is the fallback for."""
+    watchdog = [p for p in recorded if "cluster.backend.watchdog" in p.command]
+    assert len(watchdog) == 1, [p.command for p in recorded]
+    os.kill(watchdog[0].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _alive(watchdog[0]):
+        assert time.monotonic() < deadline, "the watchdog outlived SIGKILL for 30 s"
+        time.sleep(0.1)
+
+
 def orchard(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cluster.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
@@ -81,11 +93,12 @@ def test_down_stops_what_a_killed_cluster_left_without_its_state_file(tmp_path):
     state = ClusterState.read(run_dir)
     recorded = [leftovers.Process(**p) for p in
                 json.loads((run_dir / leftovers.RECORD_NAME).read_text())]
+    kill_watchdog(recorded)
     os.kill(state.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while any(p.pid == state.pid for p in leftovers.processes()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(3)  # Ray's GCS and raylet go down with their driver; the agents stay
+    time.sleep(3)  # the GCS and raylet go down with their driver; the agents (no watchdog) stay
     left = [p for p in recorded if _alive(p)]
     assert any("Agent" in p.command for p in left), [p.command for p in left]
     (run_dir / STATE_NAME).unlink(missing_ok=True)
@@ -104,6 +117,7 @@ def test_up_in_the_run_directory_of_a_killed_cluster_stops_what_it_left(tmp_path
     state = ClusterState.read(run_dir)
     recorded = [leftovers.Process(**p) for p in
                 json.loads((run_dir / leftovers.RECORD_NAME).read_text())]
+    kill_watchdog(recorded)
     os.kill(state.pid, signal.SIGKILL)
     time.sleep(3)
     assert [p for p in recorded if _alive(p)], "kill -9 left nothing running this time"
