@@ -124,8 +124,10 @@ def watch(cluster: int, keep: set[tuple[int, str]], grace_s: float = GRACE_S
     for sig in FORWARDED:
         signal.signal(sig, (lambda number, _frame: _pass_on(cluster, number)) if forward
                       else signal.SIG_IGN)
-    with os.fdopen(sys.stdout.fileno(), "wb", closefd=True) as ready:
-        ready.write(READY)  # the cluster process goes on (``start``)
+    os.write(sys.stdout.fileno(), READY)  # the cluster process goes on (``start``)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # and stops reading: nothing more comes this way
+    os.close(devnull)
     while os.read(sys.stdin.fileno(), 4096):
         pass  # the cluster process never writes: this returns at end of file only
     for sig in FORWARDED:
