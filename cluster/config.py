@@ -340,6 +340,46 @@ def write_default_config(run_dir: Path | str, tenants: tuple[str, ...] = ("defau
     return path
 
 
+def update_config(run_dir: Path | str, section: str, values: dict[str, str | int | bool]
+                  ) -> Path:
+    """Set ``values`` in ``[section]`` of ``run_dir/orchard.toml``, in place: the section is
+    merged into (created when missing), every other key, section and comment stays as it was.
+    The result must load (``load_config``), or the file is left unchanged; returns its path.
+    """
+    import tomlkit  # only the commands that edit the config need it
+
+    path = Path(run_dir) / CONFIG_NAME
+    before = path.read_text()
+    try:
+        document = tomlkit.parse(before)
+    except tomlkit.exceptions.ParseError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    table = document.get(section)
+    if table is None:
+        table = document[section] = tomlkit.table()
+    elif not isinstance(table, dict) or isinstance(table, tomlkit.items.InlineTable):
+        raise ValueError(f"{path}: [{section}] must be a table of its own to be edited; "
+                         f"write it as a [{section}] section")
+    for key, value in values.items():
+        table[key] = value
+    _replace(path, tomlkit.dumps(document))
+    try:
+        load_config(run_dir)
+    except ValueError as exc:
+        _replace(path, before)
+        raise ValueError(f"{exc} (with {', '.join(values)} set; {path} is unchanged)") from None
+    return path
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` at once (a reader sees the old file or the new), mode 0600."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    tmp.replace(path)
+
+
 def engine_config(config: Config):
     """The ``workers`` engine settings this cluster config narrows to (one per worker)."""
     from workers.engine.engine import EngineConfig  # mlx is imported only where engines run

@@ -66,6 +66,34 @@ def test_a_stale_state_file_does_not_block_down(tmp_path):
     assert not (tmp_path / STATE_NAME).exists()
 
 
+def test_up_prints_both_addresses_with_their_ports_and_how_to_pin_them(tmp_path):
+    from cluster.commands.cluster_ops import up_lines
+    from cluster.config import Config, HttpConfig
+
+    state = ClusterState(4242, "10.0.0.5:50051", "127.0.0.1:6379", 2, 0.0,
+                         "https://10.0.0.5:40124")
+    picked = Config(tmp_path, {}, frozenset(), host="10.0.0.5", port=50051)
+    assert up_lines(state, picked, "Ctrl-C to stop") == [
+        "orchard: cluster up (pid 4242): gRPC 10.0.0.5:50051 (port 50051), HTTP API "
+        "https://10.0.0.5:40124 (port 40124), 2 worker(s), Ray 127.0.0.1:6379; Ctrl-C to stop",
+        f"orchard: [http] port = 0 in {tmp_path}/orchard.toml: a free port, new at every "
+        "start; set a fixed one there for clients on other machines"]
+    pinned = Config(tmp_path, {}, frozenset(), port=50051, http=HttpConfig(port=40124))
+    assert up_lines(state, pinned, "stop it with `orchard down`") == [
+        "orchard: cluster up (pid 4242): gRPC 10.0.0.5:50051 (port 50051), HTTP API "
+        "https://10.0.0.5:40124 (port 40124), 2 worker(s), Ray 127.0.0.1:6379; stop it with "
+        "`orchard down`"]
+    off = ClusterState(4242, "[::1]:40123", "127.0.0.1:6379", 1, 0.0)
+    assert up_lines(off, Config(tmp_path, {}, frozenset()), "Ctrl-C to stop") == [
+        "orchard: cluster up (pid 4242): gRPC [::1]:40123 (port 40123), HTTP API off "
+        "([http] enabled = false), 1 worker(s), Ray 127.0.0.1:6379; Ctrl-C to stop",
+        f"orchard: [frontend] port = 0 in {tmp_path}/orchard.toml: a free port, new at every "
+        "start; set a fixed one there for clients on other machines"]
+    both = Config(tmp_path, {}, frozenset())
+    assert up_lines(state, both, "")[1].startswith(
+        "orchard: [frontend] port and [http] port = 0 in ")
+
+
 # ------------------------------------------------------------ slow: a real cluster
 
 

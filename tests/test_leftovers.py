@@ -67,6 +67,26 @@ def test_a_damaged_record_names_itself(tmp_path):
         leftovers.clean(tmp_path)
 
 
+def kill_watchdog(recorded: list[leftovers.Process]) -> None:
+    """SIGKILL the cluster's watchdog, so that a kill -9 of the cluster leaves its Ray agents
+    running, as it would without one: what the record is the fallback for."""
+    watchdog = [p for p in recorded if "cluster.backend.watchdog" in p.command]
+    assert len(watchdog) == 1, [p.command for p in recorded]
+    os.kill(watchdog[0].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _alive(watchdog[0]):
+        assert time.monotonic() < deadline, "the watchdog outlived SIGKILL for 30 s"
+        time.sleep(0.1)
+
+
+def stop_what_is_left(state: ClusterState, recorded: list[leftovers.Process]) -> None:
+    """After a failed test: the test's cluster process and what it recorded, if still there."""
+    mine = {p.pid for p in recorded if _alive(p)}
+    mine |= {p.pid for p in leftovers.processes()
+             if p.pid == state.pid and "cluster.cli up" in p.command}
+    leftovers.stop(sorted(mine), grace_s=1.0)
+
+
 def orchard(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cluster.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
@@ -81,18 +101,23 @@ def test_down_stops_what_a_killed_cluster_left_without_its_state_file(tmp_path):
     state = ClusterState.read(run_dir)
     recorded = [leftovers.Process(**p) for p in
                 json.loads((run_dir / leftovers.RECORD_NAME).read_text())]
-    os.kill(state.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while any(p.pid == state.pid for p in leftovers.processes()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(3)  # Ray's GCS and raylet go down with their driver; the agents stay
-    left = [p for p in recorded if _alive(p)]
-    assert any("Agent" in p.command for p in left), [p.command for p in left]
-    (run_dir / STATE_NAME).unlink(missing_ok=True)
-    down = orchard("down", "--run-dir", str(run_dir), timeout=120)
-    assert down.returncode == 0, down.stderr
-    assert "stopped what a killed one left running" in down.stdout
-    assert [p.command for p in recorded if _alive(p)] == []
+    try:
+        kill_watchdog(recorded)
+        os.kill(state.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(p.pid == state.pid for p in leftovers.processes()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # the GCS and raylet go down with their driver; the agents stay
+        left = [p for p in recorded if _alive(p)]
+        assert any("Agent" in p.command for p in left), [p.command for p in left]
+        (run_dir / STATE_NAME).unlink(missing_ok=True)
+        down = orchard("down", "--run-dir", str(run_dir), timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert "stopped what a killed one left running" in down.stdout
+        assert [p.command for p in recorded if _alive(p)] == []
+    finally:
+        stop_what_is_left(state, recorded)
 
 
 @pytest.mark.slow
@@ -104,14 +129,19 @@ def test_up_in_the_run_directory_of_a_killed_cluster_stops_what_it_left(tmp_path
     state = ClusterState.read(run_dir)
     recorded = [leftovers.Process(**p) for p in
                 json.loads((run_dir / leftovers.RECORD_NAME).read_text())]
-    os.kill(state.pid, signal.SIGKILL)
-    time.sleep(3)
-    assert [p for p in recorded if _alive(p)], "kill -9 left nothing running this time"
-    again = orchard("up", "--run-dir", str(run_dir), "--workers", "1", "--detach", timeout=600)
     try:
-        assert again.returncode == 0, again.stderr
-        assert [p.command for p in recorded if _alive(p)] == []
+        kill_watchdog(recorded)
+        os.kill(state.pid, signal.SIGKILL)
+        time.sleep(3)
+        assert [p for p in recorded if _alive(p)], "kill -9 left nothing running this time"
+        again = orchard("up", "--run-dir", str(run_dir), "--workers", "1", "--detach",
+                        timeout=600)
+        try:
+            assert again.returncode == 0, again.stderr
+            assert [p.command for p in recorded if _alive(p)] == []
+        finally:
+            down = orchard("down", "--run-dir", str(run_dir), timeout=120)
     finally:
-        down = orchard("down", "--run-dir", str(run_dir), timeout=120)
+        stop_what_is_left(state, recorded)
     assert down.returncode == 0, down.stderr
     assert not (run_dir / leftovers.RECORD_NAME).exists()

@@ -9,7 +9,8 @@
 
 Jobs come back as ``JobStatus``; results and workers as the orchard.v1 messages. A failed call
 raises ``OrchardError`` carrying the gRPC status name and the server's message (which names
-the offending field).
+the offending field); a connection that TLS refused (``UNAVAILABLE``, "Socket closed") says
+instead which side refused and what to pass (``cluster.api.tls_probe``).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cluster.config import default_run_dir, load_config
 from cluster.api.convert import STATE_NAMES
 from cluster.api.tls import ClientTls, client_tls
+from cluster.api.tls_probe import explain
 from cluster.telemetry.setup import inject_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
@@ -102,13 +104,6 @@ def token_request(custom_id: str, token_ids: Sequence[int], max_tokens: int,
                       sampling=sampling(max_tokens, **params))
 
 
-def _call(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except grpc.RpcError as exc:
-        raise OrchardError(exc.code().name, exc.details() or "") from None
-
-
 class Client:
     def __init__(self, address: str, api_key: str, timeout_s: float = 60.0,
                  tls: ClientTls | None = None):
@@ -118,6 +113,7 @@ class Client:
                    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
         self._channel = (grpc.insecure_channel(address, options=options) if tls is None else
                          grpc.secure_channel(address, tls.channel_credentials(), options=options))
+        self._address, self._tls = address, tls
         self._auth = (("authorization", f"Bearer {api_key}"),)
         self._timeout_s = timeout_s
         self._jobs = pb_grpc.JobsStub(self._channel)
@@ -156,6 +152,21 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: grpc.RpcError) -> OrchardError:
+        """The call's status; for UNAVAILABLE, what a TLS probe of the address found wrong
+        (``cluster.api.tls_probe``: which side refused and why), when it found something."""
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            why = explain(self._address, self._tls)
+            if why is not None:
+                return OrchardError(exc.code().name, why)
+        return OrchardError(exc.code().name, exc.details() or "")
+
     def __enter__(self) -> Client:
         return self
 
@@ -168,7 +179,7 @@ class Client:
         """Submit a job. With ``idempotency_key``, calling again after a lost answer returns
         the same job rather than a second one."""
         request = pb.SubmitJobRequest(requests=list(requests), idempotency_key=idempotency_key)
-        job = _call(self._jobs.SubmitJob, request,
+        job = self._call(self._jobs.SubmitJob, request,
                     metadata=self._metadata, timeout=self._timeout_s)
         return JobStatus.from_pb(job)
 
@@ -194,13 +205,13 @@ class Client:
                 if sent == 0:
                     yield first  # an empty file: the server says so
 
-        job = _call(self._jobs.SubmitBatchFile, chunks(), metadata=self._metadata,
+        job = self._call(self._jobs.SubmitBatchFile, chunks(), metadata=self._metadata,
                     timeout=max(self._timeout_s, FILE_TIMEOUT_S))
         return JobStatus.from_pb(job)
 
     def job(self, job_id: str) -> JobStatus:
-        return JobStatus.from_pb(_call(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id),
-                                       metadata=self._metadata, timeout=self._timeout_s))
+        return JobStatus.from_pb(self._call(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id),
+                                            metadata=self._metadata, timeout=self._timeout_s))
 
     def jobs(self, limit: int = 50, states: Sequence[str] = (), since_ms: int = 0
              ) -> list[JobStatus]:
@@ -226,13 +237,14 @@ class Client:
         request = pb.ListJobsRequest(page_size=page_size, page_token=page_token,
                                      states=[by_name[s] for s in states],
                                      created_after_unix_ms=since_ms)
-        reply = _call(self._jobs.ListJobs, request, metadata=self._metadata,
+        reply = self._call(self._jobs.ListJobs, request, metadata=self._metadata,
                       timeout=self._timeout_s)
         return [JobStatus.from_pb(j) for j in reply.jobs], reply.next_page_token
 
     def cancel(self, job_id: str) -> JobStatus:
-        return JobStatus.from_pb(_call(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id),
-                                       metadata=self._metadata, timeout=self._timeout_s))
+        return JobStatus.from_pb(self._call(self._jobs.CancelJob,
+                                            pb.CancelJobRequest(job_id=job_id),
+                                            metadata=self._metadata, timeout=self._timeout_s))
 
     def results(self, job_id: str, offset: int = 0, follow: bool = False,
                 timeout_s: float | None = None) -> Iterator[pb.Result]:
@@ -243,7 +255,7 @@ class Client:
         try:
             yield from stream
         except grpc.RpcError as exc:
-            raise OrchardError(exc.code().name, exc.details() or "") from None
+            raise self._error(exc) from None
 
     def wait(self, job_id: str, on_progress: Callable[[JobStatus], None] | None = None,
              poll_s: float = 0.5, timeout_s: float | None = None) -> JobStatus:
@@ -271,20 +283,20 @@ class Client:
         try:
             yield from stream
         except grpc.RpcError as exc:
-            raise OrchardError(exc.code().name, exc.details() or "") from None
+            raise self._error(exc) from None
 
     # ---------------------------------------------------------------- admin
 
     def workers(self) -> list[pb.Worker]:
-        return list(_call(self._admin.ListWorkers, pb.ListWorkersRequest(),
+        return list(self._call(self._admin.ListWorkers, pb.ListWorkersRequest(),
                           metadata=self._metadata, timeout=self._timeout_s).workers)
 
     def scale(self, workers: int, timeout_s: float = 600.0) -> list[pb.Worker]:
-        return list(_call(self._admin.Scale, pb.ScaleRequest(workers=workers),
+        return list(self._call(self._admin.Scale, pb.ScaleRequest(workers=workers),
                           metadata=self._metadata, timeout=timeout_s).workers)
 
     def drain(self, worker_id: str) -> pb.Worker:
-        return _call(self._admin.Drain, pb.DrainRequest(worker_id=worker_id),
+        return self._call(self._admin.Drain, pb.DrainRequest(worker_id=worker_id),
                      metadata=self._metadata, timeout=self._timeout_s)
 
     def invalidate(self, tenant: str, messages: Sequence[dict[str, Any]] | None = None,
@@ -294,15 +306,15 @@ class Client:
             request.messages.CopyFrom(chat_request("", messages, 1).messages)
         elif token_ids is not None:
             request.tokens.CopyFrom(pb.TokenIds(ids=list(token_ids)))
-        return _call(self._admin.Invalidate, request, metadata=self._metadata,
+        return self._call(self._admin.Invalidate, request, metadata=self._metadata,
                      timeout=self._timeout_s).blocks_removed
 
     def cache_stats(self) -> pb.CacheStats:
-        return _call(self._admin.GetCacheStats, pb.CacheStatsRequest(),
+        return self._call(self._admin.GetCacheStats, pb.CacheStatsRequest(),
                      metadata=self._metadata, timeout=self._timeout_s)
 
     def health(self, service: str = "") -> str:
-        reply = _call(self._health.Check, health_pb2.HealthCheckRequest(service=service),
+        reply = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service),
                       timeout=self._timeout_s)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 

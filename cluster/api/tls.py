@@ -173,7 +173,10 @@ def init_tls(run_dir: Path, hosts: list[str], days: int = VALID_DAYS,
     for host in hosts:
         if not host or any(c.isspace() for c in host):
             raise ValueError(f"--hosts: {host!r} is not a host name or address")
-    folder.mkdir(parents=True, exist_ok=True)
+    # a new run directory is private from the start (cluster.rundir): the frontend refuses
+    # to serve from one that others can read
+    Path(run_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = _key()

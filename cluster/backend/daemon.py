@@ -8,6 +8,8 @@
 ``cluster.json`` in the run directory holds the serving process's pid, the frontend address,
 the Ray address and the worker count; it exists exactly while a cluster serves from that run
 directory. The frontend's own ``frontend.json`` (address file for clients) sits beside it.
+The embedded Ray cluster's processes die with the serving process, however it dies
+(``cluster.backend.watchdog``).
 Operators change a running cluster through the gRPC admin API (``cluster.api.client``), never by
 reaching into this process.
 """
@@ -25,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from cluster.backend import leftovers
+from cluster.backend import leftovers, watchdog
 from cluster.backend.bootstrap import Placement
 from cluster.config import load_config, write_default_config
 from cluster.rundir import make_private
@@ -40,10 +42,11 @@ STOP_TIMEOUT_S = 60.0
 @dataclass(frozen=True, slots=True)
 class ClusterState:
     pid: int
-    frontend: str          # host:port of the gRPC frontend (loopback)
+    frontend: str          # host:port of the gRPC frontend ([frontend] host)
     ray_address: str
     workers: int
     started_at: float
+    http: str = ""         # the HTTP API's base address (scheme://host:port); "" when off
 
     @classmethod
     def read(cls, run_dir: Path) -> ClusterState | None:
@@ -81,22 +84,34 @@ async def run_cluster(options: UpOptions, stop: asyncio.Event,
     """Start everything, report ready, serve until ``stop`` is set, then stop everything.
 
     With ``stop_on_signals``, SIGINT and SIGTERM set ``stop``; the handlers are installed once
-    Ray is up, since ``ray.init`` installs handlers of its own for them.
+    Ray is up, since ``ray.init`` installs handlers of its own for them. An embedded Ray
+    cluster is watched (``cluster.backend.watchdog``): its processes die with this one,
+    however this one dies.
     """
-    import workers  # noqa: F401  (OpenBLAS before mlx in this process too)
-    from cluster.api.frontend import serve
-    from cluster.backend.ray_backend import RayBackend
-
     make_private(options.run_dir)  # before Ray starts: its processes inherit the umask
     write_default_config(options.run_dir)
     config = load_config(options.run_dir)
     _refuse_if_running(options.run_dir)
     _clean_leftovers(options.run_dir)
+    guard = watchdog.start() if options.address is None else None
+    try:
+        await _serve(options, config, stop, on_ready, stop_on_signals)
+    finally:
+        if guard is not None:
+            await asyncio.to_thread(guard.close)
+
+
+async def _serve(options: UpOptions, config, stop: asyncio.Event,
+                 on_ready: Callable[[ClusterState], None], stop_on_signals: bool) -> None:
+    import workers  # noqa: F401  (OpenBLAS before mlx in this process too)
+    from cluster.api.frontend import serve
+    from cluster.backend.ray_backend import RayBackend
+
     backend = RayBackend.from_config(config, options.workers, options.address,
                                      options.placement)
     try:
         await backend.start()
-        leftovers.record(options.run_dir)  # what a kill -9 of this process would leave
+        leftovers.record(options.run_dir)  # what a kill -9 of this and the watchdog would leave
         frontend = await serve(config, backend)
     except BaseException:
         await backend.close()
@@ -105,7 +120,8 @@ async def run_cluster(options: UpOptions, stop: asyncio.Event,
     import ray
 
     state = ClusterState(os.getpid(), frontend.address, ray.get_runtime_context().gcs_address,
-                         options.workers, time.time())
+                         options.workers, time.time(),
+                         frontend.http.address if frontend.http is not None else "")
     if stop_on_signals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

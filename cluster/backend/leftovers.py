@@ -2,12 +2,14 @@
 
 When the cluster process dies by ``kill -9``, Ray's GCS, raylet and workers die with it, but the
 raylet's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) are re-parented to init and
-keep running. So ``orchard up`` records the processes of its embedded Ray session in
-``RUN/ray-processes.json`` once Ray is up (every descendant of the cluster process, with its
-start time), and removes the record when it stops cleanly. A record left behind means the
-predecessor died: ``orchard up`` in that run directory, and ``orchard down`` (even without
-``cluster.json``), stop the recorded processes that still run. A process counts as the one
-recorded only if its pid, start time and command all match, so a reused pid is never hit.
+keep running. The watchdog (``cluster.backend.watchdog``) stops them at once; this record is
+the fallback for when the watchdog was killed too. ``orchard up`` records the processes of its
+embedded Ray session in ``RUN/ray-processes.json`` once Ray is up (every descendant of the
+cluster process, with its start time), and removes the record when it stops cleanly. A record
+left behind means the predecessor died: ``orchard up`` in that run directory, and ``orchard
+down`` (even without ``cluster.json``), stop the recorded processes that still run. A process
+counts as the one recorded only if its pid, start time and command all match, so a reused pid
+is never hit.
 
 Processes are listed with ``ps`` (Linux and macOS alike).
 """
@@ -31,18 +33,21 @@ class Process:
     parent: int
     started: str   # as ps prints it (lstart): with the pid, what makes a process unique
     command: str
+    group: int = 0  # its process group (0 in records written before groups were listed)
 
 
 def processes() -> list[Process]:
-    """Every process on the machine (``ps -A``)."""
-    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,lstart=,command="], capture_output=True,
-                         text=True, check=True, env={**os.environ, "LC_ALL": "C"}).stdout
+    """Every process on the machine (``ps -A``; ``-ww``: whole commands, as ps cuts them to 80
+    columns without a terminal, and a record written without one must match from one)."""
+    out = subprocess.run(["ps", "-A", "-ww", "-o", "pid=,ppid=,pgid=,lstart=,command="],
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "LC_ALL": "C"}).stdout
     found = []
     for line in out.splitlines():
-        fields = line.split(None, 7)  # pid, ppid, then lstart's five words, then the command
-        if len(fields) == 8:
-            found.append(Process(int(fields[0]), int(fields[1]), " ".join(fields[2:7]),
-                                 fields[7]))
+        fields = line.split(None, 8)  # pid, ppid, pgid, lstart's five words, the command
+        if len(fields) == 9:
+            found.append(Process(int(fields[0]), int(fields[1]), " ".join(fields[3:8]),
+                                 fields[8], int(fields[2])))
     return found
 
 
@@ -85,12 +90,13 @@ def clean(run_dir: Path, grace_s: float = TERM_GRACE_S) -> list[Process]:
                          "it") from None
     alive = {(p.pid, p.started, p.command) for p in processes()}
     left = [p for p in recorded if (p.pid, p.started, p.command) in alive]
-    _stop([p.pid for p in left], grace_s)
+    stop([p.pid for p in left], grace_s)
     path.unlink(missing_ok=True)
     return left
 
 
-def _stop(pids: list[int], grace_s: float) -> None:
+def stop(pids: list[int], grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM ``pids``, and SIGKILL those still running after ``grace_s``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -98,13 +104,13 @@ def _stop(pids: list[int], grace_s: float) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s
-        while (pids := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+        while (pids := [pid for pid in pids if is_running(pid)]) and time.monotonic() < deadline:
             time.sleep(0.1)
         if not pids:
             return
 
 
-def _running(pid: int) -> bool:
+def is_running(pid: int) -> bool:
     """Alive and not a zombie waiting for init to reap it."""
     try:
         os.kill(pid, 0)

@@ -11,10 +11,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from cluster.commands.cache import disk_figures
 from cluster.commands.tls import add_client_args
-from cluster.config import default_run_dir
+from cluster.config import CONFIG_NAME, Config, default_run_dir, load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -79,26 +80,34 @@ def cmd_up(args) -> int:
     options = _options(args)
     if args.detach:
         state = daemon.spawn_detached(options)
-        print(f"orchard: cluster up in the background (pid {state.pid}): frontend "
-              f"{state.frontend}{_http(options.run_dir)}, {state.workers} worker(s), Ray "
-              f"{state.ray_address}; stop it with `orchard down --run-dir {options.run_dir}`")
+        ending = f"stop it with `orchard down --run-dir {options.run_dir}`"
+        print("\n".join(up_lines(state, load_config(options.run_dir), ending)), flush=True)
         return 0
 
     def ready(state) -> None:
-        print(f"orchard: cluster up: frontend {state.frontend}{_http(options.run_dir)}, "
-              f"{state.workers} worker(s), Ray {state.ray_address}; Ctrl-C to stop", flush=True)
+        config = load_config(options.run_dir)
+        print("\n".join(up_lines(state, config, "Ctrl-C to stop")), flush=True)
     daemon.serve_until_stopped(options, ready)
     print("orchard: cluster stopped", flush=True)
     return 0
 
 
-def _http(run_dir: Path) -> str:
-    """", HTTP API http://..." from the frontend's address file (empty when it has none)."""
-    try:
-        address = json.loads((run_dir / "frontend.json").read_text()).get("http_address")
-    except (OSError, ValueError):
-        return ""
-    return f", HTTP API {address}" if address else ""
+def up_lines(state, config: Config, ending: str) -> list[str]:
+    """What ``orchard up`` prints once the cluster serves: both addresses with their ports,
+    and, when a port was picked at this start (``port = 0``), how to pin it."""
+    grpc_port = state.frontend.rpartition(":")[2]
+    http = (f"HTTP API {state.http} (port {urlsplit(state.http).port})" if state.http
+            else "HTTP API off ([http] enabled = false)")
+    lines = [f"orchard: cluster up (pid {state.pid}): gRPC {state.frontend} (port {grpc_port}), "
+             f"{http}, {state.workers} worker(s), Ray {state.ray_address}; {ending}"]
+    picked = [name for name, port, on in (("[frontend] port", config.port, True),
+                                          ("[http] port", config.http.port, bool(state.http)))
+              if on and port == 0]
+    if picked:
+        lines.append(f"orchard: {' and '.join(picked)} = 0 in "
+                     f"{config.run_dir / CONFIG_NAME}: a free port, new at every start; "
+                     "set a fixed one there for clients on other machines")
+    return lines
 
 
 def cmd_down(args) -> int:
