@@ -33,7 +33,7 @@ running cluster owns: this config, the job store, the frontend's address file, t
     dir = ""                     # an mlx-lm model directory; "" means the embedded default
 
     [frontend]
-    host = "127.0.0.1"           # loopback; any other address needs TLS (cluster.api.tls)
+    host = "127.0.0.1"           # loopback; any other address needs TLS (cluster.tls)
     port = 0                     # 0: pick a free port (written to frontend.json)
     tls_cert = ""                # e.g. "tls/server.pem" (`orchard tls init`), relative to RUN
     tls_key = ""                 # e.g. "tls/server.key"
@@ -150,8 +150,8 @@ class Config:
         return self.run_dir / ADDRESS_NAME
 
     def tls_files(self):
-        """The server's ``cluster.api.tls.TlsFiles`` (paths under the run dir), or None."""
-        from cluster.api.tls import TlsFiles
+        """The server's ``cluster.tls.TlsFiles`` (paths under the run dir), or None."""
+        from cluster.tls import TlsFiles
 
         if not self.tls.tls_cert:
             return None
@@ -294,7 +294,7 @@ def _check_http(http: HttpConfig, path: Path) -> None:
 
 
 def _check_tls(config: Config, path: Path) -> None:
-    from cluster.api.tls import check_binding
+    from cluster.tls import check_binding
 
     tls = config.tls
     if bool(tls.tls_cert) != bool(tls.tls_key):

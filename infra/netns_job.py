@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import workers  # noqa: E402,F401  (OpenBLAS before mlx)
 from cluster.api.client import Client, token_request  # noqa: E402
 from cluster.config import write_default_config  # noqa: E402
-from cluster.backend.daemon import UpOptions, run_cluster  # noqa: E402
+from cluster.daemon import UpOptions, run_cluster  # noqa: E402
 
 
 def requests(n: int, max_tokens: int) -> list:

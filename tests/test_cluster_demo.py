@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.config import write_default_config
-from cluster.backend.daemon import STATE_NAME
+from cluster.daemon import STATE_NAME
 from tests.forged_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

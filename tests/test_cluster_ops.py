@@ -17,7 +17,7 @@ import pytest
 
 from cluster.backend.bootstrap import NODE_RESOURCE, Placement
 from cluster.config import write_default_config
-from cluster.backend.daemon import STATE_NAME, ClusterState, UpOptions
+from cluster.daemon import STATE_NAME, ClusterState, UpOptions
 from tests.forged_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

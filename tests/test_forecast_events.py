@@ -10,7 +10,7 @@ import random
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
-from cluster.backend.traced_cluster import TracedCluster, Turn
+from tests.support.traced_cluster import TracedCluster, Turn
 from router.cost import PriceTable, measured_usage, total_usage
 from telemetry_factories import in_memory
 from tests.conftest import Clock

@@ -21,7 +21,7 @@ from bounded import run_bounded
 from cluster.api.http_app import start_http
 from cluster.api.http_errors import openai_errors
 from cluster.api.http_guard import BodyCap, HttpLimits, RequestGuard
-from cluster.api.tls import TlsFiles, init_tls
+from cluster.tls import TlsFiles, init_tls
 
 CAP = 1024
 TIMEOUT_S = 0.3

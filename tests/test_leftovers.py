@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.backend import leftovers
-from cluster.backend.daemon import STATE_NAME, ClusterState
+from cluster.daemon import STATE_NAME, ClusterState
 from cluster.config import write_default_config
 from tests.forged_models import tiny_model
 

@@ -9,7 +9,7 @@ import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 from cluster.cli import main
 from cluster.telemetry.setup import TelemetrySettings, setup_telemetry
-from cluster.backend.traced_cluster import TracedCluster, Turn
+from tests.support.traced_cluster import TracedCluster, Turn
 from router.kv.key import hash_blocks
 from tests.conftest import Clock
 from tests.forged_models import tiny_model

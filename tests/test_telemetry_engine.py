@@ -6,7 +6,7 @@ import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
 from cluster.telemetry import attrs as A
-from cluster.backend.traced_cluster import TracedCluster, Turn
+from tests.support.traced_cluster import TracedCluster, Turn
 from telemetry_factories import in_memory
 from tests.conftest import Clock
 from tests.forged_models import tiny_model

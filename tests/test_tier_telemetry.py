@@ -15,7 +15,7 @@ import random
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
-from cluster.backend.traced_cluster import TracedCluster, Turn
+from tests.support.traced_cluster import TracedCluster, Turn
 from cluster.telemetry import attrs as A
 from router.attribution import MissCause, ServedTier, served_from
 from router.kv.key import hash_blocks

@@ -9,7 +9,7 @@ import pytest
 from cryptography import x509
 
 from cluster.api.client import Client, token_request
-from cluster.api.tls import TlsFiles, check_binding, client_tls, init_tls
+from cluster.tls import TlsFiles, check_binding, client_tls, init_tls
 from cluster.cli import main as orchard
 from cluster.config import load_config, update_config, write_default_config
 from forged_models import tiny_model

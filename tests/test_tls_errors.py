@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from cluster.api.client import Client, OrchardError
-from cluster.api.tls import ClientTls, init_tls
+from cluster.tls import ClientTls, init_tls
 from cluster.api.tls_probe import explain
 from cluster.cli import main as orchard
 from forged_models import tiny_model

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cluster.api.tls import init_tls
+from cluster.tls import init_tls
 from test_multinode import netns
 from forged_models import tiny_model
 
@@ -24,7 +24,7 @@ CLIENT = r"""
 import json, ssl, sys
 import grpc, openai
 from cluster.api.client import Client, OrchardError, chat_request
-from cluster.api.tls import ClientTls
+from cluster.tls import ClientTls
 address, http, tls, other = sys.argv[1:5]
 out = {}
 

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.config import default_run_dir, load_config
 from cluster.api.convert import STATE_NAMES
-from cluster.api.tls import ClientTls, client_tls
+from cluster.tls import ClientTls, client_tls
 from cluster.api.tls_probe import explain
 from cluster.telemetry.setup import inject_metadata
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -132,7 +132,7 @@ class Client:
                      address: str | None = None, ca: Path | None = None,
                      cert: Path | None = None, key: Path | None = None) -> Client:
         """Find the frontend (``frontend.json``), a key (``orchard.toml``) and the TLS files
-        (``--ca``/``--cert``/``--key``, else ``RUN/tls/``: ``cluster.api.tls.client_tls``)."""
+        (``--ca``/``--cert``/``--key``, else ``RUN/tls/``: ``cluster.tls.client_tls``)."""
         run_dir = Path(run_dir) if run_dir else default_run_dir()
         tls = client_tls(run_dir, ca, cert, key)
         address = address or os.environ.get("ORCHARD_ADDRESS") or frontend_address(run_dir)

@@ -9,7 +9,7 @@ the same event loop, the OpenAI-compatible HTTP API (``cluster.api.http_app``).
         HTTP /v1/...        tenant API keys       cluster.api.http_app (own port)
 
 Both bind ``[frontend] host``: loopback as it is, any other address with TLS only
-(``cluster.api.tls``).
+(``cluster.tls``).
 
 ``serve`` opens the job store in the run directory, resumes its unfinished jobs, binds, and
 writes ``frontend.json`` (address, pid, tls, http_address) there so that clients on this machine find it.
@@ -53,7 +53,7 @@ from cluster.api.http_app import HttpApi, HttpServer, start_http
 from cluster.api.http_batches import Batches
 from cluster.api.http_guard import HttpLimits
 from cluster.api.servicer_admin import AdminServicer
-from cluster.api.tls import TlsFiles, check_binding, server_credentials
+from cluster.tls import TlsFiles, check_binding, server_credentials
 from cluster.api.work import Work
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc

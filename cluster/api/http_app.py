@@ -36,7 +36,7 @@ from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, j
                                      openai_errors, tenant_of)
 from cluster.api.http_guard import (App, BodyCap, ConnectionGuard, GuardedH11Protocol,
                                     HttpLimits, RequestGuard)
-from cluster.api.tls import TlsFiles
+from cluster.tls import TlsFiles
 from cluster.api.validate import FieldError
 from cluster.api.work import Work
 from cluster.jobs.store import StoredResult

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from cryptography import x509
 
-from cluster.api.tls import ClientTls
+from cluster.tls import ClientTls
 
 PROBE_TIMEOUT_S = 5.0
 # The HTTP/2 client preface and an empty SETTINGS frame: a gRPC server that accepted the

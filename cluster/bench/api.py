@@ -191,7 +191,7 @@ def ray_cluster(model_dir: str | None, telemetry: str = "file", max_concurrent: 
                 ) -> Iterator[Client]:
     """``orchard up --workers 1 --detach`` in a fresh run directory (an embedded Ray cluster on
     loopback) whose frontend runs ``max_concurrent`` requests at a time, stopped afterwards."""
-    from cluster.backend.daemon import UpOptions, spawn_detached, stop_detached
+    from cluster.daemon import UpOptions, spawn_detached, stop_detached
 
     with _run_dir(model_dir, telemetry, max_concurrent) as run_dir:
         print("starting a 1-worker Ray cluster (orchard up --detach) ...", file=sys.stderr)

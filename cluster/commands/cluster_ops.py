@@ -1,6 +1,6 @@
 """``orchard up``, ``down``, ``scale``, ``drain``, ``workers``: running and operating a cluster.
 
-``up`` and ``down`` manage the serving process (``cluster.backend.daemon``). ``scale``, ``drain`` and
+``up`` and ``down`` manage the serving process (``cluster.daemon``). ``scale``, ``drain`` and
 ``workers`` act on a running cluster through the gRPC admin API (``cluster.api.client`` with an
 admin key from the run directory's ``orchard.toml``), so they work while jobs run and from any
 machine that can reach the frontend.
@@ -68,14 +68,14 @@ def _admin_args(parser: argparse.ArgumentParser) -> None:
 
 def _options(args):
     from cluster.backend.bootstrap import Placement
-    from cluster.backend.daemon import UpOptions
+    from cluster.daemon import UpOptions
 
     return UpOptions(args.run_dir or default_run_dir(), args.workers, args.address,
                      Placement(args.cpus_per_worker, args.workers_per_node))
 
 
 def cmd_up(args) -> int:
-    from cluster.backend import daemon
+    from cluster import daemon
 
     options = _options(args)
     if args.detach:
@@ -111,7 +111,7 @@ def up_lines(state, config: Config, ending: str) -> list[str]:
 
 
 def cmd_down(args) -> int:
-    from cluster.backend import daemon
+    from cluster import daemon
 
     run_dir = args.run_dir or default_run_dir()
     state = daemon.stop_detached(run_dir)

@@ -77,7 +77,7 @@ def summarize(results, wall_s: float) -> Summary:
 def run(args: argparse.Namespace) -> int:
     import workers  # noqa: F401  (OpenBLAS before mlx)
     from cluster.api.batchfile import parse_batch
-    from cluster.backend.daemon import UpOptions
+    from cluster.daemon import UpOptions
 
     if not args.batch.exists():
         raise FileNotFoundError(f"{args.batch} does not exist: pass --batch FILE.jsonl")
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(options, batch) -> Summary:
-    from cluster.backend.daemon import run_cluster
+    from cluster.daemon import run_cluster
 
     stop = asyncio.Event()
     ready = asyncio.Event()

@@ -1,7 +1,7 @@
 """``orchard tls init``, and the ``--ca/--cert/--key`` options every client command takes.
 
 ``tls init`` writes a private CA, the frontend's certificate (for ``--hosts``) and a client
-certificate under ``RUN/tls/`` (``cluster.api.tls``). With ``--write`` it sets the
+certificate under ``RUN/tls/`` (``cluster.tls``). With ``--write`` it sets the
 ``[frontend]`` keys that turn TLS on in ``RUN/orchard.toml`` itself (merged into the section
 the file has; ``cluster.config.update_config``), else it prints them to set by hand; then the
 files a client on another machine needs.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.api.tls import init_tls
+from cluster.tls import init_tls
 from cluster.config import default_run_dir, update_config, write_default_config
 
 

@@ -10,7 +10,7 @@ from cluster.config import default_run_dir
 
 def gather(args) -> int:
     from cluster.backend import bootstrap
-    from cluster.backend.daemon import ClusterState
+    from cluster.daemon import ClusterState
     from cluster.telemetry.gather import gather as gather_files
 
     run_dir = args.run_dir if args.run_dir is not None else default_run_dir()

@@ -1,0 +1,1 @@
+"""Harnesses and factories shared by the tests."""
