@@ -39,6 +39,22 @@ class SamplingParams:
     seed: int = 0
     stop: tuple[str, ...] = ()  # stop strings; the model's EOS tokens always stop
     response_format: ResponseFormat | None = None  # None: free text
+    # None: no log-probabilities; N (0..20): each output token's, with the N likeliest
+    # alternatives. Of the model's logits before temperature and any mask.
+    logprobs: int | None = None
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One output token's log-probability, and the likeliest tokens at that step (most
+    likely first; ties by token id)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +133,7 @@ class GenerateResult:
     timings: Timings
     worker_id: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per output token, when the request asked
 
 
 class WorkerFailed(RuntimeError):

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_top_p
 
-from workers.messages import GenerateRequest, GenerateResult, LookupReport, SamplingParams, Timings
+from workers.messages import (GenerateRequest, GenerateResult, LookupReport, SamplingParams,
+                              Timings, TokenLogprob)
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -41,6 +43,18 @@ def make_sampler(params: SamplingParams) -> Sampler | None:
         return mx.random.categorical(logprobs * scale, key=sub)
 
     return sample
+
+
+def token_logprob(row: mx.array, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability in ``row``, with the ``top`` likeliest tokens (most likely
+    first, equal values by token id) in float32."""
+    values = np.asarray(row.astype(mx.float32) if row.dtype != mx.float32 else row)
+    alternatives: tuple[tuple[int, float], ...] = ()
+    if top:
+        part = np.argpartition(-values, top - 1)[:top] if top < len(values) else np.arange(len(values))
+        ranked = sorted(part.tolist(), key=lambda t: (-values[t], t))[:top]
+        alternatives = tuple((t, float(values[t])) for t in ranked)
+    return TokenLogprob(token, float(values[token]), alternatives)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +87,12 @@ class Sequence:
     text: str = ""
     finish_reason: str = ""
     detokenizer: Any = None  # mlx-lm's streaming detokenizer, one per sequence
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asks
     _stopped_by_string: bool = False
 
-    def add(self, token: int, now_ns: int, eos: set[int]) -> str:
-        """Take one token; return the text it adds. Sets ``finish_reason`` when it stops."""
+    def add(self, token: int, now_ns: int, eos: set[int], row: mx.array | None = None) -> str:
+        """Take one token (``row``: the step's log-probabilities, before temperature and any
+        mask); return the text it adds. Sets ``finish_reason`` when it stops."""
         if not self.first_token_ns:
             self.first_token_ns = now_ns
         self.last_token_ns = now_ns
@@ -84,6 +100,12 @@ class Sequence:
         if token in eos:
             self.finish_reason = "stop"
             return self._flush()
+        top = self.request.sampling.logprobs
+        if top is not None:
+            if row is None:
+                raise RuntimeError(f"request {self.request.request_id} asked for logprobs, "
+                                   "but its step gave none")
+            self.logprobs.append(token_logprob(row, token, top))
         self.tokens.append(token)
         self.detokenizer.add_token(token)
         added = self._append(self.detokenizer.last_segment)
@@ -122,6 +144,6 @@ class Sequence:
             finish_reason=self.finish_reason, ttft_s=ttft, tpot_s=tpot,
             input_tokens=r.prompt_tokens, cached_tokens=r.reused_tokens,
             computed_tokens=r.prompt_tokens - r.reused_tokens, written_tokens=self.written,
-            lookup=r, worker_id=worker_id,
+            lookup=r, worker_id=worker_id, logprobs=tuple(self.logprobs),
             timings=Timings(self.received_ns, self.lookup_start_ns, self.lookup_end_ns,
                             self.prefill_start_ns, self.first_token_ns, self.last_token_ns))
