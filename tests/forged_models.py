@@ -27,11 +27,13 @@ TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, max_cont
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_model(arch: str = "llama", sliding: bool = False) -> Path:
-    """A 2-layer, hidden-64 model of ``arch`` (``sliding`` adds sliding-window layers)."""
+def tiny_model(arch: str = "llama", sliding: bool = False, template: str = "plain") -> Path:
+    """A 2-layer, hidden-64 model of ``arch`` (``sliding`` adds sliding-window layers;
+    ``template="tools"`` a chat template that renders tools and tool calls)."""
     extra = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8} if sliding else {}
     name = f"{arch}-sliding" if sliding else arch
-    spec = ForgeSpec(arch=arch, extra=extra, **TINY)
+    name += "" if template == "plain" else f"-{template}"
+    spec = ForgeSpec(arch=arch, extra=extra, template=template, **TINY)
     if not _SHARED:
         return forge(_ROOT / name, spec)
     source = Path(workers.model.forge.__file__).read_bytes() + repr(spec).encode()

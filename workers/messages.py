@@ -20,7 +20,8 @@ class ResponseFormat:
 
     ``kind``: ``json_object`` (any JSON object), ``json_schema`` (``schema``: the schema as
     canonical JSON text, so equal schemas are one cache entry), ``regex`` (``pattern``) or
-    ``choice`` (exactly one of ``choices``).
+    ``choice`` (exactly one of ``choices``) or ``lark`` (``pattern``: a grammar the cluster
+    builds itself, e.g. for a required tool call).
     """
 
     kind: str

@@ -70,6 +70,8 @@ def grammar_of(fmt: ResponseFormat) -> str:
         return grammar
     if fmt.kind == "regex":
         return _compiled(llguidance.LLMatcher.grammar_from_regex(fmt.pattern), "regex")
+    if fmt.kind == "lark":
+        return _compiled(llguidance.grammar_from("lark", fmt.pattern), "grammar")
     if fmt.kind == "choice":
         if not fmt.choices:
             raise ConstraintError("choice", "needs at least one string")

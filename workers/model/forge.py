@@ -32,6 +32,29 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '[ASSISTANT]\n' }}{% endif %}"
 )
 
+# The same turns, plus tools in the JSON tool-call style (``<tool_call>`` around a JSON object
+# with ``name`` and ``arguments``: mlx-lm's ``json_tools`` parser): the functions offered are
+# listed in the system turn, an assistant's calls are rendered as the model would write them,
+# and a tool's result is a turn of its own. Prefix-stable like the plain template.
+TOOLS_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}{{ '[TOOLS]\n' }}{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}"
+    "{% endfor %}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '[' + message['role'] | upper + ']\n' }}"
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% if message['tool_calls'] %}{% for tool_call in message['tool_calls'] %}"
+    "{% if tool_call.function %}{% set tool_call = tool_call.function %}{% endif %}"
+    "{{ '<tool_call>\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' }}"
+    "{{ tool_call.arguments if tool_call.arguments is string else tool_call.arguments | tojson }}"
+    "{{ '}\n</tool_call>' }}{% endfor %}{% endif %}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '[ASSISTANT]\n' }}{% endif %}"
+)
+TEMPLATES = {"plain": CHAT_TEMPLATE, "tools": TOOLS_CHAT_TEMPLATE}
+
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -48,6 +71,7 @@ class ForgeSpec:
     max_context: int = 4096
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # raw config.json overrides
+    template: str = "plain"  # the chat template: "plain", or "tools" (renders tool calls)
 
     def config(self, vocab_size: int, bos: int, eos: int) -> dict[str, Any]:
         if self.arch not in ARCHITECTURES:
@@ -90,7 +114,7 @@ def _spm_path() -> Path:
     return path
 
 
-def _write_tokenizer(out: Path) -> tuple[int, int, int]:
+def _write_tokenizer(out: Path, template: str = "plain") -> tuple[int, int, int]:
     """Write tokenizer files into ``out``; return (vocab size, bos id, eos id)."""
     from transformers import AutoTokenizer
 
@@ -100,7 +124,10 @@ def _write_tokenizer(out: Path) -> tuple[int, int, int]:
             "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
             "unk_token": "<unk>", "add_bos_token": False, "add_eos_token": False}))
         tokenizer = AutoTokenizer.from_pretrained(tmp)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown chat template {template!r}: choose one of "
+                         f"{', '.join(TEMPLATES)}")
+    tokenizer.chat_template = TEMPLATES[template]
     tokenizer.save_pretrained(str(out))
     return len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id
 
@@ -127,7 +154,7 @@ def forge(out: Path | str, spec: ForgeSpec | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".forge-", dir=out.parent))
     try:
-        vocab, bos, eos = _write_tokenizer(staging)
+        vocab, bos, eos = _write_tokenizer(staging, spec.template)
         config = spec.config(vocab, bos, eos)
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _write_weights(staging, config, spec.seed)
