@@ -145,8 +145,7 @@ def test_bad_requests_fail_alone(engine):
     for failure, (_, message) in zip(failures, [m for m in bad]):
         assert message in failure.error
     assert isinstance(results[3], GenerateResult) and len(results[3].output_tokens) == 6
-    with pytest.raises(ValueError, match="unknown namespace"):
-        engine.store.invalidate_namespace(Namespace("nobody", "m"))
+    assert engine.invalidate(Namespace("nobody", "m")) == 0   # held nothing: nothing dropped
 
 
 def test_model_directory_errors(tmp_path):
@@ -175,23 +174,23 @@ def test_ttl_events_and_invalidation_through_the_engine():
     eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, ttl_s=30), clock=clock)
     prompt = prompt_of(40, seed=9)
     first = run_one(eng, req(eng, prompt))
-    events = eng.store.drain_events()
+    events = eng.drain_events()
     assert len(events) == first.written_tokens // BS
-    assert {h.block for h in eng.store.holdings()} == {e.block for e in events}
+    assert {h.block for h in eng.holdings()} == {e.block for e in events}
     clock.now = 20
     again = run_one(eng, req(eng, prompt))  # 2 blocks, and the kept tail up to the last token
     assert (again.lookup.matched_tokens, again.cached_tokens) == (32, 39)
     clock.now = 55  # 35 s after the last use
     expired = run_one(eng, req(eng, prompt))
     assert expired.cached_tokens == 0 and expired.lookup.outcome == LookupOutcome.MISS
-    assert eng.store.stats().ledger.expirations == len(events)
+    assert eng.store_stats().ledger.expirations == len(events)
     near = run_one(eng, req(eng, prompt[:20] + [7] + prompt[21:]))
     assert near.lookup.outcome == LookupOutcome.NEAR_MISS
     # the store's first block, and the kept cache up to where the prompts part
     assert near.lookup.line() == "common=20 of 40" and near.lookup.matched_tokens == 16
     assert near.cached_tokens == 20
     # the prefix's block and both children below it: the prompt's own and the near miss's
-    assert eng.store.invalidate_prefix(eng.namespace("t"), prompt[:16]) == 3
+    assert eng.invalidate(eng.namespace("t"), prompt[:16]) == 3
     assert run_one(eng, req(eng, prompt)).cached_tokens == 0
 
 
@@ -201,7 +200,7 @@ def test_more_requests_than_the_batch_holds_all_finish_with_the_same_tokens():
     prompts = [shared + prompt_of(3 + 5 * i, seed=20 + i) for i in range(5)]
     alone = [run_one(small, req(small, p, max_tokens=4 + i)).output_tokens
              for i, p in enumerate(prompts)]
-    small.store.invalidate_namespace(small.namespace("t"))
+    small.invalidate(small.namespace("t"))
     results = small.generate([req(small, p, max_tokens=4 + i) for i, p in enumerate(prompts)])
     assert [r.output_tokens for r in results] == alone
     assert [len(r.output_tokens) for r in results] == [4, 5, 6, 7, 8]
@@ -384,4 +383,4 @@ def test_abort_during_prefill_keeps_the_completed_blocks():
         assert not eng.step().deltas
     assert eng.abort(long.request_id) and not eng.busy
     assert eng.step().deltas == ()
-    assert eng.store.stats().ledger.tokens == 48  # three chunks of 16, one block each
+    assert eng.store_stats().ledger.tokens == 48  # three chunks of 16, one block each

@@ -72,9 +72,9 @@ def test_invalidation_empties_the_forecasts_memory(tmp_path):
     held, removed = [], []
 
     def invalidate() -> None:
-        held.append(sum(e.stats().ledger.blocks for e in tc.engines.values()))
+        held.append(sum(e.store_stats().ledger.blocks for e in tc.engines.values()))
         removed.append(tc.invalidate("acme"))
-        held.append(sum(e.stats().ledger.blocks for e in tc.engines.values()))
+        held.append(sum(e.store_stats().ledger.blocks for e in tc.engines.values()))
     first, second = twice(tc, clock, invalidate)
     assert removed[0] == held[0] and held[1] == 0   # acme's blocks were every block held
     assert second[1] == pytest.approx(first[1], abs=0.01)   # nothing was left to read
@@ -93,7 +93,7 @@ def test_ttl_expiry(tmp_path):
 
 def test_eviction_by_another_tenants_job(tmp_path):
     tc, clock = build(tmp_path, workers=1)
-    per_token = tc.engine().stats().bytes_per_token
+    per_token = tc.engine().store_stats().bytes_per_token
     tc2, clock = build(tmp_path / "small", workers=1, store_bytes=200 * per_token)
     other = job(tc2.engine().vocab_size, "other", 2, requests=4)
 
@@ -123,4 +123,4 @@ def test_scale_out(tmp_path):
     tc, clock = build(tmp_path, workers=1)
     first, second = twice(tc, clock, lambda: tc.add_worker("w9", tiny_model("llama"), 1 << 28))
     assert second[0] == pytest.approx(second[1], abs=0.05)
-    assert tc.observer.holdings.capacity_tokens() == 2 * (1 << 28) // tc.engine().stats().bytes_per_token
+    assert tc.observer.holdings.capacity_tokens() == 2 * (1 << 28) // tc.engine().store_stats().bytes_per_token

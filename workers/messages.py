@@ -137,6 +137,20 @@ class GenerateResult:
     logprobs: tuple[TokenLogprob, ...] = ()  # one per output token, when the request asked
 
 
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What an opened engine says of the model it serves (``Engine.facts``): a worker reports
+    it when it starts, and the cluster's ``ModelInfo`` is made from it."""
+
+    model_id: str
+    revision: str
+    vocab_size: int
+    max_context: int          # prompt + output tokens may not exceed this
+    block_size: int           # tokens per cache block
+    kv_bytes_per_token: int   # the memory tier's, as the store accounts it
+    disk_kv_bytes_per_token: int = 0  # the disk tier's (0: none)
+
+
 class WorkerFailed(RuntimeError):
     """A worker's engine broke (or the worker left) under a request: retry it elsewhere."""
 

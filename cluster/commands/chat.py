@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{turn:>4} {r.input_tokens:>7} {r.cached_tokens:>7} {r.computed_tokens:>9} "
               f"{r.written_tokens:>8} {r.ttft_s * 1e3:>7.1f}ms  {r.lookup.outcome.value} "
               f"({r.lookup.line()})")
-    s = engine.stats()
+    s = engine.store_stats()
     print(f"store: {s.ledger.blocks} blocks, {s.tensor_bytes / 2**20:.1f} MiB "
           f"({s.tensor_bytes // max(1, s.ledger.tokens)} bytes per cached token)")
     return 0

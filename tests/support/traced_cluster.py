@@ -68,7 +68,7 @@ class TracedCluster:
         for worker in self.engines:
             self.router.add_worker(worker)
         first = next(iter(self.engines.values()))
-        bytes_per_token = first.stats().bytes_per_token
+        bytes_per_token = first.store_stats().bytes_per_token
         disk_tokens = disk_bytes // first.disk_kv_bytes_per_token if disk_bytes else 0
         cache = ServedCache(first.model_id, block_size, ttl_s, store_bytes // bytes_per_token,
                             workers, disk_tokens)

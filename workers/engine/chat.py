@@ -3,14 +3,34 @@
 ``ChatSession`` keeps the messages, renders them with the model's chat template, and sends the
 full prompt every turn, exactly as a stateless client would; the prefix store is what makes
 the earlier turns cheap. Used by ``orchard demo`` and reusable by anything that wants a chat.
+``render_chat`` is the one rendering of messages through a tokenizer's chat template
+(``Engine.render_chat``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import count
+from typing import TYPE_CHECKING, Sequence
 
-from workers.engine.engine import Engine
 from workers.messages import GenerateRequest, GenerateResult, SamplingParams
+
+if TYPE_CHECKING:  # the engine renders with ``render_chat``: no import cycle at run time
+    from workers.engine.engine import Engine
+
+
+def render_chat(tokenizer, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+                ) -> list[int]:
+    """Token ids of ``messages`` (``{"role", "content"}`` dicts) through the chat template."""
+    if not messages:
+        raise ValueError("messages is empty: pass at least one {'role', 'content'} message")
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"each message needs 'role' and 'content' keys, got {m!r}")
+    ids = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
 
 
 @dataclass

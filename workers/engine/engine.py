@@ -1,10 +1,10 @@
-"""The engine: one loaded model, its prefix store, and continuous batching of requests.
+"""The engine: one loaded model, its prefix cache, and continuous batching of requests.
 
-The engine owns the store, the admission queue and step budget (``workers.engine.scheduler``), the
-requests in prefill (``workers.engine.prefill``), an mlx-lm ``BatchGenerator`` for the decodes and
-the caches of recently finished requests (``workers.engine.kept``), which a hit extends in place of
-the store's joined blocks when one holds the matched prefix.
-A request goes through::
+The engine owns its prefix cache (``workers.engine.prefix_cache``: the store and the caches of
+recently finished requests, which a hit extends in place of the store's joined blocks), the
+admission queue and step budget (``workers.engine.scheduler``), the requests in prefill
+(``workers.engine.prefill``) and an mlx-lm ``BatchGenerator`` for the decodes. Nobody else
+reaches the store: the engine's methods say what they read of it. A request goes through::
 
     submit ─► validate ─► admission (per-tenant round robin)
     step:  admit while the batch has room: lookup in the store ─► a prefill job holding the
@@ -19,18 +19,18 @@ A request goes through::
 Requests join and leave the decode batch between steps (continuous batching); a long prompt
 is prefilled a chunk per step, so running requests keep decoding while it is admitted.
 Prefill runs through the model body without the vocabulary projection, which only the last
-prompt token needs: its row alone is projected, in the same pass. Timings are ``now_ns`` stamps (``time.time_ns`` by default) so the
-cluster can draw lookup/prefill/decode spans: this module never imports OpenTelemetry.
+prompt token needs: its row alone is projected, in the same pass. Timings are ``now_ns``
+stamps (``time.time_ns`` by default) so the cluster can draw lookup/prefill/decode spans:
+this module never imports OpenTelemetry.
 
-Bad input raises ``ValueError`` from ``submit`` with what to fix, and nothing is queued, so
-the other requests are untouched; ``generate`` turns such errors into ``RequestFailed``.
-``abort`` drops a request wherever it is.
+Bad input raises ``ValueError`` from ``submit`` with what to fix (``workers.engine.validate``),
+and nothing is queued, so the other requests are untouched; ``generate`` turns such errors
+into ``RequestFailed``. ``abort`` drops a request wherever it is.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence as Seq
 
@@ -40,35 +40,20 @@ from mlx_lm.models.cache import KVCache
 
 from router.kv.events import BlockEvent, WorkerRates
 from router.kv.key import Hasher, Namespace, hash_blocks
-from router.kv.ledger import DEFAULT_EVICTION, Eviction, Holding
-from workers.engine.kept import KeptCaches, KeptStats
-from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, LookupReport
-from workers.model.model_dir import LoadedModel, open_model_dir
+from router.kv.ledger import Holding
+from workers.cache.store import KVShape, Lookup, StoreStats
+from workers.engine.chat import render_chat
+from workers.engine.config import EngineConfig
+from workers.engine.kept import KeptStats
 from workers.engine.prefill import PrefillJob, run_chunks
+from workers.engine.prefix_cache import PrefixCache
 from workers.engine.scheduler import Admission, StepBudget, split_budget, this_step
 from workers.engine.sequence import Sequence, TokenDelta, make_sampler
-from workers.cache.store import PrefixStore, StoreStats, open_store
+from workers.engine.validate import check_request
+from workers.messages import GenerateRequest, GenerateResult, ModelFacts
+from workers.model.model_dir import LoadedModel, open_model_dir
 
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    block_size: int = 16
-    store_bytes: int = 1 << 30
-    ttl_s: float = 300.0
-    eviction: Eviction = DEFAULT_EVICTION   # the store's eviction policy
-    kv_bits: int = 0           # memory tier K/V: 0 (model dtype), 8 or 4 bits
-    disk_bytes: int = 0        # disk tier budget; 0: no disk tier
-    disk_dir: str = ""         # the disk tier lives in disk_dir/<worker_id>
-    disk_kv_bits: int = 0      # disk tier K/V: 0, 8 or 4 bits
-    use_store: bool = True     # False: every request computes its whole prompt
-    kept_bytes: int = 256 << 20  # finished requests' whole caches (workers.engine.kept); 0: none
-    max_batch: int = 8         # requests in prefill or decoding at once
-    prefill_budget: int = 512  # prompt tokens prefilled per step (workers.engine.scheduler)
-    decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
-    worker_id: str = ""
-    # The cluster's cache-key secret (router.kv.key.CacheSecret): it enters every namespace's
-    # root, so only the cluster computes block hashes. Empty: unkeyed (a lone engine, tools).
-    cache_secret: bytes = field(default=b"", repr=False)
+__all__ = ["Engine", "EngineConfig", "RequestFailed", "StepOutput"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +79,8 @@ class Engine:
         self._m = loaded
         self.config = config
         self._now_ns = now_ns
-        self.store = open_store(
-            loaded.kv_shape, config.block_size, config.ttl_s, clock,
-            memory_bytes=config.store_bytes, eviction=config.eviction, kv_bits=config.kv_bits,
-            disk_bytes=config.disk_bytes, disk_kv_bits=config.disk_kv_bits,
-            disk_dir=Path(config.disk_dir) / (config.worker_id or "worker"),
-            model=loaded.model_id, revision=loaded.revision, hasher=hasher)
+        self._cache = PrefixCache(loaded.kv_shape, config, clock, loaded.model_id,
+                                  loaded.revision, hasher)
         self._eos = set(loaded.tokenizer.eos_token_ids)
         self._stops = StopSequences([[e] for e in sorted(self._eos)])
         self._body = loaded.body      # without the vocabulary projection
@@ -109,8 +90,6 @@ class Engine:
         self._admission: Admission[tuple[GenerateRequest, int]] = Admission()
         self._prefilling: list[PrefillJob] = []  # oldest first
         self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
-        exact = config.use_store and not (config.kv_bits or config.disk_kv_bits)
-        self._kept = KeptCaches(config.kept_bytes if exact else 0)
         self._budget = StepBudget(config.prefill_budget, config.decode_stall,
                                   min(4, config.prefill_budget))
 
@@ -144,25 +123,32 @@ class Engine:
         return self._m.revision
 
     @property
+    def kv_shape(self) -> KVShape:
+        """The model's K/V geometry: what one cached token is made of."""
+        return self._m.kv_shape
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """K/V bytes one cached token takes in this engine's memory tier, as its store accounts
         it (the model's dtype, or ``kv_bits``): the one figure a capacity in tokens comes from."""
-        return self.store.ledger.bytes_per_token
+        return self._cache.bytes_per_token()
 
     @property
     def disk_kv_bytes_per_token(self) -> int:
         """K/V bytes one cached token takes in this engine's disk tier (0: no disk tier)."""
-        disk = self.store.disk
-        return disk.ledger.bytes_per_token if disk is not None else 0
+        return self._cache.disk_bytes_per_token()
+
+    @property
+    def facts(self) -> ModelFacts:
+        """What the cluster learns of the model this engine serves (a worker's hello)."""
+        return ModelFacts(self.model_id, self.revision, self.vocab_size, self.max_context,
+                          self.config.block_size, self.kv_bytes_per_token,
+                          self.disk_kv_bytes_per_token)
 
     def rates(self) -> WorkerRates | None:
         """What the router costs a disk hit here from: the disk tier's bytes per token and
         read bandwidth, and the prefill rate (None without a disk tier)."""
-        disk = self.store.disk
-        if disk is None:
-            return None
-        return WorkerRates(disk.ledger.bytes_per_token, disk.read_bytes_s,
-                           self._budget.prefill_tokens_s)
+        return self._cache.rates(self._budget.prefill_tokens_s)
 
     def namespace(self, tenant: str, adapter: str = "") -> Namespace:
         """The cache namespace of ``tenant`` on this model and weights revision."""
@@ -172,46 +158,14 @@ class Engine:
     def render_chat(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True
                     ) -> list[int]:
         """Token ids of ``messages`` (``{"role", "content"}`` dicts) through the chat template."""
-        if not messages:
-            raise ValueError("messages is empty: pass at least one {'role', 'content'} message")
-        for m in messages:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"each message needs 'role' and 'content' keys, got {m!r}")
-        ids = self._m.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return render_chat(self._m.tokenizer, messages, add_generation_prompt)
 
     # ---- requests ------------------------------------------------------------------------
 
     def validate(self, req: GenerateRequest) -> None:
-        """Raise ``ValueError`` saying what to fix when ``req`` cannot run."""
-        s = req.sampling
-        if not isinstance(req.namespace, Namespace):
-            raise ValueError(f"request {req.request_id}: namespace must be a router.kv.key.Namespace")
-        if req.namespace.secret != self.config.cache_secret:
-            raise ValueError(f"request {req.request_id}: its namespace is hashed with another "
-                             "cache secret than this worker's; start workers from the cluster "
-                             "that routes to them")
-        if not req.prompt:
-            raise ValueError(f"request {req.request_id}: the prompt is empty; send at least one token")
-        bad = next((t for t in req.prompt if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(
-                f"request {req.request_id}: token id {bad} is outside the vocabulary "
-                f"[0, {self.vocab_size}); tokenize with this model's tokenizer")
-        if s.max_tokens <= 0:
-            raise ValueError(f"request {req.request_id}: max_tokens must be >= 1, got {s.max_tokens}")
-        if len(req.prompt) + s.max_tokens > self.max_context:
-            raise ValueError(
-                f"request {req.request_id}: prompt ({len(req.prompt)} tokens) plus max_tokens "
-                f"({s.max_tokens}) exceeds the model's context of {self.max_context}; "
-                f"shorten the prompt or lower max_tokens")
-        if s.temperature < 0 or not 0 < s.top_p <= 1:
-            raise ValueError(
-                f"request {req.request_id}: need temperature >= 0 and 0 < top_p <= 1, "
-                f"got {s.temperature} and {s.top_p}")
+        """Raise ``ValueError`` saying what to fix when ``req`` cannot run
+        (``workers.engine.validate``), or when its id is already running here."""
+        check_request(req, self.vocab_size, self.max_context, self.config.cache_secret)
         busy = set(self._admission.keys())
         busy.update(job.request_id for job in self._prefilling)
         busy.update(seq.request.request_id for seq in self._running.values())
@@ -221,8 +175,7 @@ class Engine:
     def submit(self, req: GenerateRequest) -> None:
         """Validate and queue ``req``; it starts on a later ``step``."""
         self.validate(req)
-        if self.config.use_store:  # disk blocks are read while earlier requests run
-            self.store.prefetch(req.namespace, req.prompt)
+        self._cache.prefetch(req.namespace, req.prompt)  # read while earlier requests run
         self._admission.push(req.namespace.tenant, req.request_id, (req, self._now_ns()))
 
     def abort(self, request_id: str) -> bool:
@@ -256,8 +209,7 @@ class Engine:
         while len(self._admission) and (
                 len(self._running) + len(self._prefilling) < self.config.max_batch):
             self._prefilling.append(self._queued(*self._admission.pop()))
-        decoding = bool(self._running)
-        if decoding:
+        if self._running:
             self._decode(deltas, finished, settle=bool(self._prefilling))
         if self._prefilling:
             # only interactive decodes bound the prefill: a batch job's wait for throughput
@@ -292,19 +244,7 @@ class Engine:
     def _look_up(self, job: PrefillJob) -> None:
         """Find the job's prompt in the store; its cache starts from the reused K/V."""
         lookup_start = self._now_ns()
-        if self.config.use_store:
-            found = self.store.lookup(job.request.namespace, job.prompt)
-            report, cache = found.report, found.cache
-            # a kept cache holding the matched tokens replaces the join (left lazy: never run),
-            # and may hold the partial block after them too
-            kept = self._kept.take(job.request.namespace.label(), job.prompt,
-                                   report.matched_tokens, self.config.block_size)
-            if kept is not None:
-                cache, held = kept
-                report = dataclasses.replace(report, kept_tokens=held - report.matched_tokens)
-        else:
-            report, cache = _no_store_report(len(job.prompt), self.config.ttl_s), None
-        job.cache = cache or [KVCache() for _ in range(self._m.kv_shape.layers)]
+        report, job.cache = self._cache.look_up(job.request.namespace, job.prompt)
         job.done = report.reused_tokens
         lookup_end = self._now_ns()
         job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
@@ -349,9 +289,9 @@ class Engine:
             elif job.need == 1 and share > n:  # its share covers the last token too
                 self._prefilling.remove(job)
                 self._start_decoding(job, deltas, finished)
-            elif self.config.use_store and job.done // bs > (job.done - n) // bs:
+            elif job.done // bs > (job.done - n) // bs:
                 # the chunk completed blocks: store them now, so other prompts can reuse them
-                job.seq.written += self.store.write(
+                job.seq.written += self._cache.write(
                     job.request.namespace, job.prompt[:job.done], job.cache)
 
     def _this_step(self, budget: int) -> list[PrefillJob]:
@@ -377,10 +317,10 @@ class Engine:
         first = int(token.item())
         added = seq.add(first, self._now_ns(), self._eos)
         deltas.append(TokenDelta(req.request_id, first, added, logprobs[0]))
-        if self.config.use_store:  # after the first token: storing never delays it
-            seq.written += self.store.write(req.namespace, job.prompt, job.cache)
+        # after the first token: storing never delays it
+        seq.written += self._cache.write(req.namespace, job.prompt, job.cache)
         if seq.finish_reason:
-            self._kept.keep(req.namespace.label(), job.prompt, job.cache)
+            self._cache.keep(req.namespace, job.prompt, job.cache)
             finished.append(seq.result(self.config.worker_id))
             return
         (uid,) = self._batch.insert(
@@ -394,57 +334,67 @@ class Engine:
         seq = self._running.pop(uid)
         if cache is None:  # stopped by a stop string: take it out of the batch ourselves
             cache, all_tokens = self._batch.remove([uid], return_prompt_caches=True)[uid]
-        if self.config.use_store and cache:
+        if self._cache.enabled and cache:
             if all_tokens is None or len(all_tokens) != cache[0].offset:
                 raise RuntimeError(
                     f"request {seq.request.request_id}: batch cache holds {cache[0].offset} "
                     f"tokens but {len(all_tokens or ())} token ids were tracked")
-            seq.written += self.store.write(seq.request.namespace, all_tokens, cache)
-            self._kept.keep(seq.request.namespace.label(), all_tokens, cache)
+            seq.written += self._cache.write(seq.request.namespace, all_tokens, cache)
+            self._cache.keep(seq.request.namespace, all_tokens, cache)
         if not seq.finish_reason:
             seq.finish_reason = "length"
         return seq.result(self.config.worker_id)
 
+    # ---- the prefix cache: what it says, what may be asked of it -------------------------
 
-    # ---- the store, for the runtime (nobody outside reaches into ``store``) --------------
-
-    def stats(self) -> StoreStats:
-        return self.store.stats()
+    def store_stats(self) -> StoreStats:
+        return self._cache.store_stats()
 
     def kept_stats(self) -> KeptStats:
-        return self._kept.stats()
+        return self._cache.kept_stats()
 
     def written_tokens(self) -> int:
         """Tokens this engine's store has written so far (blocks stored x block size): the
         one count of written tokens, aborted requests' blocks included."""
-        return self.store.written_blocks() * self.config.block_size
+        return self._cache.written_tokens()
 
     def invalidate(self, namespace: Namespace, prefix_tokens: Seq[int] | None = None) -> int:
-        """Drop ``namespace``'s blocks, or only those under ``prefix_tokens``; how many (0
-        for a namespace this store never held: the cluster asks every worker)."""
-        self._kept.drop(namespace.label())  # never taken without the store's match: memory
-        if prefix_tokens is not None:
-            return self.store.invalidate_prefix(namespace, list(prefix_tokens))
-        if namespace.label() not in self.store.namespaces():
-            return 0
-        return self.store.invalidate_namespace(namespace)
+        """Drop ``namespace``'s blocks (and kept caches), or only the blocks under
+        ``prefix_tokens``; how many blocks (0 for a namespace this store never held: the
+        cluster asks every worker)."""
+        return self._cache.invalidate(namespace, prefix_tokens)
 
     def expire(self) -> int:
         """Drop blocks past their TTL; how many."""
-        return self.store.expire()
+        return self._cache.expire()
 
     def drain_events(self) -> list[BlockEvent]:
         """The store's block events since the last call (for the router)."""
-        return self.store.drain_events()
-
-    def close(self) -> None:
-        """Persist the store's blocks to its disk tier (if any) and release its directory."""
-        self.store.close()
+        return self._cache.drain_events()
 
     def holdings(self) -> list[Holding]:
         """Every block the store holds, with its tier (for the router to rebuild its view)."""
-        return self.store.holdings()
+        return self._cache.holdings()
 
+    def flush_store(self) -> None:
+        """Wait until the disk writer has written every block handed to it."""
+        self._cache.flush()
 
-def _no_store_report(prompt_tokens: int, ttl_s: float) -> LookupReport:
-    return LookupReport(LookupOutcome.MISS, prompt_tokens, 0, 0, None, None, None, ttl_s)
+    def close(self) -> None:
+        """Persist the store's blocks to its disk tier (if any) and release its directory."""
+        self._cache.close()
+
+    # ---- for tools (benchmarks, profiles) that measure the store itself ------------------
+
+    def drop_blocks(self, namespace: Namespace, tokens: Seq[int]) -> int:
+        """Drop the store's block at ``tokens``' last full block and those below it (kept
+        caches stay): the store as it was before a trial stored them."""
+        return self._cache.drop_blocks(namespace, tokens)
+
+    def stored_lookup(self, namespace: Namespace, prompt: Seq[int]) -> Lookup:
+        """The store's own lookup of ``prompt`` (a hit's blocks loaded and joined)."""
+        return self._cache.stored_lookup(namespace, prompt)
+
+    def store_kv(self, namespace: Namespace, tokens: Seq[int], cache: list[KVCache]) -> int:
+        """Write ``cache`` (K/V of ``tokens``) to the store as a request would; blocks written."""
+        return self._cache.write(namespace, tokens, cache)

@@ -23,121 +23,42 @@ through the command queue. This is the one place that drives an engine::
                                                             every EXPIRE_EVERY_S
 
 Between two steps the engine thread handles the commands queued at that moment, so a flood
-of commands never starves decoding. An engine whose ``step`` raises is broken: every run on it raises ``WorkerFailed`` (the caller
-retries elsewhere, ``cluster.backend.retry``) and the engine is dropped. Once the engine thread
+of commands never starves decoding. An engine whose ``step`` raises is broken: every run on
+it raises ``WorkerFailed`` (the caller retries elsewhere, ``cluster.backend.retry``) and the engine is dropped. Once the engine thread
 ends (``close``, or a bug that escapes a command, such as an ``on_events`` that raises), every
 run and call, those waiting and those after, raises ``WorkerFailed`` saying why: no caller waits
-on a thread that is gone. Whoever consumes a run
-and stops before its ``Finished`` (a cancelled stream, a deadline, a cancelled job) aborts the
+on a thread that is gone. Whoever consumes a run and stops before its ``Finished`` (a cancelled stream, a deadline, a cancelled job) aborts the
 request in the engine: cancelled work stops within one step.
 
 The runtime keeps each engine's served counts (``WorkerStats``); the written tokens are the
-store's own count (``Engine.written_tokens``), aborted requests' blocks included.
+store's own count (``Engine.written_tokens``), aborted requests' blocks included. The messages
+that cross into and out of the engine thread are ``workers.engine.channel``'s.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterable, Union
+from typing import AsyncIterator, Callable
 
-from router.kv.events import EventBatch, Tier
-from router.kv.key import BlockHash
-from router.kv.ledger import Holding
-from workers.engine.engine import Engine, EngineConfig
+from router.kv.events import EventBatch
 from workers.cache.disk_tier import DiskStats
-from workers.messages import (DiskTierStats, GenerateRequest, GenerateResult, WorkerFailed,
-                              WorkerStats)
+from workers.engine.channel import (Abort, Aborted, Answer, Answered, Call, Command, Failed,
+                                    Finished, Holdings, Open, Reply, Retire, Sink, Stop, Submit)
+from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sequence import TokenDelta
+from workers.messages import DiskTierStats, GenerateRequest, WorkerFailed, WorkerStats
+
+__all__ = ["EXPIRE_EVERY_S", "IDLE_WAIT_S", "Aborted", "EngineRuntime", "Finished", "Holdings"]
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05     # how long an idle engine thread waits for a command
 EXPIRE_EVERY_S = 1.0   # how often idle engines drop expired blocks (and say so)
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """A finished request and the worker's own wall time on it (cache writes included)."""
-
-    result: GenerateResult
-    worker_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Aborted:
-    """The request was aborted by ``abort``: its run ends without a result."""
-
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Holdings:
-    """A worker's blocks by tier and the sequence number of the last event batch they include.
-
-    A block can be in both tiers at once (a block read back from disk stays there until its
-    disk tier evicts it): it is then in both tuples, as the router's index keeps it.
-    """
-
-    seq: int
-    blocks: tuple[BlockHash, ...]                # in the memory tier
-    disk_blocks: tuple[BlockHash, ...] = ()      # in the disk tier
-
-    @classmethod
-    def of(cls, seq: int, held: Iterable[Holding]) -> "Holdings":
-        held = list(held)
-        return cls(seq, tuple(h.block for h in held if h.tier == Tier.MEMORY),
-                   tuple(h.block for h in held if h.tier == Tier.DISK))
-
-
-Sink = Callable[[object], None]                 # called on the engine thread
-Reply = Callable[[bool, object], None]          # (ok, value or exception), engine thread
-
-
-# ---- commands: the only things that cross into the engine thread --------------------------
-
-@dataclass(frozen=True, slots=True)
-class Open:
-    worker_id: str
-    model_dir: str
-    config: EngineConfig
-    clock: Callable[[], float]
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class Submit:
-    worker_id: str
-    request: GenerateRequest
-    sink: Sink
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    worker_id: str
-    fn: Callable[[Engine], object]
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class Retire:
-    worker_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    pass
-
-
-Command = Union[Open, Submit, Abort, Call, Retire, Stop]
 
 
 @dataclass(slots=True)
@@ -171,7 +92,9 @@ class EngineRuntime:
 
     async def open(self, worker_id: str, model_dir: str, config: EngineConfig,
                    clock: Callable[[], float] = time.monotonic) -> Engine:
-        """Load an engine on the engine thread; returns it (read only its model facts)."""
+        """Load ``worker_id``'s engine on the engine thread (``config`` with its
+        ``worker_id``); returns it (read only its model facts)."""
+        config = dataclasses.replace(config, worker_id=worker_id)
         return await self._ask(lambda reply: Open(worker_id, model_dir, config, clock, reply))
 
     async def call(self, worker_id: str, fn: Callable[[Engine], object]):
@@ -193,18 +116,21 @@ class EngineRuntime:
         settled = False
         try:
             while True:
-                item = await items.get()
-                if isinstance(item, BaseException):
-                    settled = True
-                    raise item
-                if isinstance(item, Aborted):
-                    settled = True
-                    return
-                if isinstance(item, Finished):
-                    settled = True
-                    yield item
-                    return
-                yield item
+                match await items.get():
+                    case TokenDelta() as delta:
+                        yield delta
+                    case Finished() as finished:
+                        settled = True
+                        yield finished
+                        return
+                    case Aborted():
+                        settled = True
+                        return
+                    case Failed(error):
+                        settled = True
+                        raise error
+                    case other:
+                        raise RuntimeError(f"run {request.request_id}: {other!r} is no RunEvent")
         finally:
             if not settled:
                 self._send(Abort(request.request_id))
@@ -238,8 +164,7 @@ class EngineRuntime:
     async def _ask(self, command: Callable[[Reply], Command]):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._send(command(
-            lambda ok, value: loop.call_soon_threadsafe(_settle, future, ok, value)))
+        self._send(command(lambda answer: loop.call_soon_threadsafe(_settle, future, answer)))
         return await future
 
     def _send(self, command: Command) -> None:
@@ -270,10 +195,11 @@ class EngineRuntime:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, (Open, Call)):
-                command.reply(False, WorkerFailed(why))
-            elif isinstance(command, Submit):
-                command.sink(WorkerFailed(why))
+            match command:
+                case Open(reply=reply) | Call(reply=reply):
+                    reply(Failed(WorkerFailed(why)))
+                case Submit(sink=sink):
+                    sink(Failed(WorkerFailed(why)))
 
     def _serve(self) -> None:
         expired_at = self._clock()
@@ -309,22 +235,22 @@ class EngineRuntime:
             return None
 
     def _command(self, command: Command) -> None:
-        if isinstance(command, Submit):
-            self._submit(command)
-        elif isinstance(command, Abort):
-            self._abort(command.request_id)
-        elif isinstance(command, Call):
-            slot = self._slots.get(command.worker_id)
-            if slot is None:
-                command.reply(False, WorkerFailed(f"worker {command.worker_id} has no engine "
-                                                  "(not started, broken or retired)"))
-                return
-            _answer(command.reply, lambda: command.fn(slot.engine))
-            self._publish(command.worker_id, slot)
-        elif isinstance(command, Open):
-            _answer(command.reply, lambda: self._open(command))
-        elif isinstance(command, Retire):
-            self._drop(command.worker_id, f"worker {command.worker_id} left mid-request")
+        match command:
+            case Submit():
+                self._submit(command)
+            case Abort(request_id):
+                self._abort(request_id)
+            case Call(worker_id, fn, reply):
+                slot = self._slots.get(worker_id)
+                if slot is None:
+                    reply(Failed(_no_engine(worker_id)))
+                    return
+                _answer(reply, lambda: fn(slot.engine))
+                self._publish(worker_id, slot)
+            case Open(reply=reply):
+                _answer(reply, lambda: self._open(command))
+            case Retire(worker_id):
+                self._drop(worker_id, f"worker {worker_id} left mid-request")
 
     def _open(self, command: Open) -> Engine:
         slot = self._slots.get(command.worker_id)
@@ -336,13 +262,12 @@ class EngineRuntime:
     def _submit(self, command: Submit) -> None:
         slot = self._slots.get(command.worker_id)
         if slot is None:
-            command.sink(WorkerFailed(f"worker {command.worker_id} has no engine "
-                                      "(not started, broken or retired)"))
+            command.sink(Failed(_no_engine(command.worker_id)))
             return
         try:
             slot.engine.submit(command.request)
         except Exception as exc:  # refused (ValueError), or a bug: this run fails, not the thread
-            command.sink(exc)
+            command.sink(Failed(exc))
             return
         rid = command.request.request_id
         slot.runs[rid] = command.sink
@@ -386,7 +311,7 @@ class EngineRuntime:
             return
         for rid, sink in slot.runs.items():
             self._where.pop(rid, None)
-            sink(WorkerFailed(why))
+            sink(Failed(WorkerFailed(why)))
         try:  # the memory tier goes to the disk tier, so a restarted worker keeps it
             slot.engine.close()
         except OSError:  # a full or failing disk loses the cache, never the shutdown
@@ -405,11 +330,15 @@ class EngineRuntime:
         return Holdings.of(slot.seq, slot.engine.holdings())
 
     def _stats(self, slot: _Slot) -> WorkerStats:
-        s = slot.engine.stats()
+        s = slot.engine.store_stats()
         return WorkerStats(len(slot.runs), s.tensor_bytes, s.ledger.capacity_bytes,
                            s.ledger.blocks, slot.engine.written_tokens(), slot.input_tokens,
                            slot.cached_tokens, slot.served, s.ledger.evictions,
                            s.ledger.expirations, _disk_stats(s.disk))
+
+
+def _no_engine(worker_id: str) -> WorkerFailed:
+    return WorkerFailed(f"worker {worker_id} has no engine (not started, broken or retired)")
 
 
 def _disk_stats(d: DiskStats | None) -> DiskTierStats | None:
@@ -423,15 +352,16 @@ def _answer(reply: Reply, fn: Callable[[], object]) -> None:
     try:
         value = fn()
     except Exception as exc:  # handed to the awaiting caller, which raises it
-        reply(False, exc)
+        reply(Failed(exc))
     else:
-        reply(True, value)
+        reply(Answered(value))
 
 
-def _settle(future: asyncio.Future, ok: bool, value) -> None:
+def _settle(future: asyncio.Future, answer: Answer) -> None:
     if future.done():
         return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
+    match answer:
+        case Answered(value):
+            future.set_result(value)
+        case Failed(error):
+            future.set_exception(error)

@@ -107,7 +107,7 @@ def _trial(engine: Engine, prompt: list[int], turn: int) -> GenerateResult:
     bs = engine.config.block_size
     first_new = (trial.cached_tokens // bs + 1) * bs  # the first block the store lacked
     if engine.config.use_store and first_new <= len(prompt):
-        engine.store.invalidate_prefix(engine.namespace("bench"), prompt[:first_new])
+        engine.drop_blocks(engine.namespace("bench"), prompt[:first_new])
     return trial
 
 
@@ -153,7 +153,7 @@ def bench_engine(model_dir: Path | str, turns: int = 8, system_words: int = 900,
                                    warm_s, cold_s, floor_s))
         messages.append({"role": "assistant", "content": w.text})
     later = figures[1:] or figures
-    stats = warm.store.stats()
+    stats = warm.store_stats()
     return EngineBench(
         model=str(model_dir),
         system_prompt_tokens=len(warm.render_chat(messages[:1], False)),

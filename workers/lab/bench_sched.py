@@ -100,13 +100,13 @@ def decode_stall(engine: Engine, long_prompt: int = 4000, window: int = 8, round
         long = GenerateRequest(f"long-{k}", ns, _prompt(rng, long_prompt, vocab),
                                SamplingParams(max_tokens=1))
         engine.submit(long)
-        before = engine.store.stats().ledger.tokens
+        before = engine.store_stats().ledger.tokens
         admitted = _window(engine, window, stop_on=long.request_id)
         if not admitted:
             raise RuntimeError(f"the {long_prompt}-token prompt was prefilled within one step: "
                                "lengthen it to measure decodes beside its prefill")
         admitting += admitted
-        prefilled += engine.store.stats().ledger.tokens - before
+        prefilled += engine.store_stats().ledger.tokens - before
         engine.abort(long.request_id)
         _window(engine, 1)  # the step after the abort: drop it from the figures
     for r in decodes:

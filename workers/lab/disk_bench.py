@@ -104,7 +104,7 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
             for i in range(trials):
                 prefix = prefixes[i % 2]  # on disk only: the other one holds the memory tier
                 recomputed.append(ask(cold, prefix).ttft_s)
-                tiered.store.flush()
+                tiered.flush_store()
                 _drop_page_cache(Path(tmp))
                 r = ask(tiered, prefix)
                 disk.append(r.ttft_s)
@@ -119,9 +119,9 @@ def bench_disk(model_dir: Path | str, prefix_tokens: int = 2000, trials: int = 3
             tpot_alone, tpot_spill, tpot_ratio, spill_mb, spill_s = _decode_under_spill(
                 tiered, ask, rng, vocab, decode_tokens, spill_tokens, prefixes, decode_pairs,
                 progress)
-            stats = tiered.store.stats().disk
+            stats = tiered.store_stats().disk
         finally:
-            tiered.store.close()
+            tiered.close()
     ttft_disk = statistics.median(disk)
     ttft_cold = statistics.median(recomputed)
     return DiskBench(
@@ -163,14 +163,14 @@ def _decode_under_spill(engine: Engine, ask: _Asker, rng: random.Random, vocab: 
     alone, spilled, mb, busy = [], [], [], []
     for i in range(pairs):
         for spill in ((False, True) if i % 2 == 0 else (True, False)):
-            before = engine.store.stats().disk
+            before = engine.store_stats().disk
             _fill(engine, ns, rng, vocab, spill_tokens)
             if not spill:
-                engine.store.flush()
+                engine.flush_store()
             tpot = ask(engine, short, decode_tokens).tpot_s
-            engine.store.flush()
+            engine.flush_store()
             if spill:
-                after = engine.store.stats().disk
+                after = engine.store_stats().disk
                 spilled.append(tpot)
                 mb.append((after.written_bytes - before.written_bytes) / 1e6)
                 busy.append(after.write_s - before.write_s)
@@ -189,7 +189,7 @@ def _fill(engine: Engine, ns, rng: random.Random, vocab: int, tokens: int) -> No
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    shape = engine.store.shape
+    shape = engine.kv_shape
     ids = [rng.randrange(vocab) for _ in range(tokens)]
     cache = []
     for _ in range(shape.layers):
@@ -199,7 +199,7 @@ def _fill(engine: Engine, ns, rng: random.Random, vocab: int, tokens: int) -> No
         c.offset = tokens
         cache.append(c)
     mx.eval([c.keys for c in cache], [c.values for c in cache])
-    engine.store.write(ns, ids, cache)
+    engine.store_kv(ns, ids, cache)
 
 
 def _files(directory: Path) -> list[Path]:

@@ -104,7 +104,7 @@ def measure_profile(model_dir: str | Path, block_size: int = 16, max_batch: int 
             + ", ".join(f"batch {b}: {s * 1e3:.1f} ms" for b, s in zip(grid.batch_sizes, row)))
     return EngineProfile(
         model=engine.model_id, revision=engine.revision, block_size=block_size,
-        max_batch=max_batch, kv_bytes_per_token=engine.store.stats().bytes_per_token,
+        max_batch=max_batch, kv_bytes_per_token=engine.store_stats().bytes_per_token,
         new_tokens=grid.new_tokens, cached_tokens=grid.cached_tokens, prefill_s=tuple(prefill),
         batch_sizes=grid.batch_sizes, contexts=grid.contexts, step_s=tuple(steps),
         load_s_per_block=(("memory", load),),
@@ -147,7 +147,7 @@ def _load_s_per_block(engine: Engine, prompts: _Prompts, grid: ProfileGrid) -> f
         prompt = prompts.tokens(cached + 1)
         _run(engine, namespace, prompt, 1)
         started = time.perf_counter()
-        found = engine.store.lookup(namespace, prompt)
+        found = engine.stored_lookup(namespace, prompt)
         if found.cache is None or found.report.matched_tokens != blocks * engine.config.block_size:
             raise RuntimeError("profiling could not read back the prefix it stored")
         mx.eval([c.keys for c in found.cache], [c.values for c in found.cache])

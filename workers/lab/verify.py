@@ -52,7 +52,7 @@ def _eviction_case(c: Checker, rng: random.Random) -> CaseResult:
     ref, cached = c.engines(store_bytes=8 * per_block)
     keep = [rng.randrange(vocab) for _ in range(3 * bs + 1)]
     neighbours = [[rng.randrange(vocab) for _ in range(2 * bs + 1)] for _ in range(3)]
-    evicted_before = cached.store.stats().ledger.evictions
+    evicted_before = cached.store_stats().ledger.evictions
 
     def touch_keep() -> None:
         # keep is used between its neighbours, so they, not keep, are evicted to make room
@@ -60,7 +60,7 @@ def _eviction_case(c: Checker, rng: random.Random) -> CaseResult:
         for n in neighbours:
             run_requests(cached, [c.request(cached, n, 1)])
             run_requests(cached, [c.request(cached, keep, 1)])
-        if cached.store.stats().ledger.evictions == evicted_before:
+        if cached.store_stats().ledger.evictions == evicted_before:
             raise RuntimeError("the eviction case evicted nothing: the store is too large")
 
     return c.compare("restored after neighbours were evicted", ref, cached,

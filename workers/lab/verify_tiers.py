@@ -80,7 +80,7 @@ def _disk_setting(loaded: LoadedModel, block_size: int, max_tokens: int, seed: i
         try:
             case = _read_back_case(checker, ref, cached, random.Random(seed))
         finally:
-            cached.store.close()
+            cached.close()
     full = loaded.kv_shape.bytes_per_token
     return _combine("disk tier (read back from files)", True, full, 1.0, [case])
 
@@ -94,14 +94,14 @@ def _read_back_case(c: Checker, ref, cached, rng: random.Random) -> CaseResult:
         run_requests(cached, [c.request(cached, keep, 1)])
         for n in neighbours:  # each evicts some of keep's blocks from the 8-block memory
             run_requests(cached, [c.request(cached, n, 1)])
-        cached.store.flush()
-        if cached.store.stats().disk.written_blocks == 0:
+        cached.flush_store()
+        if cached.store_stats().disk.written_blocks == 0:
             raise RuntimeError("the disk case spilled nothing: the memory tier is too large")
 
     case = c.compare("read back from the disk tier", ref, cached,
                      [keep + [rng.randrange(vocab) for _ in range(5)]], batched=False,
                      before=push_keep_to_disk)
-    if cached.store.stats().disk.read_blocks == 0:
+    if cached.store_stats().disk.read_blocks == 0:
         raise RuntimeError("the disk case read nothing from disk")
     return case
 
