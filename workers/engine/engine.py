@@ -48,6 +48,8 @@ from workers.engine.kept import KeptStats
 from workers.engine.prefill import PrefillJob, run_chunks
 from workers.engine.prefix_cache import PrefixCache
 from workers.engine.scheduler import Admission, StepBudget, split_budget, this_step
+from workers.engine.constrained import RowHook, first_token
+from workers.engine.constraints import Grammars, check_format
 from workers.engine.sequence import Sequence, TokenDelta, make_sampler
 from workers.engine.validate import check_request
 from workers.messages import GenerateRequest, GenerateResult, ModelFacts
@@ -92,6 +94,7 @@ class Engine:
         self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
         self._budget = StepBudget(config.prefill_budget, config.decode_stall,
                                   min(4, config.prefill_budget))
+        self._grammars: Grammars | None = None  # made for the first constrained request
 
     @classmethod
     def open(cls, model_dir: Path | str, config: EngineConfig | None = None, *,
@@ -166,6 +169,8 @@ class Engine:
         """Raise ``ValueError`` saying what to fix when ``req`` cannot run
         (``workers.engine.validate``), or when its id is already running here."""
         check_request(req, self.vocab_size, self.max_context, self.config.cache_secret)
+        if req.sampling.response_format is not None:
+            check_format(req.sampling.response_format)
         busy = set(self._admission.keys())
         busy.update(job.request_id for job in self._prefilling)
         busy.update(seq.request.request_id for seq in self._running.values())
@@ -239,7 +244,12 @@ class Engine:
         bs = self.config.block_size
         share = (req.namespace, req.prompt[:bs]) if self.config.use_store and len(
             req.prompt) > bs else None
-        return PrefillJob(req, received_ns, list(req.prompt), make_sampler(req.sampling), share)
+        fmt = req.sampling.response_format
+        if fmt is not None and self._grammars is None:
+            tok = self._m.tokenizer
+            self._grammars = Grammars(tok._tokenizer, self.vocab_size, tok.eos_token_ids)
+        return PrefillJob(req, received_ns, list(req.prompt), make_sampler(req.sampling), share,
+                          constraint=self._grammars.constraint(fmt) if fmt else None)
 
     def _look_up(self, job: PrefillJob) -> None:
         """Find the job's prompt in the store; its cache starts from the reused K/V."""
@@ -261,8 +271,9 @@ class Engine:
         self._budget.observe_decode((self._now_ns() - start) / 1e9)
         for r in responses:
             seq = self._running[r.uid]
-            added = seq.add(int(r.token), self._now_ns(), self._eos)
-            deltas.append(TokenDelta(seq.request.request_id, int(r.token), added, r.logprobs))
+            row = seq.hook.raw() if seq.hook is not None else r.logprobs  # before any mask
+            added = seq.add(int(r.token), self._now_ns(), self._eos, row)
+            deltas.append(TokenDelta(seq.request.request_id, int(r.token), added, row))
             if r.finish_reason or seq.finish_reason:
                 finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
 
@@ -310,23 +321,21 @@ class Engine:
         req, seq = job.request, job.seq
         if logits is None:
             logits = self._m.model(mx.array([job.prompt[-1:]]), cache=job.cache)
-        logits = logits[:, -1, :]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        token = job.sampler(logprobs) if job.sampler else mx.argmax(logprobs, axis=-1)
-        mx.eval(token, logprobs)
-        first = int(token.item())
-        added = seq.add(first, self._now_ns(), self._eos)
-        deltas.append(TokenDelta(req.request_id, first, added, logprobs[0]))
+        first, raw = first_token(logits[:, -1, :], job.sampler, job.constraint)
+        added = seq.add(first, self._now_ns(), self._eos, raw)
+        deltas.append(TokenDelta(req.request_id, first, added, raw))
         # after the first token: storing never delays it
         seq.written += self._cache.write(req.namespace, job.prompt, job.cache)
         if seq.finish_reason:
             self._cache.keep(req.namespace, job.prompt, job.cache)
             finished.append(seq.result(self.config.worker_id))
             return
+        if job.constraint is not None:  # the grammar has seen the prompt and the first token
+            seq.hook = RowHook(job.constraint, len(job.prompt) + 1)
         (uid,) = self._batch.insert(
             [[first]], max_tokens=[req.sampling.max_tokens - 1], caches=[job.cache],
             all_tokens=[job.prompt], samplers=[job.sampler] if job.sampler else None,
-            stop_sequences=[self._stops])
+            logits_processors=[[seq.hook]] if seq.hook else None, stop_sequences=[self._stops])
         self._running[uid] = seq
 
     def _finish(self, uid: int, cache: list[KVCache] | None, all_tokens: list[int] | None

@@ -35,6 +35,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from workers.messages import GenerateRequest
+from workers.engine.constraints import Constraint
 from workers.engine.sequence import Sequence
 
 Sampler = Callable[[mx.array], mx.array]
@@ -52,6 +53,7 @@ class PrefillJob:
     sampler: Sampler | None
     first_block: tuple | None  # (namespace, its first block's tokens): jobs that may share
     seq: Sequence | None = None  # set by the store lookup, when the job first gets budget
+    constraint: Constraint | None = None  # the request's grammar (structured outputs)
     cache: list[KVCache] = field(default_factory=list)
     done: int = 0  # prompt tokens held by the cache
 

@@ -88,6 +88,7 @@ class Sequence:
     finish_reason: str = ""
     detokenizer: Any = None  # mlx-lm's streaming detokenizer, one per sequence
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asks
+    hook: Any = None  # its grammar's logits processor in the decode batch (``constrained``)
     _stopped_by_string: bool = False
 
     def add(self, token: int, now_ns: int, eos: set[int], row: mx.array | None = None) -> str:
