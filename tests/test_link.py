@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import struct
 
 import pytest
@@ -20,7 +21,8 @@ from router.kv.key import Namespace
 from tests.forged_models import tiny_model
 from workers.engine.engine import EngineConfig
 from workers.messages import (GenerateRequest, GenerateResult, LookupOutcome, LookupReport,
-                              SamplingParams, Timings, WorkerFailed)
+                              ResponseFormat, SamplingParams, Timings, TokenLogprob,
+                              WorkerFailed)
 
 BLOCK = 16
 SECRET = b"s" * 32
@@ -130,7 +132,14 @@ def test_the_codec_round_trips_every_message_exactly():
                             Timings(1, 2, 3, 4, 5, 6), "w0", {"k": "v"})
     batch = EventBatch("w0", 9, (BlockStored(2**127 + 5, 2**64 + 1, 16, "t"),
                                  BlockRemoved(3, "t", Tier.DISK)))
+    scored = dataclasses.replace(result, logprobs=(
+        TokenLogprob(1, -0.5, ((1, -0.5), (9, -1.25))), TokenLogprob(2, -2.0)))
+    formatted = GenerateRequest("f", Namespace("t", "m", secret=b"s" * 32), (1, 2), SamplingParams(
+        max_tokens=4, response_format=ResponseFormat("json_schema", '{"type": "object"}',
+                                                     name="obj", strict=True), logprobs=3))
     for kind, body in ((Kind.ITEM, WorkerDone(result, 0.25, True, (batch,))),
+                       (Kind.ITEM, WorkerDone(scored, 0.5)),
+                       (Kind.GENERATE, [formatted, 3, True]),
                        (Kind.ITEM, TokenChunk("r", (4, 5), "ab")),
                        (Kind.GENERATE, [_request(Namespace("t", "m", "r1", "a"), "r", (1,), 3),
                                         7, False])):
