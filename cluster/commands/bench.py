@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from cluster.bench.telemetry import add_parsers as add_telemetry_benches
@@ -44,6 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="decodes alone and with a spill, in alternating order")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=disk)
+    o = sub.add_parser("outputs", help="structured outputs and logprobs against free text, "
+                                       "in one engine's batch")
+    o.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
+    o.add_argument("--requests", type=int, default=200)
+    o.add_argument("--max-tokens", type=int, default=128)
+    o.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best counts")
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+    o.set_defaults(func=outputs)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
     from cluster.bench.api import register_bench  # `orchard bench api`: the gRPC path overhead
     register_bench(sub)
@@ -189,4 +198,22 @@ def disk(args: argparse.Namespace) -> int:
         print(f"router's disk cost {r.disk_token_cost:.4f} prefill tokens per disk token "
               f"(the tier's lookups read at {r.tier_read_mb_s:.0f} MB/s, prefill "
               f"{r.prefill_tokens_s:.1f} tokens/s)")
+    return 0
+
+
+def outputs(args: argparse.Namespace) -> int:
+    import workers  # noqa: F401  (OpenBLAS before mlx)
+    from workers.lab.outputs_bench import run_outputs_bench
+    from workers.model.default_model import ensure_default_model
+
+    if args.requests < 1 or args.max_tokens < 1 or args.rounds < 1:
+        raise ValueError("--requests, --max-tokens and --rounds must each be >= 1")
+    result = run_outputs_bench(args.model or ensure_default_model(), args.requests,
+                               args.max_tokens, args.rounds)
+    figures = {**result.as_json(), "load_average": list(os.getloadavg())}
+    if args.json:
+        print(json.dumps(figures))
+        return 0
+    for key, value in figures.items():
+        print(f"{key:<26} {value}")
     return 0

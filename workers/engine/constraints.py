@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from typing import Any, Iterable
 
 import llguidance
@@ -87,6 +88,7 @@ class Grammars:
         self._tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer)
         self.vocab_size = vocab_size
         self.eos_ids = tuple(sorted(set(eos_ids)))
+        self.busy_s = 0.0  # time in masks and matcher steps, all requests (benchmarks read it)
 
     def constraint(self, fmt: ResponseFormat) -> Constraint:
         matcher = llguidance.LLMatcher(self._tokenizer, grammar_of(fmt))
@@ -108,6 +110,7 @@ class Constraint:
     def allowed(self) -> np.ndarray:
         """A boolean row over the model's vocabulary: the tokens the grammar takes next (the
         model's end tokens where the grammar may end here; only they once it must)."""
+        start = time.perf_counter()
         fill_next_token_bitmask(self._matcher, self._bits, 0)
         bits = np.unpackbits(self._bits[0].view(np.uint8), bitorder="little")[:self._tok_vocab]
         row = np.zeros(self._g.vocab_size, dtype=bool)
@@ -115,10 +118,18 @@ class Constraint:
         row[:n] = bits[:n].astype(bool)
         ends = bool(row[self._eos]) if self._eos < n else self._matcher.is_accepting()
         row[list(self._g.eos_ids)] = ends
+        self._g.busy_s += time.perf_counter() - start
         return row
 
     def accept(self, token: int) -> None:
         """Advance past ``token`` (sampled from the masked row); an end token ends it."""
+        start = time.perf_counter()
+        try:
+            self._accept(token)
+        finally:
+            self._g.busy_s += time.perf_counter() - start
+
+    def _accept(self, token: int) -> None:
         if token in self._g.eos_ids:
             if not self._matcher.is_accepting():
                 raise RuntimeError("an end token was sampled where the grammar cannot end")

@@ -359,6 +359,10 @@ class Engine:
     def store_stats(self) -> StoreStats:
         return self._cache.store_stats()
 
+    def constraint_seconds(self) -> float:
+        """Time spent in grammar masks and matcher steps so far (structured outputs)."""
+        return self._grammars.busy_s if self._grammars is not None else 0.0
+
     def kept_stats(self) -> KeptStats:
         return self._cache.kept_stats()
 
