@@ -1,8 +1,12 @@
 """The edge's boundaries, read from the source: ``cluster/api`` reaches the jobs room through
-public names only (a request outside a job through ``cluster.jobs.direct``)."""
+public names only (a request outside a job through ``cluster.jobs.direct``), and the server
+never loads the client SDK (an HTTP body is converted once, not rebuilt as protobuf)."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 API = Path(__file__).resolve().parent.parent / "cluster" / "api"
@@ -38,3 +42,13 @@ def test_work_reaches_the_jobs_room_through_its_public_interfaces_only():
                 for a in node.names}
     assert imported == {("cluster.jobs.direct", "DirectRequests"),
                         ("cluster.jobs.store", "JobRecord"), ("cluster.jobs.store", "StoredResult")}
+
+
+def test_the_server_never_imports_the_client_sdk():
+    root = API.parent.parent
+    probe = ("import sys, cluster.api.frontend; "
+             "print(sorted(m for m in sys.modules if m == 'cluster.api.client'))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, cwd=root, check=True,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.stdout.strip() == "[]"

@@ -20,12 +20,12 @@ from typing import AsyncIterable, AsyncIterator, Callable, Sequence
 
 from cluster.api import validate
 from cluster.api.chat import ChatTokenizer
+from cluster.api.incoming import RequestIn
 from cluster.api.intake import JobIntakeService
 from cluster.backend.protocol import ModelInfo, TokenChunk
 from cluster.jobs.direct import DirectRequests
 from cluster.jobs.store import JobRecord, StoredResult
 from cluster.telemetry.setup import attached, extract_metadata
-from proto.orchard.v1 import orchard_pb2 as pb
 
 Metadata = Sequence[tuple[str, str]]
 Pump = Callable[[AsyncIterator], AsyncIterator]
@@ -48,7 +48,7 @@ class Work:
     def model(self) -> ModelInfo:
         return self._model
 
-    async def submit_job(self, tenant: str, requests: Sequence[pb.Request],
+    async def submit_job(self, tenant: str, requests: Sequence[RequestIn],
                          idempotency_key: str = "", metadata: Metadata = ()) -> JobRecord:
         """Accept a job (or return the one ``idempotency_key`` already names) and launch it;
         its span joins the caller's trace, if any."""
@@ -61,7 +61,7 @@ class Work:
         with attached(extract_metadata(metadata)):
             return await self._intake.submit_file(tenant, chunks, name, idempotency_key)
 
-    async def stream_one(self, tenant: str, request: pb.Request, field: str,
+    async def stream_one(self, tenant: str, request: RequestIn, field: str,
                          metadata: Metadata = (), remaining_s: float | None = None,
                          pump: Pump = _direct) -> AsyncIterator[TokenChunk | StoredResult]:
         """Run one request outside any job: its token chunks as they come, then its result.
