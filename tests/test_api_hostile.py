@@ -293,7 +293,7 @@ def test_a_generate_stream_closed_from_another_task_detaches_no_span(api, caplog
     caplog.set_level(logging.WARNING)
     model = api.backend.model_info()
     runner = api.frontend.runner
-    work = Work(runner, api.backend, model, ChatTokenizer(model.model_dir),
+    work = Work(runner.direct, model, ChatTokenizer(model.model_dir),
                 JobIntakeService(api.frontend.store, runner, model, 100))
     servicer = GenerateServicer(Authenticator({"key-acme": "acme"}, frozenset()), work)
     request = pb.GenerateRequest(request=token_request("", list(range(1, 11)), 500))

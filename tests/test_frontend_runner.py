@@ -2,7 +2,8 @@
 import pytest
 
 from cluster.jobs.store import JobStore
-from cluster.jobs.runner import JobRunner, Overloaded, RunnerLimits
+from cluster.jobs.admission import Overloaded
+from cluster.jobs.runner import JobRunner, RunnerLimits
 from router.kv.key import Namespace
 
 

@@ -17,11 +17,13 @@ from workers.messages import SamplingParams
 
 
 class GateBackend:
-    """Holds every ``generate`` call open, counting the calls in flight."""
+    """Holds every ``generate`` call open, counting the calls in flight, and every direct
+    request's stream."""
 
     def __init__(self):
         self.running: dict[str, int] = {}  # tenant -> calls in flight
         self.opened = asyncio.Event()
+        self.held: list[asyncio.Event] = []  # one per direct request streaming now
 
     def total(self) -> int:
         return sum(self.running.values())
@@ -34,6 +36,14 @@ class GateBackend:
         finally:
             self.running[tenant] -= 1
         raise ValueError("the gate backend produces no results")
+
+    async def stream(self, request, block_hashes):
+        """A direct request (``runner.direct``): held until the test sets its event."""
+        done = asyncio.Event()
+        self.held.append(done)
+        await done.wait()
+        raise ValueError("the gate backend produces no results")
+        yield  # an async generator
 
 
 def _requests(n: int) -> list[StagedRequest]:
@@ -93,16 +103,14 @@ def test_a_generate_flood_gets_its_share_of_the_slots_and_no_more(tmp_path):
     async def main() -> None:
         backend = GateBackend()
         store, runner = _runner(tmp_path, backend, max_concurrent=4)
-        holding: list[asyncio.Event] = []  # one per Generate call that holds a slot
 
-        async def generate_call() -> None:  # what GenerateServicer does around the backend
-            async with runner.slot("flood"):
-                done = asyncio.Event()
-                holding.append(done)
-                await done.wait()
+        async def generate_call() -> None:  # what a Generate call runs: a direct request
+            with pytest.raises(ValueError):
+                async for _ in runner.direct.stream("flood", _prepare(b"")):
+                    pass
 
         async def finish_one_flood_call() -> None:
-            holding.pop(0).set()
+            backend.held.pop(0).set()
             await asyncio.sleep(0.01)
 
         flood = [asyncio.create_task(generate_call()) for _ in range(20)]

@@ -1,6 +1,6 @@
 """The job runner's other paths, over the in-process backend and a forged tiny model: the
 no-worker backoff, streaming, cancelling a running job, pages of requests, the forecast made
-before a job runs, a backend's bug, and what the runner hands the frontend.
+before a job runs, and a backend's bug (requests outside a job: ``test_runner_direct``).
 
 Every wait is bounded in wall-clock time (``tests.bounded``).
 """
@@ -14,7 +14,8 @@ import pytest
 
 from cluster.backend.local import LocalBackend
 from cluster.backend.protocol import GenerateOutcome, NoWorkerAvailable, TokenChunk
-from cluster.jobs.runner import JobRunner, RunnerLimits, dispatch, dispatch_stream, result_of
+from cluster.jobs.dispatch import dispatch, dispatch_stream, result_of
+from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.store import (PAGE_ROWS, JobNotFound, JobState, JobStore, NewRequest,
                                 StagedRequest)
 from cluster.telemetry import attrs as A
@@ -293,7 +294,6 @@ def test_the_forecast_covers_the_first_requests_of_a_job_before_any_runs(tmp_pat
         await backend.drain("local-0")   # every request fails at once: UNAVAILABLE
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
         runner = _runner(store, backend, timeout_s=0.01, tracing=tracing)
-        assert runner.tracing is tracing and runner.timeout_s == 0.01
         specs = [([5, -1], 1)] + [(list(range(i, i + 20)), 1) for i in range(129)]
         runner.admit("acme", len(specs))
         job = store.create_job("acme", "tiny", staged_requests(*specs))
@@ -313,25 +313,6 @@ def test_the_forecast_covers_the_first_requests_of_a_job_before_any_runs(tmp_pat
         store.close()
 
     run_bounded(scenario(), 30, "the job forecast")
-
-
-def test_what_the_runner_hands_the_frontend(tmp_path):
-    async def scenario() -> None:
-        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
-        runner = _runner(store, None, timeout_s=7.5)
-        assert runner.namespace("acme") == NS and runner.timeout_s == 7.5
-        prompt = list(range(50))
-        assert runner.block_hashes("acme", prompt) == hash_blocks(prompt, BLOCK, NS)
-        assert len(runner.block_hashes("acme", prompt)) == 3
-        assert runner.tracing.observer is None
-        async with runner.slot("acme"):
-            async with runner.slot("bravo"):
-                assert runner.slots_in_use() == {"acme": 1, "bravo": 1}
-        assert runner.slots_in_use() == {}
-        await runner.close()
-        store.close()
-
-    run_bounded(scenario(), 30, "the runner's accessors")
 
 
 class RecordingBackend(BrokenBackend):

@@ -3,7 +3,7 @@ finished request, whose worker it names, and an error's fields."""
 from __future__ import annotations
 
 from cluster.backend.protocol import GenerateOutcome
-from cluster.jobs.runner import error_of, result_of
+from cluster.jobs.dispatch import error_of, result_of
 from cluster.jobs.store import PendingRequest, StoredResult
 from tests.telemetry_factories import T0, result
 from workers.messages import LookupOutcome, SamplingParams

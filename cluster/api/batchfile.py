@@ -10,8 +10,13 @@ Input, one JSON object per line (blank lines are skipped)::
 ``top_p``, ``seed`` and ``stop`` are honoured; ``model`` is informational (a cluster serves one
 model). Structural problems name the line here (``line_shape``, all the server checks when it
 accepts a file); field values that need the model (the prompt's length against the context)
-are checked when a request is dispatched, and become a failed result. For jobs sent as
-requests (``SubmitJob``), ``line_of`` turns the server's ``requests[i]`` back into the line.
+are checked when a request is dispatched, and become a failed result.
+
+Both sides read lines here. The server: ``line_shape`` as it accepts a file, ``request_of``
+(the edges' typed ``RequestIn``, ``cluster.api.incoming``) as it dispatches a line. The client
+(``orchard submit``): ``parse_batch``, the file as orchard.v1 requests for ``SubmitJob``
+(``cluster.api.convert.request_to_pb``); ``line_of`` turns the server's ``requests[i]`` back
+into the line.
 
 Output, one line per request in submission order, as OpenAI writes it, with
 ``usage.prompt_tokens_details.cached_tokens``; failed requests carry ``error`` instead of
@@ -26,8 +31,8 @@ from typing import Iterable
 
 from google.protobuf import json_format
 
-from cluster.api import json_input
-from cluster.api.client import chat_request
+from cluster.api import incoming, json_input
+from cluster.api.convert import request_to_pb
 from proto.orchard.v1 import orchard_pb2 as pb
 
 URL = "/v1/chat/completions"
@@ -114,18 +119,24 @@ def line_shape(text: str | bytes, name: str, lineno: int) -> dict:
     return line
 
 
-def request_of(line: dict, name: str = "input", lineno: int = 0) -> pb.Request:
-    """The orchard.v1 request of a line that passed ``line_shape``."""
+def request_of(line: dict, name: str = "input", lineno: int = 0) -> incoming.RequestIn:
+    """The request of a line that passed ``line_shape``."""
     body = line["body"]
     try:
-        return chat_request(line["custom_id"], body["messages"], **_sampling(body, name, lineno))
-    except (TypeError, ValueError, OverflowError, json_format.ParseError) as exc:
-        # a value protobuf cannot hold (the checks in line_shape name the common ones)
+        return incoming.RequestIn(line["custom_id"], incoming.messages_of(body["messages"]),
+                                  incoming.sampling(**_sampling(body, name, lineno)))
+    except (TypeError, ValueError, OverflowError) as exc:
+        # a value the request's fields cannot hold (line_shape names the common ones)
         raise _bad(name, lineno, f"body: {exc}") from None
 
 
 def parse_line(text: str | bytes, name: str, lineno: int) -> pb.Request:
-    return request_of(line_shape(text, name, lineno), name, lineno)
+    request = request_of(line_shape(text, name, lineno), name, lineno)
+    try:
+        return request_to_pb(request)
+    except (TypeError, ValueError, OverflowError, json_format.ParseError) as exc:
+        # content protobuf cannot hold (the server checks the rest)
+        raise _bad(name, lineno, f"body: {exc}") from None
 
 
 def parse_batch(lines: Iterable[str | bytes], name: str = "input") -> Batch:

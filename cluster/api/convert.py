@@ -1,14 +1,22 @@
 """Conversions between orchard's dataclasses and the orchard.v1 protobuf messages.
 
 Protobuf exists only at the gRPC edge: the servicers and the client convert here, everything
-below them speaks dataclasses.
+below them speaks dataclasses. A request becomes the edges' typed ``RequestIn``
+(``cluster.api.incoming``) as it was sent, unchecked: ``request_from_pb`` never fails, so every
+problem is found, and named, by validation. ``request_to_pb`` goes back, for the job store's
+request bodies and the client's batch files.
 """
 from __future__ import annotations
 
 import base64
 import binascii
 from dataclasses import dataclass
+from typing import Any, Sequence, overload
 
+from google.protobuf import json_format, struct_pb2
+
+from cluster.api.incoming import (ABSENT, Absent, Json, MessageIn, Messages, RequestIn,
+                                  SamplingIn, Tokens)
 from cluster.api.validate import FieldError
 from cluster.backend.protocol import CacheStats, WorkerInfo
 from workers.messages import DiskTierStats
@@ -100,3 +108,84 @@ def page_request(request: pb.ListJobsRequest) -> JobsPage:
         raise FieldError("created_after_unix_ms", "must be >= 0")
     return JobsPage(size, tuple(by_pb[s] for s in request.states),
                     request.created_after_unix_ms, after)
+
+
+# ------------------------------------------------------------------ requests
+
+def json_of(value: struct_pb2.Value) -> Json | Absent:
+    """A ``google.protobuf.Value`` as the JSON value it holds (``ABSENT``: none)."""
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "list_value":
+        return [json_of(v) for v in value.list_value.values]
+    if kind == "struct_value":
+        return {k: json_of(v) for k, v in value.struct_value.fields.items()}
+    if kind == "number_value":
+        return value.number_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None if kind == "null_value" else ABSENT
+
+
+def content_value(content: Any) -> struct_pb2.Value:
+    """Any JSON value as ``google.protobuf.Value`` (the server checks that it is text)."""
+    if isinstance(content, str):  # the common case, ten times faster than ParseDict
+        return struct_pb2.Value(string_value=content)
+    return json_format.ParseDict(content, struct_pb2.Value())
+
+
+def messages_from_pb(messages: Sequence[pb.ChatMessage]) -> tuple[MessageIn, ...]:
+    return tuple(MessageIn(m.role, json_of(m.content)) for m in messages)
+
+
+def request_from_pb(request: pb.Request) -> RequestIn:
+    kind = request.WhichOneof("prompt")
+    prompt = (Messages(messages_from_pb(request.messages.messages)) if kind == "messages"
+              else Tokens(tuple(request.tokens.ids)) if kind == "tokens" else None)
+    s = request.sampling
+    return RequestIn(request.custom_id, prompt, SamplingIn(
+        max_tokens=s.max_tokens, temperature=s.temperature,
+        top_p=s.top_p if s.HasField("top_p") else None, seed=s.seed, stop=tuple(s.stop)))
+
+
+class RequestsFromPb(Sequence[RequestIn]):
+    """A job's protobuf requests, each converted as it is read: the job's size is checked
+    before any is, and intake reads them in its worker thread, off the event loop."""
+
+    def __init__(self, requests: Sequence[pb.Request]):
+        self._requests = requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    @overload
+    def __getitem__(self, index: int) -> RequestIn: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[RequestIn]: ...
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [request_from_pb(r) for r in self._requests[index]]
+        return request_from_pb(self._requests[index])
+
+
+def request_to_pb(request: RequestIn) -> pb.Request:
+    out = pb.Request(custom_id=request.custom_id)
+    if isinstance(request.prompt, Messages):
+        out.messages.SetInParent()  # an empty list is still the messages kind
+        for m in request.prompt.items:
+            message = out.messages.messages.add(role=m.role)
+            if m.content is not ABSENT:
+                message.content.CopyFrom(content_value(m.content))
+    elif isinstance(request.prompt, Tokens):
+        out.tokens.SetInParent()
+        out.tokens.ids.extend(request.prompt.ids)
+    s = request.sampling
+    if s != SamplingIn():  # all defaults: as protobuf reads no sampling at all
+        out.sampling.CopyFrom(pb.SamplingParams(max_tokens=s.max_tokens,
+                                                temperature=s.temperature, seed=s.seed,
+                                                stop=s.stop))
+        if s.top_p is not None:
+            out.sampling.top_p = s.top_p
+    return out

@@ -36,7 +36,7 @@ from google.protobuf.message import DecodeError
 
 from cluster.backend.protocol import NoWorkerAvailable, UnknownWorker
 from cluster.jobs.store import JobFinished, JobNotFound, StoreFull
-from cluster.jobs.runner import Overloaded
+from cluster.jobs.admission import Overloaded
 from cluster.api.keys import KeyStore
 from cluster.api.validate import LimitExceeded
 

@@ -155,7 +155,7 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
                                       ("grpc.so_reuseport", 0)])
     intake = JobIntakeService(store, runner, model, limits.max_requests_per_job,
                               limits.max_prompt_bytes)
-    work = Work(runner, backend, model, tokenizer, intake, limits.max_prompt_bytes)
+    work = Work(runner.direct, model, tokenizer, intake, limits.max_prompt_bytes)
     pb_grpc.add_JobsServicer_to_server(JobsServicer(auth, store, runner, work), server)
     pb_grpc.add_GenerateServicer_to_server(GenerateServicer(auth, work), server)
     pb_grpc.add_AdminServicer_to_server(

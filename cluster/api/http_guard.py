@@ -40,7 +40,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cluster.api.http_errors import BodyTooLarge, SlowClient, error_parts, error_response
-from cluster.jobs.runner import Overloaded
+from cluster.jobs.admission import Overloaded
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -12,9 +12,10 @@ Acceptance does what must be done before answering and no more::
 ``accept_file`` drives it from an async iterator of byte chunks, each chunk's work in a worker
 thread, so a 200 MB upload never stalls the event loop; ``JobIntakeService.submit_file`` adds
 the runner's admission and launches the job: the gRPC ``SubmitBatchFile`` and the HTTP Batch
-API both call it. ``SubmitJob``'s protobuf requests take the same path
-(``feed_requests``; body ``b"P"`` + the serialized request) after the checks that need no
-tokenizer.
+API both call it. A job sent as requests (``SubmitJob``, the HTTP Batch API: the edges' typed
+``RequestIn``) takes the same path (``feed_requests``) after the checks that need no
+tokenizer; each is stored as ``b"P"`` + the serialized orchard.v1 ``Request``
+(``cluster.api.convert.request_to_pb``): compact, and what stored jobs already hold.
 
 Chat templating and tokenization happen in ``prepare``, when the runner dispatches a request
 (in a worker thread): a request that turns out invalid then (a prompt over the context) becomes
@@ -35,6 +36,8 @@ from typing import AsyncIterable, Awaitable, Callable, Sequence
 
 from cluster.api import validate
 from cluster.api.batchfile import line_shape, request_of
+from cluster.api.convert import request_from_pb, request_to_pb
+from cluster.api.incoming import Messages, RequestIn, Tokens
 from cluster.backend.protocol import ModelInfo
 from cluster.jobs.runner import JobRunner
 from cluster.jobs.store import JobIntake, JobRecord, JobStore, NewRequest, StagedRequest
@@ -91,18 +94,18 @@ def _line_messages(messages: list[dict], where: str) -> list[dict[str, str]]:
     return out
 
 
-def _request_parts(request: pb.Request, where: str, model: ModelInfo,
+def _request_parts(request: RequestIn, where: str, model: ModelInfo,
                    max_prompt_bytes: int) -> list[bytes]:
     """Every check of ``validate.new_request`` that needs no tokenizer; the prefix parts."""
-    kind = request.WhichOneof("prompt")
-    if kind == "messages":
-        messages = validate.messages_to_dicts(request.messages.messages, f"{where}.messages")
+    prompt = request.prompt
+    if isinstance(prompt, Messages):
+        messages = validate.messages_to_dicts(prompt.items, f"{where}.messages")
         validate.check_prompt_bytes(messages, f"{where}.messages", max_prompt_bytes)
         validate.sampling_params(request, where, 1, model)  # the length is known at dispatch
         return _message_parts(messages)
-    if kind == "tokens":
+    if isinstance(prompt, Tokens):
         ids = validate.check_token_ids(
-            validate.check_context(request.tokens.ids, where, model.max_context),
+            validate.check_context(prompt.ids, where, model.max_context),
             f"{where}.tokens.ids", model.vocab_size)
         validate.sampling_params(request, where, len(ids), model)
         return _token_parts(ids)
@@ -117,7 +120,7 @@ def prepare(body: bytes, model: ModelInfo, render: validate.Render,
     if kind == LINE_BODY:
         request = request_of(json.loads(data))
     elif kind == PROTO_BODY:
-        request = pb.Request.FromString(data)
+        request = request_from_pb(pb.Request.FromString(data))
     else:
         raise RuntimeError(f"a stored request has an unknown body format {kind!r}")
     return validate.new_request(request, "request", model, render, max_prompt_bytes)
@@ -158,14 +161,14 @@ class BatchIntake:
         self._flush(ROWS_PER_WRITE)
         return self.count - before
 
-    def feed_requests(self, requests: Sequence[pb.Request]) -> None:
+    def feed_requests(self, requests: Sequence[RequestIn]) -> None:
         for request in requests:
             index = self.count
             where = f"requests[{index}]"
             self._check_id(request.custom_id, where + ".custom_id", f"requests[{{}}]")
             parts = _request_parts(request, where, self.model, self.max_prompt_bytes)
             self._stage(request.custom_id, prefix_key(parts),
-                        PROTO_BODY + request.SerializeToString())
+                        PROTO_BODY + request_to_pb(request).SerializeToString())
         self._flush(ROWS_PER_WRITE)
 
     def end(self) -> int:
@@ -253,10 +256,10 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
 
 
 async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
-                          requests: Sequence[pb.Request], idempotency_key: str = "",
+                          requests: Sequence[RequestIn], idempotency_key: str = "",
                           max_prompt_bytes: int = validate.MAX_PROMPT_BYTES
                           ) -> tuple[JobRecord, bool]:
-    """``accept_file`` for a job sent as protobuf requests (``SubmitJob``)."""
+    """``accept_file`` for a job sent as requests (``SubmitJob``, the HTTP Batch API)."""
     batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests,
                         max_prompt_bytes=max_prompt_bytes)
     try:
@@ -291,7 +294,7 @@ class JobIntakeService:
                                      max_prompt_bytes=self.max_prompt_bytes)
         return await self._submit(tenant, idempotency_key, accept)
 
-    async def submit_requests(self, tenant: str, requests: Sequence[pb.Request],
+    async def submit_requests(self, tenant: str, requests: Sequence[RequestIn],
                               idempotency_key: str = "") -> JobRecord:
         validate.check_job_size(len(requests), self.max_requests)
 

@@ -1,13 +1,15 @@
 """OpenAI's request and response shapes, converted to and from orchard's own.
 
-A request body (``/v1/chat/completions`` or ``/v1/completions``) becomes an orchard.v1
-``Request``, which then takes the same validation as a gRPC call (``cluster.api.validate``):
-the checks here are only about the JSON's shape (types, unsupported options), each raising a
-``FieldError`` naming the body field. A ``StoredResult`` becomes a completion object, a
-streamed chunk or a Batch output line. Usage is reported as OpenAI does, with the tokens
-read from a worker's prefix store as ``usage.prompt_tokens_details.cached_tokens``.
+A request body (``/v1/chat/completions`` or ``/v1/completions``) is converted once, into the
+typed ``RequestIn`` the gRPC servicer makes of its protobuf (``cluster.api.incoming``, which
+says why that and not protobuf), and then takes the same validation as a gRPC call
+(``cluster.api.validate``): the checks here are only about the JSON's shape (types,
+unsupported options, numbers the gRPC fields could not hold, so both edges accept the same
+requests), each raising a ``FieldError`` naming the body field. A ``StoredResult`` becomes a
+completion object, a streamed chunk or a Batch output line. Usage is reported as OpenAI does,
+with the tokens read from a worker's prefix store as ``usage.prompt_tokens_details.cached_tokens``.
 
-    chat body ──► Request(messages, sampling)      completion body ──► Request(tokens, sampling)
+    chat body ──► RequestIn(Messages, sampling)   completion body ──► RequestIn(Tokens, sampling)
     StoredResult ──► chat.completion | text_completion (+ chunks when streamed)
 """
 from __future__ import annotations
@@ -16,12 +18,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from cluster.api import json_input
+from cluster.api import incoming, json_input
 from cluster.api.batchfile import INT32_MAX, SEED_LIMIT
-from cluster.api.client import chat_request, sampling, token_request
+from cluster.api.incoming import RequestIn, SamplingIn, Tokens
 from cluster.api.validate import QUOTE_CHARS, FieldError
 from cluster.jobs.store import StoredResult
-from proto.orchard.v1 import orchard_pb2 as pb
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -81,7 +82,7 @@ def _unsupported(body: dict) -> None:
             raise FieldError(key, "not supported by orchard; leave it out")
 
 
-def sampling_params(body: dict, endpoint: str) -> pb.SamplingParams:
+def sampling_params(body: dict, endpoint: str) -> SamplingIn:
     max_tokens = _integer(body, "max_tokens", INT32_MAX)
     if max_tokens is None:
         max_tokens = _integer(body, "max_completion_tokens", INT32_MAX)
@@ -95,9 +96,9 @@ def sampling_params(body: dict, endpoint: str) -> pb.SamplingParams:
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise FieldError("stop", "must be a string or a list of strings")
-    return sampling(DEFAULT_MAX_TOKENS[endpoint] if max_tokens is None else max_tokens,
-                    temperature=1.0 if temperature is None else float(temperature),
-                    top_p=_number(body, "top_p"), seed=seed or 0, stop=stops)
+    return incoming.sampling(DEFAULT_MAX_TOKENS[endpoint] if max_tokens is None else max_tokens,
+                             temperature=1.0 if temperature is None else temperature,
+                             top_p=_number(body, "top_p"), seed=seed or 0, stop=stops)
 
 
 def check_model(body: dict, model_id: str) -> None:
@@ -120,8 +121,8 @@ def streaming(body: dict) -> Streaming:
     return Streaming(stream, include_usage)
 
 
-def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "") -> pb.Request:
-    """The orchard.v1 ``Request`` a chat or completion body asks for."""
+def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "") -> RequestIn:
+    """The request a chat or completion body asks for (unchecked beyond its JSON shape)."""
     if not isinstance(body, dict):
         raise FieldError("body", "must be a JSON object")
     _unsupported(body)
@@ -130,11 +131,8 @@ def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "") ->
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise FieldError("messages", "must be a list of {role, content} objects")
-        request = chat_request(custom_id, messages, 1)
-    else:
-        request = token_request(custom_id, _prompt_ids(body.get("prompt"), encode), 1)
-    request.sampling.CopyFrom(params)
-    return request
+        return RequestIn(custom_id, incoming.messages_of(messages), params)
+    return RequestIn(custom_id, Tokens(tuple(_prompt_ids(body.get("prompt"), encode))), params)
 
 
 def _prompt_ids(prompt: Any, encode: Encode) -> list[int]:
@@ -214,7 +212,7 @@ def batch_output_line(endpoint: str, r: StoredResult, model: str, created_s: int
 
 @dataclass(frozen=True, slots=True)
 class BatchInput:
-    requests: list[pb.Request]
+    requests: list[RequestIn]
     lines: list[int]  # the 1-based line of each request
 
     def on_line(self, exc: FieldError) -> FieldError:
@@ -242,7 +240,7 @@ def batch_requests(lines: Sequence[str], endpoint: str, encode: Encode, model_id
 
 
 def _batch_line(text: str, where: str, endpoint: str, encode: Encode, model_id: str
-                ) -> pb.Request:
+                ) -> RequestIn:
     try:
         line = json_input.loads(text)
     except json_input.JsonInputError as exc:

@@ -1,6 +1,7 @@
 """The tenant-facing servicers: ``orchard.v1.Jobs`` and ``orchard.v1.Generate``.
 
-Each method authenticates (the API key names the tenant) and hands the work to
+Each method authenticates (the API key names the tenant), converts the protobuf requests into
+the edges' typed ones (``cluster.api.convert``: ``RequestIn``) and hands the work to
 ``cluster.api.work`` (validation, admission, the job store and the ``JobRunner``, or one
 request streamed from the backend), the path the HTTP API shares. Errors are domain exceptions,
 mapped to statuses by ``cluster.api.edge.grpc_errors``.
@@ -12,7 +13,8 @@ import contextlib
 from typing import AsyncIterator, TypeVar
 
 from cluster.api import validate
-from cluster.api.convert import job_to_pb, page_request, page_token, result_to_pb
+from cluster.api.convert import (RequestsFromPb, job_to_pb, page_request, page_token,
+                                 request_from_pb, result_to_pb)
 from cluster.api.edge import Authenticator, Undecodable, grpc_errors
 from cluster.api.work import Work
 from cluster.jobs.runner import JobRunner
@@ -39,7 +41,8 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
-        job = await self._work.submit_job(tenant, request.requests, request.idempotency_key,
+        job = await self._work.submit_job(tenant, RequestsFromPb(request.requests),
+                                          request.idempotency_key,
                                           context.invocation_metadata() or ())
         return job_to_pb(job)
 
@@ -127,7 +130,8 @@ class GenerateServicer(pb_grpc.GenerateServicer):
         model = self._work.model.model_id
         # Pumped by a task the RPC's end cancels (a client that cancels or goes away): the
         # request is aborted on its worker at once, not whenever the stream is collected.
-        async for item in self._work.stream_one(tenant, request.request, "request",
+        async for item in self._work.stream_one(tenant, request_from_pb(request.request),
+                                                "request",
                                                 context.invocation_metadata() or (),
                                                 context.time_remaining(),
                                                 lambda items: until_rpc_done(context, items)):

@@ -10,7 +10,7 @@ from typing import Callable
 from cluster.api import validate
 from cluster.api.chat import ChatTokenizer
 from cluster.backend.protocol import Backend, ModelInfo, UnknownWorker
-from cluster.api.convert import stats_to_pb, worker_to_pb
+from cluster.api.convert import messages_from_pb, stats_to_pb, worker_to_pb
 from cluster.api.edge import Authenticator, grpc_errors
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
@@ -65,7 +65,8 @@ class AdminServicer(pb_grpc.AdminServicer):
         prefix: tuple[int, ...] | None = None
         kind = request.WhichOneof("prefix")
         if kind == "messages":
-            messages = validate.messages_to_dicts(request.messages.messages, "messages")
+            messages = validate.messages_to_dicts(messages_from_pb(request.messages.messages),
+                                                  "messages")
             prefix = tuple(await self._tokenizer.off_loop(self._tokenizer.render_prefix,
                                                           messages))
         elif kind == "tokens":

@@ -1,18 +1,20 @@
 """Validation of incoming requests: every field checked, tokenized, before anything runs.
 
-Turns protobuf requests into the job store's ``NewRequest`` (token ids + ``SamplingParams``).
+Turns the edges' typed requests (``cluster.api.incoming.RequestIn``, from gRPC, HTTP or a
+batch file alike) into the job store's ``NewRequest`` (token ids + ``SamplingParams``).
 Every problem raises ``FieldError``, a ``ValueError`` whose message starts with the field's
-path (``requests[3].messages[1].content: ...``) and says what to do; the servicer maps it to
-``INVALID_ARGUMENT`` (``LimitExceeded``, a job over the size limit, to ``RESOURCE_EXHAUSTED``). Nothing here touches the job store or the backend.
+path (``requests[3].messages[1].content: ...``) and says what to do; the edge maps it to
+``INVALID_ARGUMENT`` (``LimitExceeded``, a job over the size limit, to ``RESOURCE_EXHAUSTED``).
+Nothing here touches the job store or the backend.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable, Sequence
 
+from cluster.api.incoming import ABSENT, MessageIn, Messages, RequestIn, Tokens
 from cluster.backend.protocol import ModelInfo
 from cluster.jobs.store import NewRequest
-from proto.orchard.v1 import orchard_pb2 as pb
 from workers.messages import SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -48,26 +50,32 @@ class LimitExceeded(FieldError):
 
 def content_text(value, field: str) -> str:
     """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
-    kind = value.WhichOneof("kind")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "list_value":
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
         parts = []
-        for i, part in enumerate(value.list_value.values):
-            fields = part.struct_value.fields if part.WhichOneof("kind") == "struct_value" else {}
-            text = fields.get("text")
-            if (fields.get("type") is None or fields["type"].string_value != "text"
-                    or text is None or text.WhichOneof("kind") != "string_value"):
+        for i, part in enumerate(value):
+            text = part.get("text") if isinstance(part, dict) else None
+            if not isinstance(text, str) or part.get("type") != "text":
                 raise FieldError(f"{field}[{i}]", 'a content part must be {"type": "text", '
                                  '"text": "..."}')
-            parts.append(text.string_value)
+            parts.append(text)
         return "".join(parts)
-    shown = {"number_value": "a number", "bool_value": "a boolean", "struct_value": "an object",
-             "null_value": "null", None: "missing"}[kind]
-    raise FieldError(field, f"must be a string (or a list of text parts), got {shown}")
+    raise FieldError(field, f"must be a string (or a list of text parts), got {_kind(value)}")
 
 
-def messages_to_dicts(messages: Sequence[pb.ChatMessage], field: str) -> list[dict[str, str]]:
+def _kind(value) -> str:
+    """What a JSON value that is not text is, as an error names it."""
+    if value is ABSENT:
+        return "missing"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before numbers: a bool is an int
+        return "a boolean"
+    return "an object" if isinstance(value, dict) else "a number"
+
+
+def messages_to_dicts(messages: Sequence[MessageIn], field: str) -> list[dict[str, str]]:
     if not messages:
         raise FieldError(field, "empty message list; give at least one message")
     out = []
@@ -106,21 +114,21 @@ def check_token_ids(ids: Sequence[int], field: str, vocab_size: int) -> tuple[in
     return tuple(int(t) for t in ids)
 
 
-def prompt_tokens(request: pb.Request, field: str, model: ModelInfo, render: Render,
+def prompt_tokens(request: RequestIn, field: str, model: ModelInfo, render: Render,
                   max_prompt_bytes: int = MAX_PROMPT_BYTES) -> tuple[int, ...]:
-    kind = request.WhichOneof("prompt")
-    if kind == "messages":
-        messages = messages_to_dicts(request.messages.messages, f"{field}.messages")
+    prompt = request.prompt
+    if isinstance(prompt, Messages):
+        messages = messages_to_dicts(prompt.items, f"{field}.messages")
         check_prompt_bytes(messages, f"{field}.messages", max_prompt_bytes)
         ids = check_context(render(messages), field, model.max_context)
         return check_token_ids(ids, f"{field}.messages (rendered)", model.vocab_size)
-    if kind == "tokens":
-        ids = check_context(request.tokens.ids, field, model.max_context)
+    if isinstance(prompt, Tokens):
+        ids = check_context(prompt.ids, field, model.max_context)
         return check_token_ids(ids, f"{field}.tokens.ids", model.vocab_size)
     raise FieldError(f"{field}.prompt", "missing: set messages or tokens")
 
 
-def sampling_params(request: pb.Request, field: str, prompt_len: int, model: ModelInfo
+def sampling_params(request: RequestIn, field: str, prompt_len: int, model: ModelInfo
                     ) -> SamplingParams:
     s = request.sampling
     context = model.max_context
@@ -132,7 +140,7 @@ def sampling_params(request: pb.Request, field: str, prompt_len: int, model: Mod
                          f"context of {context}; use at most {context - prompt_len}")
     if not math.isfinite(s.temperature) or s.temperature < 0:
         raise FieldError(f"{field}.sampling.temperature", f"must be >= 0, got {s.temperature}")
-    top_p = s.top_p if s.HasField("top_p") else 1.0
+    top_p = 1.0 if s.top_p is None else s.top_p
     if not 0 < top_p <= 1:
         raise FieldError(f"{field}.sampling.top_p", f"must be in (0, 1], got {top_p}")
     check_stop(s.stop, f"{field}.sampling.stop")
@@ -158,7 +166,7 @@ def check_custom_id(custom_id: str, field: str) -> str:
     return custom_id
 
 
-def new_request(request: pb.Request, field: str, model: ModelInfo, render: Render,
+def new_request(request: RequestIn, field: str, model: ModelInfo, render: Render,
                 max_prompt_bytes: int = MAX_PROMPT_BYTES) -> NewRequest:
     check_custom_id(request.custom_id, f"{field}.custom_id")
     prompt = prompt_tokens(request, field, model, render, max_prompt_bytes)
@@ -181,7 +189,7 @@ def check_job_size(n: int, max_requests: int) -> None:
                             "per job; split the job")
 
 
-def job_requests(requests: Sequence[pb.Request], max_requests: int, model: ModelInfo,
+def job_requests(requests: Sequence[RequestIn], max_requests: int, model: ModelInfo,
                  render: Render, max_prompt_bytes: int = MAX_PROMPT_BYTES) -> list[NewRequest]:
     """Validate a whole job; the first problem found raises, naming its request and field."""
     check_job_size(len(requests), max_requests)

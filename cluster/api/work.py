@@ -6,27 +6,26 @@ tokenization (off the event loop), concurrency slots, tracing and dispatch.
 
     submit_job(tenant, requests, key)    JobIntakeService: admit ─► shape checks ─► store
     submit_file(tenant, chunks, name)      ─► runner.launch (templating at dispatch)
-    stream_one(tenant, request, ...)     admit ─► validate + tokenize (tokenizer's pool)
-                                         ─► pump(slot ─► trace ─► dispatch_stream)
+    stream_one(tenant, request, ...)     direct.admitted ─► validate + tokenize (tokenizer's
+                                         pool) ─► pump(direct.stream: slot ─► trace ─► backend)
                                          yields TokenChunk ... then one StoredResult
+
+A request outside any job reaches the jobs room through ``cluster.jobs.direct`` alone
+(``DirectRequests``: ``admitted`` and ``stream``), never the runner's own parts.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import math
-import secrets
 from typing import AsyncIterable, AsyncIterator, Callable, Sequence
 
 from cluster.api import validate
 from cluster.api.chat import ChatTokenizer
+from cluster.api.incoming import RequestIn
 from cluster.api.intake import JobIntakeService
-from cluster.backend.protocol import Backend, GenerateOutcome, ModelInfo, TokenChunk
-from cluster.jobs.runner import JobRunner, dispatch_stream, result_of
-from cluster.jobs.store import JobRecord, NewRequest, StoredResult
+from cluster.backend.protocol import ModelInfo, TokenChunk
+from cluster.jobs.direct import DirectRequests
+from cluster.jobs.store import JobRecord, StoredResult
 from cluster.telemetry.setup import attached, extract_metadata
-from proto.orchard.v1 import orchard_pb2 as pb
-from workers.messages import GenerateRequest
 
 Metadata = Sequence[tuple[str, str]]
 Pump = Callable[[AsyncIterator], AsyncIterator]
@@ -37,11 +36,9 @@ def _direct(items: AsyncIterator) -> AsyncIterator:
 
 
 class Work:
-    def __init__(self, runner: JobRunner, backend: Backend, model: ModelInfo,
-                 tokenizer: ChatTokenizer, intake: JobIntakeService,
-                 max_prompt_bytes: int = validate.MAX_PROMPT_BYTES):
-        self._runner = runner
-        self._backend = backend
+    def __init__(self, direct: DirectRequests, model: ModelInfo, tokenizer: ChatTokenizer,
+                 intake: JobIntakeService, max_prompt_bytes: int = validate.MAX_PROMPT_BYTES):
+        self._direct = direct
         self._model = model
         self._tokenizer = tokenizer
         self._intake = intake
@@ -51,7 +48,7 @@ class Work:
     def model(self) -> ModelInfo:
         return self._model
 
-    async def submit_job(self, tenant: str, requests: Sequence[pb.Request],
+    async def submit_job(self, tenant: str, requests: Sequence[RequestIn],
                          idempotency_key: str = "", metadata: Metadata = ()) -> JobRecord:
         """Accept a job (or return the one ``idempotency_key`` already names) and launch it;
         its span joins the caller's trace, if any."""
@@ -64,7 +61,7 @@ class Work:
         with attached(extract_metadata(metadata)):
             return await self._intake.submit_file(tenant, chunks, name, idempotency_key)
 
-    async def stream_one(self, tenant: str, request: pb.Request, field: str,
+    async def stream_one(self, tenant: str, request: RequestIn, field: str,
                          metadata: Metadata = (), remaining_s: float | None = None,
                          pump: Pump = _direct) -> AsyncIterator[TokenChunk | StoredResult]:
         """Run one request outside any job: its token chunks as they come, then its result.
@@ -74,39 +71,12 @@ class Work:
         task the RPC's end cancels, so its span is current in that task only, never across a
         yield); closing this stream early aborts the request on its worker.
         """
-        self._runner.admit(tenant, 1)  # before tokenizing: an overloaded cluster does no work
-        try:
+        # admitted before tokenizing: an overloaded cluster does no work
+        with self._direct.admitted(tenant):
             new = await self._tokenizer.off_loop(
                 validate.new_request, request, field, self._model, self._tokenizer.render,
                 self._max_prompt_bytes)
-            async with contextlib.aclosing(pump(self._run(tenant, new, metadata, remaining_s))
-                                           ) as items:
+            stream = self._direct.stream(tenant, new, metadata, remaining_s)
+            async with contextlib.aclosing(pump(stream)) as items:
                 async for item in items:
                     yield item
-        finally:
-            self._runner.release(tenant, 1)
-
-    async def _run(self, tenant: str, new: NewRequest, metadata: Metadata,
-                   remaining_s: float | None) -> AsyncIterator[TokenChunk | StoredResult]:
-        """One request on the backend, in one of the ``max_concurrent`` slots (shared with
-        jobs), traced."""
-        async with self._runner.slot(tenant):
-            request_id = f"gen-{secrets.token_hex(8)}"
-            with self._runner.tracing.request(tenant, request_id, "", new.custom_id, new.sampling,
-                                              metadata, prompt=new.prompt) as trace:
-                generate = GenerateRequest(request_id=request_id,
-                                           namespace=self._runner.namespace(tenant),
-                                           prompt=new.prompt, sampling=new.sampling,
-                                           trace_context=trace.context)
-                timeout_s = min(self._runner.timeout_s,
-                                math.inf if remaining_s is None else max(remaining_s, 0.001))
-                hashes = self._runner.block_hashes(tenant, new.prompt)
-                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
-                    if isinstance(item, GenerateOutcome):
-                        try:  # the caller gets its result first; the trace finishes after
-                            yield result_of(0, new.custom_id, item)
-                            await asyncio.sleep(0)
-                        finally:
-                            trace.done(generate, hashes, item)
-                    else:
-                        yield item

@@ -1,13 +1,19 @@
 """The job runner: runs every accepted request once, through the backend, into the job store.
 
-It owns admission (backpressure) and execution; the job store owns the state:
+It owns admission (backpressure, ``cluster.jobs.admission``) and execution; the job store owns
+the state:
 
     SubmitJob ─► admit(tenant, n) ─► intake (store) ─► runner.launch(job)
                                                           │ one task per job; its requests and
-                                                          ▼ Generate calls share max_concurrent
+                                                          ▼ direct requests share max_concurrent
                                                           │ slots (``cluster.jobs.slots``)
         store.next_requests (a page, in dispatch order) ─► prepare (template + tokenize, in a
         worker thread) ─► dispatch(backend, request, hashes, timeout) ─► store.record_result
+                          (``cluster.jobs.dispatch``)
+
+A request outside any job (``Generate``, the HTTP completions) comes in through
+``runner.direct`` (``cluster.jobs.direct.DirectRequests``): the same admission counts, slots,
+tracing and timeout, without the store: what an edge uses to run a request itself.
 
 Memory follows what runs, not what is queued: a job's requests are read from the store a page
 (``PAGE_ROWS``) at a time as slots free up, and tokenized only when dispatched. The job's
@@ -34,18 +40,19 @@ last page left requests behind. Every request gets a result, so every job ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Sequence
+from typing import Callable
 
-from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkerAvailable, TokenChunk
-from cluster.backend.retry import NO_WORKER_BACKOFF_S
+from cluster.backend.protocol import Backend, NoWorkerAvailable
+from cluster.jobs.admission import Admission
+from cluster.jobs.direct import DirectRequests
+from cluster.jobs.dispatch import dispatch, error_of, result_of
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
 from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
-from router.kv.key import BlockHash, Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from workers.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -53,60 +60,6 @@ log = logging.getLogger(__name__)
 FORECAST_REQUESTS = 128  # tokenized twice (forecast, dispatch): 128 x ~1 ms per job
 
 Prepare = Callable[[bytes], NewRequest]  # a stored body, templated and tokenized (blocking)
-
-
-class Overloaded(RuntimeError):
-    """Too many requests pending: the caller should retry later."""
-
-
-async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-                   timeout_s: float) -> GenerateOutcome:
-    """Run one request on the backend within ``timeout_s``: the one call per request.
-
-    ``NoWorkerAvailable`` is retried with backoff while time remains (workers may be scaling
-    or restarting); ``TimeoutError`` when the deadline passes.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    attempt = 0
-    while True:
-        try:
-            return await asyncio.wait_for(backend.generate(request, block_hashes),
-                                          max(deadline - loop.time(), 0.001))
-        except NoWorkerAvailable:
-            pause = NO_WORKER_BACKOFF_S[min(attempt, len(NO_WORKER_BACKOFF_S) - 1)]
-            if loop.time() + pause >= deadline:
-                raise
-            attempt += 1
-            await asyncio.sleep(pause)
-
-
-async def dispatch_stream(backend: Backend, request: GenerateRequest,
-                          block_hashes: Sequence[BlockHash], timeout_s: float
-                          ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
-    """Stream one request from the backend within ``timeout_s`` (``TimeoutError`` after it)."""
-    async with asyncio.timeout(timeout_s), \
-            contextlib.aclosing(backend.stream(request, block_hashes)) as items:
-        async for item in items:  # closed early (cancel, deadline): aborted on the worker
-            yield item
-
-
-def result_of(index: int, custom_id: str, outcome: GenerateOutcome) -> StoredResult:
-    r = outcome.result
-    return StoredResult(
-        index=index, custom_id=custom_id, request_id=r.request_id, ok=True,
-        text=r.text, output_tokens=tuple(r.output_tokens), finish_reason=r.finish_reason,
-        prompt_tokens=r.input_tokens, cached_tokens=r.cached_tokens,
-        computed_tokens=r.computed_tokens, written_tokens=r.written_tokens,
-        worker_id=outcome.worker_id or r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s,
-        attempts=outcome.attempts,
-        worker_s=outcome.worker_time_s())
-
-
-def error_of(pending: PendingRequest | StoredRequest, code: str, message: str) -> StoredResult:
-    return StoredResult(index=pending.index, custom_id=pending.custom_id,
-                        request_id=pending.request_id, ok=False, error_code=code,
-                        error_message=message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,48 +92,34 @@ class JobRunner:
         self._namespace = namespace
         self._block_size = block_size
         self._slots = SlotPool(limits.max_concurrent)
-        self._max_tenant = limits.max_pending_per_tenant
-        self._max_total = limits.max_pending_total
+        self._admission = Admission(limits.max_pending_per_tenant, limits.max_pending_total)
         self._timeout_s = limits.request_timeout_s
-        self._pending: dict[str, int] = {}
         self._jobs: dict[str, asyncio.Task] = {}
         self._running: dict[str, set[asyncio.Task]] = {}  # job id -> its requests in flight
         self._changed = asyncio.Condition()
         self._forecasting = asyncio.Lock()
         self._tracing = tracing or JobTracing()  # traces, cost forecast, miss causes
+        self._direct = DirectRequests(backend, self._admission, self._slots, self._tracing,
+                                      namespace, block_size, self._timeout_s)
 
     # ------------------------------------------------------------ admission
 
     def admit(self, tenant: str, n: int) -> None:
         """Count ``n`` more pending requests for ``tenant``, or raise ``Overloaded``."""
-        mine = self._pending.get(tenant, 0)
-        total = sum(self._pending.values())
-        if mine + n > self._max_tenant:
-            raise Overloaded(f"requests: tenant {tenant!r} has {mine} requests pending and the "
-                             f"limit is {self._max_tenant}; wait for jobs to finish and retry")
-        if total + n > self._max_total:
-            raise Overloaded(f"requests: the cluster has {total} requests pending and the limit "
-                             f"is {self._max_total}; retry later")
-        self._pending[tenant] = mine + n
+        self._admission.admit(tenant, n)
 
     def pending(self) -> dict[str, int]:
         """Requests accepted and not finished, per tenant (the queue depth)."""
-        return dict(self._pending)
+        return self._admission.pending()
 
     def release(self, tenant: str, n: int) -> None:
-        left = self._pending.get(tenant, 0) - n
-        if left < 0:
-            raise RuntimeError(f"pending count for {tenant!r} went negative ({left})")
-        if left:
-            self._pending[tenant] = left
-        else:
-            self._pending.pop(tenant, None)
+        self._admission.release(tenant, n)
 
     # ------------------------------------------------------------ lifecycle
 
     def resume(self) -> list[str]:
         """Count and relaunch the store's unfinished jobs (after a restart)."""
-        self._pending = self._store.pending_by_tenant()
+        self._admission.reset(self._store.pending_by_tenant())
         jobs = self._store.unfinished_jobs()
         for job in jobs:
             self.launch(job)
@@ -221,27 +160,14 @@ class JobRunner:
             except TimeoutError:
                 pass
 
-    def namespace(self, tenant: str) -> Namespace:
-        return self._namespace(tenant)
-
-    def block_hashes(self, tenant: str, prompt: Sequence[int]) -> list[BlockHash]:
-        return hash_blocks(prompt, self._block_size, self._namespace(tenant))
-
-    def slot(self, tenant: str):
-        """``async with runner.slot(tenant):`` one of the ``max_concurrent`` slots (Generate)."""
-        return self._slots.slot(tenant)
+    @property
+    def direct(self) -> DirectRequests:
+        """Requests outside any job (``Generate``, the HTTP completions): the edges' way in."""
+        return self._direct
 
     def slots_in_use(self) -> dict[str, int]:
-        """Requests on the backend now, per tenant (job requests and Generate calls)."""
+        """Requests on the backend now, per tenant (job requests and direct requests)."""
         return self._slots.held()
-
-    @property
-    def tracing(self) -> JobTracing:
-        return self._tracing
-
-    @property
-    def timeout_s(self) -> float:
-        return self._timeout_s
 
     # ------------------------------------------------------------ execution
 
@@ -339,7 +265,7 @@ class JobRunner:
 
     async def _dispatch(self, request: GenerateRequest, pending: PendingRequest,
                         trace: RequestTrace) -> StoredResult:
-        hashes = self.block_hashes(request.namespace.tenant, pending.prompt)
+        hashes = hash_blocks(pending.prompt, self._block_size, request.namespace)
         try:
             outcome = await dispatch(self._backend, request, hashes, self._timeout_s)
         except NoWorkerAvailable as exc:

@@ -1,0 +1,84 @@
+"""One request outside any job: the jobs room's interface for ``Generate`` and the HTTP
+completions (``cluster.api.work``), which need no job store but share everything else.
+
+    direct = runner.direct
+    with direct.admitted(tenant):              one more pending request (``Overloaded`` past
+        request = ...validate and tokenize...    the limits), counted until the block ends
+        async for item in direct.stream(tenant, request, metadata, remaining_s):
+            ...                                ``TokenChunk`` ... then one ``StoredResult``
+
+``stream`` holds one of the runner's ``max_concurrent`` slots (``cluster.jobs.slots``, shared
+fairly with job requests) while the request runs, traces it (``JobTracing.request``: a child
+of the caller's trace when ``metadata`` carries one), and stops at the earlier of the
+configured request timeout and the caller's own ``remaining_s`` (``TimeoutError``). Closing the
+stream early aborts the request on its worker. Errors are the backend's own
+(``NoWorkerAvailable``, ``ValueError``, ...), for the edge to map: a request outside a job has
+no stored result to record them in.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import secrets
+from typing import AsyncIterator, Callable, Sequence
+
+from cluster.backend.protocol import Backend, GenerateOutcome, TokenChunk
+from cluster.jobs.admission import Admission
+from cluster.jobs.dispatch import dispatch_stream, result_of
+from cluster.jobs.slots import SlotPool
+from cluster.jobs.store import NewRequest, StoredResult
+from cluster.telemetry.job_tracing import JobTracing
+from router.kv.key import Namespace, hash_blocks
+from workers.messages import GenerateRequest
+
+Metadata = Sequence[tuple[str, str]]  # the caller's (gRPC or HTTP) headers: its trace context
+
+MIN_TIMEOUT_S = 0.001  # a caller whose deadline has passed still gets a (failing) attempt
+
+
+class DirectRequests:
+    """Built by the ``JobRunner`` over its own admission, slots, tracing and backend."""
+
+    def __init__(self, backend: Backend, admission: Admission, slots: SlotPool,
+                 tracing: JobTracing, namespace: Callable[[str], Namespace], block_size: int,
+                 timeout_s: float):
+        self._backend = backend
+        self._admission = admission
+        self._slots = slots
+        self._tracing = tracing
+        self._namespace = namespace
+        self._block_size = block_size
+        self._timeout_s = timeout_s
+
+    def admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
+        """``with direct.admitted(tenant):`` one pending request of ``tenant`` while the block
+        runs; ``Overloaded`` (nothing counted) when the tenant or the cluster is full."""
+        return self._admission.admitted(tenant, 1)
+
+    async def stream(self, tenant: str, request: NewRequest, metadata: Metadata = (),
+                     remaining_s: float | None = None
+                     ) -> AsyncIterator[TokenChunk | StoredResult]:
+        """Run ``request`` (validated and tokenized) in a slot: its token chunks as the engine
+        yields them, then its result; within the request timeout and ``remaining_s``."""
+        async with self._slots.slot(tenant):
+            request_id = f"gen-{secrets.token_hex(8)}"
+            with self._tracing.request(tenant, request_id, "", request.custom_id,
+                                       request.sampling, metadata,
+                                       prompt=request.prompt) as trace:
+                generate = GenerateRequest(request_id=request_id,
+                                           namespace=self._namespace(tenant),
+                                           prompt=request.prompt, sampling=request.sampling,
+                                           trace_context=trace.context)
+                timeout_s = min(self._timeout_s, math.inf if remaining_s is None
+                                else max(remaining_s, MIN_TIMEOUT_S))
+                hashes = hash_blocks(request.prompt, self._block_size, generate.namespace)
+                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
+                    if isinstance(item, GenerateOutcome):
+                        try:  # the caller gets its result first; the trace finishes after
+                            yield result_of(0, request.custom_id, item)
+                            await asyncio.sleep(0)
+                        finally:
+                            trace.done(generate, hashes, item)
+                    else:
+                        yield item

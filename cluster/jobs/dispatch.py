@@ -1,0 +1,69 @@
+"""One request on the backend, and the result it leaves: what the runner and ``direct`` share.
+
+    dispatch(backend, request, hashes, timeout)         ─► GenerateOutcome (retried while
+                                                            no worker can take it)
+    dispatch_stream(backend, request, hashes, timeout)  ─► TokenChunk ... GenerateOutcome
+    result_of(index, custom_id, outcome)                ─► StoredResult (ok)
+    error_of(request, code, message)                    ─► StoredResult (failed)
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator, Sequence
+
+from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkerAvailable, TokenChunk
+from cluster.backend.retry import NO_WORKER_BACKOFF_S
+from cluster.jobs.store import PendingRequest, StoredRequest, StoredResult
+from router.kv.key import BlockHash
+from workers.messages import GenerateRequest
+
+
+async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Sequence[BlockHash],
+                   timeout_s: float) -> GenerateOutcome:
+    """Run one request on the backend within ``timeout_s``: the one call per request.
+
+    ``NoWorkerAvailable`` is retried with backoff while time remains (workers may be scaling
+    or restarting); ``TimeoutError`` when the deadline passes.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    attempt = 0
+    while True:
+        try:
+            return await asyncio.wait_for(backend.generate(request, block_hashes),
+                                          max(deadline - loop.time(), 0.001))
+        except NoWorkerAvailable:
+            pause = NO_WORKER_BACKOFF_S[min(attempt, len(NO_WORKER_BACKOFF_S) - 1)]
+            if loop.time() + pause >= deadline:
+                raise
+            attempt += 1
+            await asyncio.sleep(pause)
+
+
+async def dispatch_stream(backend: Backend, request: GenerateRequest,
+                          block_hashes: Sequence[BlockHash], timeout_s: float
+                          ) -> AsyncIterator[TokenChunk | GenerateOutcome]:
+    """Stream one request from the backend within ``timeout_s`` (``TimeoutError`` after it)."""
+    async with asyncio.timeout(timeout_s), \
+            contextlib.aclosing(backend.stream(request, block_hashes)) as items:
+        async for item in items:  # closed early (cancel, deadline): aborted on the worker
+            yield item
+
+
+def result_of(index: int, custom_id: str, outcome: GenerateOutcome) -> StoredResult:
+    r = outcome.result
+    return StoredResult(
+        index=index, custom_id=custom_id, request_id=r.request_id, ok=True,
+        text=r.text, output_tokens=tuple(r.output_tokens), finish_reason=r.finish_reason,
+        prompt_tokens=r.input_tokens, cached_tokens=r.cached_tokens,
+        computed_tokens=r.computed_tokens, written_tokens=r.written_tokens,
+        worker_id=outcome.worker_id or r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s,
+        attempts=outcome.attempts,
+        worker_s=outcome.worker_time_s())
+
+
+def error_of(pending: PendingRequest | StoredRequest, code: str, message: str) -> StoredResult:
+    return StoredResult(index=pending.index, custom_id=pending.custom_id,
+                        request_id=pending.request_id, ok=False, error_code=code,
+                        error_message=message)
