@@ -88,10 +88,10 @@ class ToolFormat:
         from mlx_lm.tokenizer_utils import load as load_tokenizer
 
         wrapper = load_tokenizer(Path(model_dir))
-        template = getattr(wrapper._tokenizer, "chat_template", "") or ""
+        template = getattr(wrapper, "chat_template", "") or ""  # the HF tokenizer's, delegated
         if not wrapper.has_tool_calling or "tools" not in template:
             return None
-        kind = wrapper._tokenizer.init_kwargs.get("tool_parser_type", "") or _kind(wrapper)
+        kind = _kind(wrapper)
         return cls(model, wrapper.tool_call_start, wrapper.tool_call_end, wrapper.tool_parser,
                    kind)
 
