@@ -7,10 +7,14 @@ Input, one JSON object per line (blank lines are skipped)::
               "max_tokens": 32, "temperature": 0}}
 
 ``max_completion_tokens`` is accepted for ``max_tokens`` (default ``DEFAULT_MAX_TOKENS``);
-``top_p``, ``seed`` and ``stop`` are honoured; ``model`` is informational (a cluster serves one
-model). Structural problems name the line here (``line_shape``, all the server checks when it
-accepts a file); field values that need the model (the prompt's length against the context)
-are checked when a request is dispatched, and become a failed result.
+``top_p``, ``seed``, ``stop``, ``response_format``, ``logprobs`` and ``top_logprobs`` are
+honoured; ``model`` is informational (a cluster serves one model); any other field is refused
+as over HTTP (``cluster.api.openai_fields``: nothing is accepted and dropped), and so are
+streaming and tools (a line's answer is a line of text). Structural problems name the line here
+(``line_shape``; the server also compiles each JSON schema when it accepts a file, so an
+uncompilable one names its line and path); field values that need the model (the prompt's
+length against the context) are checked when a request is dispatched, and become a failed
+result.
 
 Both sides read lines here. The server: ``line_shape`` as it accepts a file, ``request_of``
 (the edges' typed ``RequestIn``, ``cluster.api.incoming``) as it dispatches a line. The client
@@ -19,8 +23,8 @@ Both sides read lines here. The server: ``line_shape`` as it accepts a file, ``r
 into the line.
 
 Output, one line per request in submission order, as OpenAI writes it, with
-``usage.prompt_tokens_details.cached_tokens``; failed requests carry ``error`` instead of
-``response``.
+``usage.prompt_tokens_details.cached_tokens`` and, when asked, ``choices[].logprobs``; failed
+requests carry ``error`` instead of ``response``.
 """
 from __future__ import annotations
 
@@ -31,8 +35,9 @@ from typing import Iterable
 
 from google.protobuf import json_format
 
-from cluster.api import incoming, json_input
+from cluster.api import incoming, json_input, openai_fields, validate
 from cluster.api.convert import request_to_pb
+from cluster.api.openai_logprobs import TokenScore, chat_logprobs
 from proto.orchard.v1 import orchard_pb2 as pb
 
 URL = "/v1/chat/completions"
@@ -116,15 +121,26 @@ def line_shape(text: str | bytes, name: str, lineno: int) -> dict:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise _bad(name, lineno, "body.messages must be a list of {role, content} objects")
     _sampling(body, name, lineno)
+    try:
+        openai_fields.check_fields(body, URL)
+        openai_fields.check_batch_body(body)
+        openai_fields.check_message_keys(messages)
+        openai_fields.logprobs_of(body, URL)
+        validate.format_of(body.get("response_format"), "response_format")  # compiled later
+    except validate.FieldError as exc:
+        raise _bad(name, lineno, f"body.{exc}") from None
     return line
 
 
 def request_of(line: dict, name: str = "input", lineno: int = 0) -> incoming.RequestIn:
     """The request of a line that passed ``line_shape``."""
     body = line["body"]
+    logprobs, top = openai_fields.logprobs_of(body, URL)
     try:
         return incoming.RequestIn(line["custom_id"], incoming.messages_of(body["messages"]),
-                                  incoming.sampling(**_sampling(body, name, lineno)))
+                                  incoming.sampling(**_sampling(body, name, lineno)),
+                                  response_format=body.get("response_format"),
+                                  logprobs=logprobs, top_logprobs=top)
     except (TypeError, ValueError, OverflowError) as exc:
         # a value the request's fields cannot hold (line_shape names the common ones)
         raise _bad(name, lineno, f"body: {exc}") from None
@@ -162,6 +178,8 @@ def output_line(result: pb.Result, created_s: int) -> str:
         line["error"] = {"code": result.error_code, "message": result.error_message}
         return json.dumps(line)
     usage = result.usage
+    logprobs = chat_logprobs([TokenScore(t.bytes, t.logprob, tuple(
+        (a.bytes, a.logprob) for a in t.top_logprobs)) for t in result.logprobs])
     line["response"] = {
         "status_code": 200,
         "request_id": result.request_id,
@@ -171,6 +189,7 @@ def output_line(result: pb.Result, created_s: int) -> str:
             "created": created_s,
             "model": result.model,
             "choices": [{"index": 0, "finish_reason": result.finish_reason,
+                         "logprobs": logprobs if result.logprobs else None,
                          "message": {"role": "assistant", "content": result.text}}],
             "usage": {
                 "prompt_tokens": usage.prompt_tokens,

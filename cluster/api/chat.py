@@ -21,6 +21,10 @@ after three 4 MiB prompts, and back to 212 MB after ``malloc_trim``. After a lar
 pool thread trims the heap, where the C library offers it: three 1 MiB prompts now leave RSS
 10 MB above where it started (142 MB before), three 4 MiB ones 17 to 36 MB (195 MB before).
 The encoder's own copy of the tokenizer costs about 38 MB once.
+
+``token_bytes`` gives each token's own UTF-8 bytes (log-probabilities show them, and a token may
+hold part of a character), read from the grammar library's view of the same tokenizer
+(``llguidance``, which the constraints already use), made on first use.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import ctypes.util
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -62,6 +66,7 @@ class ChatTokenizer:
         self._encoder = Tokenizer.from_str(self._tok.backend_tokenizer.to_str())
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
         self._trim = _malloc_trim()
+        self._bytes = None  # llguidance's tokenizer, for token_bytes (made on first use)
 
     async def off_loop(self, fn: Callable[..., T], *args) -> T:
         """``fn(*args)`` on the tokenizer's thread pool (validation that tokenizes)."""
@@ -71,19 +76,31 @@ class ChatTokenizer:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def render(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Token ids of ``messages`` under the chat template, ready for the assistant's turn."""
-        return self._apply(messages, add_generation_prompt=True)
-
-    def render_prefix(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Token ids of ``messages`` as the start of a longer conversation (no turn opened)."""
-        return self._apply(messages, add_generation_prompt=False)
-
-    def _apply(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool
+    def render(self, messages: Sequence[dict[str, Any]], tools: list[dict] | None = None
                ) -> list[int]:
+        """Token ids of ``messages`` under the chat template, ready for the assistant's turn;
+        ``tools`` (OpenAI function specs) rendered as the template renders them."""
+        return self._apply(messages, True, tools)
+
+    def render_prefix(self, messages: Sequence[dict[str, Any]], tools: list[dict] | None = None
+                      ) -> list[int]:
+        """Token ids of ``messages`` as the start of a longer conversation (no turn opened)."""
+        return self._apply(messages, False, tools)
+
+    def _apply(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool,
+               tools: list[dict] | None) -> list[int]:
+        extra = {} if tools is None else {"tools": tools}
         text = self._tok.apply_chat_template(list(messages), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, **extra)
         return self.encode(text)
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Each token's own bytes (a piece of UTF-8 text, possibly part of a character)."""
+        if self._bytes is None:
+            import llguidance.hf
+
+            self._bytes = llguidance.hf.from_tokenizer(self._tok)
+        return [self._bytes.decode_bytes([t]) for t in token_ids]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as the chat template's output is encoded (no special tokens

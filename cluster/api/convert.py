@@ -4,14 +4,16 @@ Protobuf exists only at the gRPC edge: the servicers and the client convert here
 below them speaks dataclasses. A request becomes the edges' typed ``RequestIn``
 (``cluster.api.incoming``) as it was sent, unchecked: ``request_from_pb`` never fails, so every
 problem is found, and named, by validation. ``request_to_pb`` goes back, for the job store's
-request bodies and the client's batch files.
+request bodies and the client's batch files. A ``response_format``'s schema travels as a
+``google.protobuf.Struct``, whose numbers are doubles: read back, a whole number is an integer
+again (``"maxLength": 12``, not ``12.0``), as the JSON that was sent had it.
 """
 from __future__ import annotations
 
 import base64
 import binascii
 from dataclasses import dataclass
-from typing import Any, Sequence, overload
+from typing import Any, Callable, Sequence, overload
 
 from google.protobuf import json_format, struct_pb2
 
@@ -19,7 +21,7 @@ from cluster.api.incoming import (ABSENT, Absent, Json, MessageIn, Messages, Req
                                   SamplingIn, Tokens)
 from cluster.api.validate import FieldError
 from cluster.backend.protocol import CacheStats, WorkerInfo
-from workers.messages import DiskTierStats
+from workers.messages import DiskTierStats, TokenLogprob
 from cluster.jobs.store import JobRecord, JobState, StoredResult
 from proto.orchard.v1 import orchard_pb2 as pb
 
@@ -39,7 +41,27 @@ def job_to_pb(job: JobRecord) -> pb.Job:
                   finished_unix_ms=job.finished_ms, model=job.model)
 
 
-def result_to_pb(r: StoredResult, model: str) -> pb.Result:
+TokenBytes = Callable[[Sequence[int]], list[bytes]]
+
+
+def logprobs_to_pb(entries: Sequence[TokenLogprob], token_bytes: TokenBytes
+                   ) -> list[pb.TokenLogprob]:
+    out = []
+    for entry in entries:
+        ids = [entry.token, *(t for t, _ in entry.top)]
+        pieces = token_bytes(ids)
+        out.append(pb.TokenLogprob(token_id=entry.token, logprob=entry.logprob, bytes=pieces[0],
+                                   top_logprobs=[
+                                       pb.TokenLogprob(token_id=t, logprob=v, bytes=b)
+                                       for (t, v), b in zip(entry.top, pieces[1:])]))
+    return out
+
+
+def result_to_pb(r: StoredResult, model: str, token_bytes: TokenBytes | None = None
+                 ) -> pb.Result:
+    """``token_bytes``: each token's bytes, for the result's log-probabilities (when it has
+    them)."""
+    logprobs = logprobs_to_pb(r.logprobs, token_bytes) if r.logprobs and token_bytes else ()
     return pb.Result(
         seq=r.seq or 0, index=r.index, custom_id=r.custom_id, request_id=r.request_id, ok=r.ok,
         error_code=r.error_code, error_message=r.error_message, text=r.text,
@@ -48,7 +70,7 @@ def result_to_pb(r: StoredResult, model: str) -> pb.Result:
                        cached_tokens=r.cached_tokens, computed_tokens=r.computed_tokens,
                        written_tokens=r.written_tokens),
         worker_id=r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s, attempts=r.attempts,
-        model=model, worker_s=r.worker_s)
+        model=model, worker_s=r.worker_s, logprobs=logprobs)
 
 
 def worker_to_pb(w: WorkerInfo) -> pb.Worker:
@@ -144,9 +166,47 @@ def request_from_pb(request: pb.Request) -> RequestIn:
     prompt = (Messages(messages_from_pb(request.messages.messages)) if kind == "messages"
               else Tokens(tuple(request.tokens.ids)) if kind == "tokens" else None)
     s = request.sampling
+    fmt = (format_from_pb(request.response_format) if request.HasField("response_format")
+           else None)
     return RequestIn(request.custom_id, prompt, SamplingIn(
         max_tokens=s.max_tokens, temperature=s.temperature,
-        top_p=s.top_p if s.HasField("top_p") else None, seed=s.seed, stop=tuple(s.stop)))
+        top_p=s.top_p if s.HasField("top_p") else None, seed=s.seed, stop=tuple(s.stop)),
+        response_format=fmt, logprobs=request.logprobs, top_logprobs=request.top_logprobs)
+
+
+def format_from_pb(fmt: pb.ResponseFormat) -> dict[str, Json]:
+    """A ``ResponseFormat`` message as the JSON object the HTTP API takes."""
+    out: dict[str, Json] = {"type": fmt.type}
+    if fmt.HasField("json_schema"):
+        spec = fmt.json_schema
+        out["json_schema"] = {"name": spec.name, "strict": spec.strict}
+        if spec.HasField("schema"):
+            out["json_schema"]["schema"] = _whole_numbers(
+                json_of(struct_pb2.Value(struct_value=spec.schema)))
+    return out
+
+
+def format_to_pb(fmt: dict[str, Json]) -> pb.ResponseFormat:
+    out = pb.ResponseFormat(type=str(fmt.get("type", "")))
+    spec = fmt.get("json_schema")
+    if isinstance(spec, dict):
+        out.json_schema.SetInParent()
+        out.json_schema.name = str(spec.get("name") or "")
+        out.json_schema.strict = bool(spec.get("strict"))
+        if isinstance(spec.get("schema"), dict):
+            json_format.ParseDict(spec["schema"], out.json_schema.schema)
+    return out
+
+
+def _whole_numbers(value: Json) -> Json:
+    """A JSON value read from protobuf (every number a double), its whole numbers integers."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    return value
 
 
 class RequestsFromPb(Sequence[RequestIn]):
@@ -188,4 +248,14 @@ def request_to_pb(request: RequestIn) -> pb.Request:
                                                 stop=s.stop))
         if s.top_p is not None:
             out.sampling.top_p = s.top_p
+    if request.tools is not None or any(
+            m.tool_calls is not None or m.tool_call_id is not None
+            for m in (request.prompt.items if isinstance(request.prompt, Messages) else ())):
+        raise RuntimeError("tools and tool messages do not travel in orchard.v1.Request; the "
+                           "edge refuses them in a job")
+    if isinstance(request.response_format, dict):
+        out.response_format.CopyFrom(format_to_pb(request.response_format))
+    elif request.response_format is not None:  # validation refuses it before it is stored
+        raise RuntimeError("response_format: not an object; check the request first")
+    out.logprobs, out.top_logprobs = request.logprobs, request.top_logprobs
     return out

@@ -53,6 +53,7 @@ from cluster.api.http_app import HttpApi, HttpServer, start_http
 from cluster.api.http_batches import Batches
 from cluster.api.http_guard import HttpLimits
 from cluster.api.servicer_admin import AdminServicer
+from cluster.api.tool_calls import ToolFormat
 from cluster.tls import TlsFiles, check_binding, server_credentials
 from cluster.api.work import Work
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -155,7 +156,8 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
                                       ("grpc.so_reuseport", 0)])
     intake = JobIntakeService(store, runner, model, limits.max_requests_per_job,
                               limits.max_prompt_bytes)
-    work = Work(runner.direct, model, tokenizer, intake, limits.max_prompt_bytes)
+    tool_format = await asyncio.to_thread(ToolFormat.of, model.model_dir, model.model_id)
+    work = Work(runner.direct, model, tokenizer, intake, limits.max_prompt_bytes, tool_format)
     pb_grpc.add_JobsServicer_to_server(JobsServicer(auth, store, runner, work), server)
     pb_grpc.add_GenerateServicer_to_server(GenerateServicer(auth, work), server)
     pb_grpc.add_AdminServicer_to_server(

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from cluster.api import openai_shapes as shapes
+from cluster.api.openai_stream import StreamedAnswer
 from cluster.api.edge import Authenticator
 from cluster.api.http_batches import Batches
 from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, json_body,
@@ -96,6 +97,8 @@ class HttpApi:
         shapes.check_model(body, self._model_id)
         mode = shapes.streaming(body)
         orchard_request = shapes.request_of(body, endpoint, self._encode)
+        outputs = shapes.Outputs(self._work.token_bytes, orchard_request.tools,
+                                 self._work.tool_format)
         items = self._work.stream_one(tenant, orchard_request, "body",
                                       list(request.headers.items()))
         created = int(self._clock_s())
@@ -111,34 +114,31 @@ class HttpApi:
                 feed.cancel()
                 raise
             # the worker's own time, as OpenAI reports its processing time in a header
-            return JSONResponse(shapes.response_body(endpoint, result, self._model_id, created),
+            return JSONResponse(shapes.response_body(endpoint, result, self._model_id, created,
+                                                     outputs),
                                 headers={"orchard-worker-ms": f"{result.worker_s * 1e3:.3f}"})
         try:  # a request refused before its first token gets a status, not a broken stream
             first = await feed.next()
         except BaseException:
             feed.cancel()
             raise
-        return StreamingResponse(self._events(endpoint, first, feed, mode, created),
+        answer = StreamedAnswer(endpoint, self._model_id, created, mode, outputs)
+        return StreamingResponse(self._events(answer, first, feed),
                                  media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
 
-    async def _events(self, endpoint: str, first, feed: _Feed, mode: shapes.Streaming,
-                      created: int) -> AsyncIterator[bytes]:
-        request_id, finished = "", False
+    async def _events(self, answer: StreamedAnswer, first, feed: _Feed
+                      ) -> AsyncIterator[bytes]:
+        finished = False
         try:
             item = first
             while not isinstance(item, StoredResult):
-                if not request_id:
-                    request_id = item.request_id
-                    if endpoint == shapes.CHAT:  # OpenAI's first chunk names the role
-                        yield _sse(shapes.chunk(endpoint, request_id, self._model_id, created, ""))
-                yield _sse(shapes.chunk(endpoint, request_id, self._model_id, created, item.text))
+                for chunk in answer.on_chunk(item):
+                    yield _sse(chunk)
                 item = await feed.next()
             finished = True
-            args = (endpoint, item.request_id, self._model_id, created)
-            yield _sse(shapes.chunk(*args, None, item.finish_reason))
-            if mode.include_usage:
-                yield _sse(shapes.chunk(*args, None, result=item))
+            for chunk in answer.on_result(item):
+                yield _sse(chunk)
             yield _sse("[DONE]")
         except StopAsyncIteration:
             yield _sse(error_body(*describe(RuntimeError("the stream ended without a result"))))

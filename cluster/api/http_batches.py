@@ -168,10 +168,11 @@ class Batches:
 
     def _outputs(self, batch: BatchRecord, job: JobRecord) -> tuple[bytes, bytes]:
         ok, failed, offset = [], [], 0
+        outputs = shapes.Outputs(self._work.token_bytes)  # a batch line offers no tools
         while page := self._jobs.results(batch.job_id, offset, RESULTS_PAGE):
             for r in page:
                 line = shapes.batch_output_line(batch.endpoint, r, self._model_id,
-                                                job.created_ms // 1000)
+                                                job.created_ms // 1000, outputs)
                 (ok if r.ok else failed).append((r.index, json.dumps(line)))
             offset = page[-1].seq + 1
         return (b"".join(f"{text}\n".encode() for _, text in sorted(ok)),

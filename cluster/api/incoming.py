@@ -22,13 +22,23 @@ protobuf's decoding. So the value is faithful to what was sent, as far as valida
 - ``temperature`` and ``top_p`` are single precision, what the gRPC fields hold (``single``),
   so a request samples the same, and is refused quoting the same number, whatever carried it.
 - ``prompt`` is ``Messages``, ``Tokens``, or ``None`` when neither was given (protobuf's oneof).
+- ``response_format`` is the JSON object as sent (OpenAI's shape, the gRPC message read as
+  it), ``None`` when absent or null; ``logprobs`` and ``top_logprobs`` as the chat API has them
+  (a completion's ``logprobs: N`` is ``logprobs=True, top_logprobs=N``).
+- ``tools`` is what ``cluster.api.tool_calls.parse_request`` made of a chat body's ``tools``,
+  ``tool_choice`` and ``parallel_tool_calls`` (checked there: the edge needs the same value to
+  parse the answer); a message's ``tool_calls`` and ``tool_call_id`` are the JSON values as
+  sent (``None``: absent). Only the HTTP chat endpoint carries them.
 """
 from __future__ import annotations
 
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from cluster.api.tool_calls import ToolRequest
 
 Json = Any  # a value as JSON parses it: str, int, float, bool, None, list or dict of them
 
@@ -49,6 +59,8 @@ ABSENT = Absent()
 class MessageIn:
     role: str
     content: Json | Absent
+    tool_calls: Json = None     # an assistant's calls, as sent (None: none)
+    tool_call_id: Json = None   # the call a tool message answers, as sent (None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +89,10 @@ class RequestIn:
     custom_id: str
     prompt: Messages | Tokens | None
     sampling: SamplingIn
+    response_format: Json = None   # as sent (None: free text)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    tools: ToolRequest | None = None
 
 
 def single(value: float) -> float:
@@ -98,7 +114,9 @@ def sampling(max_tokens: int, temperature: float = 0.0, top_p: float | None = No
 
 
 def messages_of(messages: Sequence[dict[str, Json]]) -> Messages:
-    """A JSON list of ``{role, content}`` objects; a role that is not a string is read as its
-    text (and refused by validation as an unknown role)."""
-    return Messages(tuple(MessageIn(str(m.get("role", "")), m.get("content"))
+    """A JSON list of ``{role, content}`` objects (with ``tool_calls`` or ``tool_call_id``
+    where given); a role that is not a string is read as its text (and refused by validation as
+    an unknown role)."""
+    return Messages(tuple(MessageIn(str(m.get("role", "")), m.get("content"),
+                                    m.get("tool_calls"), m.get("tool_call_id"))
                           for m in messages))

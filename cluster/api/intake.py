@@ -3,8 +3,9 @@
 Acceptance does what must be done before answering and no more::
 
     file bytes (gRPC chunks, an HTTP upload) ─► BatchIntake.feed ─► whole lines:
-        line_shape (JSON, custom_id, method, url, body, messages, sampling types), roles and
-        content kinds, the text's size (max_prompt_bytes), a unique custom_id, the job size
+        line_shape (JSON, custom_id, method, url, body, messages, sampling types, fields
+        orchard does not implement), roles and content kinds, the text's size
+        (max_prompt_bytes), the response format compiled, a unique custom_id, the job size
         limit
         ─► StagedRequest(index, custom_id, prefix_key, b"J" + the line) ─► JobIntake.add
     ... BatchIntake.finish ─► JobIntake.commit: the job exists, queued, whole
@@ -199,6 +200,9 @@ class BatchIntake:
         validate.check_prompt_bytes(messages, f"{where}: body.messages", self.max_prompt_bytes)
         stop = line["body"].get("stop")
         validate.check_stop([stop] if isinstance(stop, str) else stop or [], f"{where}: body.stop")
+        # compiled now (cached per schema), so an uncompilable one names its line and path
+        validate.checked_format(line["body"].get("response_format"),
+                                f"{where}: body.response_format")
         self._check_id(line["custom_id"], f"{where}: custom_id", f"{self.name}:{{}}")
         self._stage(line["custom_id"], prefix_key(_message_parts(messages)), LINE_BODY + text)
 

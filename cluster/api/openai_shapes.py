@@ -3,14 +3,18 @@
 A request body (``/v1/chat/completions`` or ``/v1/completions``) is converted once, into the
 typed ``RequestIn`` the gRPC servicer makes of its protobuf (``cluster.api.incoming``, which
 says why that and not protobuf), and then takes the same validation as a gRPC call
-(``cluster.api.validate``): the checks here are only about the JSON's shape (types,
-unsupported options, numbers the gRPC fields could not hold, so both edges accept the same
-requests), each raising a ``FieldError`` naming the body field. A ``StoredResult`` becomes a
-completion object, a streamed chunk or a Batch output line. Usage is reported as OpenAI does,
-with the tokens read from a worker's prefix store as ``usage.prompt_tokens_details.cached_tokens``.
+(``cluster.api.validate``): the checks here are only about the JSON's shape (types, fields
+orchard does not implement (``cluster.api.openai_fields``), numbers the gRPC fields could not
+hold, so both edges accept the same requests), each raising a ``FieldError`` naming the body
+field. A ``StoredResult`` becomes a completion object or a Batch output line (streamed chunks:
+``cluster.api.openai_stream``), with its log-probabilities (``cluster.api.openai_logprobs``)
+and, for a chat that offered tools, the calls cut out of its text (``Outputs``). Usage is
+reported as OpenAI does, with the tokens read from a worker's prefix store as
+``usage.prompt_tokens_details.cached_tokens``.
 
-    chat body ──► RequestIn(Messages, sampling)   completion body ──► RequestIn(Tokens, sampling)
-    StoredResult ──► chat.completion | text_completion (+ chunks when streamed)
+    chat body ──► RequestIn(Messages, sampling, response_format, logprobs, tools)
+    completion body ──► RequestIn(Tokens, sampling, response_format, logprobs)
+    StoredResult ──► chat.completion | text_completion | a Batch output line
 """
 from __future__ import annotations
 
@@ -18,14 +22,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from cluster.api import incoming, json_input
+from cluster.api import incoming, json_input, openai_fields, tool_calls
 from cluster.api.batchfile import INT32_MAX, SEED_LIMIT
 from cluster.api.incoming import RequestIn, SamplingIn, Tokens
+from cluster.api.openai_fields import CHAT, COMPLETIONS
+from cluster.api.openai_logprobs import (TokenBytes, chat_logprobs, completion_logprobs,
+                                         scores_of)
+from cluster.api.tool_calls import ToolFormat, ToolRequest
 from cluster.api.validate import QUOTE_CHARS, FieldError
 from cluster.jobs.store import StoredResult
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS)
 DEFAULT_MAX_TOKENS = {CHAT: 128, COMPLETIONS: 16}  # OpenAI's completions default is 16
 
@@ -72,16 +78,6 @@ def _shown(value: Any) -> str:
     return text if len(text) <= QUOTE_CHARS else f"{text[:QUOTE_CHARS]}... ({len(text)} characters)"
 
 
-def _unsupported(body: dict) -> None:
-    if (_integer(body, "n") or 1) != 1:
-        raise FieldError("n", "only n = 1 is supported; send the request n times")
-    if (_integer(body, "best_of") or 1) != 1:
-        raise FieldError("best_of", "only best_of = 1 is supported")
-    for key in ("logprobs", "echo", "tools", "functions"):
-        if body.get(key):
-            raise FieldError(key, "not supported by orchard; leave it out")
-
-
 def sampling_params(body: dict, endpoint: str) -> SamplingIn:
     max_tokens = _integer(body, "max_tokens", INT32_MAX)
     if max_tokens is None:
@@ -125,14 +121,20 @@ def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "") ->
     """The request a chat or completion body asks for (unchecked beyond its JSON shape)."""
     if not isinstance(body, dict):
         raise FieldError("body", "must be a JSON object")
-    _unsupported(body)
+    openai_fields.check_fields(body, endpoint)
     params = sampling_params(body, endpoint)
+    logprobs, top = openai_fields.logprobs_of(body, endpoint)
+    outputs = {"response_format": body.get("response_format"), "logprobs": logprobs,
+               "top_logprobs": top}
     if endpoint == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise FieldError("messages", "must be a list of {role, content} objects")
-        return RequestIn(custom_id, incoming.messages_of(messages), params)
-    return RequestIn(custom_id, Tokens(tuple(_prompt_ids(body.get("prompt"), encode))), params)
+        openai_fields.check_message_keys(messages)
+        return RequestIn(custom_id, incoming.messages_of(messages), params, **outputs,
+                         tools=tool_calls.parse_request(body))
+    return RequestIn(custom_id, Tokens(tuple(_prompt_ids(body.get("prompt"), encode))), params,
+                     **outputs)
 
 
 def _prompt_ids(prompt: Any, encode: Encode) -> list[int]:
@@ -166,40 +168,58 @@ def completion_id(endpoint: str, request_id: str) -> str:
     return f"{'chatcmpl' if endpoint == CHAT else 'cmpl'}-{request_id}"
 
 
-def response_body(endpoint: str, r: StoredResult, model: str, created_s: int) -> dict:
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    """What turns a result into OpenAI's answer beyond its text: each token's bytes (for
+    log-probabilities) and, for a chat that offered tools, how the model writes calls."""
+
+    token_bytes: TokenBytes
+    tools: ToolRequest | None = None
+    tool_format: ToolFormat | None = None
+
+    @property
+    def parses_calls(self) -> bool:
+        return (self.tools is not None and self.tool_format is not None
+                and self.tools.choice != "none")
+
+    def message(self, text: str, request_id: str, finish_reason: str) -> tuple[dict, str]:
+        """A chat answer's message and finish reason: the calls cut out of ``text`` (content
+        the text outside them, or null) with ``tool_calls`` when it made any."""
+        if not self.parses_calls:
+            return {"role": "assistant", "content": text}, finish_reason
+        content, calls = self.tool_format.parse(text, self.tools, f"call_{request_id}")
+        if not calls:
+            return {"role": "assistant", "content": text}, finish_reason
+        message = {"role": "assistant", "content": content or None,
+                   "tool_calls": [{"id": c.id, "type": "function",
+                                   "function": {"name": c.name, "arguments": c.arguments}}
+                                  for c in calls]}
+        return message, "tool_calls" if finish_reason == "stop" else finish_reason
+
+    def logprobs(self, endpoint: str, r: StoredResult) -> dict | None:
+        if not r.logprobs:
+            return None
+        scores = scores_of(r.logprobs, self.token_bytes)
+        return chat_logprobs(scores) if endpoint == CHAT else completion_logprobs(scores)
+
+
+def response_body(endpoint: str, r: StoredResult, model: str, created_s: int,
+                  outputs: Outputs) -> dict:
     """The whole (non-streamed) response for a finished request."""
+    choice = {"index": 0, "finish_reason": r.finish_reason,
+              "logprobs": outputs.logprobs(endpoint, r)}
     if endpoint == CHAT:
-        choice = {"index": 0, "finish_reason": r.finish_reason, "logprobs": None,
-                  "message": {"role": "assistant", "content": r.text}}
+        choice["message"], choice["finish_reason"] = outputs.message(r.text, r.request_id,
+                                                                     r.finish_reason)
     else:
-        choice = {"index": 0, "finish_reason": r.finish_reason, "logprobs": None,
-                  "text": r.text}
+        choice["text"] = r.text
     return {"id": completion_id(endpoint, r.request_id),
             "object": "chat.completion" if endpoint == CHAT else "text_completion",
             "created": created_s, "model": model, "choices": [choice], "usage": usage(r)}
 
 
-def chunk(endpoint: str, request_id: str, model: str, created_s: int, text: str | None,
-          finish_reason: str | None = None, result: StoredResult | None = None) -> dict:
-    """One streamed chunk: text (``None``: none), a finish reason, or the usage alone."""
-    choices: list[dict] = []
-    if result is None:
-        if endpoint == CHAT:
-            delta = {} if text is None else {"content": text}
-            if text == "":
-                delta["role"] = "assistant"
-            choices = [{"index": 0, "delta": delta, "finish_reason": finish_reason,
-                        "logprobs": None}]
-        else:
-            choices = [{"index": 0, "text": text or "", "finish_reason": finish_reason,
-                        "logprobs": None}]
-    return {"id": completion_id(endpoint, request_id),
-            "object": "chat.completion.chunk" if endpoint == CHAT else "text_completion",
-            "created": created_s, "model": model, "choices": choices,
-            "usage": None if result is None else usage(result)}
-
-
-def batch_output_line(endpoint: str, r: StoredResult, model: str, created_s: int) -> dict:
+def batch_output_line(endpoint: str, r: StoredResult, model: str, created_s: int,
+                      outputs: Outputs) -> dict:
     """One line of a Batch output (``ok``) or error file, as OpenAI writes it."""
     line: dict = {"id": f"batch_req_{r.request_id}", "custom_id": r.custom_id}
     if not r.ok:
@@ -207,7 +227,7 @@ def batch_output_line(endpoint: str, r: StoredResult, model: str, created_s: int
                 "error": {"code": r.error_code, "message": r.error_message}}
     return {**line, "error": None,
             "response": {"status_code": 200, "request_id": r.request_id,
-                         "body": response_body(endpoint, r, model, created_s)}}
+                         "body": response_body(endpoint, r, model, created_s, outputs)}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +277,7 @@ def _batch_line(text: str, where: str, endpoint: str, encode: Encode, model_id: 
     try:
         if isinstance(body, dict):
             check_model(body, model_id)
+            openai_fields.check_batch_body(body)
         return request_of(body, endpoint, encode, custom_id)
     except FieldError as exc:
         raise FieldError(f"{where}.body.{exc.field}",

@@ -13,8 +13,8 @@ import contextlib
 from typing import AsyncIterator, TypeVar
 
 from cluster.api import validate
-from cluster.api.convert import (RequestsFromPb, job_to_pb, page_request, page_token,
-                                 request_from_pb, result_to_pb)
+from cluster.api.convert import (RequestsFromPb, job_to_pb, logprobs_to_pb, page_request,
+                                 page_token, request_from_pb, result_to_pb)
 from cluster.api.edge import Authenticator, Undecodable, grpc_errors
 from cluster.api.work import Work
 from cluster.jobs.runner import JobRunner
@@ -102,7 +102,7 @@ class JobsServicer(pb_grpc.JobsServicer):
         while True:
             batch = self._store.results(job_id, offset, RESULT_PAGE)
             for result in batch:
-                yield result_to_pb(result, self._work.model.model_id)
+                yield result_to_pb(result, self._work.model.model_id, self._work.token_bytes)
                 offset = result.seq + 1
             if batch:
                 continue
@@ -136,10 +136,13 @@ class GenerateServicer(pb_grpc.GenerateServicer):
                                                 context.time_remaining(),
                                                 lambda items: until_rpc_done(context, items)):
             if isinstance(item, StoredResult):
-                yield pb.GenerateResponse(result=result_to_pb(item, model))
+                yield pb.GenerateResponse(result=result_to_pb(item, model,
+                                                              self._work.token_bytes))
             else:
+                logprobs = logprobs_to_pb(item.logprobs, self._work.token_bytes)
                 yield pb.GenerateResponse(delta=pb.TokenDelta(token_ids=item.token_ids,
-                                                              text=item.text))
+                                                              text=item.text,
+                                                              logprobs=logprobs))
 
 
 _END = object()

@@ -22,6 +22,7 @@ from cluster.api import validate
 from cluster.api.chat import ChatTokenizer
 from cluster.api.incoming import RequestIn
 from cluster.api.intake import JobIntakeService
+from cluster.api.tool_calls import ToolFormat
 from cluster.backend.protocol import ModelInfo, TokenChunk
 from cluster.jobs.direct import DirectRequests
 from cluster.jobs.store import JobRecord, StoredResult
@@ -36,17 +37,30 @@ def _direct(items: AsyncIterator) -> AsyncIterator:
 
 
 class Work:
+    """``tool_format``: how the served model writes tool calls (None: its chat template
+    renders no tools, and a request that offers tools is refused naming the model)."""
+
     def __init__(self, direct: DirectRequests, model: ModelInfo, tokenizer: ChatTokenizer,
-                 intake: JobIntakeService, max_prompt_bytes: int = validate.MAX_PROMPT_BYTES):
+                 intake: JobIntakeService, max_prompt_bytes: int = validate.MAX_PROMPT_BYTES,
+                 tool_format: ToolFormat | None = None):
         self._direct = direct
         self._model = model
         self._tokenizer = tokenizer
         self._intake = intake
         self._max_prompt_bytes = max_prompt_bytes
+        self._tool_format = tool_format
 
     @property
     def model(self) -> ModelInfo:
         return self._model
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        return self._tool_format
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Each token's own bytes, as log-probabilities show them."""
+        return self._tokenizer.token_bytes(token_ids)
 
     async def submit_job(self, tenant: str, requests: Sequence[RequestIn],
                          idempotency_key: str = "", metadata: Metadata = ()) -> JobRecord:
@@ -75,7 +89,7 @@ class Work:
         with self._direct.admitted(tenant):
             new = await self._tokenizer.off_loop(
                 validate.new_request, request, field, self._model, self._tokenizer.render,
-                self._max_prompt_bytes)
+                self._max_prompt_bytes, self._tool_format)
             stream = self._direct.stream(tenant, new, metadata, remaining_s)
             async with contextlib.aclosing(pump(stream)) as items:
                 async for item in items:

@@ -37,6 +37,7 @@ from router.kv.key import BlockHash, Namespace
 from router.router import Router
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
+from workers.engine.sequence import delta_logprobs
 from workers.engine.runtime import EngineRuntime, Finished
 
 
@@ -146,7 +147,8 @@ class LocalBackend:
                     if first:
                         self._router.prefilled(rid)
                         first = False
-                    yield TokenChunk(rid, (item.token,), item.text)
+                    yield TokenChunk(rid, (item.token,), item.text,
+                                     delta_logprobs(item, request.sampling.logprobs))
             raise RuntimeError(f"worker {worker.worker_id}: {rid} ended without a result")
         except WorkerFailed:
             self._remove(worker)

@@ -25,7 +25,8 @@ from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
 
 from router.kv.key import BlockHash, Namespace
 from router.policy import NoWorkerAvailable, RoutingDecision  # the router's, used unchanged
-from workers.messages import DiskTierStats, GenerateRequest, GenerateResult, WorkerStats
+from workers.messages import (DiskTierStats, GenerateRequest, GenerateResult, TokenLogprob,
+                              WorkerStats)
 
 
 class UnknownWorker(LookupError):
@@ -58,6 +59,7 @@ class TokenChunk:
     request_id: str
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,7 @@ from router.kv.key import Namespace
 from workers.blas import openblas_in_use
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
+from workers.engine.sequence import delta_logprobs
 from workers.engine.runtime import EngineRuntime, Finished, Holdings
 
 __all__ = ["EngineWorker", "Prefilled", "WorkerActor", "WorkerDone", "WorkerFailed",
@@ -146,7 +147,8 @@ class EngineWorker:
                     yield self._done(request, item, feed_after)
                     return
                 if chunks:
-                    yield TokenChunk(request.request_id, (item.token,), item.text)
+                    yield TokenChunk(request.request_id, (item.token,), item.text,
+                                     delta_logprobs(item, request.sampling.logprobs))
                 elif first and request.sampling.max_tokens > 1:  # else: done at once
                     yield Prefilled(request.request_id)
                 first = False

@@ -60,7 +60,7 @@ def result_of(index: int, custom_id: str, outcome: GenerateOutcome) -> StoredRes
         computed_tokens=r.computed_tokens, written_tokens=r.written_tokens,
         worker_id=outcome.worker_id or r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s,
         attempts=outcome.attempts,
-        worker_s=outcome.worker_time_s())
+        worker_s=outcome.worker_time_s(), logprobs=tuple(r.logprobs))
 
 
 def error_of(pending: PendingRequest | StoredRequest, code: str, message: str) -> StoredResult:

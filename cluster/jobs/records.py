@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 from enum import Enum
 
-from workers.messages import SamplingParams
+from workers.messages import SamplingParams, TokenLogprob
 
 
 class JobState(str, Enum):
@@ -123,14 +123,23 @@ class StoredResult:
     forecast_multiplier: float | None = None
     measured_multiplier: float | None = None
     miss_cause: str = ""
+    # one per output token when the request asked (stored as [token, logprob, [[t, v], ...]])
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     def to_json(self) -> str:
         body = asdict(self)
         del body["seq"]
+        if self.logprobs:
+            body["logprobs"] = [[t.token, t.logprob, t.top] for t in self.logprobs]
+        else:  # results without them read as they always have
+            del body["logprobs"]
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, seq: int, body: str) -> StoredResult:
         data = json.loads(body)
         data["output_tokens"] = tuple(data["output_tokens"])
+        data["logprobs"] = tuple(
+            TokenLogprob(token, logprob, tuple((t, v) for t, v in top))
+            for token, logprob, top in data.get("logprobs", ()))
         return cls(seq=seq, **data)

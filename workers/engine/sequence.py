@@ -71,6 +71,12 @@ class TokenDelta:
     logprobs: mx.array
 
 
+def delta_logprobs(delta: TokenDelta, top: int | None) -> tuple[TokenLogprob, ...]:
+    """The delta's token's log-probability with ``top`` alternatives (the request's
+    ``SamplingParams.logprobs``), as a streamed chunk carries it; none when ``top`` is None."""
+    return () if top is None else (token_logprob(delta.logprobs, delta.token, top),)
+
+
 @dataclass(slots=True)
 class Sequence:
     request: GenerateRequest

@@ -1,0 +1,174 @@
+"""The fields of an OpenAI request body: those orchard reads, those it takes as harmless, and a
+refusal naming every other, so that nothing is accepted and then dropped.
+
+    read       implemented (docs/api.md says what each does): ``READ[endpoint]``
+    harmless   informational, accepted and not used: ``user`` (a string), ``metadata`` (an
+               object of strings), ``store`` (false only: orchard keeps no completions),
+               ``service_tier`` (``auto`` or ``default`` only: there is one tier)
+    neutral    not implemented, sent with the value that asks for nothing (``n: 1``,
+               ``presence_penalty: 0``, ...: ``NEUTRAL``), as many clients send them
+    null       any field: not given, as OpenAI reads it
+    the rest   ``FieldError`` naming the field (400 / INVALID_ARGUMENT): a field orchard does
+               not implement, a neutral field with another value, and a name no API has (a
+               typo is refused, not ignored)
+
+A message may have ``role``, ``content``, ``tool_calls`` and ``tool_call_id``; any other key
+(``name``, ``audio``, ``refusal`` ...) is refused naming it. A batch line (the Batch API's, an
+``orchard submit`` file's) cannot stream or offer tools: its answer is a line of text in a file
+(``check_batch_body``).
+
+One table for the HTTP endpoints, the Batch API's lines and ``orchard submit`` files
+(``cluster.api.batchfile``, which the command line shares): one list, one wording.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.api.validate import FieldError
+from workers.messages import MAX_TOP_LOGPROBS
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+_COMMON = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
+           "stream_options", "response_format", "logprobs")
+READ = {
+    CHAT: frozenset(_COMMON + ("messages", "max_completion_tokens", "top_logprobs", "tools",
+                               "tool_choice", "parallel_tool_calls")),
+    COMPLETIONS: frozenset(_COMMON + ("prompt",)),
+}
+HARMLESS = ("user", "metadata", "store", "service_tier")
+SERVICE_TIERS = ("auto", "default")
+NEUTRAL: dict[str, Any] = {"n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0,
+                           "logit_bias": {}, "echo": False, "suffix": "", "modalities": ["text"]}
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id")
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+MAX_METADATA_PAIRS = 16  # OpenAI's limits on metadata
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+
+# Why a field is refused, where more can be said than that orchard does not implement it.
+_WHY = {
+    "n": "only n = 1; send the request n times (with different seeds)",
+    "best_of": "only best_of = 1",
+    "presence_penalty": "not implemented; only 0",
+    "frequency_penalty": "not implemented; only 0",
+    "logit_bias": "not implemented; only {}",
+    "echo": "not implemented; only false",
+    "suffix": "not implemented (no insertion); only an empty suffix",
+    "modalities": 'orchard answers text only; only ["text"]',
+    "audio": "orchard answers text only",
+    "functions": "deprecated by OpenAI: offer tools instead",
+    "function_call": "deprecated by OpenAI: use tool_choice with tools",
+    "store": "orchard keeps no completions; only false",
+    "service_tier": f"orchard has one tier; only {' or '.join(SERVICE_TIERS)}",
+}
+
+
+def refused(key: str) -> FieldError:
+    why = _WHY.get(key, "not supported by orchard")
+    return FieldError(key, f"{why}; leave it out")
+
+
+def check_fields(body: dict, endpoint: str) -> None:
+    """Every field of ``body`` is read, harmless or neutral; else ``FieldError`` naming it."""
+    read = READ[endpoint]
+    for key, value in body.items():
+        if value is None or key in read:
+            continue
+        if key in HARMLESS:
+            _harmless(key, value)
+        elif not _neutral(key, value):
+            raise refused(key)
+    options = body.get("stream_options")
+    if isinstance(options, dict):
+        for key, value in options.items():
+            if key not in STREAM_OPTIONS:
+                raise FieldError(f"stream_options.{key}", "not a stream option; use "
+                                 "include_usage")
+            if key == "include_obfuscation" and value not in (None, False):
+                raise FieldError("stream_options.include_obfuscation", "orchard does not pad "
+                                 "its events; only false")
+
+
+def check_batch_body(body: dict) -> None:
+    """What a batch line's body cannot ask for: a stream, or tools (its answer is a line of
+    text in the output file)."""
+    if body.get("stream") not in (None, False):
+        raise FieldError("stream", "a batch line is answered in the output file; leave it out")
+    if body.get("stream_options") is not None:
+        raise FieldError("stream_options", "a batch line is not streamed; leave it out")
+    for key in ("tools", "tool_choice"):
+        if body.get(key) is not None:
+            raise FieldError(key, "not supported in a batch (its output lines carry text); "
+                             "send requests with tools to POST /v1/chat/completions")
+    for i, message in enumerate(body.get("messages") or ()):
+        for key in ("tool_calls", "tool_call_id"):
+            if isinstance(message, dict) and message.get(key) is not None:
+                raise FieldError(f"messages[{i}].{key}", "not supported in a batch; send tool "
+                                 "loops to POST /v1/chat/completions")
+
+
+def check_message_keys(messages: list) -> None:
+    for i, message in enumerate(messages):
+        if isinstance(message, dict):
+            for key in message:
+                if key not in MESSAGE_KEYS and message[key] is not None:
+                    raise FieldError(f"messages[{i}].{key}", "not supported by orchard; a "
+                                     f"message has {', '.join(MESSAGE_KEYS)}")
+
+
+def logprobs_of(body: dict, endpoint: str) -> tuple[bool, int]:
+    """(logprobs asked, alternatives per token) of a body: chat's ``logprobs: true`` and
+    ``top_logprobs``, or a completion's ``logprobs: N``."""
+    value = body.get("logprobs")
+    if endpoint == COMPLETIONS:
+        if value is None:
+            return False, 0
+        return True, _count(value, "logprobs")
+    if value is not None and not isinstance(value, bool):
+        raise FieldError("logprobs", f"must be true or false, got {_shown(value)}")
+    top = body.get("top_logprobs")
+    count = 0 if top is None else _count(top, "top_logprobs")
+    if top is not None and not value:
+        raise FieldError("top_logprobs", "needs logprobs: true")
+    return bool(value), count
+
+
+def _count(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FieldError(key, f"must be an integer, got {_shown(value)}")
+    if not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise FieldError(key, f"must be from 0 to {MAX_TOP_LOGPROBS}, got {_shown(value)}")
+    return value
+
+
+def _neutral(key: str, value: Any) -> bool:
+    if key not in NEUTRAL:
+        return False
+    neutral = NEUTRAL[key]
+    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
+
+
+def _harmless(key: str, value: Any) -> None:
+    if key == "user" and not isinstance(value, str):
+        raise FieldError("user", "must be a string")
+    if key == "store" and value is not False:
+        raise refused("store")
+    if key == "service_tier" and value not in SERVICE_TIERS:
+        raise refused("service_tier")
+    if key == "metadata":
+        if not isinstance(value, dict) or len(value) > MAX_METADATA_PAIRS:
+            raise FieldError("metadata", f"must be an object of at most {MAX_METADATA_PAIRS} "
+                             "strings")
+        for name, text in value.items():
+            if len(name) > MAX_METADATA_KEY or not isinstance(text, str) or len(
+                    text) > MAX_METADATA_VALUE:
+                raise FieldError(f"metadata.{name[:MAX_METADATA_KEY]}", "keys of at most "
+                                 f"{MAX_METADATA_KEY} characters, string values of at most "
+                                 f"{MAX_METADATA_VALUE}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 64 else f"{text[:64]}... ({len(text)} characters)"
