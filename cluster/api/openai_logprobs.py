@@ -12,8 +12,10 @@ are the model's log-softmax before temperature and any constraint, in float32 (t
                                         top_logprobs: [{token: logprob, ...}], text_offset}
 
 ``token`` is the bytes decoded (a partial character shows as U+FFFD; ``bytes`` is exact).
-``text_offset`` counts the characters before each token, from ``offset`` (a streamed
-completion's text so far). A completion's alternatives are a dict keyed by text, as OpenAI's
+``text_offset`` counts the characters before each token in the answer's ``text``, from
+``offset`` (a streamed completion's text so far). A tokenizer may drop what starts its text
+(SentencePiece's leading space: the first token's bytes are ``b" Hello"``, the text
+``Hello``): offsets then count from where the text starts. A completion's alternatives are a dict keyed by text, as OpenAI's
 are: two tokens of the same text keep the likelier. The server (``cluster.api.openai_shapes``)
 and ``orchard results`` (``cluster.api.batchfile``, from protobuf) write the same shapes.
 """
@@ -58,10 +60,15 @@ def chat_logprobs(scores: Sequence[TokenScore]) -> dict:
             "refusal": None}
 
 
-def completion_logprobs(scores: Sequence[TokenScore], offset: int = 0) -> dict:
-    offsets, decoder, chars = [], codecs.getincrementaldecoder("utf-8")("replace"), offset
+def completion_logprobs(scores: Sequence[TokenScore], offset: int = 0,
+                        text: str | None = None) -> dict:
+    """``text``: the answer's whole text, when known (not for a streamed chunk, whose
+    ``offset`` already counts the text sent)."""
+    joined = b"".join(s.bytes for s in scores).decode("utf-8", "replace")
+    dropped = len(joined) - len(text) if text is not None and joined.endswith(text) else 0
+    offsets, decoder, chars = [], codecs.getincrementaldecoder("utf-8")("replace"), 0
     for s in scores:
-        offsets.append(chars)
+        offsets.append(offset + max(chars - dropped, 0))
         chars += len(decoder.decode(s.bytes))
     tops = []
     for s in scores:

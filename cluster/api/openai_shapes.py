@@ -200,7 +200,8 @@ class Outputs:
         if not r.logprobs:
             return None
         scores = scores_of(r.logprobs, self.token_bytes)
-        return chat_logprobs(scores) if endpoint == CHAT else completion_logprobs(scores)
+        return (chat_logprobs(scores) if endpoint == CHAT
+                else completion_logprobs(scores, text=r.text))
 
 
 def response_body(endpoint: str, r: StoredResult, model: str, created_s: int,

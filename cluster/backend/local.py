@@ -37,7 +37,6 @@ from router.kv.key import BlockHash, Namespace
 from router.router import Router
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
-from workers.engine.sequence import delta_logprobs
 from workers.engine.runtime import EngineRuntime, Finished
 
 
@@ -148,7 +147,7 @@ class LocalBackend:
                         self._router.prefilled(rid)
                         first = False
                     yield TokenChunk(rid, (item.token,), item.text,
-                                     delta_logprobs(item, request.sampling.logprobs))
+                                     item.token_logprobs)
             raise RuntimeError(f"worker {worker.worker_id}: {rid} ended without a result")
         except WorkerFailed:
             self._remove(worker)

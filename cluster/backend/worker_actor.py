@@ -56,7 +56,6 @@ from router.kv.key import Namespace
 from workers.blas import openblas_in_use
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
-from workers.engine.sequence import delta_logprobs
 from workers.engine.runtime import EngineRuntime, Finished, Holdings
 
 __all__ = ["EngineWorker", "Prefilled", "WorkerActor", "WorkerDone", "WorkerFailed",
@@ -148,7 +147,7 @@ class EngineWorker:
                     return
                 if chunks:
                     yield TokenChunk(request.request_id, (item.token,), item.text,
-                                     delta_logprobs(item, request.sampling.logprobs))
+                                     item.token_logprobs)
                 elif first and request.sampling.max_tokens > 1:  # else: done at once
                     yield Prefilled(request.request_id)
                 first = False

@@ -272,8 +272,7 @@ class Engine:
         for r in responses:
             seq = self._running[r.uid]
             row = seq.hook.raw() if seq.hook is not None else r.logprobs  # before any mask
-            added = seq.add(int(r.token), self._now_ns(), self._eos, row)
-            deltas.append(TokenDelta(seq.request.request_id, int(r.token), added, row))
+            deltas.append(seq.delta(int(r.token), self._now_ns(), self._eos, row))
             if r.finish_reason or seq.finish_reason:
                 finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
 
@@ -322,8 +321,7 @@ class Engine:
         if logits is None:
             logits = self._m.model(mx.array([job.prompt[-1:]]), cache=job.cache)
         first, raw = first_token(logits[:, -1, :], job.sampler, job.constraint)
-        added = seq.add(first, self._now_ns(), self._eos, raw)
-        deltas.append(TokenDelta(req.request_id, first, added, raw))
+        deltas.append(seq.delta(first, self._now_ns(), self._eos, raw))
         # after the first token: storing never delays it
         seq.written += self._cache.write(req.namespace, job.prompt, job.cache)
         if seq.finish_reason:

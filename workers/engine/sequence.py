@@ -62,19 +62,17 @@ class TokenDelta:
     """One new output token of one request, as streaming callers see it.
 
     ``logprobs`` is the full log-softmax over the vocabulary at this step (an ``mx.array``);
-    drop it before sending a delta to another process.
+    drop it before sending a delta to another process. ``token_logprobs`` is the token's entry
+    as the result records it (``Sequence.add``, on the engine thread, which owns MLX's
+    arrays): one when the request asked for log-probabilities, none otherwise and for an end
+    token (which is not an output token).
     """
 
     request_id: str
     token: int
     text: str  # text added by this token (may be empty while a character is incomplete)
     logprobs: mx.array
-
-
-def delta_logprobs(delta: TokenDelta, top: int | None) -> tuple[TokenLogprob, ...]:
-    """The delta's token's log-probability with ``top`` alternatives (the request's
-    ``SamplingParams.logprobs``), as a streamed chunk carries it; none when ``top`` is None."""
-    return () if top is None else (token_logprob(delta.logprobs, delta.token, top),)
+    token_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(slots=True)
@@ -96,6 +94,13 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asks
     hook: Any = None  # its grammar's logits processor in the decode batch (``constrained``)
     _stopped_by_string: bool = False
+
+    def delta(self, token: int, now_ns: int, eos: set[int], row: mx.array) -> TokenDelta:
+        """``add`` the token; the delta that streams it (with its recorded log-probability)."""
+        recorded = len(self.logprobs)
+        added = self.add(token, now_ns, eos, row)
+        return TokenDelta(self.request.request_id, token, added, row,
+                          tuple(self.logprobs[recorded:]))
 
     def add(self, token: int, now_ns: int, eos: set[int], row: mx.array | None = None) -> str:
         """Take one token (``row``: the step's log-probabilities, before temperature and any
