@@ -133,8 +133,10 @@ def _assistant_calls(message: MessageIn, path: str) -> dict[str, Any]:
         try:
             arguments = json.loads(fn.get("arguments", "{}"))
         except (TypeError, ValueError):
+            arguments = None
+        if not isinstance(arguments, dict):
             raise FieldError(f"{where}.function.arguments", "must be JSON text of an object, "
-                             "as the call came back") from None
+                             "as the call came back")
         rendered.append({"id": call.get("id", ""), "type": "function",
                          "function": {"name": fn["name"], "arguments": arguments}})
     content = message.content
