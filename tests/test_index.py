@@ -118,3 +118,17 @@ def test_memory_is_bounded_by_dropping_the_oldest_entries():
     assert idx.blocks_held("a") == len(idx)
     newest = chain(*range(1290, 1300))
     assert idx.match(newest, now=0).blocks == {"a": 10}
+
+
+def test_a_replayed_or_out_of_order_batch_is_a_gap():
+    idx = index("a", "b")
+    idx.apply(stored("a", 0, chain(10)))
+    idx.apply(stored("a", 1, chain(10, 11)))
+    idx.apply(stored("a", 1, chain(10, 11)))   # batch 1 again: replayed
+    assert (idx.stale_workers(), idx.counters().sequence_gaps) == (["a"], 1)
+    idx.apply(stored("b", 5, chain(20)))
+    idx.apply(stored("b", 4, chain(20, 21)))   # an older batch after a newer one
+    assert (idx.stale_workers(), idx.counters().sequence_gaps) == (["a", "b"], 2)
+    idx.rebuild("a", chain(10, 11))
+    idx.apply(stored("a", 0, chain(10, 11, 12)))  # the rebuild restarts the sequence
+    assert (idx.stale_workers(), idx.counters().sequence_gaps) == (["b"], 2)

@@ -225,3 +225,27 @@ def test_requests_a_lost_page_left_behind_fail_so_the_job_ends(tmp_path):
         store.close()
 
     run_bounded(scenario(), 30, "a lost page")
+
+
+def test_the_cancel_reaches_queued_requests_through_the_jobs_own_task(tmp_path):
+    """Two of five requests hold the job's two slots when it is cancelled: the job's own task
+    stops, so the three still queued never reach the backend, even once slots free up."""
+    async def scenario() -> None:
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        backend = HeldBackend()
+        runner = _runner(store, backend, max_concurrent=2)
+        job = _submit(store, runner, "acme", _requests(5))
+        await _in_flight(backend, store, 2)
+        assert runner.cancel(job.job_id, "acme").cancelled == 5
+        await job_task_ended(job.job_id, "the cancelled job")
+        backend.opened.set()
+        other = _submit(store, runner, "bravo", _requests(1))   # a job after it still runs
+        await job_task_ended(other.job_id, "the job after the cancelled one")
+        assert sorted(backend.aborted) == [("acme", 0), ("acme", 1)]
+        assert backend.in_flight == set() and not backend.twice
+        assert store.results(job.job_id) == [] and runner.pending() == {}
+        assert _outcomes(store, other.job_id) == [(0, "INVALID_ARGUMENT", "request 0 refused")]
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "cancel a job with queued requests")
