@@ -172,12 +172,13 @@ class WorkerPool:
             raise
         self.first_hello = self.first_hello or worker.hello
         if worker.state == "starting":
+            # ready the moment the router knows it: a request routed there meanwhile is served
             self.routes.add_worker(worker_id, worker.handle.events)
-            # a store that opened on a disk directory holding blocks (a restart) has them
-            # already: the router learns them, with their tier, before the first request
-            self.routes.rebuild(worker_id, await worker.handle.holdings())
             worker.in_router = True
             worker.state = "ready"
+            # a store that opened on a disk directory holding blocks (a restart) has them
+            # already: the router learns them, with their tier, before ``scale`` returns
+            self.routes.rebuild(worker_id, await worker.handle.holdings())
         else:  # drained while it was starting (and retired then): it leaves without serving
             self._workers.pop(worker_id, None)
             self._spawn(self._stop(worker))
