@@ -1,5 +1,5 @@
-"""``Router``: the plain class the cluster routes with, in the frontend's process
-(``cluster.backend.routing``) and in the router actor (``cluster.backend.router_actor``).
+"""``Router``: the plain class the cluster routes with, in each frontend's own process
+(``cluster.backend.routing``); no router is shared between processes.
 
 It owns the worker set (live or draining), the load each worker carries as the router
 accounts it (queued prefill, running decodes, and recent prefill decayed over
@@ -13,11 +13,12 @@ Life of a request, as the cluster drives it::
     router.prefilled(request_id)              # first token: prefill done, now decoding
     router.finished(request_id)               # done (or failed): its load is gone
 
-Workers send ``EventBatch``es (or their msgpack bytes) to ``apply_events``; a batch's
-``WorkerRates`` (disk read bandwidth, prefill rate) set what a token on that worker's disk
-costs the policy (``router.policy.disk_token_cost``), the latest batch's standing. After a router
-restart, or when ``stale_workers()`` names a worker whose batches had a gap, the cluster calls
-``rebuild(worker_id, holdings)`` with the worker's current block hashes.
+Workers' ``EventBatch``es reach ``apply_events`` (decoded off the wire,
+``cluster.backend.wire``); a batch's ``WorkerRates`` (disk read bandwidth, prefill rate) set
+what a token on that worker's disk costs the policy (``router.policy.disk_token_cost``), the
+latest batch's standing. After a router restart, or when ``stale_workers()`` names a worker
+whose batches had a gap, the cluster calls ``rebuild(worker_id, holdings)`` with the worker's
+current block hashes.
 
 The clock is injected (seconds, monotonic); randomness is the seeded rendezvous hash only.
 """
@@ -27,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from router.kv.events import EventBatch, decode_batch
+from router.kv.events import EventBatch
 from router.index import DEFAULT_MAX_BLOCKS, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
 from router.kv.key import BlockHash, Namespace
 from router.policy import (NoWorkerAvailable, PolicyConfig, RouteQuery, RoutingDecision, WorkerLoad,
@@ -132,10 +133,8 @@ class Router:
 
     # ---- events --------------------------------------------------------------------------
 
-    def apply_events(self, batch: EventBatch | bytes) -> None:
-        """Apply a worker's block events (a batch, or its msgpack encoding)."""
-        if isinstance(batch, (bytes, bytearray, memoryview)):
-            batch = decode_batch(bytes(batch))
+    def apply_events(self, batch: EventBatch) -> None:
+        """Apply a worker's batch of block events."""
         self._index.apply(batch)
         load = self._loads.get(batch.worker_id)
         if batch.rates is not None and load is not None:

@@ -40,7 +40,7 @@ async def _served():
     host, port = await worker.listen(SECRET)
     assert host == "127.0.0.1"  # outside Ray: served on loopback
     try:
-        yield worker, port, Namespace("t", hello.model_id, hello.revision)
+        yield worker, port, Namespace("t", hello.model.model_id, hello.model.revision)
     finally:
         await worker.close()
 

@@ -1,6 +1,6 @@
 """The worker actor's plain class, ``EngineWorker``, without Ray: a real engine on its runtime
-thread, block events piggybacked on results (and delivered msgpack-encoded to a real ``Router``
-through a handle-shaped shim, as to the router actor), requests aborted."""
+thread, block events piggybacked on results and on its event feed (both applied to a real
+frontend router, ``FrontendRouter``), requests aborted."""
 from __future__ import annotations
 
 import asyncio
@@ -9,29 +9,14 @@ import os
 import pytest
 
 from cluster.backend.protocol import TokenChunk
-from cluster.backend.worker_actor import ROUTER_SEND_S, EngineWorker, WorkerDone
+from cluster.backend.routing import FrontendRouter
+from cluster.backend.worker_actor import EngineWorker, WorkerDone
 from router.kv.key import Namespace, hash_blocks
-from router.router import Router
 from tests.forged_models import tiny_model
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
 
 BLOCK = 16
-
-
-class _Method:
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def remote(self, *args):  # what a Ray actor handle's method offers; runs in place here
-        return self.fn(*args)
-
-
-class RouterHandle:
-    """The shape of ``RouterActor``'s handle, calling a real ``Router`` directly."""
-
-    def __init__(self, router: Router) -> None:
-        self.apply_events = _Method(router.apply_events)
 
 
 def _request(worker_ns: Namespace, rid: str, prompt: tuple[int, ...], max_tokens: int = 4):
@@ -40,13 +25,13 @@ def _request(worker_ns: Namespace, rid: str, prompt: tuple[int, ...], max_tokens
 
 def test_engine_worker_runs_streams_publishes_and_invalidates():
     async def scenario():
-        router = Router(BLOCK)
-        router.add_worker("w7")
-        worker = EngineWorker("w7", str(tiny_model()), EngineConfig(block_size=BLOCK),
-                              RouterHandle(router))
+        routes = FrontendRouter(BLOCK)
+        routes.add_worker("w7")
+        router = routes.router
+        worker = EngineWorker("w7", str(tiny_model()), EngineConfig(block_size=BLOCK))
         hello = await worker.start()
-        assert hello.worker_id == "w7" and hello.block_size == BLOCK and hello.openblas
-        ns = Namespace("t", hello.model_id, hello.revision)
+        assert hello.worker_id == "w7" and hello.model.block_size == BLOCK and hello.openblas
+        ns = Namespace("t", hello.model.model_id, hello.model.revision)
         prompt = tuple(range(20, 84))
 
         decision = router.route(ns, hash_blocks(prompt, BLOCK, ns), len(prompt))
@@ -61,9 +46,8 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
         assert [b.seq for b in piggybacked] == list(range(1, len(piggybacked) + 1))
         assert sum(len(b.events) for b in piggybacked) == len(prompt) // BLOCK
 
-        # the store's block events reached the router (sent after the result, together):
-        # the prefix is routed home, matched
-        await asyncio.sleep(3 * ROUTER_SEND_S)
+        # the result's block events reach the router: the prefix is routed home, matched
+        routes.apply("w7", piggybacked)
         again = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
         assert again.worker_id == "w7" and again.expected_cached_tokens == len(prompt)
         done = await worker.run(_request(ns, "b", prompt + (5,)))
@@ -84,7 +68,8 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
         assert await worker.invalidate(Namespace("nobody", "x"), None) == 0
         removed = await worker.invalidate(ns, None)
         assert removed == len(prompt) // BLOCK and (await worker.holdings()).blocks == ()
-        await asyncio.sleep(3 * ROUTER_SEND_S)
+        # no result carried the removals: the event feed does, at once
+        routes.apply("w7", await anext(worker.events(routes.feed_after("w7"))))
         after = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
         assert after.expected_cached_tokens == 0, "invalidation reaches the router"
         await worker.close()
@@ -103,9 +88,9 @@ def test_calls_before_start_fail_cleanly():
 
 
 def test_a_worker_with_a_disk_tier_sends_its_measured_rates_with_its_events(tmp_path):
-    """The Ray path's carriers of block events (a result's batches, the msgpack batches sent
-    to the router actor) carry the worker's rates: after a request read its prefix from disk,
-    the router costs a token on that disk exactly as the rates say."""
+    """The block events a result carries carry the worker's rates: after a request read its
+    prefix from disk, the frontend's router costs a token on that disk exactly as the rates
+    say."""
     from router.kv.events import WorkerRates
     from router.policy import disk_token_cost
 
@@ -113,24 +98,23 @@ def test_a_worker_with_a_disk_tier_sends_its_measured_rates_with_its_events(tmp_
                           disk_dir=str(tmp_path))
     prompt = tuple(range(20, 84)) + (1, 2, 3)
 
-    async def scenario(router: Router | None):
-        worker = EngineWorker("w7", str(tiny_model()), config,
-                              RouterHandle(router) if router else None)
+    async def scenario():
+        worker = EngineWorker("w7", str(tiny_model()), config)
         hello = await worker.start()
-        ns = Namespace("t", hello.model_id, hello.revision)
+        ns = Namespace("t", hello.model.model_id, hello.model.revision)
         done = await worker.run(_request(ns, "a", prompt, 2), feed_after=0)
-        await asyncio.sleep(3 * ROUTER_SEND_S)
         await worker.close()  # the memory tier is written to disk
         return done, hello
 
-    asyncio.run(scenario(None))
-    router = Router(BLOCK)
-    router.add_worker("w7")
-    done, hello = asyncio.run(scenario(router))  # restarted: the prefix is read from disk
+    asyncio.run(scenario())
+    done, hello = asyncio.run(scenario())  # restarted: the prefix is read from disk
     assert done.result.lookup.disk_tokens == 64
     rates = done.events[-1].rates
     assert isinstance(rates, WorkerRates)
-    assert rates.disk_bytes_per_token == hello.disk_kv_bytes_per_token
+    assert rates.disk_bytes_per_token == hello.model.disk_kv_bytes_per_token
     assert rates.disk_read_bytes_s > 0 and rates.prefill_tokens_s > 0
-    (status,) = router.workers()
+    routes = FrontendRouter(BLOCK)
+    routes.add_worker("w7")
+    routes.apply("w7", done.events)
+    (status,) = routes.router.workers()
     assert status.disk_token_cost == disk_token_cost(rates)

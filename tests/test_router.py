@@ -1,7 +1,7 @@
 """Router: decisions as data, load accounting, churn, restart rebuild, errors."""
 import pytest
 
-from router.kv.events import EventBatch, encode_batch
+from router.kv.events import EventBatch, decode_batch, encode_batch
 from router.kv.key import Namespace, hash_blocks
 from router.kv.ledger import BlockLedger
 from router.policy import (NoWorkerAvailable, PolicyConfig, Reason, RouteQuery, WorkerLoad,
@@ -50,11 +50,12 @@ def test_a_held_prefix_wins_and_the_decision_is_data():
     assert by_worker["b"].score < by_worker["a"].score
 
 
-def test_msgpack_event_bytes_are_accepted():
+def test_event_batches_decoded_from_msgpack_are_applied():
     router, _ = make_router("a", "b")
     ledger = BlockLedger(10**9, 3600, lambda: 0.0, bytes_per_token=1)
     ledger.insert(hash_blocks(prompt(2, 3), BS, NS), BS, NS.label(), NS.root())
-    router.apply_events(encode_batch(EventBatch("a", 0, tuple(ledger.drain_events()))))
+    encoded = encode_batch(EventBatch("a", 0, tuple(ledger.drain_events())))
+    router.apply_events(decode_batch(encoded))
     assert route(router, prompt(2, 3)).worker_id == "a"
 
 

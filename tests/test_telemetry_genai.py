@@ -32,7 +32,7 @@ class _Outcome:
 
     def __init__(self, res):
         self.result, self.decision, self.attempts = res, None, 1
-        self.route_traced = self.worker_traced = True
+        self.worker_traced = True
 
 
 def run(tracing, rid, prompt, operation=""):

@@ -167,7 +167,7 @@ def test_rates_travel_in_the_encoded_batch():
         decode_batch(msgpack.packb(["w1", 7, [], [4096, -1.0, 25.0]]))
     router = Router(block_size=BS, clock=lambda: 0.0)
     router.add_worker("w1")
-    router.apply_events(encode_batch(batch))  # the router actor's way
+    router.apply_events(decode_batch(encode_batch(batch)))  # as the wire brings it
     assert router.workers()[0].disk_token_cost == 0.0625
 
 

@@ -151,17 +151,6 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def on_this_node() -> dict:
-    """``.options(...)`` pinning an actor to this process's node.
-
-    The router actor lives beside the frontend (on the head, for ``orchard up``): a worker
-    node that dies must never take the router with it.
-    """
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id(), soft=False)}
-
-
 def node_id() -> str:
     """This process's Ray node id, the one every worker, span and placement names; ``"local"``
     outside Ray (the in-process backend)."""

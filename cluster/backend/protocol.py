@@ -7,11 +7,12 @@ job store. Everything behind it — routing, workers, retries — is a ``Backend
                                                               │
               ◄── GenerateOutcome(result, decision, attempts) ◄┘
 
-Two implementations exist: ``cluster.backend.local.LocalBackend`` (in-process engines and the
-real router, no Ray; used by fast tests and as the reference) and ``cluster.backend.ray_backend``'s
-``RayBackend`` (worker actors across Ray nodes). Everything crossing the protocol is a frozen,
-slotted dataclass; the router's ``RoutingDecision`` travels back inside ``GenerateOutcome`` so
-that traces can carry it.
+One implementation exists, ``cluster.backend.backend.Backend``, over worker handles; its two
+constructors pick the workers: ``cluster.backend.local.LocalBackend`` (in-process engines and
+the real router, no Ray; used by fast tests and ``python -m cluster.api.frontend``) and
+``cluster.backend.ray_backend.RayBackend`` (worker actors across Ray nodes). Everything
+crossing the protocol is a frozen, slotted dataclass; the router's ``RoutingDecision`` travels
+back inside ``GenerateOutcome`` so that traces can carry it.
 
 Errors: ``NoWorkerAvailable`` (the router's, re-exported here) when no worker can take a request
 (the frontend answers ``UNAVAILABLE``); ``ValueError`` for bad input the frontend did not catch
@@ -25,8 +26,8 @@ from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
 
 from router.kv.key import BlockHash, Namespace
 from router.policy import NoWorkerAvailable, RoutingDecision  # the router's, used unchanged
-from workers.messages import (DiskTierStats, GenerateRequest, GenerateResult, TokenLogprob,
-                              WorkerStats)
+from workers.messages import (DiskTierStats, GenerateRequest, GenerateResult, ModelFacts,
+                              TokenLogprob, WorkerStats)
 
 
 class UnknownWorker(LookupError):
@@ -46,6 +47,13 @@ class ModelInfo:
     kv_bytes_per_token: int  # the engine's memory tier, as its store accounts it
     disk_kv_bytes_per_token: int = 0  # its disk tier's (0: no disk tier)
     cache_secret: bytes = field(default=b"", repr=False)  # the workers' cache-key secret
+
+    @classmethod
+    def of(cls, facts: ModelFacts, model_dir: str, cache_secret: bytes) -> ModelInfo:
+        """The model a worker reported (its ``WorkerHello``), served from ``model_dir``."""
+        return cls(facts.model_id, facts.revision, facts.vocab_size, facts.max_context,
+                   model_dir, facts.block_size, facts.kv_bytes_per_token,
+                   facts.disk_kv_bytes_per_token, cache_secret)
 
     def namespace(self, tenant: str) -> Namespace:
         """``tenant``'s cache namespace on this model, keyed as the workers key theirs."""
@@ -78,10 +86,8 @@ class GenerateOutcome:
     # writes included. 0.0 when the backend does not measure it (then the engine's
     # received -> last token stamps stand in).
     worker_s: float = 0.0
-    # Spans another process drew for this request (``cluster.telemetry.setup``): the router actor
-    # its routing span, the worker actor its lookup / prefill / decode spans. The frontend
-    # draws only the ones no other process did.
-    route_traced: bool = False
+    # The worker actor drew this request's lookup / prefill / decode spans in its own process
+    # (``cluster.telemetry.setup``): the frontend does not draw them again.
     worker_traced: bool = False
 
     def worker_time_s(self) -> float:

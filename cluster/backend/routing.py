@@ -1,15 +1,19 @@
 """The frontend's router: ``router.router.Router`` in the frontend's own process.
 
 Routing costs no Ray hop: the frontend decides, then calls the chosen worker once, as Ray
-Serve's handles do. The router learns what each worker holds from the worker's block event
+Serve's handles do. Each frontend routes with its own ``FrontendRouter``; no router is shared
+between processes. The router learns what each worker holds from the worker's block event
 batches, which reach it two ways::
 
     worker ─ WorkerDone.events ─────────────────────► apply   on every result: the batches
                                                               after the caller's last one, so
                                                               the next request sees what this
                                                               one stored
-    worker ─ events(after), a streaming feed ───────► apply   evictions, TTL expiry, requests
+    worker ─ its handle's events(after) feed ───────► apply   evictions, TTL expiry, requests
                                                               other callers sent
+
+(The in-process engines have no feed: their runtime's callback applies every batch as it is
+published, before the result it belongs to reaches the caller.)
 
 Each batch is applied once, in sequence order (``_applied``, per worker); one that skips ahead
 is a gap the index notices, and the pool's check rebuilds that worker's view from its
@@ -19,17 +23,14 @@ event loop; nothing blocks it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from typing import Callable, Sequence
-
-import ray
+from typing import AsyncIterator, Callable, Sequence
 
 from router.kv.events import EventBatch
 from router.router import Router
-from workers.engine.runtime import Holdings
+from workers.engine.channel import Holdings
 
-log = logging.getLogger(__name__)
+Feed = Callable[[int], AsyncIterator[Sequence[EventBatch]]]   # batches after a sequence number
 
 
 class FrontendRouter:
@@ -40,12 +41,13 @@ class FrontendRouter:
         self._applied: dict[str, int] = {}          # worker -> last batch applied
         self._feeds: dict[str, asyncio.Task] = {}   # worker -> its events() reader
 
-    def add_worker(self, worker_id: str, actor) -> None:
-        """Route to ``worker_id`` from now on and follow its block events."""
+    def add_worker(self, worker_id: str, feed: Feed | None = None) -> None:
+        """Route to ``worker_id`` from now on and follow its block events' ``feed``."""
         self.router.add_worker(worker_id)
         self._applied[worker_id] = 0
-        self._feeds[worker_id] = asyncio.get_running_loop().create_task(
-            self._follow(worker_id, actor), name=f"feed-{worker_id}")
+        if feed is not None:
+            self._feeds[worker_id] = asyncio.get_running_loop().create_task(
+                self._follow(worker_id, feed), name=f"feed-{worker_id}")
 
     def drain_worker(self, worker_id: str) -> None:
         self.router.drain_worker(worker_id)
@@ -86,10 +88,6 @@ class FrontendRouter:
         await asyncio.gather(*self._feeds.values(), return_exceptions=True)
         self._feeds.clear()
 
-    async def _follow(self, worker_id: str, actor) -> None:
-        try:
-            async for ref in actor.events.options(num_returns="streaming").remote(
-                    self.feed_after(worker_id)):
-                self.apply(worker_id, await ref)
-        except ray.exceptions.RayError as exc:  # the pool's pings notice a dead worker
-            log.info("worker %s: event feed ended (%s)", worker_id, exc)
+    async def _follow(self, worker_id: str, feed: Feed) -> None:
+        async for batches in feed(self.feed_after(worker_id)):  # ends with its worker
+            self.apply(worker_id, batches)

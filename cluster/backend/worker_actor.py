@@ -14,12 +14,12 @@ it work and relays what comes back. Requests reach ``generate`` over the fronten
     abort(request_id) ───────────────────── Abort ─────► the same, asked for by the caller
     outbox of EventBatch ◄──────────── on_events ──────┘ block events after every step
       ├─ piggybacked on WorkerDone: the batches after the caller's ``feed_after``
-      ├─ events(after): a streaming feed (evictions and TTL expiry between requests)
-      └─ router actor (if any): apply_events.remote(msgpack), fire and forget
+      └─ events(after): a streaming feed (evictions and TTL expiry between requests)
     stats / invalidate / holdings ── runtime.call ─► run on the engine thread
 
-Every batch has a per-worker sequence number, so a router applies each once, in order, and
-notices a gap (then rebuilds from ``holdings``, which say up to which batch they reach).
+Every batch has a per-worker sequence number, so each frontend's router applies each once, in
+order, and notices a gap (then rebuilds from ``holdings``, which say up to which batch they
+reach). The frontend reaches the actor through its handle (``cluster.backend.ray_pool``).
 
 Given ``TelemetrySettings`` the worker sets up its process's telemetry on ``start`` (service
 ``orchard-worker``, its id and node as resource attributes) and draws each finished request's
@@ -38,12 +38,12 @@ import collections
 import contextlib
 import os
 import time
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
 import ray
 
 from cluster.backend.bootstrap import node_address, node_id
+from cluster.backend.handle import WorkerHello, engine_items
 from cluster.backend.link import LinkServer
 from cluster.backend.protocol import TokenChunk
 from cluster.backend.wire import Prefilled, WorkerDone
@@ -51,12 +51,12 @@ from cluster.telemetry import attrs as A
 from cluster.telemetry import spans
 from cluster.telemetry.setup import (SERVICE_WORKER, Telemetry, TelemetrySettings,
                                      process_settings, process_telemetry)
-from router.kv.events import EventBatch, encode_batch
+from router.kv.events import EventBatch
 from router.kv.key import Namespace
-from workers.blas import openblas_in_use
-from workers.engine.engine import EngineConfig
+from workers.engine.channel import Finished, Holdings
+from workers.engine.config import EngineConfig
+from workers.engine.runtime import EngineRuntime
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
-from workers.engine.runtime import EngineRuntime, Finished, Holdings
 
 __all__ = ["EngineWorker", "Prefilled", "WorkerActor", "WorkerDone", "WorkerFailed",
            "WorkerHello", "WorkerStats"]
@@ -65,37 +65,17 @@ OUTBOX_BATCHES = 4096  # event batches kept for callers catching up (older: rebu
 # The feed waits this long after a new batch and then sends only what no result carried
 # meanwhile: while requests flow, results carry every batch and the feed stays quiet.
 FEED_QUIET_S = 0.25
-ROUTER_SEND_S = 0.05  # batches for the router actor go out together, after the results
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerHello:
-    """What a started worker reports about itself and the model it loaded."""
-
-    worker_id: str
-    node_id: str
-    node: str             # the node's address, as operators know it
-    pid: int
-    model_id: str
-    revision: str
-    vocab_size: int
-    max_context: int
-    block_size: int
-    openblas: bool
-    kv_bytes_per_token: int
-    disk_kv_bytes_per_token: int = 0  # its disk tier's (0: none)
 
 
 class EngineWorker:
     """One engine on a runtime thread, fed by async callers; block events to its feed."""
 
-    def __init__(self, worker_id: str, model_dir: str, config: EngineConfig, router=None,
+    def __init__(self, worker_id: str, model_dir: str, config: EngineConfig,
                  clock: Callable[[], float] = time.monotonic,
                  telemetry: TelemetrySettings | None = None) -> None:
         self._id = worker_id
         self._model_dir = model_dir
-        self._config = EngineConfig(**{**_fields(config), "worker_id": worker_id})
-        self._router = router          # the router actor, if any: sent every batch
+        self._config = config          # opened with this worker's id (``EngineRuntime.open``)
         self._clock = clock
         self._settings = telemetry
         self._tel: Telemetry | None = None
@@ -106,7 +86,6 @@ class EngineWorker:
         self._outbox: collections.deque[EventBatch] = collections.deque(maxlen=OUTBOX_BATCHES)
         self._fed = asyncio.Event()    # set when a batch enters the outbox (actor loop only)
         self._carried = 0              # the last batch a result carried (actor loop only)
-        self._for_router: list[EventBatch] = []   # not yet sent to the router actor (loop)
         self._link: LinkServer | None = None      # the frontend's request stream (``listen``)
 
     async def start(self) -> WorkerHello:
@@ -123,11 +102,7 @@ class EngineWorker:
                                               self._clock)
             tokenizer = engine.tokenizer
             self._decode = lambda ids: tokenizer.decode(list(ids))
-            self._hello = WorkerHello(self._id, node_id(), node_address(), os.getpid(),
-                                      engine.model_id, engine.revision, engine.vocab_size,
-                                      engine.max_context, engine.config.block_size,
-                                      openblas_in_use(), engine.kv_bytes_per_token,
-                                      engine.disk_kv_bytes_per_token)
+            self._hello = WorkerHello.here(self._id, node_id(), node_address(), engine.facts)
         return self._hello
 
     # ---- requests ----------------------------------------------------------------------------
@@ -139,18 +114,13 @@ class EngineWorker:
         ``feed_after``: the last event batch the caller applied; the ``WorkerDone`` carries the
         ones after it. Closed before its ``WorkerDone``, the request is aborted.
         """
-        first = True
-        async with contextlib.aclosing(self.runtime.run(self._id, request)) as run:
-            async for item in run:
+        async with contextlib.aclosing(engine_items(self.runtime, self._id, request,
+                                                    chunks)) as items:
+            async for item in items:
                 if isinstance(item, Finished):
                     yield self._done(request, item, feed_after)
                     return
-                if chunks:
-                    yield TokenChunk(request.request_id, (item.token,), item.text,
-                                     item.token_logprobs)
-                elif first and request.sampling.max_tokens > 1:  # else: done at once
-                    yield Prefilled(request.request_id)
-                first = False
+                yield item
 
     async def run(self, request: GenerateRequest, feed_after: int | None = None) -> WorkerDone:
         """``generate`` answered once, with the finished request only."""
@@ -200,16 +170,6 @@ class EngineWorker:
         self._outbox.append(batch)
         self._fed.set()
         self._fed = asyncio.Event()
-        if self._router is not None:  # off the request path: after the result goes out
-            if not self._for_router:
-                self._loop.call_later(ROUTER_SEND_S, self._send_to_router)
-            self._for_router.append(batch)
-
-    def _send_to_router(self) -> None:
-        batches, self._for_router = self._for_router, []
-        if self._router is not None:
-            for batch in batches:
-                self._router.apply_events.remote(encode_batch(batch))
 
     def _since(self, after: int | None) -> tuple[EventBatch, ...]:
         if after is None:
@@ -243,10 +203,6 @@ class EngineWorker:
         """Liveness, answered by the actor's event loop (not the engine thread)."""
         return os.getpid()
 
-    async def set_router(self, router) -> None:
-        """Send block events to ``router`` from now on (the router actor was restarted)."""
-        self._router = router
-
     async def close(self) -> None:
         """Stop the request stream and the engine thread, then flush and stop telemetry
         (spans not yet exported)."""
@@ -278,10 +234,6 @@ class EngineWorker:
             self._loop.call_soon(spans.record_engine, self._tel, request, item.result,
                                  self._decode)
         return WorkerDone(item.result, item.worker_s, traced, events)
-
-
-def _fields(obj) -> dict:
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
 
 WorkerActor = ray.remote(EngineWorker)

@@ -8,7 +8,7 @@ everything before it, and sibling conversations can reuse their system prompt. C
 run concurrently, each one turn after another, as chat users do.
 
 Both policies run in the same Ray cluster on fresh worker actors (empty caches), one after the
-other: ``orchard`` (the router actor, fed by the workers' block events) and ``round_robin``
+other: ``orchard`` (the frontend's router, fed by the workers' block events) and ``round_robin``
 (cycling through the ready workers). Per policy: computed (prefilled) tokens, hit ratio
 (cached / input tokens), wall time, TTFT p50 and p99 (the worker's request-received -> first
 token, queueing on the worker included), and requests per worker.

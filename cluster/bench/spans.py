@@ -1,15 +1,15 @@
-"""``orchard bench spans``: what drawing its spans costs the router and the worker processes.
+"""``orchard bench spans``: what drawing its spans costs the frontend's routing and the workers.
 
-On the Ray path the router actor draws each request's routing span on its event loop and the
-worker actor its four spans (worker, lookup, prefill, decode) on its engine thread. This
-benchmark times those two calls in place, with the default exporter (OTLP JSON lines, batched)
-writing into a temporary run directory:
+On the Ray path the frontend routes each request in its own process and draws its routing
+span there, and the worker actor draws its four spans (worker, lookup, prefill, decode) on its
+engine thread. This benchmark times those calls in place, with the default exporter (OTLP
+JSON lines, batched) writing into a temporary run directory:
 
-- worker: ``cluster.telemetry.spans.record_engine`` for a real finished request of the embedded model,
-  ``calls`` times;
-- router: ``cluster.backend.router_actor.TracedRouter.route_and_start`` (+ ``finished``) for a
-  500-token prompt over ``workers`` workers, ``calls`` times untraced (no carried context)
-  and ``calls`` times traced.
+- worker: ``cluster.telemetry.spans.record_engine`` for a real finished request of the
+  embedded model, ``calls`` times;
+- routing: ``router.router.Router.route`` + ``started`` (+ ``finished``) for a 500-token
+  prompt over ``workers`` workers, ``calls`` times untraced and ``calls`` times traced (the
+  routing span, ``cluster.telemetry.spans.record_routing``, under a carried context).
 
 CPU time is the process's (the export thread included) up to the exporter's flush, so
 ``*_cpu_s`` is the whole cost per call; wall time is what the caller waits.
@@ -17,7 +17,6 @@ CPU time is the process's (the export thread included) up to the exporter's flus
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import tempfile
 import time
@@ -66,24 +65,34 @@ def _worker_spans(model_dir: Path, run_dir: Path, calls: int) -> tuple[float, fl
         tel.shutdown()
 
 
-async def _router(run_dir: Path, calls: int, workers: int) -> dict[str, tuple[float, float]]:
-    from cluster.backend.router_actor import TracedRouter
+def _router(run_dir: Path, calls: int, workers: int) -> dict[str, tuple[float, float]]:
+    from cluster.telemetry import spans
+    from cluster.telemetry.setup import SERVICE_FRONTEND, setup_telemetry
     from router.kv.key import Namespace, hash_blocks
+    from router.router import Router
 
-    router = TracedRouter(16, TelemetrySettings("orchard", run_dir))
+    tel = setup_telemetry(TelemetrySettings(SERVICE_FRONTEND, run_dir))
+    router = Router(16)
     for i in range(workers):
-        await router.add_worker(f"w{i}")
+        router.add_worker(f"w{i}")
     ns = Namespace("bench", "model", "rev")
     hashes = hash_blocks(tuple(range(30, 530)), 16, ns)
     out = {}
-    for name, context in (("untraced", ()), ("traced", CONTEXT)):
-        wall, cpu = time.perf_counter(), time.process_time()
-        for i in range(calls):
-            await router.route_and_start(f"{name}-{i}", ns, hashes, 500, context)
-            await router.finished(f"{name}-{i}")
-        wall = time.perf_counter() - wall
-        await router.flush()
-        out[name] = (wall, time.process_time() - cpu)
+    try:
+        for name, traced in (("untraced", False), ("traced", True)):
+            wall, cpu = time.perf_counter(), time.process_time()
+            for i in range(calls):
+                start_ns = time.time_ns()
+                decision = router.route(ns, hashes, 500)
+                router.started(f"{name}-{i}", decision)
+                if traced:
+                    spans.record_routing(tel, decision, start_ns, time.time_ns(), CONTEXT)
+                router.finished(f"{name}-{i}")
+            wall = time.perf_counter() - wall
+            tel.flush()
+            out[name] = (wall, time.process_time() - cpu)
+    finally:
+        tel.shutdown()
     return out
 
 
@@ -92,7 +101,7 @@ def bench_spans(model_dir: Path, calls: int = 2000, workers: int = 4) -> dict:
         raise ValueError("--calls and --workers must be positive")
     with tempfile.TemporaryDirectory(prefix="orchard-bench-") as run_dir:
         worker = _worker_spans(model_dir, Path(run_dir), calls)
-        router = asyncio.run(_router(Path(run_dir), calls, workers))
+        router = _router(Path(run_dir), calls, workers)
     per = {k: (w / calls, c / calls) for k, (w, c) in router.items()}
     return {"model": str(model_dir), "calls": calls, "workers": workers,
             "worker_spans_wall_s": worker[0] / calls, "worker_spans_cpu_s": worker[1] / calls,
@@ -113,15 +122,15 @@ def spans_command(args: argparse.Namespace) -> int:
     print(f"{r['calls']} calls each; router over {r['workers']} workers\n"
           f"worker spans (record_engine)  {r['worker_spans_wall_s'] * us:7.0f} us wall, "
           f"{r['worker_spans_cpu_s'] * us:7.0f} us CPU with export\n"
-          f"route_and_start, untraced     {r['route_untraced_wall_s'] * us:7.0f} us wall, "
+          f"route + started, untraced     {r['route_untraced_wall_s'] * us:7.0f} us wall, "
           f"{r['route_untraced_cpu_s'] * us:7.0f} us CPU\n"
-          f"route_and_start, traced       {r['route_traced_wall_s'] * us:7.0f} us wall, "
+          f"route + started, traced       {r['route_traced_wall_s'] * us:7.0f} us wall, "
           f"{r['route_traced_cpu_s'] * us:7.0f} us CPU with export")
     return 0
 
 
 def register_bench(sub) -> None:
-    s = sub.add_parser("spans", help="span cost in the router and worker processes")
+    s = sub.add_parser("spans", help="span cost of the frontend's routing and the workers")
     s.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
     s.add_argument("--calls", type=int, default=2000)
     s.add_argument("--workers", type=int, default=4, help="workers the router chooses among")

@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from cluster.bench.cluster import register_bench as register_cluster_bench
     register_cluster_bench(sub)  # `orchard bench cluster`: routing vs round robin on Ray
     from cluster.bench.spans import register_bench as register_span_bench
-    register_span_bench(sub)  # `orchard bench spans`: span cost in the router and workers
+    register_span_bench(sub)  # `orchard bench spans`: span cost of routing and the workers
     from cluster.bench.profile import register_bench as register_profile_bench
     register_profile_bench(sub)  # `orchard bench profile`: the engine's service profile
     from cluster.bench.batch import register_bench as register_batch_bench

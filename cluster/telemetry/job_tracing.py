@@ -66,8 +66,8 @@ class RequestTrace:
         if self._observer is None or self._span is None:
             return None
         result = outcome.result
-        # Spans the router and worker actors drew in their own processes are not drawn twice.
-        if outcome.decision is not None and not outcome.route_traced:
+        # Spans the worker actors drew in their own processes are not drawn twice.
+        if outcome.decision is not None:
             self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
         if not outcome.worker_traced:
             self._observer.worker_done(request, result, self._observer.decode)

@@ -12,10 +12,10 @@ The job runner reaches it through ``cluster.telemetry.job_tracing.JobTracing``; 
 
     job_context = observer.submit_job(job_id, tenant, plans, held)   # at submission
 
-Worker-side spans (lookup, prefill, decode) and the routing span are drawn here only when
-no other process drew them (``GenerateOutcome.worker_traced`` / ``route_traced``): for the
-routing span always (routing runs in the frontend), the worker's on the in-process
-``LocalBackend`` (on Ray the worker actors draw their own).
+The routing span is always drawn here (routing runs in the frontend); the worker-side spans
+(lookup, prefill, decode) only when no other process drew them
+(``GenerateOutcome.worker_traced``): on the in-process ``LocalBackend`` (on Ray the worker
+actors draw their own).
 
 Forecast per request: the router's ``expected_cached_tokens`` at routing time
 (``router.cost.forecast_request``). Forecast per job: ``router.forecast.forecast_job`` over

@@ -1,10 +1,10 @@
 """orchard's OpenTelemetry: tracer and meter setup, attribute names, context propagation, spans.
 
 This is the one module that sets OpenTelemetry up (from the cluster config's ``[telemetry]``
-table) and names attributes. Every process (frontend, router actor, worker actors) calls
-``setup_telemetry`` once, with its own ``TelemetrySettings`` narrowed from the cluster config
-(service ``orchard-frontend``, ``orchard-router`` or ``orchard-worker``; a worker adds its id
-and node as resource attributes), and passes the returned ``Telemetry`` to whoever emits spans.
+table) and names attributes. Every process (frontend, worker actors) calls ``setup_telemetry``
+once, with its own ``TelemetrySettings`` narrowed from the cluster config (service
+``orchard-frontend`` or ``orchard-worker``; a worker adds its id and node as resource
+attributes), and passes the returned ``Telemetry`` to whoever emits spans.
 
 One request is one trace, each span drawn by the process that did the work::
 
@@ -19,11 +19,11 @@ One request is one trace, each span drawn by the process that did the work::
 Context crosses gRPC as W3C ``traceparent`` metadata (``inject_metadata`` /
 ``extract_metadata``) and Ray calls inside ``GenerateRequest.trace_context``
 (``request_context`` / ``context_of``). The routing span is drawn where the decision is made:
-in the frontend, which routes in its own process on Ray too (``cluster.backend.routing``), or in
-the router actor for a ``route_and_start`` call carrying a context; its duration is the
-decision itself, and a rerouted request shows each decision. The worker draws its spans from the engine's ``Timings`` when a request finishes
-(``workers`` never imports OpenTelemetry). ``cluster.backend.protocol.GenerateOutcome`` says which spans
-were drawn remotely, so the frontend draws only what no other process did: the routing span
+in the frontend, which routes in its own process on Ray too (``cluster.backend.routing``); its
+duration is the decision itself, and a rerouted request shows each decision. The worker draws
+its spans from the engine's ``Timings`` when a request finishes (``workers`` never imports
+OpenTelemetry). ``cluster.backend.protocol.GenerateOutcome`` says whether the worker drew them
+in its own process, so the frontend draws only what no other process did: the routing span
 always, the worker's spans on the in-process ``LocalBackend`` (one process).
 
 Exporters (``cluster.telemetry.exporters``): ``exporter = "file"`` (default) writes OTLP/JSON
@@ -66,7 +66,6 @@ log = logging.getLogger("orchard.telemetry")
 T = TypeVar("T")
 
 SERVICE_FRONTEND = "orchard-frontend"
-SERVICE_ROUTER = "orchard-router"
 SERVICE_WORKER = "orchard-worker"
 
 
@@ -74,7 +73,7 @@ SERVICE_WORKER = "orchard-worker"
 class TelemetrySettings:
     """What ``setup_telemetry`` needs, narrowed from the cluster config."""
 
-    service: str                 # "orchard-frontend", "orchard-router" or "orchard-worker"
+    service: str                 # "orchard-frontend" or "orchard-worker"
     run_dir: Path
     exporter: str = "file"       # one or more of file / otlp, comma-separated; or "none"
     endpoint: str = ""

@@ -10,9 +10,6 @@ Call sites are one line each::
         ...result = worker.generate(req)...
         spans.record_outcome(tel, span, outcome_record)               # usage, cost, miss cause
 
-    # router actor, per decision, under the context the routing call carried
-    spans.record_routing(tel, decision, start_ns, end_ns, request.trace_context)
-
     # worker actor (or the frontend, for a backend that does not), from the result's Timings
     spans.record_engine(tel, request, result, decode)                 # lookup / prefill / decode
 
@@ -120,7 +117,7 @@ def record_routing(tel: Telemetry, decision: RoutingDecision, start_ns: int,
                    end_ns: int | None = None,
                    trace_context: Sequence[tuple[str, str]] | None = None) -> None:
     """The routing span, a child of the current span (or of the context carried in
-    ``trace_context``, in the router actor); one event per candidate."""
+    ``trace_context``); one event per candidate."""
     parent = context_of(trace_context) if trace_context is not None else None
     span = tel.tracer.start_span("orchard.route", context=parent, start_time=start_ns,
                                  attributes={A.SPAN_KIND: "route"})

@@ -15,9 +15,9 @@ A batch from a worker with a disk tier also carries its ``WorkerRates``: the dis
 measured read bandwidth and the engine's measured prefill rate, from which the router's
 policy counts what a block on that disk costs to load (``router.policy.disk_token_cost``).
 They ride on the batches because every path that brings a worker's blocks to a router (the
-in-process backend, a result's batches and the event feed on the Ray path, the router actor)
-already carries them; a rate changes when the worker reads from disk or prefills, and both
-store blocks, so a batch follows.
+in-process backend, a result's batches and the event feed on the Ray path) already carries
+them; a rate changes when the worker reads from disk or prefills, and both store blocks, so a
+batch follows.
 
 This module is shared by ``workers`` (producer) and ``router`` (consumer); it imports neither.
 """

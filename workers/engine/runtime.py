@@ -24,11 +24,12 @@ through the command queue. This is the one place that drives an engine::
 
 Between two steps the engine thread handles the commands queued at that moment, so a flood
 of commands never starves decoding. An engine whose ``step`` raises is broken: every run on
-it raises ``WorkerFailed`` (the caller retries elsewhere, ``cluster.backend.retry``) and the engine is dropped. Once the engine thread
-ends (``close``, or a bug that escapes a command, such as an ``on_events`` that raises), every
-run and call, those waiting and those after, raises ``WorkerFailed`` saying why: no caller waits
-on a thread that is gone. Whoever consumes a run and stops before its ``Finished`` (a cancelled stream, a deadline, a cancelled job) aborts the
-request in the engine: cancelled work stops within one step.
+it raises ``WorkerFailed`` (the caller retries elsewhere, ``cluster.backend.retry``) and the
+engine is dropped. Once the engine thread ends (``close``, or a bug that escapes a command,
+such as an ``on_events`` that raises), every run and call, those waiting and those after,
+raises ``WorkerFailed`` saying why: no caller waits on a thread that is gone. Whoever consumes
+a run and stops before its ``Finished`` (a cancelled stream, a deadline, a cancelled job)
+aborts the request in the engine: cancelled work stops within one step.
 
 The runtime keeps each engine's served counts (``WorkerStats``); the written tokens are the
 store's own count (``Engine.written_tokens``), aborted requests' blocks included. The messages
