@@ -5,7 +5,8 @@ The index owns the router's belief, nothing else. It is fed by the workers' bloc
 requests sharing a new prefix lands together before any event arrives), and by a worker's full
 holdings when the router restarts or notices a lost batch.
 
-Each worker gets a slot (a bit); each block maps to the bitmask of workers holding it::
+Each worker gets a slot (a bit); each block maps to the bitmask of workers holding it, one
+mask per tier, in a ``router.block_table.BlockTable``::
 
     held:     h0 -> 0b1011   h1 -> 0b0011   h2 -> 0b0001
     pending:  h1 -> {slot 2: expires 12.5}
@@ -19,32 +20,58 @@ Rules:
   and prefill under load, so its own stored events normally confirm it first); if no event
   confirms it by then it is gone. It covers at most ``pending_blocks`` (32) blocks past what
   the worker already holds: siblings find the worker by the first new blocks.
-- Removing a worker forgets its blocks and pending entries at once (its slot is cleared from
-  every mask lazily: the slot is retired and never reused for another worker).
+- Removing a worker forgets its blocks and pending entries at once: its slot is retired and
+  every read ANDs with the live slots. A retired slot is given to a new worker only after one
+  sweep has cleared every retired bit (when no never-used slot is left); past that the masks
+  widen by 32 slots (a 32-bit word per tier).
 - Events for an unknown worker, and removals of blocks that worker was not holding, are
   ignored and counted (``IndexCounters``), never an error. A sequence gap in a worker's
   batches is counted and marks the worker stale until ``rebuild`` replaces its holdings.
 - Tiers: a worker holds a block while its memory or its disk does (``BlockStored``/``Removed``
   carry the tier; each tier has its own mask). ``match`` counts both, and says how many of
-  each worker's matched blocks only its disk holds (``Match.disk_blocks``): workers' memory
-  chains are prefix-closed (leaves leave first), so that is found by a second bisection over
+  each worker's matched blocks only its disk holds (``Match.disk_blocks``): a second walk over
   the memory masks alone, run only once some worker has announced a disk tier.
-- Memory is bounded: at most ``max_blocks`` distinct blocks; past that the oldest-stored
-  entries are dropped in batches (counted as ``dropped``), which can only cost a cache hit.
+- ``match`` is the strided AND-walk (``router.walk``): a worker's depth is its leading run of
+  held or pending blocks, looked up at every 16th block and then block by block only where
+  some worker's run ends; the blocks between two held samples are not looked at.
+
+Memory: at most ``max_bytes`` (the router's ``[router] index_bytes``, 2 GiB by default) for
+the table of held blocks: ``bytes_for(1) = 22`` bytes a block at up to 32 workers, 30 at 33 to
+64 (``router.block_table.entry_bytes``), so 2 GiB holds 97M blocks at 32 workers, five times
+the 18M blocks of 32 Macs x (1M memory + 8M disk tokens) at block 16. Measured with
+``orchard simulate --decision-bench`` (RSS over indexed blocks, 32 workers): see
+``docs/benchmarks.md``, ``## Router``. Pending entries (a dict, bounded by the routing rate
+times ``pending_ttl_s`` times ``pending_blocks``) are outside the budget.
+
+Eviction: when a store finds the index full, the least recently used blocks go first,
+``max(1, max_blocks // 100)`` at a time (counted as ``dropped``). A block is used when an
+event stores it (any worker, any tier) and when a ``match`` walks through it: every block of
+the prompt up to its deepest match. A chain's head is walked whenever any of its blocks is, so
+the router forgets the tails of old conversations before the system prompts and histories
+that prompts still continue; the oldest-stored-first rule it replaces dropped a hot system
+prompt first. LRU is kept to 1/64 of the budget (``router.block_table``, generations).
+Forgetting can only cost a cache hit. Measured on the shipped conversation trace
+(``orchard simulate --policies orchard --index-bytes N``): see ``EVICTION_COST`` below.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import groupby
 from typing import Iterable, Sequence
 
+import numpy as np
+
+from router.block_table import BlockTable, entry_bytes, key_of, keys_of
 from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
 from router.kv.key import BlockHash
+from router.walk import walk_chain
 
-DEFAULT_MAX_BLOCKS = 4_000_000
+DEFAULT_INDEX_BYTES = 2 << 30  # 2 GiB, as llm-d budgets its index
 DEFAULT_PENDING_TTL_S = 10.0
 DEFAULT_PENDING_BLOCKS = 32
+MEMORY, DISK = 0, 1  # the table's mask columns
+_WORD = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,25 +94,26 @@ class Match:
 
 
 class PrefixIndex:
-    """Block -> holders bitmask, plus pending routed entries; bounded; workers added live."""
+    """Block -> holders bitmask per tier, plus pending routed entries; within a byte budget;
+    workers added live."""
 
-    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS,
+    def __init__(self, max_bytes: int = DEFAULT_INDEX_BYTES,
                  pending_ttl_s: float = DEFAULT_PENDING_TTL_S,
                  pending_blocks: int = DEFAULT_PENDING_BLOCKS) -> None:
-        if max_blocks <= 0:
-            raise ValueError(f"max_blocks must be positive, got {max_blocks}")
         if pending_ttl_s < 0:
             raise ValueError(f"pending_ttl_s must be >= 0 seconds, got {pending_ttl_s}")
-        self.max_blocks = max_blocks
+        self._table = BlockTable(2, max_bytes)  # MEMORY, DISK
         self.pending_ttl_s = pending_ttl_s
         self.pending_blocks = pending_blocks
         self._slot: dict[str, int] = {}        # live worker -> bit index
         self._names: dict[int, str] = {}       # bit index -> live worker
-        self._next_slot = 0
+        self._next_slot = 0                    # slots from here on were never used
+        self._retired: set[int] = set()        # removed workers' slots, bits not yet cleared
+        self._free: list[int] = []             # swept slots, ready for a new worker
         self._live_mask = 0
-        self._held: dict[BlockHash, int] = {}  # insertion order = oldest first
-        self._disk: dict[BlockHash, int] = {}  # blocks on workers' disk tiers
-        self._held_count: dict[str, int] = {}
+        self._live = np.zeros(1, np.uint32)    # the live mask as one tier's words
+        self._held = np.zeros(_WORD, np.int64)  # memory blocks per slot
+        self._disk_seen = False
         self._pending: dict[BlockHash, dict[int, float]] = {}
         self._pending_queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
         self._seq: dict[str, int] = {}
@@ -93,27 +121,45 @@ class PrefixIndex:
         self._counts = dict(unknown_worker_events=0, unknown_block_removals=0,
                             sequence_gaps=0, dropped=0, pending_expired=0)
 
+    @staticmethod
+    def bytes_for(blocks: int, workers: int = 32) -> int:
+        """The ``max_bytes`` that holds ``blocks`` blocks of up to ``workers`` workers."""
+        return blocks * entry_bytes(2, -(-workers // _WORD))
+
+    @property
+    def max_blocks(self) -> int:
+        """How many distinct blocks fit in the budget at the current mask width."""
+        return self._table.max_entries
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes the table's arrays take now (at most the budget, plus one bucket)."""
+        return self._table.nbytes
+
     # ---- workers -------------------------------------------------------------------------
 
     def add_worker(self, worker_id: str) -> None:
         if worker_id in self._slot:
             raise ValueError(f"worker {worker_id!r} is already in the index; remove it first")
-        slot = self._next_slot
-        self._next_slot += 1
+        slot = self._claim_slot()
         self._slot[worker_id] = slot
         self._names[slot] = worker_id
-        self._live_mask |= 1 << slot
-        self._held_count[worker_id] = 0
+        self._set_live(self._live_mask | 1 << slot)
+        self._held[slot] = 0
 
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker and everything it held, at once. Unknown ids are a ValueError."""
         slot = self._slot_of(worker_id)
-        del self._slot[worker_id], self._names[slot], self._held_count[worker_id]
+        del self._slot[worker_id], self._names[slot]
         self._seq.pop(worker_id, None)
         self._stale.discard(worker_id)
-        self._live_mask &= ~(1 << slot)
-        # Masks keep the retired bit until their block is next touched; every read ANDs
-        # with the live mask, so the worker's blocks are forgotten now, in O(1).
+        self._set_live(self._live_mask & ~(1 << slot))
+        self._retired.add(slot)
+        for block in [b for b, entry in self._pending.items() if slot in entry]:
+            entry = self._pending[block]
+            del entry[slot]
+            if not entry:
+                del self._pending[block]
 
     def workers(self) -> list[str]:
         return list(self._slot)
@@ -123,11 +169,10 @@ class PrefixIndex:
         return sorted(self._stale)
 
     def blocks_held(self, worker_id: str) -> int:
-        self._slot_of(worker_id)
-        return self._held_count[worker_id]
+        return int(self._held[self._slot_of(worker_id)])
 
     def __len__(self) -> int:
-        return len(self._held)
+        return self._table.count
 
     def counters(self) -> IndexCounters:
         return IndexCounters(**self._counts)
@@ -135,7 +180,7 @@ class PrefixIndex:
     # ---- updates -------------------------------------------------------------------------
 
     def apply(self, batch: EventBatch) -> None:
-        """Apply one worker's batch of stored / removed events."""
+        """Apply one worker's batch of stored / removed events, in order."""
         slot = self._slot.get(batch.worker_id)
         if slot is None:
             self._counts["unknown_worker_events"] += len(batch.events)
@@ -145,24 +190,24 @@ class PrefixIndex:
             self._counts["sequence_gaps"] += 1
             self._stale.add(batch.worker_id)
         self._seq[batch.worker_id] = batch.seq
-        for event in batch.events:
-            held = self._disk if event.tier == Tier.DISK else self._held
-            if isinstance(event, BlockStored):
-                self._store(batch.worker_id, slot, event.block, held)
-            elif isinstance(event, BlockRemoved):
-                self._unstore(batch.worker_id, slot, event.block, held)
+        for (kind, tier), run in groupby(batch.events, key=_kind):
+            blocks = [event.block for event in run]
+            column = DISK if tier == Tier.DISK else MEMORY
+            if kind is BlockStored:
+                self._store(slot, blocks, column)
+            elif kind is BlockRemoved:
+                self._unstore(slot, blocks, column)
 
     def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
                 disk_holdings: Iterable[BlockHash] = ()) -> None:
         """Replace what the index believes ``worker_id`` holds with ``holdings`` (in memory)
         and ``disk_holdings``."""
         slot = self._slot_of(worker_id)
-        bit = 1 << slot
-        for held, blocks in ((self._held, holdings), (self._disk, disk_holdings)):
-            for block in [b for b, mask in held.items() if mask & bit]:
-                self._unstore(worker_id, slot, block, held)
-            for block in blocks:
-                self._store(worker_id, slot, block, held)
+        for column, blocks in ((MEMORY, holdings), (DISK, disk_holdings)):
+            self._clear_bits(column, {slot})
+            if column == MEMORY:
+                self._held[slot] = 0
+            self._store(slot, list(blocks), column)
         self._stale.discard(worker_id)
         self._seq.pop(worker_id, None)
 
@@ -200,67 +245,56 @@ class PrefixIndex:
     def match(self, hashes: Sequence[BlockHash], now: float) -> Match:
         """How many leading blocks of ``hashes`` each live worker holds or was just sent.
 
-        Stores evict leaves first, so along a chain the set of holders only shrinks: the
-        depth of every worker is found by bisection (O(workers x log blocks) lookups, not
-        one per block). Where the belief is not monotone (e.g. after ``dropped`` entries)
-        the answer is a hint that can only cost a cache hit; the worker verifies its blocks.
+        The dyadic bisection (``router.walk``): O(workers x log blocks) single lookups, not
+        one per block; the blocks it looked at, up to the deepest match, are marked used
+        (eviction keeps them longest). Where the belief is not monotone (after evictions,
+        say) the answer is a hint that can only cost a cache hit; the worker verifies.
         """
         self.expire_pending(now)
-        if not self._disk:
-            return Match(self._depths(hashes, self._mask))
-        blocks = self._depths(hashes, self._mask_any_tier)
-        memory = self._depths(hashes, self._mask)
-        disk = {w: n - memory.get(w, 0) for w, n in blocks.items() if n > memory.get(w, 0)}
-        return Match(blocks, disk)
-
-    def _depths(self, hashes: Sequence[BlockHash], mask_of) -> dict[str, int]:
-        result: dict[str, int] = {}
         if not hashes:
-            return result
-        first = mask_of(hashes[0]) & self._live_mask
-        if not first:
-            return result
-        last_i = len(hashes) - 1
-        last = mask_of(hashes[last_i]) & first
-        if last:
-            self._record(result, last, len(hashes))
-        stack = [(0, first, last_i, last)]
-        # Each step ends an interval or splits it in two smaller ones: at most 2 x len(hashes)
-        # steps. A bound, not a while, so that a broken split fails at once instead of spinning.
-        for _ in range(2 * len(hashes)):
-            if not stack:
-                break
-            lo, lo_mask, hi, hi_mask = stack.pop()
-            if lo_mask == hi_mask:
-                continue  # nobody's depth ends inside (lo, hi]
-            if hi - lo == 1:
-                self._record(result, lo_mask & ~hi_mask, lo + 1)
-                continue
-            mid = (lo + hi) // 2
-            mid_mask = mask_of(hashes[mid]) & lo_mask
-            stack.append((lo, lo_mask, mid, mid_mask))
-            stack.append((mid, mid_mask, hi, hi_mask & mid_mask))
-        else:
-            raise RuntimeError(f"bisection over {len(hashes)} blocks did not converge")
-        return result
-
-    def _mask_any_tier(self, block: BlockHash) -> int:
-        return self._mask(block) | self._disk.get(block, 0)
+            return Match({})
+        walked = walk_chain(hashes, self._probe)
+        self._table.touch(np.asarray(walked.used, np.intp))
+        blocks = self._named(walked.ends[0])
+        if not self._disk_seen:
+            return Match(blocks)
+        in_memory = self._named(walked.ends[1])
+        return Match(blocks, {w: n - in_memory.get(w, 0) for w, n in blocks.items()
+                              if n > in_memory.get(w, 0)})
 
     def holders(self, block: BlockHash) -> list[str]:
         """The live workers whose events say they hold ``block`` (routed-only excluded)."""
-        mask = (self._held.get(block, 0) | self._disk.get(block, 0)) & self._live_mask
-        return [name for slot, name in self._names.items() if mask >> slot & 1]  # either tier
-
-    def _mask(self, block: BlockHash) -> int:
-        mask = self._held.get(block, 0)
-        entry = self._pending.get(block)
-        if entry:
-            for slot in entry:
-                mask |= 1 << slot
-        return mask
+        words = self._table.words
+        row = self._table.row(self._table.find_one(key_of(block)))
+        mask = (_join(row[:words]) | _join(row[words:])) & self._live_mask  # either tier
+        return [name for slot, name in self._names.items() if mask >> slot & 1]
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _probe(self, block: BlockHash) -> tuple[int, list[int]]:
+        """``router.walk``'s probe: the block's slot and its live holders' masks, held or
+        pending in either tier, then (once a disk tier is seen) held or pending in memory."""
+        table, words = self._table, self._table.words
+        slot = table.find_one(key_of(block))
+        if slot is None:
+            slot, memory, disk = -1, 0, 0
+        elif words == 1:  # the common case, without building the row
+            memory, disk = table.row_words(slot)
+        else:
+            row = table.row(slot)
+            memory, disk = _join(row[:words]), _join(row[words:])
+        for worker in self._pending.get(block, ()):
+            memory |= 1 << worker
+        memory &= self._live_mask
+        if not self._disk_seen:
+            return slot, [memory]
+        return slot, [memory | disk & self._live_mask, memory]
+
+    def _named(self, ends: list[tuple[int, int]]) -> dict[str, int]:
+        result: dict[str, int] = {}
+        for mask, depth in ends:
+            self._record(result, mask, depth)
+        return result
 
     def _record(self, result: dict[str, int], mask: int, depth: int) -> None:
         names = self._names
@@ -278,39 +312,121 @@ class PrefixIndex:
             raise ValueError(f"unknown worker {worker_id!r}: known workers are {known}")
         return slot
 
-    def _store(self, worker_id: str, slot: int, block: BlockHash, held: dict) -> None:
-        bit = 1 << slot
-        mask = held.get(block, 0) & self._live_mask
-        if not mask & bit and held is self._held:
-            self._held_count[worker_id] += 1
-        held[block] = mask | bit
-        entry = self._pending.get(block)
-        if entry is not None and entry.pop(slot, None) is not None and not entry:
-            del self._pending[block]
-        if len(held) > self.max_blocks:
-            self._drop_oldest(held)
+    def _claim_slot(self) -> int:
+        if self._next_slot < self._table.words * _WORD:
+            self._next_slot += 1
+            return self._next_slot - 1
+        if not self._free and self._retired:
+            for column in (MEMORY, DISK):
+                self._clear_bits(column, self._retired)
+            self._free = sorted(self._retired)
+            self._retired = set()
+        if self._free:
+            return self._free.pop(0)
+        self._table.widen()
+        self._set_live(self._live_mask)
+        self._held = np.concatenate([self._held, np.zeros(_WORD, np.int64)])
+        if self._table.count > self._table.max_entries:
+            self._drop(self._table.count - self._table.max_entries)
+        self._table.fit()
+        return self._claim_slot()
 
-    def _unstore(self, worker_id: str, slot: int, block: BlockHash, held: dict) -> None:
-        bit = 1 << slot
-        mask = held.get(block, 0) & self._live_mask
-        if not mask & bit:
-            self._counts["unknown_block_removals"] += 1
+    def _set_live(self, mask: int) -> None:
+        self._live_mask = mask
+        words = self._table.words
+        self._live = np.frombuffer(mask.to_bytes(4 * words, "little"), "<u4").astype(np.uint32)
+
+    def _bit(self, slot: int, column: int) -> tuple[int, np.uint32]:
+        """The mask column (of ``table.masks``) and the bit of ``slot`` in ``column``'s tier."""
+        return column * self._table.words + slot // _WORD, np.uint32(1 << slot % _WORD)
+
+    def _store(self, slot: int, blocks: list[BlockHash], column: int) -> None:
+        if not blocks:
             return
-        if held is self._held:
-            self._held_count[worker_id] -= 1
-        mask &= ~bit
-        if mask:
-            held[block] = mask
-        else:
-            del held[block]
+        self._disk_seen |= column == DISK
+        keys = keys_of(blocks)
+        if len(keys) > 1:
+            _, first = np.unique(keys, return_index=True)
+            keys = keys[np.sort(first)]  # distinct, in the order they were stored
+        slots = self._admit(keys)
+        slots = slots[slots >= 0]
+        at, bit = self._bit(slot, column)
+        masks = self._table.masks
+        before = masks[slots, at]
+        masks[slots, at] = before | bit
+        if column == MEMORY:
+            self._held[slot] += int(np.count_nonzero((before & bit) == 0))
+        pending = self._pending
+        for block in blocks if pending else ():
+            entry = pending.get(block)
+            if entry is not None and entry.pop(slot, None) is not None and not entry:
+                del pending[block]
 
-    def _drop_oldest(self, held: dict) -> None:
-        # Drop 1% at a time so the scan over the dict's head is paid rarely.
-        excess = len(held) - self.max_blocks + max(1, self.max_blocks // 100)
-        for block in list(islice(held, excess)):
-            mask = held.pop(block) & self._live_mask
-            for _ in range(mask.bit_count() if held is self._held else 0):
-                low = mask & -mask
-                self._held_count[self._names[low.bit_length() - 1]] -= 1
-                mask ^= low
-            self._counts["dropped"] += 1
+    def _admit(self, keys: np.ndarray) -> np.ndarray:
+        """The slots of ``keys`` (distinct, in store order), adding the absent ones and
+        evicting the least recently used first when the budget is full. A key the same call
+        added and then had to evict again (a batch larger than the budget) is -1."""
+        table = self._table
+        slots = table.find(keys)
+        table.touch(slots[slots >= 0])
+        absent = keys[slots < 0]
+        added = 0
+        while added < len(absent):
+            if not table.room():
+                self._drop(max(1, table.max_entries // 100))
+            take = absent[added:added + table.room()]
+            table.add(take)
+            added += len(take)
+        return table.find(keys) if len(absent) else slots
+
+    def _unstore(self, slot: int, blocks: list[BlockHash], column: int) -> None:
+        keys, repeats = np.unique(keys_of(blocks), return_counts=True)
+        slots = self._table.find(keys)
+        at, bit = self._bit(slot, column)
+        masks = self._table.masks
+        had = (masks[slots, at] & bit) != 0  # slot -1 is the zero row: not held
+        self._counts["unknown_block_removals"] += len(blocks) - int(np.count_nonzero(had))
+        held = slots[had]
+        masks[held, at] &= ~bit
+        if column == MEMORY:
+            self._held[slot] -= len(held)
+        self._remove_unheld(held)
+
+    def _clear_bits(self, column: int, slots: set[int]) -> None:
+        """Clear worker ``slots``' bits from ``column`` everywhere (a sweep over the table)."""
+        masks, words = self._table.masks, self._table.words
+        clear = np.zeros(words, np.uint32)
+        for slot in slots:
+            clear[slot // _WORD] |= np.uint32(1 << slot % _WORD)
+        tier = slice(column * words, (column + 1) * words)
+        for live in self._table.chunks():
+            rows = masks[live, tier]
+            hit = (rows & clear).any(1)
+            masks[live[hit], tier] = rows[hit] & ~clear
+            self._remove_unheld(live[hit])
+
+    def _remove_unheld(self, slots: np.ndarray) -> None:
+        """Remove the entries among ``slots`` that no live worker holds in either tier."""
+        live = np.tile(self._live, 2)
+        self._table.remove(slots[~(self._table.masks[slots] & live).any(1)])
+
+    def _drop(self, count: int) -> None:
+        table = self._table
+        victims = table.oldest(count)
+        memory = table.masks[victims, :table.words] & self._live
+        bits = np.unpackbits(memory.view(np.uint8), axis=1, bitorder="little")
+        self._held -= bits.sum(0, dtype=np.int64)
+        table.remove(victims)
+        self._counts["dropped"] += len(victims)
+
+
+def _kind(event) -> tuple[type, Tier]:
+    return type(event), event.tier
+
+
+def _join(words: list[int]) -> int:
+    """A mask's uint32 words, least significant first, as one int."""
+    mask = 0
+    for i, word in enumerate(words):
+        mask |= word << _WORD * i
+    return mask

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from router.kv.events import EventBatch, decode_batch
-from router.index import DEFAULT_MAX_BLOCKS, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
+from router.index import DEFAULT_INDEX_BYTES, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
 from router.kv.key import BlockHash, Namespace
 from router.policy import (NoWorkerAvailable, PolicyConfig, RouteQuery, RoutingDecision, WorkerLoad,
                            decide, disk_token_cost)
@@ -73,7 +73,7 @@ class Router:
         config: PolicyConfig = PolicyConfig(),
         clock: Callable[[], float] = time.monotonic,
         seed: int = 0,
-        max_index_blocks: int = DEFAULT_MAX_BLOCKS,
+        index_bytes: int = DEFAULT_INDEX_BYTES,
         pending_ttl_s: float = DEFAULT_PENDING_TTL_S,
     ) -> None:
         if block_size <= 0:
@@ -82,8 +82,8 @@ class Router:
         self.config = config
         self.seed = seed
         self._clock = clock
-        self._index = PrefixIndex(max_index_blocks, pending_ttl_s)
-        self._shared = SharedPrefixes(max(1, max_index_blocks // 4))
+        self._index = PrefixIndex(index_bytes, pending_ttl_s)
+        self._shared = SharedPrefixes(max(1, self._index.max_blocks // 4))
         self._loads: dict[str, _Load] = {}
         self._tickets: dict[str, _Ticket] = {}
         self._epoch = clock()
