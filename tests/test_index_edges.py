@@ -12,7 +12,7 @@ import re
 import pytest
 
 from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
-from router.index import Match, PrefixIndex
+from router.index import DEFAULT_INDEX_BYTES, Match, PrefixIndex
 from router.kv.key import BlockHash
 
 from tests.test_index import chain, index, removed, stored
@@ -201,3 +201,52 @@ def test_two_removed_workers_both_stay_forgotten():
     idx.apply(stored("c", 1, chain(20, 21)))     # full at 21: 10 goes
     assert idx.counters().dropped == 1 and idx.blocks_held("c") == 2
     assert idx.holders(BlockHash(10)) == []
+
+
+def test_a_match_keeps_what_it_looks_at_and_the_unused_go_first():
+    idx = index("a", max_blocks=10)
+    idx.apply(stored("a", 0, chain(10, 11, 12)))
+    idx.apply(stored("a", 1, chain(20, 21, 22)))
+    assert idx.match(chain(10, 11, 12), now=0).blocks == {"a": 3}  # 10, 11, 12 used again
+    idx.apply(stored("a", 2, chain(30, 31, 32, 33)))                # full: 10 blocks
+    idx.apply(stored("a", 3, chain(40, 41)))                        # 20, then 21 go
+    assert idx.counters().dropped == 2
+    assert idx.match(chain(10, 11, 12), now=0).blocks == {"a": 3}
+    assert idx.match(chain(20, 21, 22), now=0).blocks == {}
+    assert idx.holders(BlockHash(22)) == ["a"]
+
+
+def test_a_match_marks_only_the_blocks_up_to_its_deepest_hold():
+    idx = index("a", "b", max_blocks=6)
+    idx.apply(stored("a", 0, chain(10, 11)))
+    idx.apply(stored("b", 0, chain(20, 21, 22, 23)))     # full
+    idx.match(chain(10, 11, 20, 21), now=0)               # 10 and 11 used; 20 looked at, past a
+    idx.apply(stored("a", 1, chain(30)))                  # the least recent goes: 20
+    assert idx.holders(BlockHash(20)) == [] and idx.holders(BlockHash(10)) == ["a"]
+
+
+def test_a_removed_workers_slot_is_swept_before_it_is_given_again():
+    workers = [f"w{i}" for i in range(32)]
+    idx = index(*workers)
+    idx.apply(stored("w5", 0, chain(10, 11)))
+    idx.remove_worker("w5")
+    budget = idx.max_blocks
+    idx.add_worker("x")                         # no never-used slot left: w5's, swept
+    assert idx.match(chain(10, 11), now=0).blocks == {} and idx.blocks_held("x") == 0
+    assert len(idx) == 0 and idx.max_blocks == budget
+    idx.add_worker("y")                         # the 33rd: a second word per tier
+    assert (budget, idx.max_blocks) == (DEFAULT_INDEX_BYTES // 22, DEFAULT_INDEX_BYTES // 32)
+    idx.apply(stored("y", 0, chain(10, 11)))
+    idx.apply(stored("w31", 0, chain(10)))
+    assert idx.match(chain(10, 11), now=0).blocks == {"y": 2, "w31": 1}
+    assert idx.holders(BlockHash(10)) == ["w31", "y"]
+
+
+def test_widening_past_the_budget_drops_the_least_recent():
+    idx = index(*[f"w{i}" for i in range(32)], max_blocks=10)
+    idx.apply(stored("w0", 0, chain(*range(100, 110))))
+    idx.add_worker("w32")                       # 32 bytes a block now: 220 // 32 = 6 fit
+    assert idx.max_blocks == 6 and len(idx) == 6 and idx.counters().dropped == 4
+    assert idx.blocks_held("w0") == 6 and idx.holders(BlockHash(104)) == ["w0"]
+    idx.apply(stored("w32", 0, chain(104)))
+    assert idx.holders(BlockHash(104)) == ["w0", "w32"]

@@ -32,6 +32,7 @@ from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, To
                                       UnknownWorker, WorkerInfo)
 from cluster.backend.retry import retried
 from cluster.config import engine_config
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
 from router.kv.key import BlockHash, Namespace
 from router.router import Router
@@ -51,14 +52,16 @@ class _Worker:
 
 class LocalBackend:
     def __init__(self, model_dir: Path | str, workers: int = 1, engine: EngineConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 index_bytes: int = DEFAULT_INDEX_BYTES):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self._model_dir = Path(model_dir)
         self._initial = workers
         self._engine_config = engine or EngineConfig()
         self._clock = clock
-        self._router = Router(self._engine_config.block_size, clock=clock)  # event loop only
+        self._router = Router(self._engine_config.block_size, clock=clock,  # event loop only
+                              index_bytes=index_bytes)
         self._workers: dict[str, _Worker] = {}                               # event loop only
         self._streams: set[str] = set()                                      # event loop only
         self._runtime: EngineRuntime | None = None
@@ -73,7 +76,8 @@ class LocalBackend:
 
         model_dir = config.model_dir or str(ensure_default_model())
         engine = engine_config(config)
-        return cls(model_dir, workers=workers, engine=engine)
+        return cls(model_dir, workers=workers, engine=engine,
+                   index_bytes=config.router.index_bytes)
 
     # ------------------------------------------------------------ lifecycle
 

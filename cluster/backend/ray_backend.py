@@ -53,6 +53,7 @@ from cluster.backend.retry import retried
 from cluster.backend.routing import FrontendRouter
 from cluster.backend.wire import WorkerDone
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.key import BlockHash, Namespace
 from router.policy import RoutingDecision
 from workers.engine.engine import EngineConfig
@@ -70,7 +71,8 @@ class RayBackend:
                  engine: EngineConfig | None = None, placement: Placement = Placement(),
                  address: str | None = None, policy: str = "orchard",
                  start_timeout_s: float = 300.0,
-                 telemetry: TelemetrySettings | None = None) -> None:
+                 telemetry: TelemetrySettings | None = None,
+                 index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if policy not in POLICIES:
@@ -83,6 +85,7 @@ class RayBackend:
         self._policy = policy
         self._start_timeout_s = start_timeout_s
         self._telemetry = telemetry  # each actor sets up its own process's from it
+        self._index_bytes = index_bytes  # the routers' prefix index budget ([router])
         self._pool: WorkerPool | None = None
         self._info: ModelInfo | None = None
         self._rr = itertools.count()
@@ -97,7 +100,8 @@ class RayBackend:
         model_dir = config.model_dir or str(ensure_default_model())
         engine = engine_config(config)
         return cls(model_dir, workers, engine, placement, address, policy,
-                   telemetry=settings_from_config(config, "orchard"))
+                   telemetry=settings_from_config(config, "orchard"),
+                   index_bytes=config.router.index_bytes)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -113,7 +117,8 @@ class RayBackend:
                                         bootstrap.local_cpus(self._initial, self._placement))
             self._started_ray = True
         self._pool = WorkerPool(self._model_dir, self._engine, self._placement,
-                                FrontendRouter(self._engine.block_size),
+                                FrontendRouter(self._engine.block_size,
+                                               index_bytes=self._index_bytes),
                                 self._start_timeout_s, telemetry=self._telemetry)
         await self._pool.start_router()
         await self._pool.scale(self._initial)

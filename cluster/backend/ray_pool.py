@@ -140,7 +140,7 @@ class WorkerPool:
 
     async def _new_router(self):
         router = TracedRouterActor.options(**bootstrap.on_this_node()).remote(
-            self._engine.block_size, self._telemetry)
+            self._engine.block_size, self._telemetry, index_bytes=self.routes.index_bytes)
         await router.ping.remote()
         return router
 

@@ -31,7 +31,7 @@ from cluster.telemetry import spans
 from cluster.telemetry.setup import (SERVICE_ROUTER, TelemetrySettings, process_settings,
                                      process_telemetry)
 from router.kv.events import EventBatch
-from router.index import IndexCounters
+from router.index import DEFAULT_INDEX_BYTES, IndexCounters
 from router.kv.key import BlockHash, Namespace
 from router.policy import PolicyConfig, RoutingDecision
 from router.router import Router, WorkerStatus
@@ -41,8 +41,9 @@ class TracedRouter:
     """``Router``'s calls as coroutines, routing decisions traced in the router's process."""
 
     def __init__(self, block_size: int, telemetry: TelemetrySettings | None = None,
-                 config: PolicyConfig = PolicyConfig(), seed: int = 0) -> None:
-        self._router = Router(block_size, config, seed=seed)
+                 config: PolicyConfig = PolicyConfig(), seed: int = 0,
+                 index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
+        self._router = Router(block_size, config, seed=seed, index_bytes=index_bytes)
         self._tel = process_telemetry(process_settings(
             telemetry, SERVICE_ROUTER, (), node_address(), node_id()))
 

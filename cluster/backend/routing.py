@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 import ray
 
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
 from router.router import Router
 from workers.engine.runtime import Holdings
@@ -35,8 +36,10 @@ log = logging.getLogger(__name__)
 class FrontendRouter:
     """The routing state of one frontend and the event feeds that keep it current."""
 
-    def __init__(self, block_size: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.router = Router(block_size, clock=clock)
+    def __init__(self, block_size: int, clock: Callable[[], float] = time.monotonic,
+                 index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
+        self.router = Router(block_size, clock=clock, index_bytes=index_bytes)
+        self.index_bytes = index_bytes              # the router actor's index gets the same
         self._applied: dict[str, int] = {}          # worker -> last batch applied
         self._feeds: dict[str, asyncio.Task] = {}   # worker -> its events() reader
 

@@ -116,7 +116,8 @@ def _replay(args: argparse.Namespace) -> int:
                        profile=EngineProfile.read(args.profile) if args.profile else None,
                        disk_capacity_tokens=args.disk_capacity_tokens,
                        disk_read_gbps=args.disk_read_gbps,
-                       kv_bytes_per_token=args.kv_bytes_per_token)
+                       kv_bytes_per_token=args.kv_bytes_per_token,
+                       index_bytes=args.index_bytes)
     policy = PolicyConfig(cache_weight=args.cache_weight,
                           cold_spill_tokens=args.cold_spill_tokens,
                           balance_weight=args.balance_weight)
