@@ -31,27 +31,40 @@ Rules:
   carry the tier; each tier has its own mask). ``match`` counts both, and says how many of
   each worker's matched blocks only its disk holds (``Match.disk_blocks``): a second walk over
   the memory masks alone, run only once some worker has announced a disk tier.
-- ``match`` is the strided AND-walk (``router.walk``): a worker's depth is its leading run of
-  held or pending blocks, looked up at every 16th block and then block by block only where
-  some worker's run ends; the blocks between two held samples are not looked at.
+- ``match`` finds every worker's depth by a dyadic bisection of single-block lookups
+  (``router.walk``): O(workers x log blocks) of them, at the same blocks of a shared prefix
+  for every prompt that continues it.
 
-Memory: at most ``max_bytes`` (the router's ``[router] index_bytes``, 2 GiB by default) for
-the table of held blocks: ``bytes_for(1) = 22`` bytes a block at up to 32 workers, 30 at 33 to
-64 (``router.block_table.entry_bytes``), so 2 GiB holds 97M blocks at 32 workers, five times
-the 18M blocks of 32 Macs x (1M memory + 8M disk tokens) at block 16. Measured with
-``orchard simulate --decision-bench`` (RSS over indexed blocks, 32 workers): see
-``docs/benchmarks.md``, ``## Router``. Pending entries (a dict, bounded by the routing rate
-times ``pending_ttl_s`` times ``pending_blocks``) are outside the budget.
+Memory: the held blocks live in a ``router.block_table.BlockTable`` (NumPy arrays) of at most
+``max_bytes``, the router's ``[router] index_bytes``, 2 GiB by default (llm-d's budget):
+``bytes_for(1)`` = 22 bytes a block at up to 32 workers, 32 at 33 to 64, so 2 GiB holds 97M
+blocks at 32 workers, five times the 18M of 32 Macs x (1M memory + 8M disk tokens) at block
+16. Measured (``orchard simulate --decision-bench``, resident memory over indexed blocks, 32
+workers): 24 to 27 bytes a block at 1M blocks, 31 at 18M (the dict of 128-bit ints it
+replaces: 134 at 1M); figures in ``docs/benchmarks.md``, ``## Router``. Pending entries (a
+dict, bounded by the routing rate x ``pending_ttl_s`` x ``pending_blocks``) are outside it.
 
-Eviction: when a store finds the index full, the least recently used blocks go first,
+Eviction, when a store finds the budget full: the least recently used blocks go first,
 ``max(1, max_blocks // 100)`` at a time (counted as ``dropped``). A block is used when an
-event stores it (any worker, any tier) and when a ``match`` walks through it: every block of
-the prompt up to its deepest match. A chain's head is walked whenever any of its blocks is, so
-the router forgets the tails of old conversations before the system prompts and histories
-that prompts still continue; the oldest-stored-first rule it replaces dropped a hot system
-prompt first. LRU is kept to 1/64 of the budget (``router.block_table``, generations).
-Forgetting can only cost a cache hit. Measured on the shipped conversation trace
-(``orchard simulate --policies orchard --index-bytes N``): see ``EVICTION_COST`` below.
+event stores it (any worker, any tier) and when a ``match`` looks at it on the way to its
+deepest match. Every walk starts at a chain's head and looks at the same blocks of a shared
+prefix, so the router forgets old conversations before the system prompts and histories that
+prompts still continue. Recency is kept to 1/64 of the budget's stores (generations).
+
+What it costs, on the shipped conversation trace (8 workers x 1M tokens, block 512, seed 0,
+2026-12-01): hit ratio and goodput (TTFT <= 2 s) with a budget of x times the fleet's 15,616
+blocks, ``orchard simulate --policies orchard --index-bytes N`` with N = 22 x blocks (x = 1:
+343,552 bytes, nothing dropped; x = 1/2: 171,776)::
+
+    x                    1         3/4       1/2       1/4       1/8
+    least recent out     0.2809    0.2543    0.2082    0.1354    0.1050
+      goodput            57.83%    56.01%    51.67%    43.07%    38.63%
+    oldest out (before)  0.2809    0.1943    0.1675    0.1188    0.0972
+      goodput            57.83%    50.20%    46.75%    40.82%    37.11%
+
+Refreshing by stores alone (not by matches) did no better than oldest-out (0.1631 at 1/2);
+marking every block up to the deepest match instead of those looked at, no better than LRU
+(0.2048). Forgetting can only cost a cache hit: size the budget to the fleet (``bytes_for``).
 """
 from __future__ import annotations
 
@@ -130,11 +143,6 @@ class PrefixIndex:
     def max_blocks(self) -> int:
         """How many distinct blocks fit in the budget at the current mask width."""
         return self._table.max_entries
-
-    @property
-    def table_bytes(self) -> int:
-        """Bytes the table's arrays take now (at most the budget, plus one bucket)."""
-        return self._table.nbytes
 
     # ---- workers -------------------------------------------------------------------------
 
@@ -369,18 +377,21 @@ class PrefixIndex:
         table = self._table
         slots = table.find(keys)
         table.touch(slots[slots >= 0])
-        absent = keys[slots < 0]
-        added = 0
+        absent = np.flatnonzero(slots < 0)
+        added, moved = 0, False
         while added < len(absent):
             if not table.room():
                 self._drop(max(1, table.max_entries // 100))
+                moved = True  # the drop may have taken some of them
+            buckets = table.buckets
             take = absent[added:added + table.room()]
-            table.add(take)
+            slots[take] = table.add(keys[take])
+            moved |= table.buckets != buckets  # a growth moved every slot
             added += len(take)
-        return table.find(keys) if len(absent) else slots
+        return table.find(keys) if moved else slots
 
     def _unstore(self, slot: int, blocks: list[BlockHash], column: int) -> None:
-        keys, repeats = np.unique(keys_of(blocks), return_counts=True)
+        keys = np.unique(keys_of(blocks))  # a repeated removal finds the bit gone: unknown
         slots = self._table.find(keys)
         at, bit = self._bit(slot, column)
         masks = self._table.masks
