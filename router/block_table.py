@@ -89,7 +89,11 @@ def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     size = math.prod(shape) * np.dtype(dtype).itemsize
     if size < MAP_BYTES:
         return np.zeros(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, size), dtype).reshape(shape)  # zero pages, on demand
+    if hasattr(mmap, "MAP_PRIVATE"):  # private, as the heap is: a forked child gets a copy
+        pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:
+        pages = mmap.mmap(-1, size)
+    return np.frombuffer(pages, dtype).reshape(shape)
 
 
 class BlockTable:
@@ -150,6 +154,7 @@ class BlockTable:
         # tenth of indexing an array
         self._key_view = memoryview(self._flat)
         self._passed_view = memoryview(self.passed)
+        self._stamp_view = memoryview(self.stamps)
         self._mask_view = memoryview(self.masks.reshape(-1))
 
     def _rebuild(self, buckets: int) -> None:
@@ -276,11 +281,19 @@ class BlockTable:
         self.masks[slots] = 0
         self.count -= len(slots)
 
-    def touch(self, slots: np.ndarray) -> None:
-        """Stamp ``slots`` as used now: one tick of the clock, like one stored block."""
-        if len(slots):
-            self._advance(1)
-            self.stamps[slots] = self._generation() & 0xFF
+    def touch(self, slots: np.ndarray | list[int]) -> None:
+        """Stamp ``slots`` as used now: one tick of the clock, like one stored block. A few
+        (a match's, as a list) are stamped one by one: NumPy's call costs more."""
+        if not len(slots):
+            return
+        self._advance(1)
+        generation = self._generation() & 0xFF
+        if isinstance(slots, list):
+            stamps = self._stamp_view
+            for slot in slots:
+                stamps[slot] = generation
+        else:
+            self.stamps[slots] = generation
 
     def oldest(self, n: int) -> np.ndarray:
         """The ``n`` least recently used slots (fewer if the table holds fewer)."""

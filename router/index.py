@@ -262,7 +262,7 @@ class PrefixIndex:
         if not hashes:
             return Match({})
         walked = walk_chain(hashes, self._probe)
-        self._table.touch(np.asarray(walked.used, np.intp))
+        self._table.touch(walked.used)
         blocks = self._named(walked.ends[0])
         if not self._disk_seen:
             return Match(blocks)
