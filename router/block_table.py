@@ -105,6 +105,9 @@ class BlockTable:
         if self.max_entries < 1:
             raise ValueError(f"max_bytes must hold at least one block "
                              f"({entry_bytes(columns, words)} bytes), got {max_bytes}")
+        if self._max_buckets >= 1 << 32:  # a bucket number times a 32-bit half fits 64 bits
+            raise ValueError(f"max_bytes {max_bytes} is more than a table can address "
+                             f"({(1 << 32) * BUCKET} slots): give it less")
         self._step = max(1, self.max_entries // GENERATIONS)  # ticks per generation
         self.count = 0
         self._ticks = 0

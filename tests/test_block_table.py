@@ -59,6 +59,8 @@ def test_the_budget_must_hold_one_block():
     with pytest.raises(ValueError, match=r"max_bytes must hold at least one block \(22 bytes\)"):
         BlockTable(2, 21)
     assert BlockTable(2, 22).max_entries == 1
+    with pytest.raises(ValueError, match="more than a table can address"):
+        BlockTable(2, 1 << 50)
 
 
 def test_oldest_goes_by_last_use_ties_in_slot_order():
