@@ -1,8 +1,8 @@
 """BlockTable: lookups through full buckets, growth, the budget, least recently used first.
 
 Keys are built to land where a test wants them: a key's first bucket comes from its high 32
-bits and its second from its low 32 bits (``half x buckets >> 32``), so a key of two small
-halves lives in bucket 0 or bucket 0.
+bits and its second from its low 32 bits (``half x buckets >> 32``), so a key whose halves are
+both small has bucket 0 for both choices.
 """
 from __future__ import annotations
 
