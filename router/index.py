@@ -70,7 +70,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import groupby
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -198,24 +197,22 @@ class PrefixIndex:
             self._counts["sequence_gaps"] += 1
             self._stale.add(batch.worker_id)
         self._seq[batch.worker_id] = batch.seq
-        for (kind, tier), run in groupby(batch.events, key=_kind):
-            blocks = [event.block for event in run]
-            column = DISK if tier == Tier.DISK else MEMORY
-            if kind is BlockStored:
-                self._store(slot, blocks, column)
-            elif kind is BlockRemoved:
-                self._unstore(slot, blocks, column)
+        for column, tier in ((MEMORY, Tier.MEMORY), (DISK, Tier.DISK)):
+            events = [event for event in batch.events if event.tier == tier]
+            if events:
+                self._apply_tier(slot, events, column)
 
     def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
                 disk_holdings: Iterable[BlockHash] = ()) -> None:
         """Replace what the index believes ``worker_id`` holds with ``holdings`` (in memory)
         and ``disk_holdings``."""
         slot = self._slot_of(worker_id)
-        for column, blocks in ((MEMORY, holdings), (DISK, disk_holdings)):
+        for column, blocks in ((MEMORY, list(holdings)), (DISK, list(disk_holdings))):
             self._clear_bits(column, {slot})
             if column == MEMORY:
                 self._held[slot] = 0
-            self._store(slot, list(blocks), column)
+            self._store(slot, blocks, column)
+            self._confirm(slot, blocks)
         self._stale.discard(worker_id)
         self._seq.pop(worker_id, None)
 
@@ -348,6 +345,40 @@ class PrefixIndex:
         """The mask column (of ``table.masks``) and the bit of ``slot`` in ``column``'s tier."""
         return column * self._table.words + slot // _WORD, np.uint32(1 << slot % _WORD)
 
+    def _apply_tier(self, slot: int, events: list, column: int) -> None:
+        """One tier's events of a batch, in order: each block ends as its last event says."""
+        blocks = [event.block for event in events]
+        stored = [type(event) is BlockStored for event in events]
+        if all(stored):
+            self._store(slot, blocks, column)
+        elif not any(stored):
+            self._unstore(slot, blocks, column)
+        else:  # stores and removals interleaved (a store evicting to make room, say)
+            self._interleaved(slot, blocks, np.array(stored), column)
+        self._confirm(slot, [block for block, kind in zip(blocks, stored) if kind])
+
+    def _interleaved(self, slot: int, blocks: list[BlockHash], stored: np.ndarray,
+                     column: int) -> None:
+        """Events of both kinds at once: per block, the state before each event is the event
+        before it (or what the table held); a removal of a block not held then is unknown."""
+        keys = keys_of(blocks)
+        order = np.lexsort((np.arange(len(keys)), keys))  # by block, then as they came
+        ordered, kinds = keys[order], stored[order]
+        first = np.ones(len(keys), bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        last = np.ones(len(keys), bool)
+        last[:-1] = first[1:]
+        slots = self._table.find(ordered[first])
+        at, bit = self._bit(slot, column)
+        held = (self._table.masks[slots, at] & bit) != 0  # before the batch, per block
+        before = np.empty(len(keys), bool)
+        before[1:] = kinds[:-1]
+        before[first] = held
+        self._counts["unknown_block_removals"] += int(np.count_nonzero(~kinds & ~before))
+        ends_held = kinds[last]
+        self._clear(slot, slots[held & ~ends_held], column)
+        self._store(slot, [blocks[i] for i in np.sort(order[last][ends_held]).tolist()], column)
+
     def _store(self, slot: int, blocks: list[BlockHash], column: int) -> None:
         if not blocks:
             return
@@ -364,8 +395,11 @@ class PrefixIndex:
         masks[slots, at] = before | bit
         if column == MEMORY:
             self._held[slot] += int(np.count_nonzero((before & bit) == 0))
+
+    def _confirm(self, slot: int, stored: list[BlockHash]) -> None:
+        """Stored blocks are no longer pending for the worker that stored them."""
         pending = self._pending
-        for block in blocks if pending else ():
+        for block in stored if pending else ():
             entry = pending.get(block)
             if entry is not None and entry.pop(slot, None) is not None and not entry:
                 del pending[block]
@@ -394,14 +428,17 @@ class PrefixIndex:
         keys = np.unique(keys_of(blocks))  # a repeated removal finds the bit gone: unknown
         slots = self._table.find(keys)
         at, bit = self._bit(slot, column)
-        masks = self._table.masks
-        had = (masks[slots, at] & bit) != 0  # slot -1 is the zero row: not held
-        self._counts["unknown_block_removals"] += len(blocks) - int(np.count_nonzero(had))
-        held = slots[had]
-        masks[held, at] &= ~bit
+        held = slots[(self._table.masks[slots, at] & bit) != 0]  # slot -1: the zero row
+        self._counts["unknown_block_removals"] += len(blocks) - len(held)
+        self._clear(slot, held, column)
+
+    def _clear(self, slot: int, slots: np.ndarray, column: int) -> None:
+        """``slot``'s bit off at ``slots`` (all holding it); entries nobody holds go."""
+        at, bit = self._bit(slot, column)
+        self._table.masks[slots, at] &= ~bit
         if column == MEMORY:
-            self._held[slot] -= len(held)
-        self._remove_unheld(held)
+            self._held[slot] -= len(slots)
+        self._remove_unheld(slots)
 
     def _clear_bits(self, column: int, slots: set[int]) -> None:
         """Clear worker ``slots``' bits from ``column`` everywhere (a sweep over the table)."""
@@ -429,10 +466,6 @@ class PrefixIndex:
         self._held -= bits.sum(0, dtype=np.int64)
         table.remove(victims)
         self._counts["dropped"] += len(victims)
-
-
-def _kind(event) -> tuple[type, Tier]:
-    return type(event), event.tier
 
 
 def _join(words: list[int]) -> int:

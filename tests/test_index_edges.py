@@ -15,7 +15,7 @@ from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
 from router.index import DEFAULT_INDEX_BYTES, Match, PrefixIndex
 from router.kv.key import BlockHash
 
-from tests.test_index import chain, index, removed, stored
+from tests.test_index import ROOT, chain, index, removed, stored
 
 
 def disk_stored(worker: str, seq: int, blocks: list[BlockHash]) -> EventBatch:
@@ -250,3 +250,27 @@ def test_widening_past_the_budget_drops_the_least_recent():
     assert idx.blocks_held("w0") == 6 and idx.holders(BlockHash(104)) == ["w0"]
     idx.apply(stored("w32", 0, chain(104)))
     assert idx.holders(BlockHash(104)) == ["w0", "w32"]
+
+
+def test_a_batch_that_mixes_stores_and_removals_ends_as_each_blocks_last_event_says():
+    idx = index("a")
+    idx.apply(stored("a", 0, chain(10)))
+    events = (BlockRemoved(BlockHash(10), "ns"), BlockStored(BlockHash(11), ROOT, 16, "ns"),
+              BlockRemoved(BlockHash(12), "ns"),                      # never held: unknown
+              BlockStored(BlockHash(10), ROOT, 16, "ns"), BlockRemoved(BlockHash(11), "ns"),
+              BlockStored(BlockHash(13), ROOT, 16, "ns"), BlockRemoved(BlockHash(13), "ns"),
+              BlockRemoved(BlockHash(13), "ns"))                      # gone already: unknown
+    idx.apply(EventBatch("a", 1, events))
+    assert idx.counters().unknown_block_removals == 2 and idx.blocks_held("a") == 1
+    assert [idx.holders(BlockHash(b)) for b in (10, 11, 12, 13)] == [["a"], [], [], []]
+    assert len(idx) == 1
+
+
+def test_blocks_moving_from_memory_to_disk_in_one_batch():
+    idx = index("a")
+    idx.apply(stored("a", 0, chain(10, 11)))
+    moves = tuple(event for b in (10, 11) for event in (
+        BlockRemoved(BlockHash(b), "ns"), BlockStored(BlockHash(b), ROOT, 16, "ns", Tier.DISK)))
+    idx.apply(EventBatch("a", 1, moves))
+    assert idx.match(chain(10, 11), now=0) == Match({"a": 2}, {"a": 2})
+    assert idx.blocks_held("a") == 0 and idx.counters().unknown_block_removals == 0
