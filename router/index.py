@@ -6,7 +6,7 @@ requests sharing a new prefix lands together before any event arrives), and by a
 holdings when the router restarts or notices a lost batch.
 
 Each worker gets a slot (a bit); each block maps to the bitmask of workers holding it, one
-mask per tier, in a ``router.block_table.BlockTable``::
+mask per tier (``router.held``, over a ``router.block_table.BlockTable``)::
 
     held:     h0 -> 0b1011   h1 -> 0b0011   h2 -> 0b0001
     pending:  h1 -> {slot 2: expires 12.5}
@@ -35,7 +35,7 @@ Rules:
   (``router.walk``): O(workers x log blocks) of them, at the same blocks of a shared prefix
   for every prompt that continues it.
 
-Memory: the held blocks live in a ``router.block_table.BlockTable`` (NumPy arrays) of at most
+Memory: the held blocks live in NumPy arrays (``router.block_table``) of at most
 ``max_bytes``, the router's ``[router] index_bytes``, 2 GiB by default (llm-d's budget):
 ``bytes_for(1)`` = 22 bytes a block at up to 32 workers, 32 at 33 to 64, so 2 GiB holds 97M
 blocks at 32 workers, five times the 18M of 32 Macs x (1M memory + 8M disk tokens) at block
@@ -57,14 +57,14 @@ blocks, ``orchard simulate --policies orchard --index-bytes N`` with N = 22 x bl
 343,552 bytes, nothing dropped; x = 1/2: 171,776)::
 
     x                    1         3/4       1/2       1/4       1/8
-    least recent out     0.2809    0.2543    0.2082    0.1354    0.1050
-      goodput            57.83%    56.01%    51.67%    43.07%    38.63%
-    oldest out (before)  0.2809    0.1943    0.1675    0.1188    0.0972
-      goodput            57.83%    50.20%    46.75%    40.82%    37.11%
+    least recent out     0.2809    0.2549    0.2092    0.1325    0.1016
+      goodput            57.83%    56.38%    51.59%    42.63%    38.17%
+    oldest out (before)  0.2809    0.1934    0.1656    0.1226    0.0917
+      goodput            57.83%    49.58%    46.65%    40.71%    36.45%
 
-Refreshing by stores alone (not by matches) did no better than oldest-out (0.1631 at 1/2);
+Refreshing by stores alone (not by matches) did no better than oldest-out (0.1653 at 1/2);
 marking every block up to the deepest match instead of those looked at, no better than LRU
-(0.2048). Forgetting can only cost a cache hit: size the budget to the fleet (``bytes_for``).
+(0.2021). Forgetting can only cost a cache hit: size the budget to the fleet (``bytes_for``).
 """
 from __future__ import annotations
 
@@ -72,18 +72,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-import numpy as np
-
-from router.block_table import BlockTable, entry_bytes, key_of, keys_of
-from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
+from router.block_table import entry_bytes
+from router.held import DISK, MEMORY, WORD, HeldBlocks
+from router.kv.events import BlockStored, EventBatch, Tier
 from router.kv.key import BlockHash
 from router.walk import walk_chain
 
 DEFAULT_INDEX_BYTES = 2 << 30  # 2 GiB, as llm-d budgets its index
 DEFAULT_PENDING_TTL_S = 10.0
 DEFAULT_PENDING_BLOCKS = 32
-MEMORY, DISK = 0, 1  # the table's mask columns
-_WORD = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +111,7 @@ class PrefixIndex:
                  pending_blocks: int = DEFAULT_PENDING_BLOCKS) -> None:
         if pending_ttl_s < 0:
             raise ValueError(f"pending_ttl_s must be >= 0 seconds, got {pending_ttl_s}")
-        self._table = BlockTable(2, max_bytes)  # MEMORY, DISK
+        self._held = HeldBlocks(max_bytes)
         self.pending_ttl_s = pending_ttl_s
         self.pending_blocks = pending_blocks
         self._slot: dict[str, int] = {}        # live worker -> bit index
@@ -123,25 +120,21 @@ class PrefixIndex:
         self._retired: set[int] = set()        # removed workers' slots, bits not yet cleared
         self._free: list[int] = []             # swept slots, ready for a new worker
         self._live_mask = 0
-        self._live = np.zeros(1, np.uint32)    # the live mask as one tier's words
-        self._held = np.zeros(_WORD, np.int64)  # memory blocks per slot
-        self._disk_seen = False
         self._pending: dict[BlockHash, dict[int, float]] = {}
         self._pending_queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
         self._seq: dict[str, int] = {}
         self._stale: set[str] = set()
-        self._counts = dict(unknown_worker_events=0, unknown_block_removals=0,
-                            sequence_gaps=0, dropped=0, pending_expired=0)
+        self._counts = dict(unknown_worker_events=0, sequence_gaps=0, pending_expired=0)
 
     @staticmethod
     def bytes_for(blocks: int, workers: int = 32) -> int:
         """The ``max_bytes`` that holds ``blocks`` blocks of up to ``workers`` workers."""
-        return blocks * entry_bytes(2, -(-workers // _WORD))
+        return blocks * entry_bytes(2, -(-workers // WORD))
 
     @property
     def max_blocks(self) -> int:
         """How many distinct blocks fit in the budget at the current mask width."""
-        return self._table.max_entries
+        return self._held.max_blocks
 
     # ---- workers -------------------------------------------------------------------------
 
@@ -152,7 +145,7 @@ class PrefixIndex:
         self._slot[worker_id] = slot
         self._names[slot] = worker_id
         self._set_live(self._live_mask | 1 << slot)
-        self._held[slot] = 0
+        self._held.reset(slot)
 
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker and everything it held, at once. Unknown ids are a ValueError."""
@@ -176,18 +169,20 @@ class PrefixIndex:
         return sorted(self._stale)
 
     def blocks_held(self, worker_id: str) -> int:
-        return int(self._held[self._slot_of(worker_id)])
+        return self._held.blocks_held(self._slot_of(worker_id))
 
     def __len__(self) -> int:
-        return self._table.count
+        return len(self._held)
 
     def counters(self) -> IndexCounters:
-        return IndexCounters(**self._counts)
+        return IndexCounters(unknown_block_removals=self._held.unknown_removals,
+                             dropped=self._held.dropped, **self._counts)
 
     # ---- updates -------------------------------------------------------------------------
 
     def apply(self, batch: EventBatch) -> None:
-        """Apply one worker's batch of stored / removed events, in order."""
+        """Apply one worker's batch of stored / removed events, in order (a tier at a time:
+        the tiers' masks are apart)."""
         slot = self._slot.get(batch.worker_id)
         if slot is None:
             self._counts["unknown_worker_events"] += len(batch.events)
@@ -200,7 +195,8 @@ class PrefixIndex:
         for column, tier in ((MEMORY, Tier.MEMORY), (DISK, Tier.DISK)):
             events = [event for event in batch.events if event.tier == tier]
             if events:
-                self._apply_tier(slot, events, column)
+                self._held.apply(slot, events, column)
+        self._confirm(slot, [e.block for e in batch.events if isinstance(e, BlockStored)])
 
     def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
                 disk_holdings: Iterable[BlockHash] = ()) -> None:
@@ -208,10 +204,7 @@ class PrefixIndex:
         and ``disk_holdings``."""
         slot = self._slot_of(worker_id)
         for column, blocks in ((MEMORY, list(holdings)), (DISK, list(disk_holdings))):
-            self._clear_bits(column, {slot})
-            if column == MEMORY:
-                self._held[slot] = 0
-            self._store(slot, blocks, column)
+            self._held.replace(slot, blocks, column)
             self._confirm(slot, blocks)
         self._stale.discard(worker_id)
         self._seq.pop(worker_id, None)
@@ -259,9 +252,9 @@ class PrefixIndex:
         if not hashes:
             return Match({})
         walked = walk_chain(hashes, self._probe)
-        self._table.touch(walked.used)
+        self._held.touch(walked.used)
         blocks = self._named(walked.ends[0])
-        if not self._disk_seen:
+        if not self._held.disk_seen:
             return Match(blocks)
         in_memory = self._named(walked.ends[1])
         return Match(blocks, {w: n - in_memory.get(w, 0) for w, n in blocks.items()
@@ -269,31 +262,30 @@ class PrefixIndex:
 
     def holders(self, block: BlockHash) -> list[str]:
         """The live workers whose events say they hold ``block`` (routed-only excluded)."""
-        words = self._table.words
-        row = self._table.row(self._table.find_one(key_of(block)))
-        mask = (_join(row[:words]) | _join(row[words:])) & self._live_mask  # either tier
+        _, memory, disk = self._held.masks(block)
+        mask = memory | disk  # either tier
         return [name for slot, name in self._names.items() if mask >> slot & 1]
 
     # ---- internals -----------------------------------------------------------------------
 
     def _probe(self, block: BlockHash) -> tuple[int, list[int]]:
-        """``router.walk``'s probe: the block's slot and its live holders' masks, held or
-        pending in either tier, then (once a disk tier is seen) held or pending in memory."""
-        table, words = self._table, self._table.words
-        slot = table.find_one(key_of(block))
-        if slot is None:
-            slot, memory, disk = -1, 0, 0
-        elif words == 1:  # the common case, without building the row
-            memory, disk = table.row_words(slot)
-        else:
-            row = table.row(slot)
-            memory, disk = _join(row[:words]), _join(row[words:])
+        """``router.walk``'s probe: the block's table slot and its live holders' masks, held
+        or pending in either tier, then (once a disk tier is seen) in memory."""
+        slot, memory, disk = self._held.masks(block)
         for worker in self._pending.get(block, ()):
             memory |= 1 << worker
         memory &= self._live_mask
-        if not self._disk_seen:
+        if not self._held.disk_seen:
             return slot, [memory]
-        return slot, [memory | disk & self._live_mask, memory]
+        return slot, [memory | disk, memory]
+
+    def _confirm(self, slot: int, stored: list[BlockHash]) -> None:
+        """Stored blocks are no longer pending for the worker that stored them."""
+        pending = self._pending
+        for block in stored if pending else ():
+            entry = pending.get(block)
+            if entry is not None and entry.pop(slot, None) is not None and not entry:
+                del pending[block]
 
     def _named(self, ends: list[tuple[int, int]]) -> dict[str, int]:
         result: dict[str, int] = {}
@@ -318,159 +310,18 @@ class PrefixIndex:
         return slot
 
     def _claim_slot(self) -> int:
-        if self._next_slot < self._table.words * _WORD:
+        if self._next_slot < self._held.slots:
             self._next_slot += 1
             return self._next_slot - 1
         if not self._free and self._retired:
-            for column in (MEMORY, DISK):
-                self._clear_bits(column, self._retired)
+            self._held.sweep(self._retired)
             self._free = sorted(self._retired)
             self._retired = set()
         if self._free:
             return self._free.pop(0)
-        self._table.widen()
-        self._set_live(self._live_mask)
-        self._held = np.concatenate([self._held, np.zeros(_WORD, np.int64)])
-        if self._table.count > self._table.max_entries:
-            self._drop(self._table.count - self._table.max_entries)
-        self._table.fit()
+        self._held.widen()
         return self._claim_slot()
 
     def _set_live(self, mask: int) -> None:
         self._live_mask = mask
-        words = self._table.words
-        self._live = np.frombuffer(mask.to_bytes(4 * words, "little"), "<u4").astype(np.uint32)
-
-    def _bit(self, slot: int, column: int) -> tuple[int, np.uint32]:
-        """The mask column (of ``table.masks``) and the bit of ``slot`` in ``column``'s tier."""
-        return column * self._table.words + slot // _WORD, np.uint32(1 << slot % _WORD)
-
-    def _apply_tier(self, slot: int, events: list, column: int) -> None:
-        """One tier's events of a batch, in order: each block ends as its last event says."""
-        blocks = [event.block for event in events]
-        stored = [type(event) is BlockStored for event in events]
-        if all(stored):
-            self._store(slot, blocks, column)
-        elif not any(stored):
-            self._unstore(slot, blocks, column)
-        else:  # stores and removals interleaved (a store evicting to make room, say)
-            self._interleaved(slot, blocks, np.array(stored), column)
-        self._confirm(slot, [block for block, kind in zip(blocks, stored) if kind])
-
-    def _interleaved(self, slot: int, blocks: list[BlockHash], stored: np.ndarray,
-                     column: int) -> None:
-        """Events of both kinds at once: per block, the state before each event is the event
-        before it (or what the table held); a removal of a block not held then is unknown."""
-        keys = keys_of(blocks)
-        order = np.lexsort((np.arange(len(keys)), keys))  # by block, then as they came
-        ordered, kinds = keys[order], stored[order]
-        first = np.ones(len(keys), bool)
-        first[1:] = ordered[1:] != ordered[:-1]
-        last = np.ones(len(keys), bool)
-        last[:-1] = first[1:]
-        slots = self._table.find(ordered[first])
-        at, bit = self._bit(slot, column)
-        held = (self._table.masks[slots, at] & bit) != 0  # before the batch, per block
-        before = np.empty(len(keys), bool)
-        before[1:] = kinds[:-1]
-        before[first] = held
-        self._counts["unknown_block_removals"] += int(np.count_nonzero(~kinds & ~before))
-        ends_held = kinds[last]
-        self._clear(slot, slots[held & ~ends_held], column)
-        self._store(slot, [blocks[i] for i in np.sort(order[last][ends_held]).tolist()], column)
-
-    def _store(self, slot: int, blocks: list[BlockHash], column: int) -> None:
-        if not blocks:
-            return
-        self._disk_seen |= column == DISK
-        keys = keys_of(blocks)
-        if len(keys) > 1:
-            _, first = np.unique(keys, return_index=True)
-            keys = keys[np.sort(first)]  # distinct, in the order they were stored
-        slots = self._admit(keys)
-        slots = slots[slots >= 0]
-        at, bit = self._bit(slot, column)
-        masks = self._table.masks
-        before = masks[slots, at]
-        masks[slots, at] = before | bit
-        if column == MEMORY:
-            self._held[slot] += int(np.count_nonzero((before & bit) == 0))
-
-    def _confirm(self, slot: int, stored: list[BlockHash]) -> None:
-        """Stored blocks are no longer pending for the worker that stored them."""
-        pending = self._pending
-        for block in stored if pending else ():
-            entry = pending.get(block)
-            if entry is not None and entry.pop(slot, None) is not None and not entry:
-                del pending[block]
-
-    def _admit(self, keys: np.ndarray) -> np.ndarray:
-        """The slots of ``keys`` (distinct, in store order), adding the absent ones and
-        evicting the least recently used first when the budget is full. A key the same call
-        added and then had to evict again (a batch larger than the budget) is -1."""
-        table = self._table
-        slots = table.find(keys)
-        table.touch(slots[slots >= 0])
-        absent = np.flatnonzero(slots < 0)
-        added, moved = 0, False
-        while added < len(absent):
-            if not table.room():
-                self._drop(max(1, table.max_entries // 100))
-                moved = True  # the drop may have taken some of them
-            buckets = table.buckets
-            take = absent[added:added + table.room()]
-            slots[take] = table.add(keys[take])
-            moved |= table.buckets != buckets  # a growth moved every slot
-            added += len(take)
-        return table.find(keys) if moved else slots
-
-    def _unstore(self, slot: int, blocks: list[BlockHash], column: int) -> None:
-        keys = np.unique(keys_of(blocks))  # a repeated removal finds the bit gone: unknown
-        slots = self._table.find(keys)
-        at, bit = self._bit(slot, column)
-        held = slots[(self._table.masks[slots, at] & bit) != 0]  # slot -1: the zero row
-        self._counts["unknown_block_removals"] += len(blocks) - len(held)
-        self._clear(slot, held, column)
-
-    def _clear(self, slot: int, slots: np.ndarray, column: int) -> None:
-        """``slot``'s bit off at ``slots`` (all holding it); entries nobody holds go."""
-        at, bit = self._bit(slot, column)
-        self._table.masks[slots, at] &= ~bit
-        if column == MEMORY:
-            self._held[slot] -= len(slots)
-        self._remove_unheld(slots)
-
-    def _clear_bits(self, column: int, slots: set[int]) -> None:
-        """Clear worker ``slots``' bits from ``column`` everywhere (a sweep over the table)."""
-        masks, words = self._table.masks, self._table.words
-        clear = np.zeros(words, np.uint32)
-        for slot in slots:
-            clear[slot // _WORD] |= np.uint32(1 << slot % _WORD)
-        tier = slice(column * words, (column + 1) * words)
-        for live in self._table.chunks():
-            rows = masks[live, tier]
-            hit = (rows & clear).any(1)
-            masks[live[hit], tier] = rows[hit] & ~clear
-            self._remove_unheld(live[hit])
-
-    def _remove_unheld(self, slots: np.ndarray) -> None:
-        """Remove the entries among ``slots`` that no live worker holds in either tier."""
-        live = np.tile(self._live, 2)
-        self._table.remove(slots[~(self._table.masks[slots] & live).any(1)])
-
-    def _drop(self, count: int) -> None:
-        table = self._table
-        victims = table.oldest(count)
-        memory = table.masks[victims, :table.words] & self._live
-        bits = np.unpackbits(memory.view(np.uint8), axis=1, bitorder="little")
-        self._held -= bits.sum(0, dtype=np.int64)
-        table.remove(victims)
-        self._counts["dropped"] += len(victims)
-
-
-def _join(words: list[int]) -> int:
-    """A mask's uint32 words, least significant first, as one int."""
-    mask = 0
-    for i, word in enumerate(words):
-        mask |= word << _WORD * i
-    return mask
+        self._held.set_live(mask)
