@@ -1,4 +1,4 @@
-"""``BlockTable``: block keys to worker bitmasks in flat NumPy arrays, for ``router.index``.
+"""``BlockTable``: block keys to worker bitmasks in flat NumPy arrays, for ``router.held``.
 
 A Python dict of 128-bit block hashes costs about 134 bytes a block (two int objects and an
 entry: measured at 1M blocks, 32 workers); this table reserves ``entry_bytes`` = 22 bytes a
@@ -12,10 +12,11 @@ slots, one row per slot::
     stamps   per slot: uint8, the generation of the block's last use (eviction, below)
     passed   per bucket: uint8, keys stored past it because it was full (255 saturates)
 
-- Keys: ``(hash(block) x GOLDEN) mod 2**64``, 0 taken as 1. Python's int hash folds a 128-bit
-  block hash to 61 bits in C; the odd multiplier spreads small ids (tests, trace ids) over the
-  table. Blocks that share a key share a belief, which can only cost a miss: a worker verifies
-  every block's identity. At 18M blocks the chance that any two collide is about 1e-4.
+- Keys: ``(hash(block) x GOLDEN) mod 2**64``, 0 taken as 1. Python's int hash (the value
+  modulo 2**61 - 1, the same in every process) folds a 128-bit block hash in C; the odd
+  multiplier spreads small ids (tests, trace ids) over the table. Blocks that share a key
+  share a belief, which can only cost a miss: a worker verifies every block's identity. At
+  18M blocks the chance that any two collide is about 1e-4.
 - Two choices: a key may live in either of two buckets, ``first = ((key >> 32) x buckets) >>
   32`` and ``second``, the same over its low 32 bits; it is stored in the one with more room.
   With one choice (linear probing over buckets) at 0.8 of the slots used, 30% of the buckets
@@ -39,8 +40,11 @@ slots, one row per slot::
   generations every age above ``MAX_AGE = 128`` is clamped to 128, so entries unused for
   more than 128 generations tie.
 
-Lookups are vectorised over a whole chain (``find``); a bulk store (``add``) places a whole
-batch at once. The owner (``router.index``) reads and writes ``masks`` directly.
+A worker's batch of events is looked up and stored at once (``find``, ``add``: vectorised,
+``PLACE_BATCH`` keys at a time so that each choice sees the ones before it, and a growth
+reinserts every ``stride``-th slot at a time for the same reason); a match looks blocks up one
+at a time (``find_one``, about 0.5 us through memoryviews, against 15 us for any NumPy call
+sequence). The owner (``router.held``) reads and writes ``masks`` directly.
 """
 from __future__ import annotations
 
