@@ -48,6 +48,12 @@ running cluster owns: this config, the job store, the frontend's address file, t
     body_timeout_s = 30.0        # the longest wait for the next piece of a request body
     max_connections_per_client = 64  # open connections per client address (429 beyond)
 
+    [router]
+    index_bytes = 2147483648     # the frontend router's prefix index:
+                                 # 22 bytes a block at up to 32 workers, so 2 GiB is 97M blocks;
+                                 # past it the least recently used blocks are forgotten first
+                                 # (router/index.py). At least 1 MiB
+
     [telemetry]
     exporter = "file"            # "file" (OTLP JSON lines in RUN_DIR/traces), "otlp",
                                  # both ("file,otlp") or "none"
@@ -68,6 +74,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.key import CacheSecret
 from router.kv.ledger import DEFAULT_EVICTION, Eviction
 
@@ -95,6 +102,14 @@ class CacheConfig:
     disk_bytes: int = 0
     disk_dir: str = "cache"
     disk_kv_bits: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    index_bytes: int = DEFAULT_INDEX_BYTES  # the prefix index's budget (``router.index``)
+
+
+MIN_INDEX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +155,7 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     tls: FrontendTls = field(default_factory=lambda: FrontendTls())
     http: HttpConfig = field(default_factory=lambda: HttpConfig())
+    router: RouterConfig = field(default_factory=RouterConfig)
 
     @property
     def db_path(self) -> Path:
@@ -256,6 +272,7 @@ def load_config(run_dir: Path | str) -> Config:
         telemetry=_build(TelemetryConfig, _section(data, "telemetry", path), "telemetry", path),
         tls=_build(FrontendTls, frontend, "frontend", path),
         http=_build(HttpConfig, _section(data, "http", path), "http", path),
+        router=_build(RouterConfig, _section(data, "router", path), "router", path),
     )
     _check(config, path)
     return config
@@ -280,6 +297,10 @@ def _check(config: Config, path: Path) -> None:
     if cache.disk_bytes < 0 or (cache.disk_bytes and not cache.disk_dir):
         raise ValueError(f"{path}: [cache] disk_bytes must be >= 0 (0: no disk tier), "
                          f"with a disk_dir when > 0")
+    if config.router.index_bytes < MIN_INDEX_BYTES:
+        raise ValueError(f"{path}: [router] index_bytes must be at least {MIN_INDEX_BYTES} "
+                         f"(1 MiB), got {config.router.index_bytes}; the default is "
+                         f"{DEFAULT_INDEX_BYTES} (2 GiB)")
     if set(config.tenant_keys) & config.admin_keys:
         raise ValueError(f"{path}: a key may not be both a tenant key and an admin key")
 

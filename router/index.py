@@ -5,7 +5,8 @@ The index owns the router's belief, nothing else. It is fed by the workers' bloc
 requests sharing a new prefix lands together before any event arrives), and by a worker's full
 holdings when the router restarts or notices a lost batch.
 
-Each worker gets a slot (a bit); each block maps to the bitmask of workers holding it::
+Each worker gets a slot (a bit); each block maps to the bitmask of workers holding it, one
+mask per tier (``router.held``, over a ``router.block_table.BlockTable``)::
 
     held:     h0 -> 0b1011   h1 -> 0b0011   h2 -> 0b0001
     pending:  h1 -> {slot 2: expires 12.5}
@@ -19,30 +20,65 @@ Rules:
   and prefill under load, so its own stored events normally confirm it first); if no event
   confirms it by then it is gone. It covers at most ``pending_blocks`` (32) blocks past what
   the worker already holds: siblings find the worker by the first new blocks.
-- Removing a worker forgets its blocks and pending entries at once (its slot is cleared from
-  every mask lazily: the slot is retired and never reused for another worker).
+- Removing a worker forgets its blocks and pending entries at once: its slot is retired and
+  every read ANDs with the live slots. A retired slot is given to a new worker only after one
+  sweep has cleared every retired bit (when no never-used slot is left); past that the masks
+  widen by 32 slots (a 32-bit word per tier).
 - Events for an unknown worker, and removals of blocks that worker was not holding, are
   ignored and counted (``IndexCounters``), never an error. A sequence gap in a worker's
   batches is counted and marks the worker stale until ``rebuild`` replaces its holdings.
 - Tiers: a worker holds a block while its memory or its disk does (``BlockStored``/``Removed``
   carry the tier; each tier has its own mask). ``match`` counts both, and says how many of
-  each worker's matched blocks only its disk holds (``Match.disk_blocks``): workers' memory
-  chains are prefix-closed (leaves leave first), so that is found by a second bisection over
+  each worker's matched blocks only its disk holds (``Match.disk_blocks``): a second walk over
   the memory masks alone, run only once some worker has announced a disk tier.
-- Memory is bounded: at most ``max_blocks`` distinct blocks; past that the oldest-stored
-  entries are dropped in batches (counted as ``dropped``), which can only cost a cache hit.
+- ``match`` finds every worker's depth by a dyadic bisection of single-block lookups
+  (``router.walk``): O(workers x log blocks) of them, at the same blocks of a shared prefix
+  for every prompt that continues it.
+
+Memory: the held blocks live in NumPy arrays (``router.block_table``) of at most
+``max_bytes``, the router's ``[router] index_bytes``, 2 GiB by default (llm-d's budget):
+``bytes_for(1)`` = 22 bytes a block at up to 32 workers, 32 at 33 to 64, so 2 GiB holds 97M
+blocks at 32 workers, five times the 18M of 32 Macs x (1M memory + 8M disk tokens) at block
+16. Measured (``orchard simulate --decision-bench``, resident memory over indexed blocks, 32
+workers): 24 to 27 bytes a block at 1M blocks, 31 at 18M (the dict of 128-bit ints it
+replaces: 134 at 1M); figures in ``docs/benchmarks.md``, ``## Router``. Pending entries (a
+dict, bounded by the routing rate x ``pending_ttl_s`` x ``pending_blocks``) are outside it.
+
+Eviction, when a store finds the budget full: the least recently used blocks go first,
+``max(1, max_blocks // 100)`` at a time (counted as ``dropped``). A block is used when an
+event stores it (any worker, any tier) and when a ``match`` looks at it on the way to its
+deepest match. Every walk starts at a chain's head and looks at the same blocks of a shared
+prefix, so the router forgets old conversations before the system prompts and histories that
+prompts still continue. Recency is kept to 1/64 of the budget's stores (generations).
+
+What it costs, on the shipped conversation trace (8 workers x 1M tokens, block 512, seed 0,
+2026-12-01): hit ratio and goodput (TTFT <= 2 s) with a budget of x times the fleet's 15,616
+blocks, ``orchard simulate --policies orchard --index-bytes N`` with N = 22 x blocks (x = 1:
+343,552 bytes, nothing dropped; x = 1/2: 171,776)::
+
+    x                    1         3/4       1/2       1/4       1/8
+    least recent out     0.2809    0.2549    0.2092    0.1325    0.1016
+      goodput            57.83%    56.38%    51.59%    42.63%    38.17%
+    oldest out (before)  0.2809    0.1934    0.1656    0.1226    0.0917
+      goodput            57.83%    49.58%    46.65%    40.71%    36.45%
+
+Refreshing by stores alone (not by matches) did no better than oldest-out (0.1653 at 1/2);
+marking every block up to the deepest match instead of those looked at, no better than LRU
+(0.2021). Forgetting can only cost a cache hit: size the budget to the fleet (``bytes_for``).
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Iterable, Sequence
 
-from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
+from router.block_table import entry_bytes
+from router.held import DISK, MEMORY, WORD, HeldBlocks
+from router.kv.events import BlockStored, EventBatch, Tier
 from router.kv.key import BlockHash
+from router.walk import walk_chain
 
-DEFAULT_MAX_BLOCKS = 4_000_000
+DEFAULT_INDEX_BYTES = 2 << 30  # 2 GiB, as llm-d budgets its index
 DEFAULT_PENDING_TTL_S = 10.0
 DEFAULT_PENDING_BLOCKS = 32
 
@@ -67,53 +103,63 @@ class Match:
 
 
 class PrefixIndex:
-    """Block -> holders bitmask, plus pending routed entries; bounded; workers added live."""
+    """Block -> holders bitmask per tier, plus pending routed entries; within a byte budget;
+    workers added live."""
 
-    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS,
+    def __init__(self, max_bytes: int = DEFAULT_INDEX_BYTES,
                  pending_ttl_s: float = DEFAULT_PENDING_TTL_S,
                  pending_blocks: int = DEFAULT_PENDING_BLOCKS) -> None:
-        if max_blocks <= 0:
-            raise ValueError(f"max_blocks must be positive, got {max_blocks}")
         if pending_ttl_s < 0:
             raise ValueError(f"pending_ttl_s must be >= 0 seconds, got {pending_ttl_s}")
-        self.max_blocks = max_blocks
+        self._held = HeldBlocks(max_bytes)
         self.pending_ttl_s = pending_ttl_s
         self.pending_blocks = pending_blocks
         self._slot: dict[str, int] = {}        # live worker -> bit index
         self._names: dict[int, str] = {}       # bit index -> live worker
-        self._next_slot = 0
+        self._next_slot = 0                    # slots from here on were never used
+        self._retired: set[int] = set()        # removed workers' slots, bits not yet cleared
+        self._free: list[int] = []             # swept slots, ready for a new worker
         self._live_mask = 0
-        self._held: dict[BlockHash, int] = {}  # insertion order = oldest first
-        self._disk: dict[BlockHash, int] = {}  # blocks on workers' disk tiers
-        self._held_count: dict[str, int] = {}
         self._pending: dict[BlockHash, dict[int, float]] = {}
         self._pending_queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
         self._seq: dict[str, int] = {}
         self._stale: set[str] = set()
-        self._counts = dict(unknown_worker_events=0, unknown_block_removals=0,
-                            sequence_gaps=0, dropped=0, pending_expired=0)
+        self._counts = dict(unknown_worker_events=0, sequence_gaps=0, pending_expired=0)
+
+    @staticmethod
+    def bytes_for(blocks: int, workers: int = 32) -> int:
+        """The ``max_bytes`` that holds ``blocks`` blocks of up to ``workers`` workers."""
+        return blocks * entry_bytes(2, -(-workers // WORD))
+
+    @property
+    def max_blocks(self) -> int:
+        """How many distinct blocks fit in the budget at the current mask width."""
+        return self._held.max_blocks
 
     # ---- workers -------------------------------------------------------------------------
 
     def add_worker(self, worker_id: str) -> None:
         if worker_id in self._slot:
             raise ValueError(f"worker {worker_id!r} is already in the index; remove it first")
-        slot = self._next_slot
-        self._next_slot += 1
+        slot = self._claim_slot()
         self._slot[worker_id] = slot
         self._names[slot] = worker_id
-        self._live_mask |= 1 << slot
-        self._held_count[worker_id] = 0
+        self._set_live(self._live_mask | 1 << slot)
+        self._held.reset(slot)
 
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker and everything it held, at once. Unknown ids are a ValueError."""
         slot = self._slot_of(worker_id)
-        del self._slot[worker_id], self._names[slot], self._held_count[worker_id]
+        del self._slot[worker_id], self._names[slot]
         self._seq.pop(worker_id, None)
         self._stale.discard(worker_id)
-        self._live_mask &= ~(1 << slot)
-        # Masks keep the retired bit until their block is next touched; every read ANDs
-        # with the live mask, so the worker's blocks are forgotten now, in O(1).
+        self._set_live(self._live_mask & ~(1 << slot))
+        self._retired.add(slot)
+        for block in [b for b, entry in self._pending.items() if slot in entry]:
+            entry = self._pending[block]
+            del entry[slot]
+            if not entry:
+                del self._pending[block]
 
     def workers(self) -> list[str]:
         return list(self._slot)
@@ -123,19 +169,20 @@ class PrefixIndex:
         return sorted(self._stale)
 
     def blocks_held(self, worker_id: str) -> int:
-        self._slot_of(worker_id)
-        return self._held_count[worker_id]
+        return self._held.blocks_held(self._slot_of(worker_id))
 
     def __len__(self) -> int:
         return len(self._held)
 
     def counters(self) -> IndexCounters:
-        return IndexCounters(**self._counts)
+        return IndexCounters(unknown_block_removals=self._held.unknown_removals,
+                             dropped=self._held.dropped, **self._counts)
 
     # ---- updates -------------------------------------------------------------------------
 
     def apply(self, batch: EventBatch) -> None:
-        """Apply one worker's batch of stored / removed events."""
+        """Apply one worker's batch of stored / removed events, in order (a tier at a time:
+        the tiers' masks are apart)."""
         slot = self._slot.get(batch.worker_id)
         if slot is None:
             self._counts["unknown_worker_events"] += len(batch.events)
@@ -145,24 +192,20 @@ class PrefixIndex:
             self._counts["sequence_gaps"] += 1
             self._stale.add(batch.worker_id)
         self._seq[batch.worker_id] = batch.seq
-        for event in batch.events:
-            held = self._disk if event.tier == Tier.DISK else self._held
-            if isinstance(event, BlockStored):
-                self._store(batch.worker_id, slot, event.block, held)
-            elif isinstance(event, BlockRemoved):
-                self._unstore(batch.worker_id, slot, event.block, held)
+        for column, tier in ((MEMORY, Tier.MEMORY), (DISK, Tier.DISK)):
+            events = [event for event in batch.events if event.tier == tier]
+            if events:
+                self._held.apply(slot, events, column)
+        self._confirm(slot, [e.block for e in batch.events if isinstance(e, BlockStored)])
 
     def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
                 disk_holdings: Iterable[BlockHash] = ()) -> None:
         """Replace what the index believes ``worker_id`` holds with ``holdings`` (in memory)
         and ``disk_holdings``."""
         slot = self._slot_of(worker_id)
-        bit = 1 << slot
-        for held, blocks in ((self._held, holdings), (self._disk, disk_holdings)):
-            for block in [b for b, mask in held.items() if mask & bit]:
-                self._unstore(worker_id, slot, block, held)
-            for block in blocks:
-                self._store(worker_id, slot, block, held)
+        for column, blocks in ((MEMORY, list(holdings)), (DISK, list(disk_holdings))):
+            self._held.replace(slot, blocks, column)
+            self._confirm(slot, blocks)
         self._stale.discard(worker_id)
         self._seq.pop(worker_id, None)
 
@@ -200,67 +243,55 @@ class PrefixIndex:
     def match(self, hashes: Sequence[BlockHash], now: float) -> Match:
         """How many leading blocks of ``hashes`` each live worker holds or was just sent.
 
-        Stores evict leaves first, so along a chain the set of holders only shrinks: the
-        depth of every worker is found by bisection (O(workers x log blocks) lookups, not
-        one per block). Where the belief is not monotone (e.g. after ``dropped`` entries)
-        the answer is a hint that can only cost a cache hit; the worker verifies its blocks.
+        The dyadic bisection (``router.walk``): O(workers x log blocks) single lookups, not
+        one per block; the blocks it looked at, up to the deepest match, are marked used
+        (eviction keeps them longest). Where the belief is not monotone (after evictions,
+        say) the answer is a hint that can only cost a cache hit; the worker verifies.
         """
         self.expire_pending(now)
-        if not self._disk:
-            return Match(self._depths(hashes, self._mask))
-        blocks = self._depths(hashes, self._mask_any_tier)
-        memory = self._depths(hashes, self._mask)
-        disk = {w: n - memory.get(w, 0) for w, n in blocks.items() if n > memory.get(w, 0)}
-        return Match(blocks, disk)
-
-    def _depths(self, hashes: Sequence[BlockHash], mask_of) -> dict[str, int]:
-        result: dict[str, int] = {}
         if not hashes:
-            return result
-        first = mask_of(hashes[0]) & self._live_mask
-        if not first:
-            return result
-        last_i = len(hashes) - 1
-        last = mask_of(hashes[last_i]) & first
-        if last:
-            self._record(result, last, len(hashes))
-        stack = [(0, first, last_i, last)]
-        # Each step ends an interval or splits it in two smaller ones: at most 2 x len(hashes)
-        # steps. A bound, not a while, so that a broken split fails at once instead of spinning.
-        for _ in range(2 * len(hashes)):
-            if not stack:
-                break
-            lo, lo_mask, hi, hi_mask = stack.pop()
-            if lo_mask == hi_mask:
-                continue  # nobody's depth ends inside (lo, hi]
-            if hi - lo == 1:
-                self._record(result, lo_mask & ~hi_mask, lo + 1)
-                continue
-            mid = (lo + hi) // 2
-            mid_mask = mask_of(hashes[mid]) & lo_mask
-            stack.append((lo, lo_mask, mid, mid_mask))
-            stack.append((mid, mid_mask, hi, hi_mask & mid_mask))
-        else:
-            raise RuntimeError(f"bisection over {len(hashes)} blocks did not converge")
-        return result
-
-    def _mask_any_tier(self, block: BlockHash) -> int:
-        return self._mask(block) | self._disk.get(block, 0)
+            return Match({})
+        walked = walk_chain(hashes, self._probe)
+        self._held.touch(walked.used)
+        blocks = self._named(walked.ends[0])
+        if not self._held.disk_seen:
+            return Match(blocks)
+        in_memory = self._named(walked.ends[1])
+        return Match(blocks, {w: n - in_memory.get(w, 0) for w, n in blocks.items()
+                              if n > in_memory.get(w, 0)})
 
     def holders(self, block: BlockHash) -> list[str]:
         """The live workers whose events say they hold ``block`` (routed-only excluded)."""
-        mask = (self._held.get(block, 0) | self._disk.get(block, 0)) & self._live_mask
-        return [name for slot, name in self._names.items() if mask >> slot & 1]  # either tier
-
-    def _mask(self, block: BlockHash) -> int:
-        mask = self._held.get(block, 0)
-        entry = self._pending.get(block)
-        if entry:
-            for slot in entry:
-                mask |= 1 << slot
-        return mask
+        _, memory, disk = self._held.masks(block)
+        mask = memory | disk  # either tier
+        return [name for slot, name in self._names.items() if mask >> slot & 1]
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _probe(self, block: BlockHash) -> tuple[int, list[int]]:
+        """``router.walk``'s probe: the block's table slot and its live holders' masks, held
+        or pending in either tier, then (once a disk tier is seen) in memory."""
+        slot, memory, disk = self._held.masks(block)
+        for worker in self._pending.get(block, ()):
+            memory |= 1 << worker
+        memory &= self._live_mask
+        if not self._held.disk_seen:
+            return slot, [memory]
+        return slot, [memory | disk, memory]
+
+    def _confirm(self, slot: int, stored: list[BlockHash]) -> None:
+        """Stored blocks are no longer pending for the worker that stored them."""
+        pending = self._pending
+        for block in stored if pending else ():
+            entry = pending.get(block)
+            if entry is not None and entry.pop(slot, None) is not None and not entry:
+                del pending[block]
+
+    def _named(self, ends: list[tuple[int, int]]) -> dict[str, int]:
+        result: dict[str, int] = {}
+        for mask, depth in ends:
+            self._record(result, mask, depth)
+        return result
 
     def _record(self, result: dict[str, int], mask: int, depth: int) -> None:
         names = self._names
@@ -278,39 +309,19 @@ class PrefixIndex:
             raise ValueError(f"unknown worker {worker_id!r}: known workers are {known}")
         return slot
 
-    def _store(self, worker_id: str, slot: int, block: BlockHash, held: dict) -> None:
-        bit = 1 << slot
-        mask = held.get(block, 0) & self._live_mask
-        if not mask & bit and held is self._held:
-            self._held_count[worker_id] += 1
-        held[block] = mask | bit
-        entry = self._pending.get(block)
-        if entry is not None and entry.pop(slot, None) is not None and not entry:
-            del self._pending[block]
-        if len(held) > self.max_blocks:
-            self._drop_oldest(held)
+    def _claim_slot(self) -> int:
+        if self._next_slot < self._held.slots:
+            self._next_slot += 1
+            return self._next_slot - 1
+        if not self._free and self._retired:
+            self._held.sweep(self._retired)
+            self._free = sorted(self._retired)
+            self._retired = set()
+        if self._free:
+            return self._free.pop(0)
+        self._held.widen()
+        return self._claim_slot()
 
-    def _unstore(self, worker_id: str, slot: int, block: BlockHash, held: dict) -> None:
-        bit = 1 << slot
-        mask = held.get(block, 0) & self._live_mask
-        if not mask & bit:
-            self._counts["unknown_block_removals"] += 1
-            return
-        if held is self._held:
-            self._held_count[worker_id] -= 1
-        mask &= ~bit
-        if mask:
-            held[block] = mask
-        else:
-            del held[block]
-
-    def _drop_oldest(self, held: dict) -> None:
-        # Drop 1% at a time so the scan over the dict's head is paid rarely.
-        excess = len(held) - self.max_blocks + max(1, self.max_blocks // 100)
-        for block in list(islice(held, excess)):
-            mask = held.pop(block) & self._live_mask
-            for _ in range(mask.bit_count() if held is self._held else 0):
-                low = mask & -mask
-                self._held_count[self._names[low.bit_length() - 1]] -= 1
-                mask ^= low
-            self._counts["dropped"] += 1
+    def _set_live(self, mask: int) -> None:
+        self._live_mask = mask
+        self._held.set_live(mask)

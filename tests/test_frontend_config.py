@@ -27,6 +27,8 @@ def test_default_config_has_fresh_keys_and_loopback(tmp_path):
      "both a tenant key and an admin key"),
     ("[cache\n", "not valid TOML"),
     ("[cache]\neviction = \"fifo\"\n", "eviction must be one of lru, reuse"),
+    ("[router]\nindex_bytes = 4096\n", "[router] index_bytes must be at least 1048576"),
+    ("[router]\nindex_blocks = 4096\n", "unknown key(s) index_blocks in [router]"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, message):
     (tmp_path / "orchard.toml").write_text(text)
@@ -60,3 +62,21 @@ def test_cache_settings_narrow_to_the_engine_config(tmp_path):
     toml = tmp_path / "orchard.toml"
     toml.write_text(toml.read_text().replace('eviction = "reuse"', 'eviction = "lru"'))
     assert engine_config(load_config(tmp_path)).eviction is Eviction.LRU
+
+
+def test_the_router_index_budget_reaches_the_frontends_router(tmp_path):
+    from cluster.backend.routing import FrontendRouter
+    from router.kv.events import BlockStored, EventBatch
+
+    write_default_config(tmp_path)
+    assert load_config(tmp_path).router.index_bytes == 2 << 30
+    toml = tmp_path / "orchard.toml"
+    toml.write_text(toml.read_text() + "\n[router]\nindex_bytes = 1048576\n")
+    config = load_config(tmp_path)
+    routes = FrontendRouter(16, index_bytes=config.router.index_bytes)
+    routes.router.add_worker("w0")
+    events = tuple(BlockStored(b, b - 1, 16, "ns") for b in range(1, 50_001))
+    routes.router.apply_events(EventBatch("w0", 0, events))
+    held = routes.router.indexed_blocks()  # 47,662 fit (22 bytes a block); 476 go at a time
+    assert held == (1 << 20) // 22 - 5 * 476 + 50_000 - (1 << 20) // 22
+    assert routes.router.index_counters().dropped == 50_000 - held

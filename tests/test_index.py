@@ -20,8 +20,12 @@ def removed(worker: str, seq: int, blocks: list[BlockHash]) -> EventBatch:
     return EventBatch(worker, seq, tuple(BlockRemoved(b, "ns") for b in blocks))
 
 
-def index(*workers: str, **kw) -> PrefixIndex:
+def index(*workers: str, max_blocks: int | None = None, **kw) -> PrefixIndex:
+    """An index of ``workers``; ``max_blocks``: a budget that holds exactly that many blocks."""
+    if max_blocks is not None:
+        kw["max_bytes"] = PrefixIndex.bytes_for(max_blocks)
     idx = PrefixIndex(**kw)
+    assert max_blocks is None or idx.max_blocks == max_blocks
     for w in workers:
         idx.add_worker(w)
     return idx
@@ -109,7 +113,7 @@ def test_a_sequence_gap_marks_the_worker_stale_until_rebuilt():
     assert idx.blocks_held("a") == 1
 
 
-def test_memory_is_bounded_by_dropping_the_oldest_entries():
+def test_memory_is_bounded_by_dropping_the_least_recently_used_entries():
     idx = index("a", max_blocks=100)
     for seq in range(30):
         idx.apply(stored("a", seq, chain(*range(10 * seq + 1000, 10 * seq + 1010))))

@@ -2,7 +2,8 @@
 
 Each test pins an exact value that a one-token slip in ``router/index.py`` changes: a sequence
 rule off by one, a counter assigned instead of added, a removed worker's bit brought back, a
-pending entry dropped for every worker when one confirms it, the size of a drop batch.
+pending entry dropped for every worker when one confirms it, the size of a drop batch, the
+block a full index forgets first.
 """
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import re
 import pytest
 
 from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
-from router.index import Match, PrefixIndex
+from router.index import DEFAULT_INDEX_BYTES, Match, PrefixIndex
 from router.kv.key import BlockHash
 
-from tests.test_index import chain, index, removed, stored
+from tests.test_index import ROOT, chain, index, removed, stored
 
 
 def disk_stored(worker: str, seq: int, blocks: list[BlockHash]) -> EventBatch:
@@ -23,11 +24,13 @@ def disk_stored(worker: str, seq: int, blocks: list[BlockHash]) -> EventBatch:
 
 
 def test_constructor_bounds_and_unknown_worker_messages():
-    with pytest.raises(ValueError, match="max_blocks must be positive, got 0"):
-        PrefixIndex(max_blocks=0)
+    with pytest.raises(ValueError, match=re.escape(
+            "max_bytes must hold at least one block (22 bytes), got 21")):
+        PrefixIndex(max_bytes=21)
     with pytest.raises(ValueError, match=re.escape("pending_ttl_s must be >= 0 seconds, got -1")):
         PrefixIndex(pending_ttl_s=-1)
-    idx = PrefixIndex(max_blocks=1, pending_ttl_s=0.5)
+    idx = PrefixIndex(max_bytes=22, pending_ttl_s=0.5)
+    assert idx.max_blocks == 1 and PrefixIndex.bytes_for(1) == 22
     with pytest.raises(ValueError, match="unknown worker 'x': known workers are none"):
         idx.blocks_held("x")
     idx.add_worker("b")
@@ -133,13 +136,13 @@ def test_bisection_finds_every_depth_on_a_long_chain():
 def test_drops_come_in_batches_of_one_percent_at_least_one():
     small = index("a", max_blocks=10)
     small.apply(stored("a", 0, chain(*range(100, 111))))
-    assert (len(small), small.counters().dropped) == (9, 2)  # 11 - 10 + 1
+    assert (len(small), small.counters().dropped) == (10, 1)  # full at the 11th: 1 goes
     big = index("a", max_blocks=300)
     big.apply(stored("a", 0, chain(*range(1000, 1301))))
-    assert (len(big), big.counters().dropped) == (297, 4)    # 301 - 300 + 3
-    assert big.blocks_held("a") == 297
-    assert big.match(chain(1000, 1004), now=0).blocks == {}
-    assert big.match(chain(1004, 1005), now=0).blocks == {"a": 2}
+    assert (len(big), big.counters().dropped) == (298, 3)    # full at the 301st: 3 go
+    assert big.blocks_held("a") == 298
+    assert big.match(chain(1002, 1003), now=0).blocks == {}  # 1000 to 1002, the oldest
+    assert big.match(chain(1003, 1004), now=0).blocks == {"a": 2}
 
 
 def test_exactly_max_blocks_drops_nothing():
@@ -150,21 +153,26 @@ def test_exactly_max_blocks_drops_nothing():
 
 def test_drops_count_down_each_live_holder_and_skip_removed_workers():
     idx = index("a", "b", "c", "d", max_blocks=4)
-    idx.apply(stored("a", 0, chain(10, 11)))
-    idx.apply(stored("b", 0, chain(10, 11)))
-    idx.apply(stored("c", 0, chain(10, 11)))
+    idx.apply(stored("a", 0, chain(10)))
+    idx.apply(stored("b", 0, chain(10)))
+    idx.apply(stored("c", 0, chain(10)))
+    idx.apply(stored("c", 1, chain(11)))
     idx.remove_worker("a")
-    idx.apply(stored("d", 0, chain(20, 21, 22)))  # 5 blocks > 4: 10 and 11 go (5 - 4 + 1)
-    assert idx.counters().dropped == 2
-    assert [idx.blocks_held(w) for w in ("b", "c", "d")] == [0, 0, 3]
+    idx.apply(stored("d", 0, chain(20, 21, 22)))  # full at 22: 10 goes, the least recent
+    assert idx.counters().dropped == 1
+    assert [idx.blocks_held(w) for w in ("b", "c", "d")] == [0, 1, 3]
+    assert idx.holders(BlockHash(10)) == [] and idx.holders(BlockHash(11)) == ["c"]
     assert idx.holders(BlockHash(20)) == ["d"]
 
 
-def test_disk_drops_leave_the_memory_counts_alone():
-    idx = index("a", max_blocks=2)
-    idx.apply(stored("a", 0, chain(10, 11)))
-    idx.apply(disk_stored("a", 1, chain(20, 21, 22)))  # 3 disk blocks > 2: 2 of them go
-    assert idx.counters().dropped == 2 and idx.blocks_held("a") == 2
+def test_one_budget_for_both_tiers_and_disk_drops_leave_the_memory_counts_alone():
+    idx = index("a", max_blocks=3)
+    idx.apply(disk_stored("a", 0, chain(20, 21)))
+    idx.apply(stored("a", 1, chain(10, 11, 12)))  # full at 11 and at 12: 20, then 21 go
+    assert idx.counters().dropped == 2 and idx.blocks_held("a") == 3
+    assert idx.holders(BlockHash(21)) == [] and idx.holders(BlockHash(10)) == ["a"]
+    idx.apply(stored("a", 2, chain(13)))  # memory blocks go too: 10 is the least recent
+    assert idx.counters().dropped == 3 and idx.blocks_held("a") == 3
 
 
 def test_a_rebuild_leaves_blocks_the_worker_never_held():
@@ -190,5 +198,79 @@ def test_two_removed_workers_both_stay_forgotten():
     idx.remove_worker("a")
     idx.remove_worker("b")                       # a's slot must not come back
     assert idx.holders(BlockHash(10)) == ["c"]
-    idx.apply(stored("c", 1, chain(20, 21)))     # 3 blocks > 2: 10 and 20 go
-    assert idx.counters().dropped == 2 and idx.blocks_held("c") == 1
+    idx.apply(stored("c", 1, chain(20, 21)))     # full at 21: 10 goes
+    assert idx.counters().dropped == 1 and idx.blocks_held("c") == 2
+    assert idx.holders(BlockHash(10)) == []
+
+
+def test_a_match_keeps_what_it_looks_at_and_the_unused_go_first():
+    idx = index("a", max_blocks=10)
+    idx.apply(stored("a", 0, chain(10, 11, 12)))
+    idx.apply(stored("a", 1, chain(20, 21, 22)))
+    assert idx.match(chain(10, 11, 12), now=0).blocks == {"a": 3}  # 10, 11, 12 used again
+    idx.apply(stored("a", 2, chain(30, 31, 32, 33)))                # full: 10 blocks
+    idx.apply(stored("a", 3, chain(40, 41)))                        # 20, then 21 go
+    assert idx.counters().dropped == 2
+    assert idx.match(chain(10, 11, 12), now=0).blocks == {"a": 3}
+    assert idx.match(chain(20, 21, 22), now=0).blocks == {}
+    assert idx.holders(BlockHash(22)) == ["a"]
+
+
+def test_a_match_marks_only_the_blocks_up_to_its_deepest_hold():
+    idx = index("a", "b", max_blocks=6)
+    idx.apply(stored("a", 0, chain(10, 11)))
+    idx.apply(stored("b", 0, chain(20, 21, 22, 23)))     # full
+    idx.match(chain(10, 11, 20, 21), now=0)               # 10 and 11 used; 20 looked at, past a
+    idx.apply(stored("a", 1, chain(30)))                  # the least recent goes: 20
+    assert idx.holders(BlockHash(20)) == [] and idx.holders(BlockHash(10)) == ["a"]
+
+
+def test_a_removed_workers_slot_is_swept_before_it_is_given_again():
+    workers = [f"w{i}" for i in range(32)]
+    idx = index(*workers)
+    idx.apply(stored("w5", 0, chain(10, 11)))
+    idx.remove_worker("w5")
+    budget = idx.max_blocks
+    idx.add_worker("x")                         # no never-used slot left: w5's, swept
+    assert idx.match(chain(10, 11), now=0).blocks == {} and idx.blocks_held("x") == 0
+    assert len(idx) == 0 and idx.max_blocks == budget
+    idx.add_worker("y")                         # the 33rd: a second word per tier
+    assert (budget, idx.max_blocks) == (DEFAULT_INDEX_BYTES // 22, DEFAULT_INDEX_BYTES // 32)
+    idx.apply(stored("y", 0, chain(10, 11)))
+    idx.apply(stored("w31", 0, chain(10)))
+    assert idx.match(chain(10, 11), now=0).blocks == {"y": 2, "w31": 1}
+    assert idx.holders(BlockHash(10)) == ["w31", "y"]
+
+
+def test_widening_past_the_budget_drops_the_least_recent():
+    idx = index(*[f"w{i}" for i in range(32)], max_blocks=10)
+    idx.apply(stored("w0", 0, chain(*range(100, 110))))
+    idx.add_worker("w32")                       # 32 bytes a block now: 220 // 32 = 6 fit
+    assert idx.max_blocks == 6 and len(idx) == 6 and idx.counters().dropped == 4
+    assert idx.blocks_held("w0") == 6 and idx.holders(BlockHash(104)) == ["w0"]
+    idx.apply(stored("w32", 0, chain(104)))
+    assert idx.holders(BlockHash(104)) == ["w0", "w32"]
+
+
+def test_a_batch_that_mixes_stores_and_removals_ends_as_each_blocks_last_event_says():
+    idx = index("a")
+    idx.apply(stored("a", 0, chain(10)))
+    events = (BlockRemoved(BlockHash(10), "ns"), BlockStored(BlockHash(11), ROOT, 16, "ns"),
+              BlockRemoved(BlockHash(12), "ns"),                      # never held: unknown
+              BlockStored(BlockHash(10), ROOT, 16, "ns"), BlockRemoved(BlockHash(11), "ns"),
+              BlockStored(BlockHash(13), ROOT, 16, "ns"), BlockRemoved(BlockHash(13), "ns"),
+              BlockRemoved(BlockHash(13), "ns"))                      # gone already: unknown
+    idx.apply(EventBatch("a", 1, events))
+    assert idx.counters().unknown_block_removals == 2 and idx.blocks_held("a") == 1
+    assert [idx.holders(BlockHash(b)) for b in (10, 11, 12, 13)] == [["a"], [], [], []]
+    assert len(idx) == 1
+
+
+def test_blocks_moving_from_memory_to_disk_in_one_batch():
+    idx = index("a")
+    idx.apply(stored("a", 0, chain(10, 11)))
+    moves = tuple(event for b in (10, 11) for event in (
+        BlockRemoved(BlockHash(b), "ns"), BlockStored(BlockHash(b), ROOT, 16, "ns", Tier.DISK)))
+    idx.apply(EventBatch("a", 1, moves))
+    assert idx.match(chain(10, 11), now=0) == Match({"a": 2}, {"a": 2})
+    assert idx.blocks_held("a") == 0 and idx.counters().unknown_block_removals == 0

@@ -1,5 +1,6 @@
 """Trace replay: trace parsing, the ideal figure, side-by-side policies, the CLI."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -84,6 +85,18 @@ def test_replay_is_deterministic_for_a_seed(small_trace):
            (b.hit_ratio, b.imbalance, b.ttft_p99_s, b.reasons)
 
 
+def test_a_small_index_budget_forgets_and_costs_hits_never_more(small_trace):
+    from router.index import PrefixIndex
+
+    trace = load_trace(small_trace, limit=300)
+    config = SimConfig(workers=3, capacity_tokens=50_000, block_size=256)
+    full = replay(trace, "orchard", config)
+    small = replay(trace, "orchard", replace(config, index_bytes=PrefixIndex.bytes_for(40, 3)))
+    assert full.index_dropped == 0 and small.index_dropped > 0
+    assert small.hit_ratio < full.hit_ratio
+    assert replay(trace, "round_robin", config).index_dropped is None
+
+
 def test_cli_prints_one_json_object(small_trace, capsys):
     code = main(["simulate", "--trace", str(small_trace), "--workers", "3", "--limit", "120",
                  "--policies", "orchard,round_robin", "--json", "--quiet"])
@@ -110,3 +123,14 @@ def test_decision_bench_reports_its_setup():
                                 prompt_tokens=512, iterations=50)
     assert result.indexed_blocks >= 2048 and result.workers == 4
     assert 0 < result.route_p50_us <= result.route_p99_us
+    assert result.bytes_per_block >= 0 and result.fill_s >= 0 and result.index_bytes == 2 << 30
+
+
+def test_decision_bench_json_names_what_the_checks_read(capsys):
+    code = main(["simulate", "--decision-bench", "--json", "--bench-workers", "3",
+                 "--indexed-blocks", "3000", "--block-size", "16", "--prompt-tokens", "256",
+                 "--iterations", "20", "--index-bytes", "1048576"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"bytes_per_block", "fill_s", "route_p50_us", "route_p99_us"} <= set(out)
+    assert out["index_bytes"] == 1 << 20 and out["indexed_blocks"] >= 3000

@@ -35,6 +35,7 @@ from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, No
 from cluster.backend.retry import retried
 from cluster.backend.routing import FrontendRouter
 from cluster.backend.wire import Prefilled, WorkerDone
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.key import BlockHash, Namespace
 from router.policy import RoutingDecision
 from router.router import WorkerStatus
@@ -50,7 +51,8 @@ class Backend:
     """Routing, attempts, retries and the admin calls over a ``WorkerPool`` of handles."""
 
     def __init__(self, launcher: Launcher, workers: int = 1, policy: str = "orchard",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if policy not in POLICIES:
@@ -59,6 +61,7 @@ class Backend:
         self._initial = workers
         self._policy = policy
         self._clock = clock
+        self._index_bytes = index_bytes  # the router's prefix index budget ([router])
         self._pool: WorkerPool | None = None
         self._info: ModelInfo | None = None
         self._rr = itertools.count()
@@ -69,8 +72,8 @@ class Backend:
     async def start(self) -> None:
         if self._pool is not None:
             return
-        self._pool = WorkerPool(self._launcher, FrontendRouter(self._launcher.engine.block_size,
-                                                               clock=self._clock))
+        self._pool = WorkerPool(self._launcher, FrontendRouter(
+            self._launcher.engine.block_size, clock=self._clock, index_bytes=self._index_bytes))
         await self._pool.start()
         await self._pool.scale(self._initial)
         if self._launcher.watch:

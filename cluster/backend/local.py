@@ -33,6 +33,7 @@ from cluster.backend.handle import Items, WorkerHello, engine_items
 from cluster.backend.routing import FrontendRouter
 from cluster.backend.wire import WorkerDone
 from cluster.config import engine_config
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
 from router.kv.key import Namespace
 from workers.engine.channel import Finished, Holdings
@@ -130,9 +131,10 @@ class LocalBackend(Backend):
     """``Backend`` over ``workers`` engines in this process."""
 
     def __init__(self, model_dir: Path | str, workers: int = 1, engine: EngineConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic, policy: str = "orchard"):
+                 clock: Callable[[], float] = time.monotonic, policy: str = "orchard",
+                 index_bytes: int = DEFAULT_INDEX_BYTES):
         self._local = LocalLauncher(model_dir, engine or EngineConfig(), clock)
-        super().__init__(self._local, workers, policy, clock)
+        super().__init__(self._local, workers, policy, clock, index_bytes)
 
     @classmethod
     def from_config(cls, config, workers: int = 1) -> LocalBackend:
@@ -140,7 +142,8 @@ class LocalBackend(Backend):
         from workers.model.default_model import ensure_default_model
 
         model_dir = config.model_dir or str(ensure_default_model())
-        return cls(model_dir, workers=workers, engine=engine_config(config))
+        return cls(model_dir, workers=workers, engine=engine_config(config),
+                   index_bytes=config.router.index_bytes)
 
     @property
     def runtime(self) -> EngineRuntime:

@@ -36,6 +36,7 @@ from cluster.backend.bootstrap import Placement
 from cluster.backend.ray_pool import RayLauncher
 from cluster.config import engine_config
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
+from router.index import DEFAULT_INDEX_BYTES
 from workers.engine.config import EngineConfig
 
 __all__ = ["POLICIES", "RayBackend"]
@@ -48,10 +49,11 @@ class RayBackend(Backend):
                  engine: EngineConfig | None = None, placement: Placement = Placement(),
                  address: str | None = None, policy: str = "orchard",
                  start_timeout_s: float = 300.0,
-                 telemetry: TelemetrySettings | None = None) -> None:
+                 telemetry: TelemetrySettings | None = None,
+                 index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
         launcher = RayLauncher(str(model_dir), engine or EngineConfig(), placement, address,
                                start_timeout_s, telemetry=telemetry, initial=workers)
-        super().__init__(launcher, workers, policy)
+        super().__init__(launcher, workers, policy, index_bytes=index_bytes)
 
     @classmethod
     def from_config(cls, config, workers: int = 1, address: str | None = None,
@@ -61,4 +63,5 @@ class RayBackend(Backend):
 
         model_dir = config.model_dir or str(ensure_default_model())
         return cls(model_dir, workers, engine_config(config), placement, address, policy,
-                   telemetry=settings_from_config(config, "orchard"))
+                   telemetry=settings_from_config(config, "orchard"),
+                   index_bytes=config.router.index_bytes)

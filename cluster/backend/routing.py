@@ -26,6 +26,7 @@ import asyncio
 import time
 from typing import AsyncIterator, Callable, Sequence
 
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
 from router.router import Router
 from workers.engine.channel import Holdings
@@ -36,8 +37,10 @@ Feed = Callable[[int], AsyncIterator[Sequence[EventBatch]]]   # batches after a 
 class FrontendRouter:
     """The routing state of one frontend and the event feeds that keep it current."""
 
-    def __init__(self, block_size: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.router = Router(block_size, clock=clock)
+    def __init__(self, block_size: int, clock: Callable[[], float] = time.monotonic,
+                 index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
+        self.router = Router(block_size, clock=clock, index_bytes=index_bytes)
+        self.index_bytes = index_bytes              # the prefix index's budget ([router])
         self._applied: dict[str, int] = {}          # worker -> last batch applied
         self._feeds: dict[str, asyncio.Task] = {}   # worker -> its events() reader
 

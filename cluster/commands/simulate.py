@@ -3,6 +3,7 @@
     orchard simulate [--trace FILE] [--workers N] [--capacity-tokens C] [--block-size B]
                      [--policies LIST] [--eviction lru|reuse] [--ttft-slo-s 2] [--json] ...
     orchard simulate --decision-bench [--bench-workers 32] [--indexed-blocks 1000000] ...
+                     [--index-bytes N]                # 18M blocks: --indexed-blocks 18000000
     orchard simulate --synthesize FILE [--seed S]      # write a differently shaped trace
 
 Without a mode it replays the conversation trace shipped in ``router/sim/traces/``. The replay
@@ -15,6 +16,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.ledger import DEFAULT_EVICTION, EVICTION_POLICIES
 from router.policy import PolicyConfig
 from router.sim.policies import POLICY_NAMES
@@ -70,8 +72,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(less for a prompt whose own new prefill is shorter)")
     p.add_argument("--balance-weight", type=float, default=_DEFAULTS.balance_weight,
                    help="orchard: weight of recent prefill work above the least-worked worker")
+    p.add_argument("--index-bytes", type=int, default=DEFAULT_INDEX_BYTES,
+                   help="orchard: the router's prefix index budget in bytes ([router] "
+                        "index_bytes; past it the least recently used blocks are forgotten)")
     p.add_argument("--bench-workers", type=int, default=32)
-    p.add_argument("--indexed-blocks", type=int, default=1_000_000)
+    p.add_argument("--indexed-blocks", type=int, default=1_000_000,
+                   help="blocks the decision bench indexes before timing (18000000: 32 Macs "
+                        "x 9M tokens at block 16)")
     p.add_argument("--prompt-tokens", type=int, default=8192)
     p.add_argument("--iterations", type=int, default=2000)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -109,7 +116,8 @@ def _replay(args: argparse.Namespace) -> int:
                        profile=EngineProfile.read(args.profile) if args.profile else None,
                        disk_capacity_tokens=args.disk_capacity_tokens,
                        disk_read_gbps=args.disk_read_gbps,
-                       kv_bytes_per_token=args.kv_bytes_per_token)
+                       kv_bytes_per_token=args.kv_bytes_per_token,
+                       index_bytes=args.index_bytes)
     policy = PolicyConfig(cache_weight=args.cache_weight,
                           cold_spill_tokens=args.cold_spill_tokens,
                           balance_weight=args.balance_weight)
@@ -148,13 +156,16 @@ def _decision_bench(args: argparse.Namespace) -> int:
 
     result = run_decision_bench(workers=args.bench_workers, indexed_blocks=args.indexed_blocks,
                                 block_size=args.block_size, prompt_tokens=args.prompt_tokens,
-                                iterations=args.iterations, seed=args.seed)
+                                iterations=args.iterations, seed=args.seed,
+                                index_bytes=args.index_bytes)
     if args.json:
         print(json.dumps(asdict(result)))
         return 0
     print(f"{result.prompt_tokens}-token prompt, block {result.block_size}, "
           f"{result.workers} workers, {result.indexed_blocks} indexed blocks, "
           f"{result.iterations} decisions")
+    print(f"  index: {result.bytes_per_block:.1f} bytes per block (resident memory grown "
+          f"over the fill), filled in {result.fill_s:.1f} s, budget {result.index_bytes} bytes")
     rows = (("hash", result.hash_p50_us, result.hash_p99_us),
             ("route", result.route_p50_us, result.route_p99_us),
             ("total", result.total_p50_us, result.total_p99_us),

@@ -55,6 +55,10 @@ class SimPolicy:
     def expected_cached(self, req: SimRequest, worker: str) -> int:
         return 0
 
+    def index_dropped(self) -> int | None:
+        """Blocks the policy's own index forgot to stay in its budget (orchard only)."""
+        return None
+
     def on_events(self, batch: EventBatch) -> None:
         """Block events from a worker; policies that do not use them ignore them."""
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
 from router.kv.key import Namespace
 from router.policy import PolicyConfig, RoutingDecision
@@ -62,10 +63,12 @@ class OrchardPolicy(SimPolicy):
     name = "orchard"
 
     def __init__(self, workers: Sequence[str], block_size: int, seed: int,
-                 config: PolicyConfig = PolicyConfig()) -> None:
+                 config: PolicyConfig = PolicyConfig(),
+                 index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
         super().__init__(workers, block_size, seed)
         self.now = 0.0
-        self.router = Router(block_size, config, clock=lambda: self.now, seed=seed)
+        self.router = Router(block_size, config, clock=lambda: self.now, seed=seed,
+                             index_bytes=index_bytes)
         for w in self.workers:
             self.router.add_worker(w)
         self.namespace = Namespace("trace", "trace")
@@ -78,6 +81,9 @@ class OrchardPolicy(SimPolicy):
 
     def on_events(self, batch: EventBatch) -> None:
         self.router.apply_events(batch)
+
+    def index_dropped(self) -> int:
+        return self.router.index_counters().dropped
 
     def started(self, req: SimRequest, worker: str, now: float) -> None:
         decision = self._decision
@@ -123,9 +129,11 @@ POLICY_NAMES = ("orchard",) + tuple(BASELINES)
 
 
 def make_policy(name: str, workers: Sequence[str], block_size: int, seed: int,
-                config: PolicyConfig = PolicyConfig()) -> SimPolicy:
+                config: PolicyConfig = PolicyConfig(),
+                index_bytes: int = DEFAULT_INDEX_BYTES) -> SimPolicy:
+    """A policy by name; ``config`` and ``index_bytes`` (its index's budget) are orchard's."""
     if name == "orchard":
-        return OrchardPolicy(workers, block_size, seed, config)
+        return OrchardPolicy(workers, block_size, seed, config, index_bytes)
     if name not in BASELINES:
         raise ValueError(f"unknown policy {name!r}: choose from {', '.join(POLICY_NAMES)}")
     return BASELINES[name](workers, block_size, seed)

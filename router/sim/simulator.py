@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
 from router.kv.key import BlockHash, Namespace, reusable_tokens
 from router.kv.ledger import DEFAULT_EVICTION, Eviction
@@ -71,6 +72,7 @@ class SimConfig:
     disk_capacity_tokens: int = 0  # per worker disk tier; 0: memory only
     disk_read_gbps: float = 2.0    # disk tier read bandwidth, GB/s
     kv_bytes_per_token: int = 46_080  # K/V per token: the default model's (float32)
+    index_bytes: int = DEFAULT_INDEX_BYTES  # orchard's prefix index budget ([router])
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -122,6 +124,7 @@ class PolicyResult:
     decision_cpu_p99_us: float
     reasons: dict[str, int] = field(default_factory=dict)
     itl_p99_s: float | None = None  # with a profile: decode modelled per step
+    index_dropped: int | None = None  # orchard: blocks its index forgot (over index_bytes)
 
 
 TRACE_BLOCK = 512  # tokens per hash id in Mooncake traces
@@ -221,7 +224,8 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
     if on_served is not None and config.profile is not None:
         raise ValueError("on_served needs the linear service model (no profile)")
     ids = [f"w{i}" for i in range(config.workers)]
-    policy = make_policy(name, ids, config.block_size, config.seed, policy_config)
+    policy = make_policy(name, ids, config.block_size, config.seed, policy_config,
+                         config.index_bytes)
     root = Namespace("trace", "trace").root()
     workers = {w: _Worker(w, config, root) for w in ids}
     timeline: list[tuple[float, int, str, object]] = []  # (time, seq, kind, payload)
@@ -292,7 +296,8 @@ def _result(name: str, config: SimConfig, workers: dict[str, "_Worker"], policy:
         decision_cpu_p50_us=percentile(decisions_cpu, 0.50),
         decision_cpu_p99_us=percentile(decisions_cpu, 0.99),
         reasons=dict(policy.reasons),
-        itl_p99_s=percentile(itls, 0.99) if itls is not None else None)
+        itl_p99_s=percentile(itls, 0.99) if itls is not None else None,
+        index_dropped=policy.index_dropped())
 
 
 def _engines(workers: dict[str, "_Worker"], config: SimConfig) -> dict[str, EngineWorker]:
@@ -366,6 +371,7 @@ def simulate(trace: Sequence[TraceRequest], names: Sequence[str], config: SimCon
         "disk_read_gbps": config.disk_read_gbps,
         "block_size": config.block_size,
         "eviction": config.eviction,
+        "index_bytes": config.index_bytes,
         "ttft_slo_s": config.ttft_slo_s,
         "offered_load": round(offered_load(trace, config), 3),
         "ideal_hit_ratio": round(ideal_hit_ratio(trace, config.trace_block), 4),
@@ -382,4 +388,5 @@ def _row(r: PolicyResult) -> dict:
             "decision_p99_us": round(r.decision_p99_us, 1),
             "decision_cpu_p50_us": round(r.decision_cpu_p50_us, 1),
             "decision_cpu_p99_us": round(r.decision_cpu_p99_us, 1), "reasons": r.reasons,
-            **({"itl_p99_s": round(r.itl_p99_s, 4)} if r.itl_p99_s is not None else {})}
+            **({"itl_p99_s": round(r.itl_p99_s, 4)} if r.itl_p99_s is not None else {}),
+            **({"index_dropped": r.index_dropped} if r.index_dropped is not None else {})}
