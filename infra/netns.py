@@ -18,7 +18,7 @@ which would stop every Ray process on the machine. Needs root (CAP_NET_ADMIN).
 
     python infra/netns.py probe      # can this machine do it? (exit 0 if yes)
 
-The multi-node test (``tests/test_multinode.py``) drives ``NetnsCluster`` from Python.
+The multi-node test (``tests/cluster/backend/test_bootstrap.py``) drives ``NetnsCluster`` from Python.
 """
 from __future__ import annotations
 

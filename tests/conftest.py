@@ -41,7 +41,7 @@ class Clock:
 @pytest.fixture
 def bounded(request):
     """The test fails after ``tests.bounded.WALL_CLOCK_LIMIT_S`` of wall-clock time."""
-    from tests.bounded import wall_clock_limit
+    from tests.support.bounded import wall_clock_limit
     with wall_clock_limit(request.node.nodeid):
         yield
 

@@ -12,15 +12,18 @@ Cases: multi-turn chats through the chat template; random token sequences; promp
 below, at and just above block boundaries; several requests batched together against each
 alone; a prefix read back after its neighbours were evicted (these run with no kept caches,
 so every hit joins the store's blocks); the turns of one conversation, each extending the
-cache the previous turn left (``workers.engine.kept``: no join). Then, per store setting
+cache the previous turn left (``workers.engine.kept``: no join); the log-probabilities a
+request gets back, from a cached prompt, against a recompute without the cache. Then, per store setting
 (``workers.lab.verify_tiers``): a prefix read back from the disk tier (exact), and 8-bit and
 4-bit K/V (greedy agreement and largest logit difference, measured).
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
+from workers.engine.engine import RequestFailed
 from workers.model.model_dir import open_model_dir
 
 from workers.lab.verify_cases import (CaseResult, Checker, VerifyReport,
@@ -83,7 +86,38 @@ def _kept_case(c: Checker, rng: random.Random) -> CaseResult:
     return result
 
 
-CASES = (chat_case, random_case, _boundary_case, _batched_case, _eviction_case, _kept_case)
+def _logprobs_case(c: Checker, rng: random.Random) -> CaseResult:
+    """The log-probabilities a request gets back (its chosen tokens' and the top 5), from a
+    prompt read from the cache, against the same sequence computed without it."""
+    ref, cached = c.engines()
+    vocab = c.loaded.vocab_size
+    prompt = [rng.randrange(vocab) for _ in range(3 * c.block_size + 3)]
+    run_requests(cached, [c.request(cached, prompt, 2)])  # the prefix is stored
+
+    def scored(engine):
+        plain = c.request(engine, prompt)
+        request = dataclasses.replace(
+            plain, sampling=dataclasses.replace(plain.sampling, logprobs=5))
+        (result,) = engine.generate([request])
+        if isinstance(result, RequestFailed):
+            raise RuntimeError(f"the logprobs case failed: {result.error}")
+        return result
+
+    a, b = scored(ref), scored(cached)
+    compared = max(len(a.output_tokens), len(b.output_tokens))
+    equal, worst = 0, 0.0
+    for x, y in zip(a.logprobs, b.logprobs):
+        if x.token != y.token or [t for t, _ in x.top] != [t for t, _ in y.top]:
+            break
+        equal += 1
+        worst = max([worst, abs(x.logprob - y.logprob)]
+                    + [abs(p - q) for (_, p), (_, q) in zip(x.top, y.top)])
+    return CaseResult("returned log-probabilities (top 5) vs a recompute", 1, compared, equal,
+                      worst, b.cached_tokens, True)
+
+
+CASES = (chat_case, random_case, _boundary_case, _batched_case, _eviction_case, _kept_case,
+         _logprobs_case)
 
 
 def verify_model(model_dir: Path | str, block_size: int = 16, max_tokens: int = 8,

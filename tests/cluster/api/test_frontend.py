@@ -1,0 +1,213 @@
+"""Admission (backpressure) in the job runner: per tenant and over all tenants.
+
+The frontend tokenizes exactly as the worker's engine renders the chat template, on its
+thread pool, and gives back the memory large prompts took.
+
+Durability: SIGKILL the frontend mid-job, start it again, every result arrives exactly once.
+
+The frontend is a real subprocess (``python -m cluster.api.frontend``); the job is submitted and
+read back with the real ``orchard`` command line.
+"""
+import pytest
+from cluster.jobs.store import JobStore
+from cluster.jobs.admission import Overloaded
+from cluster.jobs.runner import JobRunner, RunnerLimits
+from router.kv.key import Namespace
+from tests.support.paths import REPO
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+import workers  # noqa: F401
+from cluster.api.chat import ChatTokenizer
+from tests.support.forged_models import tiny_model
+from workers.engine.engine import Engine
+import json
+import os
+import signal
+import time
+from cluster.api.client import Client
+
+
+class TestRunner:
+    def test_admit_limits_per_tenant_and_in_total(self, tmp_path):
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        runner = JobRunner(store, None, None,
+                           RunnerLimits(max_concurrent=2, max_pending_per_tenant=5,
+                                        max_pending_total=8, request_timeout_s=10.0),
+                           namespace=lambda t: Namespace(t, "m"), block_size=16)
+        runner.admit("a", 5)          # exactly the tenant's limit
+        with pytest.raises(Overloaded, match=r"^requests: tenant 'a' has 5 requests pending and the "
+                                             r"limit is 5; wait for jobs to finish and retry$"):
+            runner.admit("a", 1)
+        runner.admit("b", 3)          # exactly the cluster's limit
+        assert runner.pending() == {"a": 5, "b": 3}
+        with pytest.raises(Overloaded, match=r"^requests: the cluster has 8 requests pending and "
+                                             r"the limit is 8; retry later$"):
+            runner.admit("c", 1)
+        assert runner.pending() == {"a": 5, "b": 3}   # a refused admission counts nothing
+        runner.release("a", 2)
+        runner.admit("c", 2)
+        assert runner.pending() == {"a": 3, "b": 3, "c": 2}
+        runner.release("c", 2)        # down to zero: the tenant is gone from the counts
+        assert runner.pending() == {"a": 3, "b": 3}
+        with pytest.raises(RuntimeError, match=r"^pending count for 'b' went negative \(-1\)$"):
+            runner.release("b", 4)
+        runner.release("z", 0)        # nothing pending, nothing released: no count appears
+        assert runner.pending() == {"a": 3, "b": 3}
+        with pytest.raises(RuntimeError, match=r"^pending count for 'z' went negative \(-1\)$"):
+            runner.release("z", 1)
+        store.close()
+
+
+CHAT = [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there, café ☕?"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "And again"}]
+
+MEMORY_PROBE = """
+import asyncio, sys
+from tests.support.forged_models import tiny_model
+from cluster.api.chat import ChatTokenizer
+
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
+
+async def main():
+    tokenizer = ChatTokenizer(tiny_model())
+    text = ("The quick brown fox jumps over the lazy dog. " * 30000)[:1 << 20]
+    before = rss_mb()
+    for _ in range(3):
+        await tokenizer.off_loop(tokenizer.render, [{"role": "user", "content": text}])
+    print(rss_mb() - before)
+
+asyncio.run(main())
+"""
+
+
+class TestTokenize:
+    def test_frontend_rendering_matches_the_engine(self):
+        engine = Engine.open(tiny_model())
+        tokenizer = ChatTokenizer(tiny_model())
+        assert tokenizer.render(CHAT) == engine.render_chat(CHAT)
+        assert tokenizer.render_prefix(CHAT[:2]) == engine.render_chat(CHAT[:2],
+                                                                       add_generation_prompt=False)
+        # a later turn extends an earlier one: what makes multi-turn prefix reuse possible
+        assert tokenizer.render(CHAT)[:len(tokenizer.render_prefix(CHAT[:2]))] == \
+            tokenizer.render_prefix(CHAT[:2])
+        assert tokenizer.decode(tokenizer.encode("plain text")) == "plain text"
+
+    def test_concurrent_renders_on_the_pool_agree(self):
+        tokenizer = ChatTokenizer(tiny_model())
+        chats = [[{"role": "user", "content": f"question {i}: " + "why? " * (200 * i)}]
+                 for i in range(6)]
+
+        async def main():
+            return await asyncio.gather(*(tokenizer.off_loop(tokenizer.render, c) for c in chats))
+
+        assert asyncio.run(main()) == [tokenizer.render(c) for c in chats]
+        tokenizer.close()
+
+    @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads RSS from /proc")
+    def test_memory_comes_back_after_large_prompts(self):
+        out = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True,
+                             timeout=300, check=True, cwd=REPO)
+        growth_mb = float(out.stdout.strip().splitlines()[-1])
+        assert growth_mb < 64, f"RSS grew {growth_mb:.0f} MB after three 1 MiB prompts"
+
+
+ROOT = REPO
+
+ORCHARD = [sys.executable, "-m", "cluster.cli"]
+
+REQUESTS = 16
+
+def write_config(run_dir: Path) -> None:
+    (run_dir / "orchard.toml").write_text(f"""
+[[tenants]]
+name = "acme"
+api_keys = ["key-acme"]
+
+[admin]
+api_keys = ["key-admin"]
+
+[limits]
+max_concurrent = 2
+
+[model]
+dir = "{tiny_model()}"
+""")
+
+def write_batch(path: Path) -> None:
+    with path.open("w") as f:
+        for i in range(REQUESTS):
+            body = {"model": "tiny", "max_tokens": 120, "temperature": 0,
+                    "messages": [{"role": "system", "content": "Answer at length. " * 8},
+                                 {"role": "user", "content": f"Tell me about topic {i}."}]}
+            f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST",
+                                "url": "/v1/chat/completions", "body": body}) + "\n")
+
+def start_frontend(run_dir: Path) -> subprocess.Popen:
+    (run_dir / "frontend.json").unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir", str(run_dir),
+                             "--workers", "1"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=open(run_dir / "frontend.log", "ab"))
+    deadline = time.monotonic() + 120
+    while not (run_dir / "frontend.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError((run_dir / "frontend.log").read_text()[-3000:])
+        time.sleep(0.05)
+    return proc
+
+def orchard(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*ORCHARD, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "ORCHARD_API_KEY": "key-acme"})
+
+
+class TestRestart:
+    @pytest.mark.slow
+    def test_sigkill_mid_job_then_restart_finishes_with_every_result_once(self, tmp_path):
+        write_config(tmp_path)
+        batch = tmp_path / "batch.jsonl"
+        write_batch(batch)
+        proc = start_frontend(tmp_path)
+        try:
+            submitted = orchard("submit", str(batch), "--json", "--run-dir", str(tmp_path))
+            assert submitted.returncode == 0, submitted.stderr
+            job_id = json.loads(submitted.stdout)["job_id"]
+            client = Client.from_run_dir(tmp_path, api_key="key-acme")
+            deadline = time.monotonic() + 120
+            while (done := client.job(job_id).done) < 3:
+                assert time.monotonic() < deadline, "the job made no progress"
+                time.sleep(0.02)
+            before = {r.custom_id: r for r in client.results(job_id)}
+            client.close()
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        assert 3 <= done < REQUESTS, "kill landed after the job finished: make it longer"
+
+        proc = start_frontend(tmp_path)
+        try:
+            waited = orchard("results", job_id, "--wait", "--out", str(tmp_path / "out.jsonl"),
+                             "--run-dir", str(tmp_path))
+            assert waited.returncode == 0, waited.stderr
+            client = Client.from_run_dir(tmp_path, api_key="key-acme")
+            job = client.job(job_id)
+            client.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+
+        assert (job.state, job.completed, job.failed) == ("succeeded", REQUESTS, 0)
+        lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert sorted(line["custom_id"] for line in lines) == sorted(f"req-{i}" for i in range(REQUESTS))
+        by_id = {line["custom_id"]: line for line in lines}
+        for custom_id, result in before.items():  # results from before the kill are kept as they were
+            assert by_id[custom_id]["response"]["body"]["choices"][0]["message"]["content"] == result.text
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+        stored = store.results(job_id)
+        store.close()
+        assert sorted(r.index for r in stored) == list(range(REQUESTS))
+        assert [r.seq for r in stored] == list(range(REQUESTS))

@@ -1,0 +1,221 @@
+"""Big batch files: acceptance checks shapes only, refuses whole, and leaves nothing behind.
+
+A real frontend over in-process workers (``running_frontend``); files are generated in the
+test's temp dir. The job store is read directly to check that a refused job left no rows.
+
+Acceptance into the store: the dispatch order follows shared prefixes, not the file.
+"""
+from tests.support.paths import REPO
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+import pytest
+from cluster.api.client import Client, OrchardError
+from tests.support.forged_models import tiny_model
+from tests.support.frontend_harness import ACME_CONFIG, running_frontend
+from tests.support.small_disk import small_disk
+import random
+from cluster.api.intake import BatchIntake
+from cluster.api.validate import LimitExceeded
+from cluster.backend.protocol import ModelInfo
+from cluster.jobs.store import JobStore
+
+
+ROOT = REPO
+
+def chat_line(i: int, content: str = "", max_tokens: int = 2) -> str:
+    body = {"model": "tiny", "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": content or f"question {i}"}]}
+    return json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                       "body": body})
+
+def write_file(path: Path, n: int, pad: int = 0, last: str | None = None) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(chat_line(i, f"question {i} " + "x" * pad) + "\n")
+        if last is not None:
+            f.write(last)
+    return path
+
+def stored_rows(db_path: Path) -> tuple[int, int]:
+    """(jobs, requests) in the job store's file, read as any SQLite client would."""
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        return (db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0],
+                db.execute("SELECT COUNT(*) FROM job_requests").fetchone()[0])
+    finally:
+        db.close()
+
+@pytest.fixture(scope="module")
+def frontend(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(ACME_CONFIG)  # default limits: 50,000 per job
+    with running_frontend(run_dir, tiny_model(), workers=1) as harness:
+        yield harness
+
+def _start(run_dir: Path) -> subprocess.Popen:
+    (run_dir / "frontend.json").unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
+                             str(run_dir), "--workers", "1"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=open(run_dir / "log", "ab"))
+    deadline = time.monotonic() + 120
+    while not (run_dir / "frontend.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the frontend did not start"
+        time.sleep(0.1)
+    return proc
+
+
+class TestBatchIntake:
+    def test_a_prompt_over_the_context_fails_at_dispatch_with_its_reason(self, frontend, tmp_path):
+        path = tmp_path / "mixed.jsonl"
+        path.write_text(chat_line(0) + "\n" + chat_line(1, "word " * 3000) + "\n" + chat_line(2))
+        with frontend.client("acme") as client:
+            job = client.submit_file(path)
+            assert job.total == 3
+            job = client.wait(job.job_id, timeout_s=120)
+            results = {r.custom_id: r for r in client.results(job.job_id)}
+        assert (job.state, job.completed, job.failed) == ("succeeded", 2, 1)
+        bad = results["r1"]
+        assert (bad.ok, bad.error_code) == (False, "INVALID_ARGUMENT")
+        assert "reach the model's context of 2048" in bad.error_message
+        assert results["r0"].ok and results["r2"].ok
+
+    def test_a_file_sent_again_with_its_idempotency_key_is_the_same_job(self, frontend, tmp_path):
+        path = write_file(tmp_path / "again.jsonl", 5)
+        with frontend.client("acme") as client:
+            first = client.submit_file(path, idempotency_key="file-1")
+            again = client.submit_file(path, idempotency_key="file-1")
+            assert again.job_id == first.job_id and again.total == 5
+            assert [j.job_id for j in client.jobs()].count(first.job_id) == 1
+            client.wait(first.job_id, timeout_s=120)
+        assert frontend.frontend.runner.pending() == {}  # the retry admitted nothing
+
+    def test_50001_requests_are_refused_naming_the_limit(self, frontend, tmp_path):
+        path = write_file(tmp_path / "big.jsonl", 50_001)
+        with frontend.client("acme") as client:
+            before = client.jobs()
+            with pytest.raises(OrchardError) as err:
+                client.submit_file(path)
+            assert client.jobs() == before
+        assert err.value.code == "RESOURCE_EXHAUSTED"
+        assert "limit of 50000 requests per job" in err.value.message
+        assert stored_rows(frontend.config.db_path)[1] == sum(j.total for j in before)
+
+    @pytest.mark.slow
+    def test_a_200mb_file_with_a_broken_last_line_is_named_and_nothing_stored(self, frontend, tmp_path):
+        path = write_file(tmp_path / "huge.jsonl", 49_999, pad=3_950, last='{"custom_id": "r-last", ')
+        assert 200e6 < path.stat().st_size < 200 << 20
+        with frontend.client("acme") as client:
+            before = client.jobs()
+            with pytest.raises(OrchardError) as err:
+                client.submit_file(path)
+            assert client.jobs() == before
+        assert err.value.code == "INVALID_ARGUMENT"
+        assert err.value.message.startswith("huge.jsonl:50000: not valid JSON")
+        assert stored_rows(frontend.config.db_path)[1] == sum(j.total for j in before)
+
+    def test_a_disk_that_fills_during_acceptance_refuses_the_job(self, tmp_path):
+        with small_disk(tmp_path / "disk", megabytes=24) as run_dir:
+            (run_dir / "orchard.toml").write_text(ACME_CONFIG)
+            path = write_file(tmp_path / "fills.jsonl", 12_000, pad=3_000)  # 37 MB
+            with running_frontend(run_dir, tiny_model(), workers=1) as harness:
+                with harness.client("acme") as client:
+                    with pytest.raises(OrchardError) as err:
+                        client.submit_file(path)
+                    assert client.jobs() == []
+                    ok = client.submit_file(write_file(tmp_path / "small.jsonl", 3))
+                    assert client.wait(ok.job_id, timeout_s=120).completed == 3  # still serving
+            assert err.value.code == "RESOURCE_EXHAUSTED"
+            assert "disk is full; the job was not created" in err.value.message
+            assert stored_rows(run_dir / "jobs.sqlite3") == (1, 3)
+
+    @pytest.mark.slow
+    def test_a_frontend_killed_during_acceptance_leaves_no_job(self, tmp_path):
+        (tmp_path / "orchard.toml").write_text(ACME_CONFIG + f'\n[model]\ndir = "{tiny_model()}"\n')
+        path = write_file(tmp_path / "slow.jsonl", 20_000, pad=200)
+        proc = _start(tmp_path)
+        try:
+            client = Client.from_run_dir(tmp_path, api_key="key-acme")
+            db_path = tmp_path / "jobs.sqlite3"
+
+            def kill_once_some_are_stored(sent: int) -> None:
+                if proc.poll() is not None:
+                    return
+                deadline = time.monotonic() + 60
+                while stored_rows(db_path)[1] == 0 and sent >= 8 * (256 << 10):
+                    assert time.monotonic() < deadline, "the intake stored nothing"
+                    time.sleep(0.05)
+                if stored_rows(db_path)[1]:  # part of the file stored, the rest still to come
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(30)
+            with pytest.raises(OrchardError) as err:
+                client.submit_file(path, chunk_bytes=256 << 10, on_sent=kill_once_some_are_stored)
+            client.close()
+            assert err.value.code == "UNAVAILABLE"
+            jobs, requests = stored_rows(db_path)
+            assert jobs == 0 and 0 < requests < 20_000  # part stored, but no job: absent, not half
+            proc = _start(tmp_path)  # the restarted frontend sweeps what the intake stored
+            assert stored_rows(tmp_path / "jobs.sqlite3") == (0, 0)
+            with Client.from_run_dir(tmp_path, api_key="key-acme") as client:
+                assert client.jobs() == []
+        finally:
+            proc.kill()
+            proc.wait(30)
+
+
+MODEL = ModelInfo("m", "r", vocab_size=100, max_context=64, model_dir="", block_size=4,
+                  kv_bytes_per_token=64)
+
+SYSTEMS = ["You are A.", "You are B.", "You are C."]
+
+def line(i: int) -> bytes:
+    body = {"max_tokens": 2, "messages": [{"role": "system", "content": SYSTEMS[i % 3]},
+                                          {"role": "user", "content": f"q{i}"}]}
+    return json.dumps({"custom_id": f"c{i}", "body": body}).encode() + b"\n"
+
+def accept(store: JobStore, lines: list[bytes], chunk: int = 7):
+    batch = BatchIntake(store.intake("acme", "m"), MODEL, max_requests=100, name="f.jsonl")
+    data = b"".join(lines)
+    for start in range(0, len(data), chunk):  # chunks that split lines anywhere
+        batch.feed(data[start:start + chunk])
+    batch.end()
+    job, _ = batch.commit()
+    batch.intake.close()
+    return job
+
+def dispatch_order(store: JobStore, job_id: str) -> list[str]:
+    return [r.custom_id for r in store.next_requests(job_id, limit=1000)]
+
+@pytest.fixture
+def store(tmp_path):
+    s = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+    yield s
+    s.close()
+
+
+class TestOrder:
+    def test_requests_sharing_a_system_prompt_dispatch_together_whatever_the_file_order(self, store):
+        lines = [line(i) for i in range(12)]
+        shuffled = lines[:]
+        random.Random(7).shuffle(shuffled)
+        first = dispatch_order(store, accept(store, lines).job_id)
+        second = dispatch_order(store, accept(store, shuffled).job_id)
+        assert first == second
+        groups = [int(c[1:]) % 3 for c in first]
+        assert groups == sorted(groups, key=groups.index)  # each system prompt's requests adjacent
+        assert [r.index for r in store.next_requests(accept(store, lines).job_id, limit=1)] == [
+            int(first[0][1:])]  # each request keeps its own index (its place in the file)
+
+    def test_the_limit_and_a_bad_line_are_named(self, store):
+        with pytest.raises(LimitExceeded, match="limit of 100 requests per job"):
+            accept(store, [line(i) for i in range(101)])
+        with pytest.raises(ValueError, match=r"^f.jsonl:3: not valid JSON"):
+            accept(store, [line(0), line(1), b"{oops\n"])
+        with pytest.raises(ValueError, match=r"f.jsonl:2: body.messages\[1\].role: unknown role"):
+            accept(store, [line(0), line(1).replace(b'"user"', b'"robot"')])
+        assert store.list_jobs("acme") == []

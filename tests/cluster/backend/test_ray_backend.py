@@ -1,0 +1,270 @@
+"""RayBackend on a real embedded Ray cluster: routing on worker block events, a worker killed
+mid-request, scaling and draining while requests run, invalidation, placement errors.
+
+One cluster for the module (Ray takes seconds to start); the tests run in file order and
+each leaves the pool with at least two ready workers.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from cluster.backend.bootstrap import WORKER_NICENESS  # noqa: E402
+from cluster.backend.protocol import (GenerateOutcome, NoWorkerAvailable, TokenChunk,  # noqa: E402
+                             UnknownWorker)
+from cluster.backend.ray_backend import RayBackend  # noqa: E402
+from cluster.backend.ray_pool import NoRoom  # noqa: E402
+from router.kv.key import Namespace, hash_blocks  # noqa: E402
+from tests.support.forged_models import tiny_model  # noqa: E402
+from workers.engine.engine import EngineConfig  # noqa: E402
+from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 16
+
+
+class Loop:
+    """An event loop on a thread of its own, so sync tests can await the backend."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout_s: float = 180.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def submit(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    loop = Loop()
+    backend = RayBackend(tiny_model(), workers=2,
+                         engine=EngineConfig(block_size=BLOCK, max_batch=4))
+    loop.run(backend.start(), timeout_s=300)
+    yield backend, loop
+    loop.run(backend.close())
+    loop.close()
+
+
+def _request(backend: RayBackend, rid: str, prompt: tuple[int, ...], max_tokens: int = 4,
+             tenant: str = "t"):
+    info = backend.model_info()
+    ns = Namespace(tenant, info.model_id, info.revision)
+    return (GenerateRequest(rid, ns, prompt, SamplingParams(max_tokens=max_tokens)),
+            hash_blocks(prompt, BLOCK, ns))
+
+
+def _prompt(seed: int, shared: int = 96, own: int = 20) -> tuple[int, ...]:
+    system = tuple(100 + (i * 7) % 900 for i in range(shared))
+    return system + tuple(1000 + seed * 31 + i for i in range(own))
+
+
+def _finished_exactly(result, max_tokens: int) -> bool:
+    """``max_tokens`` tokens ("length"), or fewer ending at EOS ("stop")."""
+    n = len(result.output_tokens)
+    return (result.finish_reason, n) == ("length", max_tokens) or (
+        result.finish_reason == "stop" and 1 <= n <= max_tokens)
+
+
+def _generate(backend, loop, rid, prompt, max_tokens=4, tenant="t"):
+    return loop.run(backend.generate(*_request(backend, rid, prompt, max_tokens, tenant)))
+
+
+def test_workers_start_on_node_slots_with_openblas(cluster):
+    backend, loop = cluster
+    workers = loop.run(backend.workers())
+    assert [w.state for w in workers] == ["ready", "ready"]
+    for w in backend.pool.live():
+        assert w.hello.openblas, "the worker actor's process must load OpenBLAS before MLX"
+        assert w.hello.pid != os.getpid()
+    info = backend.model_info()
+    declared = json.loads((tiny_model() / "config.json").read_text())["vocab_size"]
+    assert info.block_size == BLOCK and info.vocab_size == declared
+
+
+def test_block_events_reach_the_router_so_the_prefix_is_routed_home(cluster):
+    backend, loop = cluster
+    first = _generate(backend, loop, "events-0", _prompt(1))
+    assert first.result.cached_tokens == 0
+    # no wait: the result itself carried the worker's block events to the frontend's router
+    second = _generate(backend, loop, "events-1", _prompt(2))
+    assert second.worker_id == first.worker_id
+    assert second.decision.reason.value == "prefix_match"
+    assert second.decision.expected_cached_tokens == 96   # the 6 shared blocks
+    assert second.result.cached_tokens == 96
+    stats = loop.run(backend.cache_stats())  # the module's first requests
+    assert stats.cached_tokens == 96
+    assert (first.result.written_tokens, second.result.written_tokens) == (112, 16)
+    assert stats.cache_blocks == (112 + 16) // BLOCK
+
+
+def test_stream_yields_every_token_then_the_outcome(cluster):
+    backend, loop = cluster
+
+    async def collect():
+        return [item async for item in backend.stream(*_request(backend, "stream-0",
+                                                                 _prompt(4), max_tokens=6))]
+    items = loop.run(collect())
+    chunks, outcome = items[:-1], items[-1]
+    assert isinstance(outcome, GenerateOutcome) and outcome.attempts == 1
+    assert all(isinstance(c, TokenChunk) for c in chunks)
+    assert tuple(t for c in chunks for t in c.token_ids) == outcome.result.output_tokens
+
+
+def test_a_cancelled_stream_is_aborted_on_its_worker(cluster):
+    backend, loop = cluster
+
+    async def start_then_cancel():
+        stream = backend.stream(*_request(backend, "cancel-0", _prompt(70), max_tokens=1500))
+        first = await anext(stream)
+        await stream.aclose()  # what a client that cancels (or a deadline) does to the stream
+        return first
+
+    first = loop.run(start_then_cancel())
+    assert isinstance(first, TokenChunk)
+
+    async def engine_side():  # the workers' own counts, not the frontend's
+        live = backend.pool.live()
+        stats = await asyncio.gather(*(w.handle.stats() for w in live))
+        return {w.worker_id: s for w, s in zip(live, stats)}
+    served = {w: s.requests_served for w, s in loop.run(engine_side()).items()}
+    deadline = time.monotonic() + 2.0  # 1,500 tokens take far longer than this to decode
+    while time.monotonic() < deadline and any(s.running for s in loop.run(engine_side()).values()):
+        time.sleep(0.05)
+    after = loop.run(engine_side())
+    assert all(s.running == 0 for s in after.values()), "a worker still runs the cancelled request"
+    assert {w: s.requests_served for w, s in after.items()} == served
+
+
+def test_other_tenant_never_hits(cluster):
+    backend, loop = cluster
+    out = _generate(backend, loop, "tenant-b", _prompt(3), tenant="other")
+    assert out.result.cached_tokens == 0
+
+
+def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
+    backend, loop = cluster
+    replaced = backend.pool.replaced
+    futures = [loop.submit(backend.generate(*_request(backend, f"kill-{i}", _prompt(40 + i),
+                                                       max_tokens=48)))
+               for i in range(6)]
+    deadline = time.monotonic() + 60  # the victim: a worker these requests were sent to
+    while not any(w.running for w in backend.pool.ready()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    victim = next(w for w in backend.pool.ready() if w.running)
+    os.kill(victim.hello.pid, signal.SIGKILL)
+    outcomes = [f.result(180) for f in futures]
+    assert all(_finished_exactly(o.result, 48) for o in outcomes)
+    retried = [o for o in outcomes if o.attempts > 1]
+    assert retried and all(o.worker_id != victim.worker_id for o in retried)
+    later = _generate(backend, loop, "after-kill", _prompt(50))
+    assert victim.worker_id not in {c.worker_id for c in later.decision.candidates}, \
+        "the router must forget a dead worker"
+    deadline = time.monotonic() + 120
+    while backend.pool.replaced == replaced and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert backend.pool.replaced == replaced + 1
+    states = {w.worker_id: w.state for w in loop.run(backend.workers())}
+    assert states[victim.worker_id] == "dead"
+    assert sum(1 for s in states.values() if s == "ready") == 2
+
+
+def test_an_idle_worker_that_dies_is_noticed_and_replaced_without_a_request(cluster):
+    backend, loop = cluster
+    victim = backend.pool.ready()[-1]
+    replaced = backend.pool.replaced
+    os.kill(victim.hello.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while backend.pool.replaced == replaced and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert backend.pool.replaced == replaced + 1
+    states = {w.worker_id: w.state for w in loop.run(backend.workers())}
+    assert states[victim.worker_id] == "dead"
+    assert sum(1 for s in states.values() if s == "ready") == 2
+
+
+def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
+    backend, loop = cluster
+    futures = [loop.submit(backend.generate(*_request(backend, f"scale-{i}", _prompt(60 + i),
+                                                       max_tokens=24)))
+               for i in range(8)]
+    grown = loop.run(backend.scale(3))
+    assert sum(1 for w in grown if w.state == "ready") == 3
+    busy = max(backend.pool.ready(), key=lambda w: w.running)
+    drained = loop.run(backend.drain(busy.worker_id))
+    assert drained.state == "draining"
+    outcomes = [f.result(180) for f in futures]
+    assert len(outcomes) == 8 and all(o.result.output_tokens for o in outcomes)
+    deadline = time.monotonic() + 30
+    while backend.pool.get(busy.worker_id) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert backend.pool.get(busy.worker_id) is None, "a drained worker leaves once idle"
+    after = _generate(backend, loop, "after-drain", _prompt(70))
+    assert busy.worker_id not in {c.worker_id for c in after.decision.candidates}
+    with pytest.raises(UnknownWorker):
+        loop.run(backend.drain("no-such-worker"))
+
+
+def test_invalidate_drops_a_tenants_blocks(cluster):
+    backend, loop = cluster
+    first = _generate(backend, loop, "inv-0", _prompt(80), tenant="inv")  # its own tenant
+    kept = _generate(backend, loop, "inv-keep", _prompt(80), tenant="t")
+    info = backend.model_info()
+    removed = loop.run(backend.invalidate(Namespace("inv", info.model_id, info.revision), None))
+    assert removed == first.result.written_tokens // BLOCK == 7  # 116 prompt tokens
+    again = _generate(backend, loop, "inv-1", _prompt(81), tenant="inv")
+    assert again.result.cached_tokens == 0
+    other = _generate(backend, loop, "inv-keep-1", _prompt(80), tenant="t")
+    # 7 full blocks from the store, the rest of the prompt but its last token from the kept
+    # cache of "inv-keep" (on the same worker: routed to its blocks)
+    assert (other.result.lookup.matched_tokens, other.result.cached_tokens) == (112, 115), \
+        "only one tenant's blocks go"
+
+
+def test_scaling_past_the_node_slots_says_how_to_fix_it(cluster):
+    backend, loop = cluster
+    with pytest.raises(NoRoom, match="add nodes"):
+        loop.run(backend.scale(1000))
+    with pytest.raises(ValueError, match=">= 1"):
+        loop.run(backend.scale(0))
+
+
+def test_bad_policy_is_refused():
+    with pytest.raises(ValueError, match="policy"):
+        RayBackend(tiny_model(), policy="random")
+
+
+def test_with_every_worker_drained_requests_are_unavailable(cluster):
+    backend, loop = cluster  # last: leaves no worker
+    for worker in backend.pool.ready():
+        loop.run(backend.drain(worker.worker_id))
+    with pytest.raises(NoWorkerAvailable):
+        _generate(backend, loop, "none-left", _prompt(90))
+
+
+
+def test_workers_run_at_the_normal_priority(cluster):
+    # Ray would start its worker processes at niceness 15, behind every other process on the
+    # Mac; the embedded cluster starts them at 0 (WORKER_NICENESS), as the engine needs
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    assert WORKER_NICENESS == 0
+    assert ray.get(niceness.remote(), timeout=60) == 0

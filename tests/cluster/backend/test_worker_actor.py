@@ -1,0 +1,120 @@
+"""The worker actor's plain class, ``EngineWorker``, without Ray: a real engine on its runtime
+thread, block events piggybacked on results and on its event feed (both applied to a real
+frontend router, ``FrontendRouter``), requests aborted."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from cluster.backend.protocol import TokenChunk
+from cluster.backend.routing import FrontendRouter
+from cluster.backend.worker_actor import EngineWorker, WorkerDone
+from router.kv.key import Namespace, hash_blocks
+from tests.support.forged_models import tiny_model
+from workers.engine.engine import EngineConfig
+from workers.messages import GenerateRequest, SamplingParams
+
+BLOCK = 16
+
+
+def _request(worker_ns: Namespace, rid: str, prompt: tuple[int, ...], max_tokens: int = 4):
+    return GenerateRequest(rid, worker_ns, prompt, SamplingParams(max_tokens=max_tokens))
+
+
+def test_engine_worker_runs_streams_publishes_and_invalidates():
+    async def scenario():
+        routes = FrontendRouter(BLOCK)
+        routes.add_worker("w7")
+        router = routes.router
+        worker = EngineWorker("w7", str(tiny_model()), EngineConfig(block_size=BLOCK))
+        hello = await worker.start()
+        assert hello.worker_id == "w7" and hello.model.block_size == BLOCK and hello.openblas
+        ns = Namespace("t", hello.model.model_id, hello.model.revision)
+        prompt = tuple(range(20, 84))
+
+        decision = router.route(ns, hash_blocks(prompt, BLOCK, ns), len(prompt))
+        router.started("a", decision)
+        items = [i async for i in worker.generate(_request(ns, "a", prompt, 5), feed_after=0)]
+        assert all(isinstance(i, TokenChunk) for i in items[:-1])
+        assert isinstance(items[-1], WorkerDone) and len(items) == 6
+        router.finished("a")
+        assert items[-1].worker_s > 0
+        # the result carries every block event batch so far: 64 prompt tokens = 4 blocks
+        piggybacked = items[-1].events
+        assert [b.seq for b in piggybacked] == list(range(1, len(piggybacked) + 1))
+        assert sum(len(b.events) for b in piggybacked) == len(prompt) // BLOCK
+
+        # the result's block events reach the router: the prefix is routed home, matched
+        routes.apply("w7", piggybacked)
+        again = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
+        assert again.worker_id == "w7" and again.expected_cached_tokens == len(prompt)
+        done = await worker.run(_request(ns, "b", prompt + (5,)))
+        assert done.result.cached_tokens == len(prompt)
+
+        stats = await worker.stats()
+        assert stats.requests_served == 2 and stats.cached_tokens == len(prompt)
+        holdings = await worker.holdings()
+        assert stats.cache_blocks == len(holdings.blocks) == len(prompt) // BLOCK
+        assert stats.written_tokens == len(prompt)
+        assert holdings.seq == piggybacked[-1].seq  # request b stored no new full block
+        assert await worker.ping() == os.getpid()  # answered by this process (no Ray here)
+
+        with pytest.raises(ValueError, match="vocabulary"):
+            await worker.run(_request(ns, "bad", (10**9,)))
+        with pytest.raises(ValueError, match="namespace"):
+            await worker.invalidate(None, None)
+        assert await worker.invalidate(Namespace("nobody", "x"), None) == 0
+        removed = await worker.invalidate(ns, None)
+        assert removed == len(prompt) // BLOCK and (await worker.holdings()).blocks == ()
+        # no result carried the removals: the event feed does, at once
+        routes.apply("w7", await anext(worker.events(routes.feed_after("w7"))))
+        after = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
+        assert after.expected_cached_tokens == 0, "invalidation reaches the router"
+        await worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_calls_before_start_fail_cleanly():
+    async def scenario():
+        worker = EngineWorker("w0", str(tiny_model()), EngineConfig(block_size=BLOCK))
+        with pytest.raises(RuntimeError, match="start"):
+            await asyncio.wait_for(worker.stats(), 5)
+        with pytest.raises(RuntimeError, match="start"):
+            await asyncio.wait_for(worker.run(_request(Namespace("t", "m"), "x", (1, 2))), 5)
+    asyncio.run(scenario())
+
+
+def test_a_worker_with_a_disk_tier_sends_its_measured_rates_with_its_events(tmp_path):
+    """The block events a result carries carry the worker's rates: after a request read its
+    prefix from disk, the frontend's router costs a token on that disk exactly as the rates
+    say."""
+    from router.kv.events import WorkerRates
+    from router.policy import disk_token_cost
+
+    config = EngineConfig(block_size=BLOCK, store_bytes=1 << 20, disk_bytes=1 << 22,
+                          disk_dir=str(tmp_path))
+    prompt = tuple(range(20, 84)) + (1, 2, 3)
+
+    async def scenario():
+        worker = EngineWorker("w7", str(tiny_model()), config)
+        hello = await worker.start()
+        ns = Namespace("t", hello.model.model_id, hello.model.revision)
+        done = await worker.run(_request(ns, "a", prompt, 2), feed_after=0)
+        await worker.close()  # the memory tier is written to disk
+        return done, hello
+
+    asyncio.run(scenario())
+    done, hello = asyncio.run(scenario())  # restarted: the prefix is read from disk
+    assert done.result.lookup.disk_tokens == 64
+    rates = done.events[-1].rates
+    assert isinstance(rates, WorkerRates)
+    assert rates.disk_bytes_per_token == hello.model.disk_kv_bytes_per_token
+    assert rates.disk_read_bytes_s > 0 and rates.prefill_tokens_s > 0
+    routes = FrontendRouter(BLOCK)
+    routes.add_worker("w7")
+    routes.apply("w7", done.events)
+    (status,) = routes.router.workers()
+    assert status.disk_token_cost == disk_token_cost(rates)

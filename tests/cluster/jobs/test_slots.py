@@ -1,0 +1,183 @@
+"""Concurrency slots: never lost on cancel, shared fairly between tenants and with Generate.
+
+The runner and the slot pool are the real ones; the backend is a gate that holds every request
+until the test opens it, so the test can count how many run at once.
+"""
+import asyncio
+
+import pytest
+
+from tests.support.bounded import run_bounded
+
+from cluster.jobs.runner import JobRunner, RunnerLimits
+from cluster.jobs.slots import SlotPool
+from cluster.jobs.store import JobStore, NewRequest, StagedRequest
+from router.kv.key import Namespace
+from workers.messages import SamplingParams
+
+
+class GateBackend:
+    """Holds every ``generate`` call open, counting the calls in flight, and every direct
+    request's stream."""
+
+    def __init__(self):
+        self.running: dict[str, int] = {}  # tenant -> calls in flight
+        self.opened = asyncio.Event()
+        self.held: list[asyncio.Event] = []  # one per direct request streaming now
+
+    def total(self) -> int:
+        return sum(self.running.values())
+
+    async def generate(self, request, block_hashes):
+        tenant = request.namespace.tenant
+        self.running[tenant] = self.running.get(tenant, 0) + 1
+        try:
+            await self.opened.wait()
+        finally:
+            self.running[tenant] -= 1
+        raise ValueError("the gate backend produces no results")
+
+    async def stream(self, request, block_hashes):
+        """A direct request (``runner.direct``): held until the test sets its event."""
+        done = asyncio.Event()
+        self.held.append(done)
+        await done.wait()
+        raise ValueError("the gate backend produces no results")
+        yield  # an async generator
+
+
+def _requests(n: int) -> list[StagedRequest]:
+    return [StagedRequest(i, f"r{i}", b"", b"") for i in range(n)]
+
+
+def _prepare(body: bytes) -> NewRequest:  # every stored request runs as the same prompt
+    return NewRequest(custom_id="", prompt=(1, 2, 3), sampling=SamplingParams(max_tokens=1))
+
+
+def _runner(tmp_path, backend, max_concurrent: int) -> tuple[JobStore, JobRunner]:
+    store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+    runner = JobRunner(store, backend, _prepare,
+                       RunnerLimits(max_concurrent, max_pending_per_tenant=10_000,
+                                    max_pending_total=10_000, request_timeout_s=60.0),
+                       namespace=lambda t: Namespace(t, "m"), block_size=16)
+    return store, runner
+
+
+def _submit(store: JobStore, runner: JobRunner, tenant: str, n: int):
+    runner.admit(tenant, n)
+    job = store.create_job(tenant, "m", _requests(n))
+    runner.launch(job)
+    return job
+
+
+async def _until(predicate, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+def test_300_submit_and_cancel_cycles_leave_all_8_slots(tmp_path):
+    async def main() -> None:
+        backend = GateBackend()
+        store, runner = _runner(tmp_path, backend, max_concurrent=8)
+        for cycle in range(300):
+            job = _submit(store, runner, "acme", 3)
+            for _ in range(cycle % 3):  # cancel before the job starts, or between its steps
+                await asyncio.sleep(0)
+            runner.cancel(job.job_id, "acme")
+        await asyncio.sleep(0.05)
+        assert runner.slots_in_use() == {}
+        _submit(store, runner, "acme", 8)
+        await _until(lambda: backend.total() == 8)
+        assert runner.slots_in_use() == {"acme": 8}
+        await runner.close()
+        store.close()
+
+    run_bounded(main(), 60, "300 submit and cancel cycles leave all 8 slots")
+
+
+def test_a_generate_flood_gets_its_share_of_the_slots_and_no_more(tmp_path):
+    async def main() -> None:
+        backend = GateBackend()
+        store, runner = _runner(tmp_path, backend, max_concurrent=4)
+
+        async def generate_call() -> None:  # what a Generate call runs: a direct request
+            with pytest.raises(ValueError):
+                async for _ in runner.direct.stream("flood", _prepare(b"")):
+                    pass
+
+        async def finish_one_flood_call() -> None:
+            backend.held.pop(0).set()
+            await asyncio.sleep(0.01)
+
+        flood = [asyncio.create_task(generate_call()) for _ in range(20)]
+        await _until(lambda: runner.slots_in_use() == {"flood": 4})
+        _submit(store, runner, "acme", 4)  # waits: the flood holds every slot
+        await asyncio.sleep(0.02)
+        assert backend.total() == 0
+        for _ in range(2):  # the slots the flood frees go to acme, which holds fewer ...
+            await finish_one_flood_call()
+        assert backend.running == {"acme": 2}
+        await finish_one_flood_call()  # ... until both hold 2: then the flood's turn again
+        assert runner.slots_in_use() == {"acme": 2, "flood": 2}
+        for task in flood:
+            task.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+        await _until(lambda: backend.total() == 4)
+        assert runner.slots_in_use() == {"acme": 4}
+        await runner.close()
+        store.close()
+
+    run_bounded(main(), 60, "a generate flood gets its share of the slots and no more")
+
+
+def test_a_freed_slot_goes_to_the_tenant_holding_fewest():
+    async def main() -> None:
+        pool = SlotPool(2)
+        await pool.acquire("a")
+        await pool.acquire("a")
+        order: list[str] = []
+
+        async def take(tenant: str) -> None:
+            await pool.acquire(tenant)
+            order.append(tenant)
+
+        waiters = [asyncio.create_task(take(t)) for t in ("a", "a", "b")]
+        await asyncio.sleep(0)
+        pool.release("a")  # b holds none, a holds one: b first, though a asked first
+        await asyncio.sleep(0)
+        assert order == ["b"] and pool.held() == {"a": 1, "b": 1}
+        pool.release("b")
+        await asyncio.sleep(0)
+        assert order == ["b", "a"] and pool.held() == {"a": 2}
+        waiters[1].cancel()  # a waiter cancelled while waiting takes nothing
+        await asyncio.gather(*waiters, return_exceptions=True)
+        pool.release("a")
+        pool.release("a")
+        assert pool.held() == {} and pool.in_use() == 0
+
+    run_bounded(main(), 60, "a freed slot goes to the tenant holding fewest")
+
+
+def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
+    async def main() -> None:
+        pool = SlotPool(1)
+        await pool.acquire("a")
+        first = asyncio.create_task(pool.acquire("b"))
+        second = asyncio.create_task(pool.acquire("c"))
+        await asyncio.sleep(0)
+        pool.release("a")  # granted to b ...
+        first.cancel()     # ... which is cancelled before it resumes: c gets the slot
+        await asyncio.gather(first, return_exceptions=True)
+        await second
+        assert pool.held() == {"c": 1}
+
+    run_bounded(main(), 60, "a waiter cancelled after its grant passes the slot on")
+
+
+def test_a_pool_needs_a_slot():
+    with pytest.raises(ValueError, match="max_concurrent must be >= 1"):
+        SlotPool(0)

@@ -1,0 +1,233 @@
+"""Telemetry in the worker process, without Ray: it sets up its own exporter from the cluster's
+settings and draws its spans under the context the request carries (the frontend draws the
+request and routing spans in its own).
+
+One trace per request across processes, on a real ``RayBackend``: the frontend draws the
+request span and the routing span (routing runs in the frontend's process), the worker actor
+its lookup / prefill / decode spans, each process into its own JSON-lines file under RUN_DIR/traces/, and
+``orchard report`` reads them back as one run.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from cluster.telemetry import attrs as A
+from cluster.telemetry.otlp_json import read_spans
+from cluster.telemetry.setup import (SERVICE_FRONTEND, TelemetrySettings, request_context,
+                               setup_telemetry)
+from cluster.backend.worker_actor import EngineWorker, WorkerDone
+from router.kv.key import Namespace
+from tests.support.forged_models import tiny_model
+from workers.engine.engine import EngineConfig
+from workers.messages import GenerateRequest, SamplingParams
+import os
+import time
+from collections import Counter
+import pytest
+from cluster.telemetry import attrs as A  # noqa: E402
+from cluster.telemetry.job_tracing import JobTracing  # noqa: E402
+from cluster.telemetry.observe import RequestObserver, ServedCache  # noqa: E402
+from cluster.telemetry.otlp_json import read_spans  # noqa: E402
+from cluster.backend.ray_backend import RayBackend  # noqa: E402
+from cluster.report.build import build_report, request_rows  # noqa: E402
+from cluster.telemetry.setup import SERVICE_FRONTEND, TelemetrySettings, setup_telemetry  # noqa: E402
+from router.cost import load_price_table  # noqa: E402
+from router.kv.key import Namespace, hash_blocks  # noqa: E402
+from tests.support.forged_models import tiny_model  # noqa: E402
+from tests.cluster.backend.test_ray_backend import Loop, _prompt  # noqa: E402
+from workers.engine.engine import EngineConfig  # noqa: E402
+from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
+
+
+BLOCK = 16
+
+def _resources(trace_dir, service: str) -> list[dict]:
+    """The resource attributes of every export line in ``service``'s files."""
+    out = []
+    for path in trace_dir.glob(f"{service}-*.jsonl"):
+        for line in path.read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                out.append({a["key"]: next(iter(a["value"].values()))
+                            for a in rs["resource"]["attributes"]})
+    return out
+
+
+class TestTelemetryProcesses:
+    def test_the_worker_draws_its_spans_under_the_carried_context(self, tmp_path):
+        settings = TelemetrySettings("orchard", tmp_path)
+        frontend = setup_telemetry(TelemetrySettings(SERVICE_FRONTEND, tmp_path))
+
+        async def scenario():
+            worker = EngineWorker("w3", str(tiny_model()), EngineConfig(block_size=BLOCK),
+                                  telemetry=settings)
+            hello = await worker.start()
+            ns = Namespace("t", hello.model.model_id, hello.model.revision)
+            prompt = tuple(range(30, 90))
+            with frontend.tracer.start_as_current_span("chat tiny") as root:
+                carried = request_context()
+                done = await worker.run(GenerateRequest("r1", ns, prompt,
+                                                        SamplingParams(max_tokens=3),
+                                                        trace_context=carried))
+            # an untraced request (no context) draws no orphan trace
+            await worker.run(GenerateRequest("r2", ns, prompt, SamplingParams(max_tokens=3)))
+            await worker.close()
+            return root, done
+
+        root, done = asyncio.run(scenario())
+        frontend.shutdown()
+        assert isinstance(done, WorkerDone) and done.traced
+
+        spans = read_spans(tmp_path / "traces").spans
+        by_name = {s.name: s for s in spans}
+        assert len(spans) == 5 and len(by_name) == 5          # nothing drawn twice
+        trace_id = format(root.get_span_context().trace_id, "032x")
+        root_id = format(root.get_span_context().span_id, "016x")
+        assert {s.trace_id for s in spans} == {trace_id}
+        work = by_name["orchard.worker.generate"]
+        assert work.parent_span_id == root_id and work.service == "orchard-worker"
+        for name in ("orchard.cache.lookup", "orchard.prefill", "orchard.decode"):
+            assert by_name[name].parent_span_id == work.span_id
+            assert by_name[name].service == "orchard-worker"
+        assert by_name["orchard.cache.lookup"].attributes[A.CACHE_OUTCOME] == "miss"
+        assert by_name["orchard.decode"].attributes[A.DECODE_TOKENS] == 3
+
+        worker_resources = _resources(tmp_path / "traces", "orchard-worker")
+        assert worker_resources and all(r[A.WORKER] == "w3" and r[A.NODE_ADDRESS] == "local"
+                                        and r[A.NODE_ID] == "local" and r[A.HOST_NAME]
+                                        for r in worker_resources)
+
+    def test_a_worker_whose_telemetry_fails_logs_once_and_still_serves(self, tmp_path, caplog):
+        blocked = tmp_path / "not-a-dir"
+        blocked.write_text("a file where the run directory should be")
+
+        async def scenario():
+            worker = EngineWorker("w1", str(tiny_model()), EngineConfig(block_size=BLOCK),
+                                  telemetry=TelemetrySettings("orchard", blocked))
+            hello = await worker.start()
+            ns = Namespace("t", hello.model.model_id, hello.model.revision)
+            carried = (("traceparent", "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"),)
+            done = await worker.run(GenerateRequest("r1", ns, tuple(range(30, 60)),
+                                                    SamplingParams(max_tokens=2),
+                                                    trace_context=carried))
+            await worker.close()
+            return done
+
+        with caplog.at_level(logging.ERROR, logger="orchard.telemetry"):
+            done = asyncio.run(scenario())
+        assert len(done.result.output_tokens) == 2 and not done.traced   # the frontend draws them
+        failures = [r for r in caplog.records if "telemetry setup" in r.getMessage()]
+        assert len(failures) == 1 and "orchard-worker" in failures[0].getMessage()
+
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow
+
+WORKER_SPANS = ("orchard.worker.generate", "orchard.cache.lookup", "orchard.prefill",
+                "orchard.decode")
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A traced run: three requests of job j1 through two Ray workers; the backend and the
+    frontend's telemetry closed (everything flushed) before the test reads the files."""
+    run_dir = tmp_path_factory.mktemp("run")
+    loop = Loop()
+    backend = RayBackend(tiny_model(), workers=2, engine=EngineConfig(block_size=BLOCK),
+                         telemetry=TelemetrySettings("orchard", run_dir))
+    try:
+        loop.run(backend.start(), timeout_s=300)
+        info = backend.model_info()
+        tel = setup_telemetry(TelemetrySettings(SERVICE_FRONTEND, run_dir))
+        cache = ServedCache(info.model_id, BLOCK, 300.0, 1_000_000)
+        tracing = JobTracing(RequestObserver(tel, load_price_table(None), cache))
+        ns = Namespace("t", info.model_id, info.revision)
+
+        async def one(rid: str, prompt: tuple[int, ...]):
+            hashes = hash_blocks(prompt, BLOCK, ns)
+            sampling = SamplingParams(max_tokens=3)
+            with tracing.request("t", rid, "j1", rid, sampling) as trace:
+                request = GenerateRequest(rid, ns, prompt, sampling,
+                                          trace_context=trace.context)
+                outcome = await backend.generate(request, hashes)
+                trace.done(request, hashes, outcome)
+            return outcome
+
+        outcomes = {"r0": loop.run(one("r0", _prompt(1)))}
+        # r0's result carried the worker's block events to the frontend's router: r1, r2 go home
+        for rid, seed in (("r1", 2), ("r2", 3)):
+            outcomes[rid] = loop.run(one(rid, _prompt(seed)))
+        loop.run(tracing.aclose())
+    finally:
+        loop.run(backend.close())
+        loop.close()
+    return run_dir, outcomes
+
+
+class TestTelemetryRay:
+    def test_each_request_is_one_trace_joined_across_processes(self, run):
+        run_dir, outcomes = run
+        files = sorted(p.name for p in (run_dir / "traces").glob("*.jsonl"))
+        by_service = Counter(service for name in files
+                             for service in ("orchard-frontend", "orchard-router", "orchard-worker")
+                             if name.startswith(service + "-"))
+        assert by_service["orchard-frontend"] == 1 and by_service["orchard-router"] == 0
+        assert 1 <= by_service["orchard-worker"] <= 2      # a file per worker process
+        assert not any(name.endswith(f"-{os.getpid()}.jsonl") for name in files
+                       if not name.startswith("orchard-frontend"))
+
+        read = read_spans(run_dir / "traces")
+        assert read.bad_lines == 0
+        roots = {s.attributes[A.REQUEST_ID]: s for s in read.spans
+                 if s.attributes.get(A.SPAN_KIND) == "request"}
+        assert set(roots) == set(outcomes)
+        assert len({r.trace_id for r in roots.values()}) == 3
+        for rid, outcome in outcomes.items():
+            assert outcome.worker_traced
+            root = roots[rid]
+            in_trace = {s.name: s for s in read.spans if s.trace_id == root.trace_id}
+            names = Counter(s.name for s in read.spans if s.trace_id == root.trace_id)
+            assert set(names.values()) == {1}, f"{rid}: a span drawn twice: {names}"
+            assert root.service == "orchard-frontend" and root.parent_span_id == ""
+            route = in_trace["orchard.route"]
+            assert route.service == "orchard-frontend" and route.parent_span_id == root.span_id
+            assert route.attributes[A.ROUTE_WORKER] == outcome.worker_id
+            work = in_trace["orchard.worker.generate"]
+            assert work.service == "orchard-worker" and work.parent_span_id == root.span_id
+            assert work.attributes[A.WORKER] == outcome.worker_id
+            for name in WORKER_SPANS[1:]:
+                assert in_trace[name].service == "orchard-worker"
+                assert in_trace[name].parent_span_id == work.span_id
+            assert in_trace["orchard.cache.lookup"].attributes[A.CACHE_MATCHED] == \
+                outcome.result.cached_tokens
+
+    def test_the_report_reads_the_whole_run(self, run):
+        run_dir, outcomes = run
+        spans = read_spans(run_dir / "traces").spans
+        rows = {r.request_id: r for r in request_rows(spans)}
+        assert set(rows) == set(outcomes)
+        for rid, outcome in outcomes.items():
+            assert rows[rid].lookup[A.CACHE_MATCHED] == outcome.result.cached_tokens
+            assert rows[rid].worker == outcome.worker_id
+        assert outcomes["r1"].result.cached_tokens == 96   # the shared system prefix, reused
+        job = build_report(spans)["jobs"][0]
+        results = [o.result for o in outcomes.values()]
+        assert job["job_id"] == "j1" and job["requests"] == 3
+        assert job["input_tokens"] == sum(r.input_tokens for r in results)
+        assert job["cached_tokens"] == sum(r.cached_tokens for r in results)
+        assert job["measured_multiplier"] is not None and job["forecast_multiplier"] is not None
+
+    def test_each_process_names_itself_in_its_resource(self, run):
+        run_dir, outcomes = run
+        resources = {}
+        for path in (run_dir / "traces").glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                for rs in json.loads(line)["resourceSpans"]:
+                    attrs = {a["key"]: next(iter(a["value"].values()))
+                             for a in rs["resource"]["attributes"]}
+                    resources.setdefault(attrs["service.name"], []).append(attrs)
+        assert set(resources) == {"orchard-frontend", "orchard-worker"}   # no router process
+        workers = {r[A.WORKER] for r in resources["orchard-worker"]}
+        assert {o.worker_id for o in outcomes.values()} <= workers
+        for attrs in resources["orchard-worker"]:
+            assert attrs[A.NODE_ADDRESS] and attrs[A.NODE_ID] and attrs[A.HOST_NAME]

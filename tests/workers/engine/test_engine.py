@@ -1,0 +1,461 @@
+"""The engine: reuse with exact counts, continuous batching, sampling, stops, bad input.
+
+Structured outputs and log-probabilities in the engine's batched step: each constrained row
+is masked alone, an unconstrained neighbour decodes exactly as it would alone, and every
+returned log-probability equals a recompute of the same sequence without the cache (before
+temperature and any mask).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import shutil
+import pytest
+import workers  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+from router.kv.key import Namespace
+from tests.conftest import Clock
+from tests.support.forged_models import tiny_model
+from workers.engine.engine import Engine, EngineConfig, RequestFailed
+from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, SamplingParams
+from workers.model.model_dir import open_model_dir
+import jsonschema
+from mlx_lm.models.cache import KVCache
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+from workers.messages import GenerateRequest, GenerateResult, ResponseFormat, SamplingParams
+
+
+BS = 16
+
+@pytest.fixture
+def engine() -> Engine:
+    """A fresh engine per test: every test writes to its store."""
+    return Engine.open(tiny_model("llama"), EngineConfig(block_size=BS))
+
+_ids = iter(range(10**9))
+
+def req(engine: Engine, prompt, max_tokens: int = 6, tenant: str = "t", **sampling) -> GenerateRequest:
+    return GenerateRequest(f"r{next(_ids)}", engine.namespace(tenant), tuple(prompt),
+                           SamplingParams(max_tokens=max_tokens, **sampling))
+
+def prompt_of(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(32000) for _ in range(n)]
+
+def run_one(engine: Engine, request: GenerateRequest) -> GenerateResult:
+    (result,) = engine.generate([request])
+    assert isinstance(result, GenerateResult), result
+    return result
+
+def _drive(eng: Engine, requests, abort: tuple[str, int] | None = None
+           ) -> tuple[dict[str, list[int]], dict[str, GenerateResult]]:
+    """Step ``requests`` to completion; ``abort=(id, n)`` aborts ``id`` once it has n tokens."""
+    for r in requests:
+        eng.submit(r)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    finished: dict[str, GenerateResult] = {}
+    while eng.busy:
+        if abort and len(tokens[abort[0]]) == abort[1]:
+            assert eng.abort(abort[0]) is True
+            abort = None
+        out = eng.step()
+        for d in out.deltas:
+            tokens[d.request_id].append(d.token)
+        finished.update({f.request_id: f for f in out.finished})
+    return tokens, finished
+
+
+class TestBehaviour:
+    def test_second_request_reuses_the_prefix_and_gives_the_same_tokens(self, engine):
+        prompt = prompt_of(110, seed=1)
+        cold = run_one(engine, req(engine, prompt))
+        assert (cold.input_tokens, cold.cached_tokens, cold.computed_tokens) == (110, 0, 110)
+        assert cold.lookup.outcome == LookupOutcome.MISS
+        # prefill wrote 6 blocks (110 tokens in the cache); the finish, with 110 + 5 output tokens
+        # in the cache, added the 7th block that the output completed
+        assert cold.written_tokens == 112
+        warm = run_one(engine, req(engine, prompt))
+        assert warm.lookup.outcome == LookupOutcome.HIT
+        # the store matches 6 blocks; the kept cache of the first request gives the partial 7th
+        # block up to the prompt's last token, which is always computed
+        assert (warm.lookup.matched_tokens, warm.lookup.kept_tokens) == (96, 13)
+        assert (warm.cached_tokens, warm.computed_tokens, warm.written_tokens) == (109, 1, 0)
+        assert warm.output_tokens == cold.output_tokens
+        assert warm.finish_reason == "length" and len(warm.output_tokens) == 6
+        assert warm.ttft_s > 0 and warm.tpot_s > 0
+        t = warm.timings
+        assert t.received_ns <= t.lookup_start_ns <= t.lookup_end_ns <= t.prefill_start_ns
+        assert t.prefill_start_ns <= t.first_token_ns <= t.finished_ns
+
+    def test_uncached_engine_agrees(self, engine):
+        plain = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False))
+        prompt = prompt_of(70, seed=2)
+        run_one(engine, req(engine, prompt))
+        a = run_one(engine, req(engine, prompt + [5, 6, 7]))
+        b = run_one(plain, req(plain, prompt + [5, 6, 7]))
+        # the store's 4 blocks and, from the first request's kept cache, the rest of its prompt
+        assert (a.lookup.matched_tokens, a.cached_tokens, b.cached_tokens) == (64, 70, 0)
+        assert a.output_tokens == b.output_tokens
+
+    def test_requests_decode_concurrently(self, engine):
+        requests = [req(engine, prompt_of(30 + 7 * i, seed=10 + i), max_tokens=8) for i in range(3)]
+        for r in requests:
+            engine.submit(r)
+        together = 0
+        finished = {}
+        while engine.busy:
+            out = engine.step()
+            together = max(together, len({d.request_id for d in out.deltas}))
+            finished.update({f.request_id: f for f in out.finished})
+        assert together == 3
+        assert all(len(finished[r.request_id].output_tokens) == 8 for r in requests)
+
+    def test_seeded_sampling_is_reproducible(self, engine):
+        prompt = prompt_of(20, seed=3)
+        a = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=7))
+        b = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=7))
+        c = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=8))
+        assert a.output_tokens == b.output_tokens != c.output_tokens
+
+    def test_stop_string_ends_generation(self, engine):
+        prompt = prompt_of(25, seed=4)
+        full = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=1))
+        stop = full.text[len(full.text) // 2:][:3]
+        assert stop.strip(), full.text
+        cut = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=1, stop=(stop,)))
+        assert cut.finish_reason == "stop"
+        assert stop not in cut.text and full.text.startswith(cut.text)
+        assert len(cut.output_tokens) < 12
+
+    def test_chat_turns_reuse_the_previous_turn(self, engine):
+        messages = [{"role": "system", "content": "orchard apple cache " * 30},
+                    {"role": "user", "content": "first question"}]
+        first = run_one(engine, req(engine, engine.render_chat(messages)))
+        messages += [{"role": "assistant", "content": "a reply"}, {"role": "user", "content": "next"}]
+        second = run_one(engine, req(engine, engine.render_chat(messages)))
+        assert second.cached_tokens >= first.input_tokens - BS
+        assert second.lookup.common_prefix >= first.input_tokens
+
+    def test_tenants_do_not_share(self, engine):
+        prompt = prompt_of(50, seed=5)
+        run_one(engine, req(engine, prompt, tenant="a"))
+        other = run_one(engine, req(engine, prompt, tenant="b"))
+        assert other.cached_tokens == 0 and other.lookup.outcome == LookupOutcome.MISS
+
+    def test_bad_requests_fail_alone(self, engine):
+        good = req(engine, prompt_of(10, seed=6))
+        bad = [
+            (req(engine, []), "prompt is empty"),
+            (req(engine, [1, 32000]), "outside the vocabulary"),
+            (req(engine, [-1]), "outside the vocabulary"),
+            (req(engine, [1, 2], max_tokens=0), "max_tokens must be >= 1"),
+            (req(engine, prompt_of(2000, seed=7), max_tokens=100), "exceeds the model's context"),
+            (GenerateRequest("ns", "tenant", (1, 2), SamplingParams(4)), "Namespace"),
+            (req(engine, [1, 2], temperature=-1.0), "temperature"),
+        ]
+        results = engine.generate([b for b, _ in bad[:3]] + [good] + [b for b, _ in bad[3:]])
+        failures = [r for r in results if isinstance(r, RequestFailed)]
+        assert len(failures) == len(bad)
+        for failure, (_, message) in zip(failures, [m for m in bad]):
+            assert message in failure.error
+        assert isinstance(results[3], GenerateResult) and len(results[3].output_tokens) == 6
+        assert engine.invalidate(Namespace("nobody", "m")) == 0   # held nothing: nothing dropped
+
+    def test_model_directory_errors(self, tmp_path):
+        with pytest.raises(FileNotFoundError, match="orchard model forge"):
+            Engine.open(tmp_path / "missing")
+        broken = tmp_path / "broken"
+        shutil.copytree(tiny_model("llama"), broken)
+        (broken / "model.safetensors").unlink()
+        with pytest.raises(ValueError, match="incomplete: no \\*.safetensors"):
+            Engine.open(broken)
+        (tmp_path / "odd").mkdir()
+        shutil.copy(tiny_model("llama") / "tokenizer.json", tmp_path / "odd")
+        shutil.copy(tiny_model("llama") / "model.safetensors", tmp_path / "odd")
+        (tmp_path / "odd" / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
+        with pytest.raises(ValueError, match="cannot load"):
+            Engine.open(tmp_path / "odd")
+
+    def test_sliding_window_architecture_is_refused(self):
+        with pytest.raises(ValueError, match="RotatingKVCache.*standard KVCache"):
+            Engine.open(tiny_model("llama", sliding=True))
+
+    def test_ttl_events_and_invalidation_through_the_engine(self):
+        clock = Clock()
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, ttl_s=30), clock=clock)
+        prompt = prompt_of(40, seed=9)
+        first = run_one(eng, req(eng, prompt))
+        events = eng.drain_events()
+        assert len(events) == first.written_tokens // BS
+        assert {h.block for h in eng.holdings()} == {e.block for e in events}
+        clock.now = 20
+        again = run_one(eng, req(eng, prompt))  # 2 blocks, and the kept tail up to the last token
+        assert (again.lookup.matched_tokens, again.cached_tokens) == (32, 39)
+        clock.now = 55  # 35 s after the last use
+        expired = run_one(eng, req(eng, prompt))
+        assert expired.cached_tokens == 0 and expired.lookup.outcome == LookupOutcome.MISS
+        assert eng.store_stats().ledger.expirations == len(events)
+        near = run_one(eng, req(eng, prompt[:20] + [7] + prompt[21:]))
+        assert near.lookup.outcome == LookupOutcome.NEAR_MISS
+        # the store's first block, and the kept cache up to where the prompts part
+        assert near.lookup.line() == "common=20 of 40" and near.lookup.matched_tokens == 16
+        assert near.cached_tokens == 20
+        # the prefix's block and both children below it: the prompt's own and the near miss's
+        assert eng.invalidate(eng.namespace("t"), prompt[:16]) == 3
+        assert run_one(eng, req(eng, prompt)).cached_tokens == 0
+
+    def test_more_requests_than_the_batch_holds_all_finish_with_the_same_tokens(self):
+        small = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, max_batch=2))
+        shared = prompt_of(48, seed=12)
+        prompts = [shared + prompt_of(3 + 5 * i, seed=20 + i) for i in range(5)]
+        alone = [run_one(small, req(small, p, max_tokens=4 + i)).output_tokens
+                 for i, p in enumerate(prompts)]
+        small.invalidate(small.namespace("t"))
+        results = small.generate([req(small, p, max_tokens=4 + i) for i, p in enumerate(prompts)])
+        assert [r.output_tokens for r in results] == alone
+        assert [len(r.output_tokens) for r in results] == [4, 5, 6, 7, 8]
+        # the first computes the shared 48 tokens (3 blocks); each sibling reuses all three
+        assert [r.cached_tokens for r in results] == [0, 48, 48, 48, 48]
+
+    def test_abort_stops_a_running_request_and_leaves_the_others_unchanged(self):
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False))
+        prompts = [prompt_of(30 + 9 * i, seed=40 + i) for i in range(3)]
+
+        def batch(tag: str):
+            return [GenerateRequest(f"{tag}{i}", eng.namespace("t"), tuple(p), SamplingParams(12))
+                    for i, p in enumerate(prompts)]
+
+        alone, _ = _drive(eng, batch("a"))
+        tokens, finished = _drive(eng, batch("b"), abort=("b1", 4))
+        assert tokens["b1"] == alone["a1"][:4]  # nothing after the step before the abort
+        assert tokens["b0"] == alone["a0"] and tokens["b2"] == alone["a2"]
+        assert [len(t) for t in alone.values()] == [12, 12, 12]
+        assert set(finished) == {"b0", "b2"}
+        assert not eng.abort("b1") and not eng.abort("nobody")
+
+    def test_abort_of_a_queued_request_runs_nothing_and_frees_its_id(self):
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS))
+        first, second = (req(eng, prompt_of(20, seed=50 + i), max_tokens=3) for i in range(2))
+        eng.submit(first)
+        eng.submit(second)
+        assert eng.abort(second.request_id)
+        tokens = {}
+        while eng.busy:
+            for d in eng.step().deltas:
+                tokens.setdefault(d.request_id, []).append(d.token)
+        assert list(tokens) == [first.request_id] and len(tokens[first.request_id]) == 3
+        eng.submit(second)  # its id is free again
+        assert eng.abort(second.request_id) and not eng.busy
+
+    def test_chunked_prefill_gives_the_same_tokens_and_logprobs(self):
+        whole = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False))
+        chunked = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False,
+                                                                prefill_budget=16))
+        prompt = prompt_of(100, seed=60)
+        runs = []
+        for eng in (whole, chunked):
+            eng.submit(req(eng, prompt, max_tokens=8))
+            steps, deltas = [], []
+            while eng.busy:
+                out = eng.step()
+                steps.append(len(out.deltas))
+                deltas += out.deltas
+            assert len(deltas) == 8
+            runs.append(deltas)
+        assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
+        assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
+        # 100 tokens in chunks of 16: the 7th step runs the last 4 and gives the first token
+        assert steps[:7] == [0, 0, 0, 0, 0, 0, 1]
+
+    @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+    def test_the_vocabulary_projection_of_the_body_is_the_models_output(self, arch):
+        loaded = open_model_dir(tiny_model(arch))
+        tokens = mx.array([prompt_of(12, seed=70)])
+        whole = loaded.model(tokens)
+        assert loaded.head is not None
+        assert float(mx.abs(loaded.head(loaded.body(tokens)) - whole).max()) == 0.0
+        # an architecture not known to end at the projection: no head, the whole model instead
+        other = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
+        assert other.head is None
+
+    @pytest.mark.parametrize("budget", [512, 16])
+    def test_a_last_token_in_the_chunk_and_one_on_its_own_give_the_same_tokens(self, budget):
+        loaded = open_model_dir(tiny_model("llama"))
+        apart = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
+        config = EngineConfig(block_size=BS, prefill_budget=budget)
+        runs = []
+        for model in (loaded, apart):
+            eng = Engine(model, config, Clock(), lambda: 0)
+            eng.submit(req(eng, prompt_of(100, seed=71), max_tokens=6))
+            deltas = []
+            while eng.busy:
+                deltas += eng.step().deltas
+            runs.append(deltas)
+        assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
+        assert len(runs[0]) == 6
+        assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
+
+    def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills(self):
+        # a stall bound this loose leaves the budget at its ceiling, 16 tokens a step, once a pass
+        # beside decodes was measured; the first one has nothing measured: the floor, 4 tokens
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=16,
+                                                            decode_stall=1e6))
+        short = [req(eng, prompt_of(8, seed=61 + i), max_tokens=60) for i in range(2)]
+        for r in short:
+            eng.submit(r)
+        assert {d.request_id for d in eng.step().deltas} == {r.request_id for r in short}
+        assert not eng.step().deltas  # joining the batch: mlx-lm computes their next token ahead
+        long = req(eng, prompt_of(300, seed=63), max_tokens=2)
+        eng.submit(long)
+        per_step = []
+        while True:
+            out = eng.step()
+            per_step.append({d.request_id for d in out.deltas})
+            if long.request_id in per_step[-1]:
+                break
+        # 300 tokens, 4 then 16 a step: 20 steps, and the running pair decodes in every one
+        assert len(per_step) == 20
+        assert all({r.request_id for r in short} <= got for got in per_step)
+        while eng.busy:
+            eng.step()
+
+    @pytest.mark.parametrize("batch, steps", [
+        ((True, True), 19),    # only batch decodes: the whole budget, 16 a step
+        ((True, False), 75),   # one interactive decode: bounded, the floor of 4 a step
+        ((False, False), 75),
+    ])
+    def test_only_interactive_decodes_bound_the_prefill_of_a_long_prompt(self, batch, steps):
+        # a stall bound this tight leaves the bounded budget at its floor, 4 tokens a step
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=16,
+                                                            decode_stall=1.0001))
+        running = [dataclasses.replace(req(eng, prompt_of(8, seed=66 + i), max_tokens=200),
+                                       batch=b) for i, b in enumerate(batch)]
+        for r in running:
+            eng.submit(r)
+        eng.step()
+        eng.step()  # both decoding now
+        long = dataclasses.replace(req(eng, prompt_of(300, seed=68), max_tokens=2), batch=True)
+        eng.submit(long)
+        taken = 0
+        while True:
+            taken += 1
+            if long.request_id in {d.request_id for d in eng.step().deltas}:
+                break
+        # 300 tokens: 18 x 16 + 12 in 19 steps, or 75 x 4 in 75
+        assert taken == steps
+        for r in running:
+            eng.abort(r.request_id)
+        while eng.busy:
+            eng.step()
+
+    def test_a_job_sharing_a_first_block_waits_and_reuses_the_older_ones_prompt(self):
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS))
+        shared = prompt_of(40, seed=64)
+        a, b = (req(eng, shared + prompt_of(5, seed=65 + i)) for i in range(2))
+        ra, rb = eng.generate([a, b])
+        assert (ra.cached_tokens, rb.cached_tokens) == (0, 32)
+        # a stores 2 blocks of its prompt, then a third at the finish (45 + 5 tokens cached);
+        # b stores only its own third block
+        assert (ra.written_tokens, rb.written_tokens) == (48, 16)
+
+    def test_abort_during_prefill_keeps_the_completed_blocks(self):
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=16))
+        long = req(eng, prompt_of(200, seed=66))
+        eng.submit(long)
+        for _ in range(3):
+            assert not eng.step().deltas
+        assert eng.abort(long.request_id) and not eng.busy
+        assert eng.step().deltas == ()
+        assert eng.store_stats().ledger.tokens == 48  # three chunks of 16, one block each
+
+
+SCHEMA = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+          "required": ["kind", "n"], "additionalProperties": False}
+
+FORMAT = ResponseFormat("json_schema", json.dumps(SCHEMA, sort_keys=True), strict=True)
+
+PROMPT_A = tuple(range(100, 140))
+
+PROMPT_B = tuple(range(300, 350))
+
+NAMESPACE = Namespace("t", "llama")
+
+@pytest.fixture(scope="module")
+def engine_outputs() -> Engine:
+    return Engine.open(tiny_model(), EngineConfig(block_size=16, max_batch=4))
+
+def request(rid: str, prompt, max_tokens: int = 40, **sampling) -> GenerateRequest:
+    return GenerateRequest(rid, NAMESPACE, tuple(prompt),
+                           SamplingParams(max_tokens=max_tokens, **sampling))
+
+def run(engine_outputs: Engine, *requests: GenerateRequest) -> list[GenerateResult]:
+    results = engine_outputs.generate(list(requests))
+    assert all(isinstance(r, GenerateResult) for r in results), results
+    return results
+
+def recompute(engine_outputs: Engine, prompt, output) -> list[mx.array]:
+    """Log-softmax rows for each output position, teacher-forced, one pass, no cache reuse."""
+    model = engine_outputs._m.model
+    tokens = list(prompt) + list(output)
+    cache = [KVCache() for _ in range(engine_outputs.kv_shape.layers)]
+    logits = model(mx.array([tokens]), cache=cache)[0]
+    rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    return [rows[len(prompt) - 1 + i] for i in range(len(output))]
+
+class TestStructuredOutputs:
+    def test_a_constrained_row_beside_a_free_one(self, engine_outputs):
+        engine_outputs = Engine.open(tiny_model(), EngineConfig(block_size=16, max_batch=4))
+        alone = run(engine_outputs, request("free0", PROMPT_B))[0]
+        engine_outputs = Engine.open(tiny_model(), EngineConfig(block_size=16, max_batch=4))
+        constrained, free = run(engine_outputs, request("json1", PROMPT_A, response_format=FORMAT),
+                                request("free1", PROMPT_B))
+        assert free.output_tokens == alone.output_tokens  # its row was never masked
+        assert constrained.finish_reason == "stop"
+        jsonschema.validate(json.loads(constrained.text), SCHEMA)
+
+    def test_sampled_constrained_outputs_validate(self, engine_outputs):
+        results = run(engine_outputs, *(request(f"s{i}", PROMPT_A, response_format=FORMAT,
+                                        temperature=1.0, seed=i) for i in range(4)))
+        for r in results:
+            assert r.finish_reason == "stop"
+            jsonschema.validate(json.loads(r.text), SCHEMA)
+
+    def test_max_tokens_before_the_grammar_completes_is_length(self, engine_outputs):
+        (r,) = run(engine_outputs, request("short", PROMPT_A, max_tokens=3, response_format=FORMAT))
+        assert r.finish_reason == "length" and len(r.output_tokens) == 3
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(r.text)
+
+    def test_an_uncompilable_format_is_refused_before_it_runs(self, engine_outputs):
+        bad = ResponseFormat("json_schema", json.dumps({"type": "frobnicate"}))
+        (failed,) = engine_outputs.generate([request("bad", PROMPT_A, response_format=bad)])
+        assert "response_format.json_schema.schema: Invalid type: frobnicate" in failed.error
+
+class TestLogprobs:
+    def test_free_logprobs_equal_a_recompute(self, engine_outputs):
+        (r,) = run(engine_outputs, request("lp", PROMPT_A, max_tokens=8, logprobs=5))
+        rows = recompute(engine_outputs, PROMPT_A, r.output_tokens)
+        assert [t.token for t in r.logprobs] == list(r.output_tokens)
+        for got, row in zip(r.logprobs, rows):
+            assert abs(got.logprob - row[got.token].item()) <= 1e-4
+            assert len(got.top) == 5 and got.top[0][0] == got.token  # greedy: the likeliest
+            values = [v for _, v in got.top]
+            assert values == sorted(values, reverse=True)
+            for token, value in got.top:
+                assert abs(value - row[token].item()) <= 1e-4
+
+    def test_constrained_logprobs_are_the_models_before_the_mask(self, engine_outputs):
+        (r,) = run(engine_outputs, request("lpj", PROMPT_A, response_format=FORMAT, logprobs=2))
+        rows = recompute(engine_outputs, PROMPT_A, r.output_tokens)
+        assert len(r.logprobs) == len(r.output_tokens)
+        for got, row in zip(r.logprobs, rows):
+            assert abs(got.logprob - row[got.token].item()) <= 1e-4
+            likeliest = int(mx.argmax(row).item())
+            assert got.top[0][0] == likeliest  # the unmasked favourite, allowed or not
+
+    def test_no_logprobs_unless_asked(self, engine_outputs):
+        (r,) = run(engine_outputs, request("none", PROMPT_A, max_tokens=3))
+        assert r.logprobs == ()

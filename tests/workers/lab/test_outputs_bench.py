@@ -1,0 +1,26 @@
+"""``orchard bench outputs`` runs end to end on a small model and prints the figures the
+checks read (the figures themselves are measured on an idle machine, not asserted here)."""
+from __future__ import annotations
+
+import json
+
+from cluster.cli import main
+from tests.support.forged_models import tiny_model
+
+KEYS = {"json_schema_wall_ratio", "json_schema_valid_share", "logprobs_wall_ratio",
+        "mask_share_of_step", "tpot_ratio", "compile_ms", "load_average"}
+
+
+def test_the_bench_prints_its_figures(capsys):
+    assert main(["bench", "outputs", "--model", str(tiny_model()), "--requests", "3",
+                 "--rounds", "1", "--max-tokens", "40", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert KEYS <= set(figures)
+    assert figures["requests"] == 3 and figures["max_tokens"] == 40
+    assert 0.0 <= figures["json_schema_valid_share"] <= 1.0
+    assert figures["json_wall_s"] > 0 and figures["free_output_tokens"] > 0
+
+
+def test_bad_arguments_are_refused(capsys):
+    assert main(["bench", "outputs", "--requests", "0"]) != 0
+    assert "--requests, --max-tokens and --rounds must each be >= 1" in capsys.readouterr().err

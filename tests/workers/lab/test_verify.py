@@ -1,0 +1,60 @@
+"""``orchard verify``: passes on standard-cache models, fails on a wrong reuse, refuses the rest."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import workers  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+
+from cluster.cli import main
+from tests.support.forged_models import tiny_model
+from workers.engine.kept import KeptCaches
+from workers.cache.store import PrefixStore
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_verify_passes(arch, capsys):
+    assert main(["verify", "--model", str(tiny_model(arch)), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] and report["greedy_token_agreement"] == 1.0
+    assert report["max_abs_logit_diff"] <= 1e-4
+    assert len(report["cases"]) == 6
+    assert report["cases"][5]["name"] == "next turns extend the kept cache"
+    assert all(c["cached_tokens"] > 0 for c in report["cases"])
+
+
+def test_verify_catches_a_wrong_reuse(monkeypatch, capsys):
+    assemble = PrefixStore._assemble
+
+    def off_by_a_little(self, hashes, tokens):
+        caches = assemble(self, hashes, tokens)
+        for c in caches:
+            c.keys = c.keys + 1e-2
+        mx.eval([c.keys for c in caches])
+        return caches
+
+    monkeypatch.setattr(PrefixStore, "_assemble", off_by_a_little)
+    assert main(["verify", "--model", str(tiny_model("llama"))]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_verify_catches_a_wrong_kept_cache(monkeypatch, capsys):
+    take = KeptCaches.take
+
+    def off_by_a_little(self, namespace, prompt, tokens, block_size=1):
+        taken = take(self, namespace, prompt, tokens, block_size)
+        for c in taken[0] if taken else ():
+            c.keys = c.keys + 1e-2
+        return taken
+
+    monkeypatch.setattr(KeptCaches, "take", off_by_a_little)
+    assert main(["verify", "--model", str(tiny_model("llama")), "--json"]) == 1
+    cases = json.loads(capsys.readouterr().out)["cases"]
+    assert [c["name"] for c in cases if not c["passed"]] == ["next turns extend the kept cache"]
+
+
+def test_verify_refuses_unsupported_caches(capsys):
+    assert main(["verify", "--model", str(tiny_model("llama", sliding=True))]) == 2
+    assert "RotatingKVCache" in capsys.readouterr().err
