@@ -64,8 +64,8 @@ def child(directory: str) -> None:
 
 def test_blocks_torn_by_a_kill_are_dropped_and_the_rest_served(tmp_path):
     directory = tmp_path / "w0"
-    proc = subprocess.Popen([sys.executable, __file__, str(directory)],
-                            cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.workers.cache.test_disk_kill",
+                             str(directory)], cwd=REPO)  # from the root: ``tests`` imports
     try:
         deadline = time.monotonic() + 120
         while len(list(directory.glob(f"*/*{SUFFIX}"))) < 12:
