@@ -120,15 +120,30 @@ class BlockIdentity:
     tokens: tuple[int, ...]
 
 
+class ChainIdentities:
+    """The identities of a chain's blocks over ``tokens``, each made when asked: a write that
+    stores only a long prompt's last blocks builds only theirs."""
+
+    def __init__(self, namespace: Namespace, hashes: Sequence[BlockHash],
+                 tokens: Sequence[int], block_size: int) -> None:
+        self._label, self._root = namespace.label(), namespace.root()
+        self._hashes, self._tokens, self._bs = hashes, tokens, block_size
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def __getitem__(self, i: int) -> BlockIdentity:
+        bs = self._bs
+        return BlockIdentity(self._label, self._hashes[i - 1] if i else self._root, i,
+                             tuple(self._tokens[i * bs:(i + 1) * bs]))
+
+
 def identities(namespace: Namespace, hashes: Sequence[BlockHash], tokens: Sequence[int],
                block_size: int, start: int = 0, stop: int | None = None
                ) -> list[BlockIdentity]:
     """The identities of blocks ``start`` to ``stop`` of a chain over ``tokens``."""
-    stop = len(hashes) if stop is None else stop
-    label, root = namespace.label(), namespace.root()
-    return [BlockIdentity(label, hashes[i - 1] if i else root, i,
-                          tuple(tokens[i * block_size:(i + 1) * block_size]))
-            for i in range(start, stop)]
+    chain = ChainIdentities(namespace, hashes, tokens, block_size)
+    return [chain[i] for i in range(start, len(hashes) if stop is None else stop)]
 
 
 class CacheSecret:

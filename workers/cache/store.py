@@ -51,8 +51,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from router.kv.events import BlockEvent
-from router.kv.key import (BlockHash, BlockIdentity, Hasher, Namespace, hash_blocks, identities,
-                        reusable_tokens)
+from router.kv.key import (BlockHash, BlockIdentity, ChainIdentities, Hasher, Namespace,
+                        hash_blocks, identities, reusable_tokens)
 from router.kv.ledger import (DEFAULT_EVICTION, BlockLedger, Eviction, Holding, LedgerEvent,
                            LedgerStats, RemovalReason)
 from workers.cache.disk_files import BlockData, BlockRecord
@@ -255,7 +255,7 @@ class PrefixStore:
         held = cache[0].offset if cache else 0
         usable = min(len(tokens), held) // bs * bs
         hashes = self._hash(tokens[:usable], bs, namespace)
-        want = identities(namespace, hashes, tokens, bs)
+        want = ChainIdentities(namespace, hashes, tokens, bs)
         new = self.ledger.insert(hashes, bs, namespace.label(), namespace.root())
         first = hashes.index(new[0]) if new else self._chain_in_memory(hashes, want)
         slices = BlockSlices(cache, bs)
@@ -266,17 +266,17 @@ class PrefixStore:
         spilled = self._overflow(hashes, want, first + len(new), slices)
         return (len(new) + spilled) * bs
 
-    def _chain_in_memory(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity]) -> int:
+    def _chain_in_memory(self, hashes: Sequence[BlockHash], want: ChainIdentities) -> int:
         """How many leading blocks of the chain memory holds as these very blocks."""
         n = 0
-        for h, identity in zip(hashes, want):
+        for i, h in enumerate(hashes):
             block = self._blocks.get(h)
-            if block is None or block.identity != identity:
+            if block is None or block.identity != want[i]:
                 break
             n += 1
         return n
 
-    def _overflow(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity], start: int,
+    def _overflow(self, hashes: Sequence[BlockHash], want: ChainIdentities, start: int,
                   slices: BlockSlices) -> int:
         """Write blocks ``start`` on, which memory had no room for, to the disk tier; how many."""
         disk = self.disk

@@ -86,6 +86,17 @@ def _generate(backend, loop, rid, prompt, max_tokens=4, tenant="t"):
     return loop.run(backend.generate(*_request(backend, rid, prompt, max_tokens, tenant)))
 
 
+
+def _replaced_as_dead(backend, loop, victim, replaced: int, within_s: float) -> None:
+    """The pool replaced ``victim`` (bounded wait), which is listed dead beside two ready."""
+    deadline = time.monotonic() + within_s
+    while backend.pool.replaced == replaced and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert backend.pool.replaced == replaced + 1
+    states = {w.worker_id: w.state for w in loop.run(backend.workers())}
+    assert states[victim.worker_id] == "dead"
+    assert sum(1 for s in states.values() if s == "ready") == 2
+
 def test_workers_start_on_node_slots_with_openblas(cluster):
     backend, loop = cluster
     workers = loop.run(backend.workers())
@@ -176,13 +187,7 @@ def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     later = _generate(backend, loop, "after-kill", _prompt(50))
     assert victim.worker_id not in {c.worker_id for c in later.decision.candidates}, \
         "the router must forget a dead worker"
-    deadline = time.monotonic() + 120
-    while backend.pool.replaced == replaced and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert backend.pool.replaced == replaced + 1
-    states = {w.worker_id: w.state for w in loop.run(backend.workers())}
-    assert states[victim.worker_id] == "dead"
-    assert sum(1 for s in states.values() if s == "ready") == 2
+    _replaced_as_dead(backend, loop, victim, replaced, within_s=120)
 
 
 def test_an_idle_worker_that_dies_is_noticed_and_replaced_without_a_request(cluster):
@@ -190,13 +195,7 @@ def test_an_idle_worker_that_dies_is_noticed_and_replaced_without_a_request(clus
     victim = backend.pool.ready()[-1]
     replaced = backend.pool.replaced
     os.kill(victim.hello.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while backend.pool.replaced == replaced and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert backend.pool.replaced == replaced + 1
-    states = {w.worker_id: w.state for w in loop.run(backend.workers())}
-    assert states[victim.worker_id] == "dead"
-    assert sum(1 for s in states.values() if s == "ready") == 2
+    _replaced_as_dead(backend, loop, victim, replaced, within_s=60)
 
 
 def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
