@@ -68,6 +68,7 @@ import time
 import grpc
 from cluster.api.client import OrchardError, token_request
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
+from tests.support.requests import generate_request
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 
@@ -194,9 +195,6 @@ def _runner_paths(store, backend, timeout_s: float = 10.0, tracing=None, concurr
                                   max_pending_total=1000, request_timeout_s=timeout_s),
                      namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK, tracing=tracing)
 
-def _request(rid: str, prompt: tuple[int, ...], max_tokens: int) -> GenerateRequest:
-    return GenerateRequest(rid, NS, prompt, SamplingParams(max_tokens=max_tokens))
-
 async def _backend_paths() -> LocalBackend:
     backend = LocalBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
     await backend.start()
@@ -252,7 +250,7 @@ class TestPaths:
             loop = asyncio.get_running_loop()
             start = loop.time()
             with pytest.raises(NoWorkerAvailable):
-                await dispatch(backend, _request("a", (1, 2, 3), 1), (), 2.0)
+                await dispatch(backend, generate_request("a", (1, 2, 3), 1, ns=NS), (), 2.0)
             took = loop.time() - start
             # tries at 0, 0.05, 0.15, 0.35, 0.85 and 1.85 s; the next pause (1 s) passes the
             # deadline, so it gives up at once rather than sleep past it
@@ -260,7 +258,7 @@ class TestPaths:
             await backend.scale(1)     # a worker joins during the backoff: the request runs there
             await backend.drain("local-1")
             backend.calls = 0
-            waiting = asyncio.ensure_future(dispatch(backend, _request("b", (1, 2, 3), 2), (), 10.0))
+            waiting = asyncio.ensure_future(dispatch(backend, generate_request("b", (1, 2, 3), 2, ns=NS), (), 10.0))
             await asyncio.sleep(0.2)   # tried at 0, 0.05 and 0.15 s
             assert backend.calls == 3
             await backend.scale(1)
@@ -275,7 +273,7 @@ class TestPaths:
             loop = asyncio.get_running_loop()
             start = loop.time()
             call = asyncio.ensure_future(
-                dispatch(SilentBackend(), _request("x", (1, 2, 3), 1), (), 0.05))
+                dispatch(SilentBackend(), generate_request("x", (1, 2, 3), 1, ns=NS), (), 0.05))
             await within(call.done, 0.5, "a request with a 0.05 s deadline ended")
             with pytest.raises(TimeoutError):
                 await call
@@ -286,13 +284,13 @@ class TestPaths:
     def test_a_stream_yields_chunks_then_its_outcome_and_stops_at_its_deadline(self):
         async def scenario() -> None:
             backend = await _backend_paths()
-            items = [i async for i in dispatch_stream(backend, _request("s", (5, 6, 7), 3), (), 10.0)]
+            items = [i async for i in dispatch_stream(backend, generate_request("s", (5, 6, 7), 3, ns=NS), (), 10.0)]
             chunks, outcome = items[:-1], items[-1]
             assert {type(c) for c in chunks} == {TokenChunk} and type(outcome) is GenerateOutcome
             assert outcome.result.output_tokens == tuple(t for c in chunks for t in c.token_ids)
             assert len(outcome.result.output_tokens) == 3
             with pytest.raises(TimeoutError):
-                async for _ in dispatch_stream(backend, _request("t", (5, 6, 7), 1500), (), 0.3):
+                async for _ in dispatch_stream(backend, generate_request("t", (5, 6, 7), 1500, ns=NS), (), 0.3):
                     pass
             engine_busy = await backend.runtime.call("local-0", lambda engine: engine.busy)
             assert engine_busy is False   # closed at the deadline: aborted on the worker
@@ -304,7 +302,7 @@ class TestPaths:
         async def scenario() -> None:
             backend = await _backend_paths()
             prompt = tuple(range(40, 40 + 2 * BLOCK + 3))
-            outcome = await dispatch(backend, _request("x", prompt, 3),
+            outcome = await dispatch(backend, generate_request("x", prompt, 3, ns=NS),
                                      hash_blocks(prompt, BLOCK, NS), 10.0)
             r = outcome.result
             stored = result_of(7, "conv-7", outcome)
