@@ -39,7 +39,6 @@ from router.cost import load_price_table
 from router.kv.key import BlockHash, hash_blocks
 from workers.messages import GenerateRequest
 from workers.model.model_import import read_provenance
-from workers.model.model_import import read_provenance
 
 log = logging.getLogger("orchard.telemetry")
 MAX_JOB_CONTEXTS = 10_000
@@ -59,6 +58,11 @@ class RequestTrace:
         """The request ended without a result: mark its span as an error."""
         if self._span is not None:
             spans.record_failure(self._span, code, message)
+
+    def disconnected(self, input_tokens: int) -> None:
+        """The caller went away before the result: the span keeps the prompt's size."""
+        if self._span is not None:
+            spans.record_disconnect(self._span, input_tokens)
 
     def done(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
              outcome: Any) -> Observed | None:
