@@ -3,6 +3,8 @@ read back with ``prometheus_client``'s own text parser; exact values throughout.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,6 +13,10 @@ from cluster.telemetry.prometheus import (RouteOutcome, ScrapeState, ServedReque
                                           ServingMetrics, TierUsage, WorkerSnapshot,
                                           default_status)
 from router.cost import TokenUsage
+from tests.support.paths import REPO
+
+DASHBOARD = REPO / "infra" / "grafana" / "orchard.json"
+API_DOC = REPO / "docs" / "api.md"
 
 
 def samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -142,3 +148,61 @@ class TestServingMetrics:
     (RuntimeError("x"), "INTERNAL")])
 def test_default_status(exc, status):
     assert default_status(exc) == status
+
+
+def exported() -> dict[str, tuple[str, frozenset[str]]]:
+    """Every metric a scrape can hold, as PromQL names it (a counter with ``_total``, a
+    histogram by its base name): ``{name: (type, labels)}``, from a scrape with one of each."""
+    metrics = ServingMetrics(lambda usage: 1.0)
+    metrics.served(served(usage=TokenUsage(40, 32, 0)))
+    metrics.finished("acme", "CANCELLED")
+    state = ScrapeState({"acme": 1}, {"acme": 1}, {"queued": 1},
+                        [WorkerSnapshot("w0", 1, TierUsage(1, 1, 2), TierUsage(1, 1, 2), 0, 0)])
+    found = {}
+    for family in text_string_to_metric_families(metrics.render(state)[0].decode()):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = frozenset(k for s in family.samples for k in s.labels if k != "le")
+        found[name] = (family.type, labels)
+    return found
+
+
+def promql_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (a histogram's series by its base name)."""
+    return {re.sub(r"_(bucket|sum|count)$", "", name)
+            for name in re.findall(r"\b(orchard_\w+)", expr)}
+
+
+class TestGrafanaDashboard:
+    def targets(self) -> list[str]:
+        dashboard = json.loads(DASHBOARD.read_text())
+        return [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+
+    def test_every_expression_names_only_metrics_the_endpoint_exports(self):
+        names = exported()
+        for expr in self.targets():
+            assert promql_names(expr), f"{expr!r} reads no orchard metric"
+            assert promql_names(expr) <= set(names), expr
+
+    def test_every_exported_metric_has_a_panel(self):
+        shown = set().union(*(promql_names(e) for e in self.targets()))
+        assert shown == set(exported())
+
+    def test_the_check_catches_a_misspelt_name(self):
+        assert promql_names("sum(rate(orchard_request_finished_total[5m]))") - set(exported()) \
+            == {"orchard_request_finished_total"}
+        assert promql_names("histogram_quantile(0.9, rate(orchard_e2e_request_latency_seconds_"
+                            "bucket[5m]))") == {"orchard_e2e_request_latency_seconds"}
+
+
+class TestDocumented:
+    def documented(self) -> dict[str, tuple[str, frozenset[str]]]:
+        """docs/api.md's metric table: ``| `name` | type | `label`, ... | meaning |``."""
+        text = API_DOC.read_text()
+        start = text.index("\n## Prometheus metrics\n")
+        section = text[start:text.find("\n## ", start + 1)]
+        rows = re.findall(r"^\| `(orchard_\w+)` \| (\w+) \| ([^|]*) \|", section, re.MULTILINE)
+        return {name: (kind, frozenset(re.findall(r"`(\w+)`", labels)))
+                for name, kind, labels in rows}
+
+    def test_every_metric_is_documented_with_its_type_and_labels(self):
+        assert self.documented() == exported()
