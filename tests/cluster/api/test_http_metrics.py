@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from urllib.parse import urlsplit
 
 import pytest
@@ -158,3 +159,23 @@ class TestWhoMayRead:
         assert urlsplit(address).hostname == "127.0.0.1"
         assert get(address, "/metrics")[0] == 200
         assert get(address, "/v1/models", "key-acme")[0] == 404
+
+
+class TestSettings:
+    def test_metrics_off_on_the_http_port_is_not_found_there(self, tmp_path):
+        (tmp_path / "orchard.toml").write_text(TWO_TENANTS_CONFIG + "[metrics]\nhttp = false\n")
+        with running_frontend(tmp_path, tiny_model(), workers=1) as off:
+            assert addresses(off)["metrics_address"] == ""
+            assert get(addresses(off)["http_address"], "/metrics", "key-admin")[0] == 404
+
+    def test_a_dedicated_port_in_use_is_refused_naming_the_setting(self, tmp_path):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            (tmp_path / "orchard.toml").write_text(
+                TWO_TENANTS_CONFIG + f"[metrics]\ndedicated = true\nport = {port}\n")
+            with pytest.raises(ValueError, match=rf"cannot bind \[metrics\] port to "
+                                                 rf"127.0.0.1:{port} .*\[metrics\] port = 0"):
+                with running_frontend(tmp_path, tiny_model(), workers=1):
+                    pass
