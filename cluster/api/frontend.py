@@ -14,7 +14,8 @@ Both bind ``[frontend] host``: loopback as it is, any other address with TLS onl
 (``cluster.tls``).
 
 ``serve`` opens the job store in the run directory, resumes its unfinished jobs, binds, and
-writes ``frontend.json`` (address, pid, tls, http_address, metrics_address) there so that clients on this machine find it.
+writes ``frontend.json`` (address, pid, tls, http_address, metrics_address) there so that
+clients on this machine find it.
 ``orchard up`` calls it with a RayBackend; tests and ``python -m cluster.api.frontend`` with a
 ``LocalBackend``. ``Frontend.stop`` stops serving, then the job runner; the backend belongs to
 the caller.

@@ -158,7 +158,8 @@ class TestRequestMetrics:
         tracing, clock = self.tracing(tmp_path)
         sampling = SamplingParams(4)
         served = result("r1", 40, 32, 0, "w0", LookupOutcome.HIT)
-        request = GenerateRequest("r1", Namespace("acme", "llama"), tuple(range(40)), sampling)
+        request = GenerateRequest("r1", Namespace("acme", "llama"), tuple(range(40)),
+                                  sampling)
         with pytest.raises(GeneratorExit):  # the caller stopped reading after the result
             with tracing.request("acme", "r1", "", "", sampling) as trace:
                 clock.now += 0.25
