@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
+from cluster.telemetry.metrics import LATENCY_BUCKETS
 from router.cost import TokenUsage
 from router.kv.key import reusable_tokens
 
@@ -52,8 +53,6 @@ from router.kv.key import reusable_tokens
 # dashboards never read; vLLM turns them off too). The library's switch is process-wide.
 disable_created_metrics()
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                   60.0, 120.0, 300.0)
 TIERS = ("memory", "disk")
 
 
