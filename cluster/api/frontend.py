@@ -179,7 +179,7 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     port = _bind(server, config, tls)
     await server.start()
     http, batches, metrics_http = None, None, None
-    scrape = MetricsEndpoint(tracing.metrics, runner, store, backend, tenants, auth)
+    scrape = MetricsEndpoint(tracing.metrics, runner, store, backend, tenants)
     try:
         if config.http.enabled:
             http, batches = await _serve_http(config, auth, work, store, runner,

@@ -71,7 +71,7 @@ class HttpApi:
                   Route(shapes.COMPLETIONS, openai_errors(self.completions), methods=["POST"]),
                   *self._batches.routes()]
         if self._metrics is not None:
-            routes.append(self._metrics.with_auth(self._auth).route())
+            routes.append(self._metrics.route(self._auth))
         json_cap = BodyCap(limits.max_body_bytes, "[http] max_body_bytes",
                            "send a smaller request")
         return RequestGuard(Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS),

@@ -40,24 +40,29 @@ def snapshot_of(info: WorkerInfo) -> WorkerSnapshot:
 
 
 class MetricsEndpoint:
-    """The scrape handler over the frontend's owners; ``auth`` None: no key asked."""
+    """The scrape over the frontend's owners; ``route(auth)`` serves it with or without a key."""
 
     def __init__(self, metrics: ServingMetrics, runner: JobRunner, store: JobStore,
-                 backend: Backend, tenants: Sequence[str],
-                 auth: Authenticator | None) -> None:
+                 backend: Backend, tenants: Sequence[str]) -> None:
         self._metrics = metrics
         self._runner = runner
         self._store = store
         self._backend = backend
         self._tenants = tuple(tenants)
-        self._auth = auth
 
-    def with_auth(self, auth: Authenticator | None) -> MetricsEndpoint:
-        return MetricsEndpoint(self._metrics, self._runner, self._store, self._backend,
-                               self._tenants, auth)
-
-    def route(self) -> Route:
-        return Route(PATH, openai_errors(self.scrape), methods=["GET"])
+    def route(self, auth: Authenticator | None) -> Route:
+        """``GET /metrics``, asking for an admin key when ``auth`` is given."""
+        async def scrape(request: Request) -> Response:
+            if auth is not None:
+                header = request.headers.get("authorization")
+                if not header:
+                    raise Unauthenticated("authorization: missing; /metrics on the HTTP port "
+                                          "needs 'Authorization: Bearer <admin key>'")
+                auth.admin_of(bearer_token(header))
+            body, content_type = self._metrics.render(await self.state(),
+                                                      request.headers.get("accept"))
+            return Response(body, media_type=content_type)
+        return Route(PATH, openai_errors(scrape), methods=["GET"])
 
     async def state(self) -> ScrapeState:
         workers = await self._backend.workers()
@@ -67,21 +72,9 @@ class MetricsEndpoint:
             workers=[snapshot_of(w) for w in workers if w.state != "dead"],
             tenants=self._tenants)
 
-    async def scrape(self, request: Request) -> Response:
-        if self._auth is not None:
-            header = request.headers.get("authorization")
-            if not header:
-                raise Unauthenticated("authorization: missing; /metrics on the HTTP port "
-                                      "needs 'Authorization: Bearer <admin key>'")
-            self._auth.admin_of(bearer_token(header))
-        body, content_type = self._metrics.render(await self.state(),
-                                                  request.headers.get("accept"))
-        return Response(body, media_type=content_type)
-
 
 def dedicated_app(endpoint: MetricsEndpoint, limits: HttpLimits) -> RequestGuard:
     """The dedicated port's app: ``GET /metrics`` alone, without a key."""
-    app = Starlette(routes=[endpoint.with_auth(None).route()],
-                    exception_handlers=EXCEPTION_HANDLERS)
+    app = Starlette(routes=[endpoint.route(None)], exception_handlers=EXCEPTION_HANDLERS)
     return RequestGuard(app, BodyCap(limits.max_body_bytes, "[http] max_body_bytes",
                                      "a scrape has no body"), limits.body_timeout_s, {})
