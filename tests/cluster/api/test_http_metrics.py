@@ -16,6 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.api.client import chat_request
+from cluster.api.http_metrics import snapshot_of
+from cluster.backend.protocol import WorkerInfo
+from cluster.telemetry.prometheus import TierUsage, WorkerSnapshot
+from workers.messages import DiskTierStats
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import TWO_TENANTS_CONFIG, running_frontend
 
@@ -176,3 +180,15 @@ class TestSettings:
                                                  rf"127.0.0.1:{port} .*\[metrics\] port = 0"):
                 with running_frontend(tmp_path, tiny_model(), workers=1):
                     pass
+
+
+def test_a_workers_stats_narrow_to_its_snapshot_with_both_tiers():
+    disk = DiskTierStats(blocks=7, bytes=7000, capacity_bytes=1 << 20, free_bytes=None,
+                         corrupt=0, torn=0, outdated=0, full=False)
+    info = WorkerInfo("w3", "node", "ready", running=2, queued_tokens=5, cache_bytes=300,
+                      cache_capacity_bytes=4096, cache_blocks=3, hit_ratio=0.5,
+                      requests_served=9, evictions=4, expirations=1, disk=disk)
+    assert snapshot_of(info) == WorkerSnapshot("w3", 2, TierUsage(300, 3, 4096),
+                                               TierUsage(7000, 7, 1 << 20), 4, 1)
+    memory_only = snapshot_of(WorkerInfo("w4", "node", "ready", 0, 0, 0, 4096, 0, 0.0, 0))
+    assert memory_only.disk is None
