@@ -333,15 +333,11 @@ def _check_http(http: HttpConfig, path: Path) -> None:
 
 
 def _check_metrics(metrics: MetricsConfig, path: Path) -> None:
-    import ipaddress
+    from cluster.tls import is_loopback
 
     if not 0 <= metrics.port < 65536:
         raise ValueError(f"{path}: [metrics] port must be in [0, 65535], got {metrics.port}")
-    try:
-        loopback = metrics.host == "localhost" or ipaddress.ip_address(metrics.host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(metrics.host):
         raise ValueError(f"{path}: [metrics] host must be a loopback address (127.0.0.1 or "
                          f"::1), got {metrics.host!r}: the dedicated port has no key; a "
                          "scraper on another machine reads GET /metrics on the HTTP port "
