@@ -3,7 +3,7 @@ router), scraped over HTTP and read with ``prometheus_client``'s text parser; th
 must equal what the requests' own results say, exactly.
 
 Known requests: a single request over gRPC sent twice (the second reads the first's blocks),
-then a job of two requests (one of them repeating the first prompt's system text).
+then a job of two requests: the same prompt again, and another behind the same system text.
 """
 from __future__ import annotations
 
