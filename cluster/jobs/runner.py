@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from cluster.backend.protocol import Backend, NoWorkerAvailable
 from cluster.jobs.admission import Admission
@@ -118,12 +118,39 @@ class JobRunner:
     # ------------------------------------------------------------ lifecycle
 
     def resume(self) -> list[str]:
-        """Count and relaunch the store's unfinished jobs (after a restart)."""
+        """Count and relaunch the store's unfinished jobs (after a restart, one frontend)."""
         self._admission.reset(self._store.pending_by_tenant())
         jobs = self._store.unfinished_jobs()
         for job in jobs:
             self.launch(job)
         return [job.job_id for job in jobs]
+
+    def adopt(self, jobs: Sequence[JobRecord]) -> list[str]:
+        """Count and launch unfinished ``jobs`` this frontend runs from now on (its lease took
+        them: its own after a restart, or a dead frontend's, ``cluster.jobs.lease``)."""
+        for job in jobs:
+            self._admission.add(job.tenant, job.total - job.completed - job.failed)
+            self.launch(job)
+        return [job.job_id for job in jobs]
+
+    async def abandon(self, job_id: str) -> None:
+        """Stop running ``job_id`` here: another frontend runs it now, or it was cancelled
+        through one. Its requests in flight are unwound; the requests the store still has
+        without a result stop counting here."""
+        task = self._jobs.pop(job_id, None)
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self._running.pop(job_id, None)
+        job = self._store.get_job(job_id)
+        self.release(job.tenant, min(job.total - job.completed - job.failed,
+                                     self.pending().get(job.tenant, 0)))
+        self._notify()
+
+    def running_jobs(self) -> list[str]:
+        """The jobs whose task runs in this runner."""
+        return list(self._jobs)
 
     def launch(self, job: JobRecord) -> None:
         self._jobs[job.job_id] = asyncio.create_task(self._run_job(job), name=job.job_id)
@@ -139,6 +166,9 @@ class JobRunner:
         """Cancel in the store, stop the job's task; its unstarted requests never run."""
         job = self._store.cancel(job_id, tenant)
         task = self._jobs.pop(job_id, None)
+        if task is None and job.owner != self._store.owner:
+            self._notify()  # another frontend runs it: its next lease tick stops it there
+            return job
         if task is not None:
             task.cancel()
         for request_task in self._running.pop(job_id, set()):
