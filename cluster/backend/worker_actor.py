@@ -72,8 +72,14 @@ class EngineWorker:
 
     def __init__(self, worker_id: str, model_dir: str, config: EngineConfig,
                  clock: Callable[[], float] = time.monotonic,
-                 telemetry: TelemetrySettings | None = None) -> None:
+                 telemetry: TelemetrySettings | None = None,
+                 runtime: EngineRuntime | None = None) -> None:
+        """``runtime``: a runtime of the caller's that hosts several workers' engines in one
+        process (one engine thread, as MLX wants: ``orchard bench frontends``); its owner
+        passes each worker's batches to that worker's ``on_events`` and closes it. Without,
+        the worker runs its engine on a runtime of its own (a Ray actor's process)."""
         self._id = worker_id
+        self._shared = runtime
         self._model_dir = model_dir
         self._config = config          # opened with this worker's id (``EngineRuntime.open``)
         self._clock = clock
@@ -99,7 +105,8 @@ class EngineWorker:
                 node_id()))
         if self._runtime is None:
             self._loop = asyncio.get_running_loop()
-            self._runtime = EngineRuntime(self._on_events, self._clock, f"engine-{self._id}")
+            self._runtime = self._shared or EngineRuntime(self.on_events, self._clock,
+                                                          f"engine-{self._id}")
         if self._hello is None:
             engine = await self._runtime.open(self._id, self._model_dir, self._config,
                                               self._clock)
@@ -172,7 +179,7 @@ class EngineWorker:
             await fed.wait()
             await asyncio.sleep(FEED_QUIET_S)
 
-    def _on_events(self, batch: EventBatch) -> None:   # the engine thread
+    def on_events(self, batch: EventBatch) -> None:   # the engine thread
         self._loop.call_soon_threadsafe(self._feed, batch)
 
     def _feed(self, batch: EventBatch) -> None:        # the actor's loop
@@ -219,7 +226,10 @@ class EngineWorker:
             await self._link.close()
             self._link = None
         if self._runtime is not None:
-            await self._runtime.close()
+            if self._shared is None:
+                await self._runtime.close()
+            else:   # its owner closes it; this worker's engine leaves it
+                self._runtime.retire(self._id)
             self._runtime = None
         if self._tel is not None:
             await asyncio.to_thread(self._tel.shutdown)
