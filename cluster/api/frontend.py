@@ -116,14 +116,24 @@ def write_addresses(run_dir: Path, frontend_id: str, record: dict) -> tuple[Path
     default) unless a live frontend other than this process wrote it."""
     own = run_dir / "frontends" / f"{frontend_id}.json"
     own.parent.mkdir(mode=0o700, exist_ok=True)
-    text = json.dumps(record)
-    own.write_text(text)
+    own.write_text(json.dumps(record))
+    return (own, *claim_shared_address(run_dir, record))
+
+
+def claim_shared_address(run_dir: Path, record: dict) -> tuple[Path, ...]:
+    """Write ``frontend.json`` when no other live process holds it (none yet, or its frontend
+    died): clients that read it reach a frontend that serves. At start and at every lease
+    tick."""
     shared = run_dir / ADDRESS_NAME
     holder = _owner_pid(shared)
-    if holder is not None and holder != os.getpid() and _alive(holder):
-        return (own,)
-    shared.write_text(text)
-    return own, shared
+    if holder == os.getpid():
+        return (shared,)
+    if holder is not None and _alive(holder):
+        return ()
+    tmp = shared.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(shared)
+    return (shared,)
 
 
 def _alive(pid: int) -> bool:
@@ -197,19 +207,25 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
         except BaseException:
             await server.stop(0)
             raise
-    frontend = Frontend(server, port, store, runner, health_servicer, (), LeaseKeeper(
-        FrontendLease(config.db_path, frontend_id, clock_ms, round(config.lease_s * 1000)),
-        runner), config.host, http, batches)
-    frontend.keeper.lease.address = frontend.address
+    address = (f"[{config.host}]:{port}" if ":" in config.host else f"{config.host}:{port}")
+    record = {"address": address, "pid": os.getpid(), "tls": tls is not None,
+              "http_address": http.address if http is not None else "",
+              "frontend_id": frontend_id}
+
+    def on_tick() -> None:   # frontend.json again if the frontend that held it died
+        if paths := claim_shared_address(config.run_dir, record):
+            frontend.address_paths = tuple(dict.fromkeys((*frontend.address_paths, *paths)))
+    lease = FrontendLease(config.db_path, frontend_id, clock_ms, round(config.lease_s * 1000),
+                          address)
+    frontend = Frontend(server, port, store, runner, health_servicer, (),
+                        LeaseKeeper(lease, runner, on_tick), config.host, http, batches)
     first = await frontend.keeper.start()
     if first.taken:
         log.info("resumed %d unfinished job(s): %s", len(first.taken),
                  ", ".join(job.job_id for job in first.taken))
     for name in ("", *SERVICES):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    frontend.address_paths = write_addresses(config.run_dir, frontend_id, {
-        "address": frontend.address, "pid": os.getpid(), "tls": tls is not None,
-        "http_address": http.address if http is not None else "", "frontend_id": frontend_id})
+    frontend.address_paths = write_addresses(config.run_dir, frontend_id, record)
     return frontend
 
 

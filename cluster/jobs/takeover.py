@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 from cluster.jobs.lease import FrontendLease, LeaseTick
 from cluster.jobs.runner import JobRunner
@@ -25,9 +26,12 @@ TICKS_PER_TTL = 3    # a lease survives two late ticks
 
 
 class LeaseKeeper:
-    def __init__(self, lease: FrontendLease, runner: JobRunner) -> None:
+    def __init__(self, lease: FrontendLease, runner: JobRunner,
+                 on_tick: Callable[[], None] = lambda: None) -> None:
+        """``on_tick``: what else the frontend does at every tick (its address file)."""
         self.lease = lease
         self._runner = runner
+        self._on_tick = on_tick
         self._task: asyncio.Task | None = None
 
     @property
@@ -45,6 +49,7 @@ class LeaseKeeper:
             log.info("frontend %s takes %d job(s): %s", self.lease.frontend_id,
                      len(tick.taken), ", ".join(job.job_id for job in tick.taken))
             self._runner.adopt(tick.taken)
+        self._on_tick()
         return tick
 
     async def start(self) -> LeaseTick:

@@ -183,6 +183,7 @@ def test_sigkill_of_the_frontend_running_a_job_and_the_other_finishes_it_once(tm
         b, record_b = _start(tmp_path, "b.log")
         started.append(b)
         assert record_a["address"] != record_b["address"]
+        assert json.loads((tmp_path / "frontend.json").read_text()) == record_a
         client_a = Client(record_a["address"], "key-acme")
         job_id = client_a.submit_file(batch).job_id
         deadline = time.monotonic() + 120
@@ -202,6 +203,8 @@ def test_sigkill_of_the_frontend_running_a_job_and_the_other_finishes_it_once(tm
             time.sleep(0.05)
         after = {r.custom_id: r for r in client_b.results(job_id)}
         client_b.close()
+        # frontend.json: A's while A served, B's from B's first lease tick after A died
+        shared = json.loads((tmp_path / "frontend.json").read_text())
     finally:
         for proc in started:
             if proc.poll() is None:
@@ -219,3 +222,4 @@ def test_sigkill_of_the_frontend_running_a_job_and_the_other_finishes_it_once(tm
     assert sorted(r.index for r in stored) == list(range(REQUESTS))   # each exactly once
     assert [r.seq for r in stored] == list(range(REQUESTS))
     assert owner == record_b["frontend_id"]
+    assert shared == record_b
