@@ -116,7 +116,11 @@ def write_addresses(run_dir: Path, frontend_id: str, record: dict) -> tuple[Path
     default) unless a live frontend other than this process wrote it."""
     own = run_dir / "frontends" / f"{frontend_id}.json"
     own.parent.mkdir(mode=0o700, exist_ok=True)
-    own.write_text(json.dumps(record))
+    for other in own.parent.glob("*.json"):   # the files of frontends that were killed
+        pid = _owner_pid(other)
+        if pid is None or not _alive(pid):
+            other.unlink(missing_ok=True)
+    _write_json(own, record)
     return (own, *claim_shared_address(run_dir, record))
 
 
@@ -130,10 +134,15 @@ def claim_shared_address(run_dir: Path, record: dict) -> tuple[Path, ...]:
         return (shared,)
     if holder is not None and _alive(holder):
         return ()
-    tmp = shared.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(shared)
+    _write_json(shared, record)
     return (shared,)
+
+
+def _write_json(path: Path, record: dict) -> None:
+    """Whole or not at all: a client reading the file never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
 
 
 def _alive(pid: int) -> bool:

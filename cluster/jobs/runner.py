@@ -24,9 +24,10 @@ model call of tens of milliseconds) rather than held.
 
 Backpressure: requests accepted but without a result are counted per tenant and in total; an
 ``admit`` beyond ``max_pending_per_tenant`` or ``max_pending_total`` raises ``Overloaded``
-(``RESOURCE_EXHAUSTED`` at the edge). On start the counts and the unfinished jobs come back from
-the store, so a restarted frontend resumes where it stopped: requests without a result run
-(again), and the store keeps one result per request.
+(``RESOURCE_EXHAUSTED`` at the edge). The jobs this frontend's lease takes (its own after a
+restart, a dead frontend's: ``cluster.jobs.lease``) are ``adopt``ed, counted and launched, so
+a frontend resumes where one stopped: requests without a result run (again), and the store
+keeps one result per request. A job the lease lost is ``abandon``ed.
 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
 ``NoWorkerAvailable`` is retried with backoff until the request's deadline, then recorded as
@@ -116,14 +117,6 @@ class JobRunner:
         self._admission.release(tenant, n)
 
     # ------------------------------------------------------------ lifecycle
-
-    def resume(self) -> list[str]:
-        """Count and relaunch the store's unfinished jobs (after a restart, one frontend)."""
-        self._admission.reset(self._store.pending_by_tenant())
-        jobs = self._store.unfinished_jobs()
-        for job in jobs:
-            self.launch(job)
-        return [job.job_id for job in jobs]
 
     def adopt(self, jobs: Sequence[JobRecord]) -> list[str]:
         """Count and launch unfinished ``jobs`` this frontend runs from now on (its lease took
