@@ -53,8 +53,11 @@ ORPHANED = ("owner != ? AND state IN (?, ?) AND NOT EXISTS (SELECT 1 FROM fronte
 ORPHANS = f"SELECT job_id FROM jobs WHERE {ORPHANED} ORDER BY created_ms, rowid"
 TAKE = f"UPDATE jobs SET owner = ? WHERE job_id = ? AND {ORPHANED}"
 OWNED = "SELECT job_id FROM jobs WHERE owner = ? AND state IN (?, ?)"
-LIVE = ("SELECT frontend_id, expires_ms, address FROM frontends WHERE expires_ms > ? "
-        "ORDER BY frontend_id")
+LIVE = ("SELECT f.frontend_id, f.expires_ms, f.address, (SELECT COUNT(*) FROM jobs WHERE "
+        "jobs.owner = f.frontend_id AND jobs.state IN (?, ?)) FROM frontends f "
+        "WHERE f.expires_ms > ? ORDER BY f.frontend_id")
+NOBODYS = ("SELECT COUNT(*) FROM jobs WHERE state IN (?, ?) AND NOT EXISTS (SELECT 1 FROM "
+           "frontends f WHERE f.frontend_id = jobs.owner AND f.expires_ms > ?)")
 FORGET_EXPIRED = ("DELETE FROM frontends WHERE expires_ms <= ? AND NOT EXISTS (SELECT 1 FROM "
                   "jobs WHERE jobs.owner = frontends.frontend_id AND jobs.state IN (?, ?))")
 RELEASE_JOBS = "UPDATE jobs SET owner = '' WHERE owner = ? AND state IN (?, ?)"
@@ -74,6 +77,26 @@ class FrontendInfo:
     frontend_id: str
     expires_ms: int
     address: str
+    jobs: int          # unfinished jobs it runs
+
+
+@dataclass(frozen=True, slots=True)
+class Frontends:
+    """What the job store says of its frontends, now."""
+    live: tuple[FrontendInfo, ...]   # leases that run, by id
+    orphaned_jobs: int               # unfinished jobs no live lease holds (taken next tick)
+
+
+def frontends(path: Path | str, now_ms: int) -> Frontends:
+    """The live frontends of the store at ``path`` and the unfinished jobs none of them holds
+    (``orchard frontends``: read straight from the store, no frontend asked)."""
+    db = connect(str(path))
+    try:
+        live = tuple(FrontendInfo(*row) for row in db.execute(LIVE, (*UNFINISHED, now_ms)))
+        orphaned = db.execute(NOBODYS, (*UNFINISHED, now_ms)).fetchone()[0]
+    finally:
+        db.close()
+    return Frontends(live, orphaned)
 
 
 class FrontendLease:
@@ -109,7 +132,8 @@ class FrontendLease:
 
     def live(self) -> list[FrontendInfo]:
         """The frontends whose lease runs now, by id."""
-        return [FrontendInfo(*row) for row in self._db.execute(LIVE, (self._clock_ms(),))]
+        return [FrontendInfo(*row) for row in self._db.execute(
+            LIVE, (*UNFINISHED, self._clock_ms()))]
 
     def release(self) -> None:
         """Give this frontend's unfinished jobs back (nobody's) and end its lease."""

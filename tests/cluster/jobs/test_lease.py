@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-from cluster.jobs.lease import FrontendInfo, FrontendLease
+from cluster.jobs.lease import FrontendInfo, FrontendLease, Frontends, frontends
 from cluster.jobs.records import JobState
 from cluster.jobs.store import JobStore, StagedRequest, StoredResult
 
@@ -59,8 +59,10 @@ def test_a_job_is_its_accepting_frontends_and_another_does_not_take_it_while_the
     clock.now += TTL - 1              # A's lease runs until 11_000: still held at 10_999
     tick = lease_b.tick()
     assert (tick.taken, tick.lost) == ((), ())
-    assert lease_b.live() == [FrontendInfo("fe-a", 11_000, "fe-a:1"),
-                              FrontendInfo("fe-b", 11_999, "fe-b:1")]
+    assert lease_b.live() == [FrontendInfo("fe-a", 11_000, "fe-a:1", 1),
+                              FrontendInfo("fe-b", 11_999, "fe-b:1", 0)]
+    assert frontends(path, clock.now) == Frontends(tuple(lease_b.live()), 0)
+    assert frontends(path, 11_000) == Frontends((FrontendInfo("fe-b", 11_999, "fe-b:1", 0),), 1)
     assert lease_a.tick([job.job_id]).lost == ()   # A renews: to 11_999 + 1
 
 

@@ -184,6 +184,13 @@ def test_sigkill_of_the_frontend_running_a_job_and_the_other_finishes_it_once(tm
         started.append(b)
         assert record_a["address"] != record_b["address"]
         assert json.loads((tmp_path / "frontend.json").read_text()) == record_a
+        listed = subprocess.run([sys.executable, "-m", "cluster.cli", "frontends", "--json",
+                                 "--run-dir", str(tmp_path)], cwd=REPO, capture_output=True,
+                                text=True, timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        assert sorted((f["frontend_id"], f["address"], f["jobs"])
+                      for f in json.loads(listed.stdout)["frontends"]) == sorted(
+            (r["frontend_id"], r["address"], 0) for r in (record_a, record_b))
         client_a = Client(record_a["address"], "key-acme")
         job_id = client_a.submit_file(batch).job_id
         deadline = time.monotonic() + 120
