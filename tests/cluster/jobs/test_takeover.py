@@ -98,6 +98,44 @@ def test_a_silent_frontends_job_is_finished_by_the_other_and_the_stalled_one_let
     assert sorted(indices) == list(range(6)) and seqs == list(range(6))  # each exactly once
 
 
+def test_a_job_cancelled_through_the_other_frontend_stops_where_it_runs(tmp_path):
+    async def scenario():
+        clock = Clock()
+        backend = LocalBackend(tiny_model(), workers=1,
+                               engine=EngineConfig(block_size=BLOCK, kept_bytes=0))
+        await backend.start()
+        path = tmp_path / "jobs.sqlite3"
+        store_a, runner_a, keeper_a = _side(path, "fe-a", clock, backend)
+        store_b, runner_b, keeper_b = _side(path, "fe-b", clock, backend)
+        try:
+            await keeper_a.tick()
+            runner_a.admit("acme", 4)
+            runner_b.admit("acme", 1)                 # a request B counts of its own
+            job = store_a.create_job("acme", "tiny", staged_requests(
+                *[(list(range(10 + 20 * i, 30 + 20 * i)), 1500) for i in range(4)]))
+            runner_a.launch(job)
+            await wait_until(lambda: runner_a.slots_in_use() == {"acme": 1}, "A running")
+            cancelled = runner_b.cancel(job.job_id, "acme")
+            counts = (runner_b.pending(), runner_a.pending())   # B counted none of it
+            tick = await keeper_a.tick()
+            return (cancelled.state, cancelled.cancelled, counts, tick.lost,
+                    runner_a.running_jobs(), runner_a.pending(), runner_a.slots_in_use(),
+                    store_a.results(job.job_id))
+        finally:
+            for runner in (runner_a, runner_b):
+                await runner.close()
+            await backend.close()
+            for store in (store_a, store_b):
+                store.close()
+
+    state, n, counts, lost, running, pending, slots, results = run_bounded(
+        scenario(), 60, "a cancel through another frontend")
+    assert (state, n) == (JobState.CANCELLED, 4)
+    assert counts == ({"acme": 1}, {"acme": 4})
+    assert len(lost) == 1 and running == [] and pending == {} and slots == {}
+    assert results == []                          # nothing recorded after the cancel
+
+
 def test_a_stopped_keeper_gives_its_jobs_back_for_the_next_tick(tmp_path):
     async def scenario():
         clock = Clock()
