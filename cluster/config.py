@@ -50,6 +50,13 @@ running cluster owns: this config, the job store, the frontend's address file, t
     body_timeout_s = 30.0        # the longest wait for the next piece of a request body
     max_connections_per_client = 64  # open connections per client address (429 beyond)
 
+    [metrics]
+    http = true                  # GET /metrics on the HTTP API's port (an admin key)
+    dedicated = false            # also serve /metrics on a port of its own, without a key:
+    host = "127.0.0.1"           # loopback only (a scraper on another machine uses the
+    port = 9464                  # HTTP port with an admin key); 0 picks a free port
+                                 # (frontend.json's metrics_address)
+
     [router]
     index_bytes = 2147483648     # the frontend router's prefix index:
                                  # 22 bytes a block at up to 32 workers, so 2 GiB is 97M blocks;
@@ -145,6 +152,14 @@ class HttpConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    http: bool = True
+    dedicated: bool = False
+    host: str = "127.0.0.1"
+    port: int = 9464  # the port OpenTelemetry's Prometheus exporter uses by default
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     run_dir: Path
     tenant_keys: dict[str, str]          # api key -> tenant name
@@ -158,6 +173,7 @@ class Config:
     tls: FrontendTls = field(default_factory=lambda: FrontendTls())
     http: HttpConfig = field(default_factory=lambda: HttpConfig())
     router: RouterConfig = field(default_factory=RouterConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     lease_s: float = 10.0                # a frontend's job lease ([frontend], cluster.jobs.lease)
 
     @property
@@ -280,6 +296,7 @@ def load_config(run_dir: Path | str) -> Config:
         tls=_build(FrontendTls, frontend, "frontend", path),
         http=_build(HttpConfig, _section(data, "http", path), "http", path),
         router=_build(RouterConfig, _section(data, "router", path), "router", path),
+        metrics=_build(MetricsConfig, _section(data, "metrics", path), "metrics", path),
         lease_s=float(lease_s),
     )
     _check(config, path)
@@ -296,6 +313,7 @@ def _check(config: Config, path: Path) -> None:
     if limits.request_timeout_s <= 0:
         raise ValueError(f"{path}: [limits] request_timeout_s must be > 0")
     _check_http(config.http, path)
+    _check_metrics(config.metrics, path)
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
     cache = config.cache
@@ -320,6 +338,18 @@ def _check_http(http: HttpConfig, path: Path) -> None:
     for name in ("header_timeout_s", "body_timeout_s"):
         if not getattr(http, name) > 0:
             raise ValueError(f"{path}: [http] {name} must be > 0 (seconds)")
+
+
+def _check_metrics(metrics: MetricsConfig, path: Path) -> None:
+    from cluster.tls import is_loopback
+
+    if not 0 <= metrics.port < 65536:
+        raise ValueError(f"{path}: [metrics] port must be in [0, 65535], got {metrics.port}")
+    if not is_loopback(metrics.host):
+        raise ValueError(f"{path}: [metrics] host must be a loopback address (127.0.0.1 or "
+                         f"::1), got {metrics.host!r}: the dedicated port has no key; a "
+                         "scraper on another machine reads GET /metrics on the HTTP port "
+                         "with an admin key")
 
 
 def _check_tls(config: Config, path: Path) -> None:

@@ -7,16 +7,18 @@ the same event loop, the OpenAI-compatible HTTP API (``cluster.api.http_app``).
         grpc.health.v1      no key                standard health checking
         reflection          no key                standard server reflection
         HTTP /v1/...        tenant API keys       cluster.api.http_app (own port)
+        HTTP /metrics       admin keys            cluster.api.http_metrics (Prometheus)
+        /metrics            no key, loopback      [metrics] dedicated: a port of its own
 
 Both bind ``[frontend] host``: loopback as it is, any other address with TLS only
 (``cluster.tls``).
 
 ``serve`` opens the job store in the run directory, binds, takes its job lease
 (``cluster.jobs.lease``: the unfinished jobs nobody runs, its own after a restart, a dead
-frontend's) and writes ``frontends/ID.json`` (address, pid, tls, http_address) there, and
-``frontend.json`` too unless another live frontend wrote it, so that clients on this machine
-find it. Several frontends serve one run directory: each its own ports and router, all one
-job store; each job runs in the one whose lease holds it.
+frontend's) and writes ``frontends/ID.json`` (address, pid, tls, http_address,
+metrics_address) there, and ``frontend.json`` too unless another live frontend wrote it, so
+that clients on this machine find it. Several frontends serve one run directory: each its own
+ports and router, all one job store; each job runs in the one whose lease holds it.
 ``orchard up`` calls it with a RayBackend; tests and ``python -m cluster.api.frontend`` with a
 ``LocalBackend``. ``Frontend.stop`` stops serving, then the job runner, then releases the
 lease (its unfinished jobs go to the next frontend that ticks); the backend belongs to the
@@ -46,7 +48,7 @@ from grpc_reflection.v1alpha import reflection
 from cluster.backend.protocol import Backend, ModelInfo
 from cluster.api.chat import ChatTokenizer
 from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
-from cluster.api.edge import Authenticator, DecodeGuard
+from cluster.api.edge import Authenticator, DecodeGuard, status_of
 from cluster.api.intake import JobIntakeService, prepare
 from cluster.api.keys import KeyStore
 from cluster.jobs.lease import FrontendLease
@@ -60,6 +62,7 @@ from cluster.api.batch_store import BatchStore
 from cluster.api.http_app import HttpApi, HttpServer, start_http
 from cluster.api.http_batches import Batches
 from cluster.api.http_guard import HttpLimits
+from cluster.api.http_metrics import MetricsEndpoint, dedicated_app
 from cluster.api.servicer_admin import AdminServicer
 from cluster.api.tool_calls import ToolFormat
 from cluster.tls import TlsFiles, check_binding, server_credentials
@@ -85,6 +88,7 @@ class Frontend:
     host: str = "127.0.0.1"
     http: HttpServer | None = None
     batches: BatchStore | None = None
+    metrics: HttpServer | None = None   # the dedicated /metrics port ([metrics] dedicated)
 
     @property
     def address(self) -> str:
@@ -93,8 +97,9 @@ class Frontend:
     async def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving, then stop the runner (unfinished requests resume on the next start)."""
         self.health.enter_graceful_shutdown()
-        if self.http is not None:
-            await self.http.stop(grace_s)
+        for http in (self.http, self.metrics):
+            if http is not None:
+                await http.stop(grace_s)
         await self.server.stop(grace_s)
         await self.keeper.stop()
         await self.runner.close()
@@ -177,7 +182,7 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
     frontend_id = f"fe-{os.getpid()}-{secrets.token_hex(3)}"
     store = JobStore(config.db_path, clock_ms, owner=frontend_id)
     tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode,
-                               tokenizer.render)
+                               tokenizer.render, _status_name)
     runner = JobRunner(store, backend,
                        functools.partial(prepare, model=model, render=tokenizer.render,
                                          max_prompt_bytes=limits.max_prompt_bytes),
@@ -208,17 +213,27 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
     tls = config.tls_files()
     port = _bind(server, config, tls)
     await server.start()
-    http, batches = None, None
-    if config.http.enabled:
-        try:
+    http, batches, metrics_http = None, None, None
+    scrape = MetricsEndpoint(tracing.metrics, runner, store, backend, tenants)
+    try:
+        if config.http.enabled:
             http, batches = await _serve_http(config, auth, work, store, runner,
-                                              tokenizer.encode, clock_ms)
-        except BaseException:
-            await server.stop(0)
-            raise
+                                              tokenizer.encode, clock_ms,
+                                              scrape if config.metrics.http else None)
+        if config.metrics.dedicated:
+            metrics_http = await start_http(dedicated_app(scrape, _http_limits(config)),
+                                            config.metrics.host, config.metrics.port, None,
+                                            _http_limits(config), "[metrics] port")
+    except BaseException:
+        if http is not None:
+            await http.stop(0)
+            batches.close()
+        await server.stop(0)
+        raise
     address = (f"[{config.host}]:{port}" if ":" in config.host else f"{config.host}:{port}")
     record = {"address": address, "pid": os.getpid(), "tls": tls is not None,
               "http_address": http.address if http is not None else "",
+              "metrics_address": metrics_http.address if metrics_http is not None else "",
               "frontend_id": frontend_id}
 
     def on_tick() -> None:   # frontend.json again if the frontend that held it died
@@ -227,7 +242,8 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
     lease = FrontendLease(config.db_path, frontend_id, clock_ms, round(config.lease_s * 1000),
                           address)
     frontend = Frontend(server, port, store, runner, health_servicer, (),
-                        LeaseKeeper(lease, runner, on_tick), config.host, http, batches)
+                        LeaseKeeper(lease, runner, on_tick), config.host, http, batches,
+                        metrics_http)
     first = await frontend.keeper.start()
     if first.taken:
         log.info("resumed %d unfinished job(s): %s", len(first.taken),
@@ -238,18 +254,30 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
     return frontend
 
 
+def _status_name(exc: BaseException) -> str:
+    """The gRPC status name a request ends with when ``exc`` stops it (for the metrics)."""
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return grpc.StatusCode.CANCELLED.name
+    return (status_of(exc) or grpc.StatusCode.INTERNAL).name
+
+
+def _http_limits(config: Config) -> HttpLimits:
+    settings = config.http
+    return HttpLimits(settings.max_body_bytes, settings.header_timeout_s,
+                      settings.body_timeout_s, settings.max_connections_per_client)
+
+
 async def _serve_http(config: Config, auth: Authenticator, work: Work, store: JobStore,
                       runner: JobRunner, encode: Callable[[str], list[int]],
-                      clock_ms: Callable[[], int]) -> tuple[HttpServer, BatchStore]:
+                      clock_ms: Callable[[], int], metrics: MetricsEndpoint | None
+                      ) -> tuple[HttpServer, BatchStore]:
     """The OpenAI-compatible HTTP API on its own port, held to ``[http]``'s limits."""
     batches = BatchStore(config.run_dir, lambda: clock_ms() // 1000)
     api = HttpApi(auth, work, encode, Batches(auth, work, store, runner, batches, encode),
-                  lambda: clock_ms() / 1000)
-    settings = config.http
-    limits = HttpLimits(settings.max_body_bytes, settings.header_timeout_s,
-                        settings.body_timeout_s, settings.max_connections_per_client)
+                  lambda: clock_ms() / 1000, metrics)
+    limits = _http_limits(config)
     try:
-        http = await start_http(api.app(limits), config.host, settings.port,
+        http = await start_http(api.app(limits), config.host, config.http.port,
                                 config.tls_files(), limits)
     except BaseException:
         batches.close()

@@ -115,6 +115,9 @@ def up_lines(state, config: Config, ending: str) -> list[str]:
         lines.append(f"orchard: {' and '.join(picked)} = 0 in "
                      f"{config.run_dir / CONFIG_NAME}: a free port, new at every start; "
                      "set a fixed one there for clients on other machines")
+    if state.metrics:
+        lines.append(f"orchard: Prometheus metrics at {state.metrics}/metrics (no key, this "
+                     "machine only); also on the HTTP port with an admin key")
     return lines
 
 

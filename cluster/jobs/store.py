@@ -101,6 +101,7 @@ INSERT_KEY = "INSERT INTO job_keys VALUES (?, ?, ?)"
 END_INTAKE = "DELETE FROM intakes WHERE job_id = ?"
 DROP_INTAKE = ("DELETE FROM job_requests WHERE job_id = ?", END_INTAKE)
 INTAKES = "SELECT job_id FROM intakes"
+JOBS_BY_STATE = "SELECT state, COUNT(*) FROM jobs GROUP BY state"
 # pragma: no mutate end
 
 
@@ -226,6 +227,11 @@ class JobStore:
         rows = self._db.execute(PENDING_BY_TENANT, (JobState.QUEUED.value,
                                                     JobState.RUNNING.value)).fetchall()
         return {tenant: pending for tenant, pending in rows if pending}
+
+    def jobs_by_state(self) -> dict[JobState, int]:
+        """How many jobs the store holds in each state (every state, 0 when none)."""
+        counts = dict(self._db.execute(JOBS_BY_STATE).fetchall())
+        return {state: counts.get(state.value, 0) for state in JobState}
 
     # --------------------------------------------------------------- results
 

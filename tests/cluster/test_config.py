@@ -29,12 +29,28 @@ def test_default_config_has_fresh_keys_and_loopback(tmp_path):
     ("[cache]\neviction = \"fifo\"\n", "eviction must be one of lru, reuse"),
     ("[router]\nindex_bytes = 4096\n", "[router] index_bytes must be at least 1048576"),
     ("[router]\nindex_blocks = 4096\n", "unknown key(s) index_blocks in [router]"),
+    ("[metrics]\nhost = \"0.0.0.0\"\n", "[metrics] host must be a loopback address"),
+    ("[metrics]\nhost = \"mac1.local\"\n", "[metrics] host must be a loopback address"),
+    ("[metrics]\nport = 70000\n", "[metrics] port must be in [0, 65535], got 70000"),
+    ("[metrics]\ndedicated = \"yes\"\n", "[metrics] dedicated must be a bool"),
+    ("[metrics]\npath = \"/m\"\n", "unknown key(s) path in [metrics]"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, message):
     (tmp_path / "orchard.toml").write_text(text)
     with pytest.raises(ValueError) as err:
         load_config(tmp_path)
     assert message in str(err.value)
+
+
+def test_metrics_default_to_the_http_port_and_a_loopback_dedicated_port(tmp_path):
+    write_default_config(tmp_path)
+    metrics = load_config(tmp_path).metrics
+    assert (metrics.http, metrics.dedicated, metrics.host, metrics.port) == (
+        True, False, "127.0.0.1", 9464)
+    (tmp_path / "v6").mkdir()
+    (tmp_path / "v6" / "orchard.toml").write_text(
+        "[metrics]\ndedicated = true\nhost = \"::1\"\nport = 0\n")
+    assert load_config(tmp_path / "v6").metrics.host == "::1"
 
 
 def test_missing_config_says_how_to_start(tmp_path):
