@@ -39,6 +39,8 @@ running cluster owns: this config, the job store, the frontend's address file, t
     tls_key = ""                 # e.g. "tls/server.key"
     client_ca = ""               # set: mutual TLS, clients need a certificate this CA signed
     allow_plaintext_lan = false  # serve a non-loopback host without TLS (warned at each start)
+    lease_s = 10.0               # several frontends on one run dir: a killed one's jobs are
+                                 # taken over by another 1 to 1.33 lease_s later
 
     [http]
     enabled = true               # the OpenAI-compatible HTTP API beside gRPC
@@ -172,6 +174,7 @@ class Config:
     http: HttpConfig = field(default_factory=lambda: HttpConfig())
     router: RouterConfig = field(default_factory=RouterConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    lease_s: float = 10.0                # a frontend's job lease ([frontend], cluster.jobs.lease)
 
     @property
     def db_path(self) -> Path:
@@ -276,6 +279,10 @@ def load_config(run_dir: Path | str) -> Config:
     host, port = frontend.pop("host", "127.0.0.1"), frontend.pop("port", 0)
     if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int):
         raise ValueError(f"{path}: [frontend] host must be a string and port an integer")
+    lease_s = frontend.pop("lease_s", 10.0)
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or lease_s <= 0:
+        raise ValueError(f"{path}: [frontend] lease_s must be a number of seconds > 0, "
+                         f"got {lease_s!r}")
     config = Config(
         run_dir=run_dir,
         tenant_keys=_tenant_keys(data, path),
@@ -290,6 +297,7 @@ def load_config(run_dir: Path | str) -> Config:
         http=_build(HttpConfig, _section(data, "http", path), "http", path),
         router=_build(RouterConfig, _section(data, "router", path), "router", path),
         metrics=_build(MetricsConfig, _section(data, "metrics", path), "metrics", path),
+        lease_s=float(lease_s),
     )
     _check(config, path)
     return config

@@ -60,15 +60,15 @@ def test_missing_config_says_how_to_start(tmp_path):
         load_config(write_default_config(tmp_path).parent).key_for("zed")
 
 
-def test_one_frontend_per_run_directory(tmp_path):
-    from cluster.api.frontend import lock_run_dir
-    import os
-
-    fd = lock_run_dir(tmp_path)
-    with pytest.raises(ValueError, match="another frontend"):
-        lock_run_dir(tmp_path)
-    os.close(fd)
-    os.close(lock_run_dir(tmp_path))  # free again once the holder is gone
+def test_the_lease_is_ten_seconds_unless_set_and_must_be_positive(tmp_path):
+    write_default_config(tmp_path)
+    assert load_config(tmp_path).lease_s == 10.0
+    path = tmp_path / "orchard.toml"
+    path.write_text(path.read_text().replace("[frontend]\n", "[frontend]\nlease_s = 2\n"))
+    assert load_config(tmp_path).lease_s == 2.0
+    path.write_text(path.read_text().replace("lease_s = 2", "lease_s = 0"))
+    with pytest.raises(ValueError, match=r"\[frontend\] lease_s must be a number of seconds > 0, got 0"):
+        load_config(tmp_path)
 
 
 def test_cache_settings_narrow_to_the_engine_config(tmp_path):

@@ -135,10 +135,10 @@ def test_the_codec_round_trips_every_message_exactly():
                                                      name="obj", strict=True), logprobs=3))
     for kind, body in ((Kind.ITEM, WorkerDone(result, 0.25, True, (batch,))),
                        (Kind.ITEM, WorkerDone(scored, 0.5)),
-                       (Kind.GENERATE, [formatted, 3, True]),
+                       (Kind.GENERATE, [formatted, 3, True, "router-a"]),
                        (Kind.ITEM, TokenChunk("r", (4, 5), "ab")),
                        (Kind.GENERATE, [generate_request("r", (1,), 3, ns=Namespace("t", "m", "r1", "a")),
-                                        7, False])):
+                                        7, False, ""])):
         data = wire.frame(kind, 42, body)
         assert struct.unpack("!I", data[:4])[0] == len(data) - 4
         decoded = wire._unpack(data[4:])

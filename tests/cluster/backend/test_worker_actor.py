@@ -115,3 +115,40 @@ def test_a_worker_with_a_disk_tier_sends_its_measured_rates_with_its_events(tmp_
     routes.apply("w7", done.events)
     (status,) = routes.router.workers()
     assert status.disk_token_cost == disk_token_cost(rates)
+
+
+def test_two_frontends_routers_following_one_worker_each_get_every_batch_without_a_gap():
+    """What frontend A's results carried to A's router is not skipped by B's feed: B's
+    router (no request of its own) learns every block from its feed, sees no gap and
+    believes exactly what A's router believes."""
+    async def scenario():
+        worker = EngineWorker("w0", str(tiny_model()), EngineConfig(block_size=BLOCK))
+        hello = await worker.start()
+        ns = Namespace("t", hello.model.model_id, hello.model.revision)
+        a, b = FrontendRouter(BLOCK), FrontendRouter(BLOCK)
+        a.add_worker("w0")
+        b.add_worker("w0", lambda after: worker.events(after, "router-b"))
+        for i in range(3):
+            prompt = tuple(range(20 + 50 * i, 84 + 50 * i))
+            done = await worker.run(generate_request(f"r{i}", prompt, 2, ns=ns),
+                                    a.feed_after("w0"), "router-a")
+            a.apply("w0", done.events)
+        last = a.feed_after("w0")
+        for _ in range(500):   # B's feed delivers after its quiet period (FEED_QUIET_S)
+            if b.feed_after("w0") == last:
+                break
+            await asyncio.sleep(0.01)
+        held = await worker.holdings()
+        beliefs = [r.router.workers()[0].blocks_held for r in (a, b)]
+        probe = tuple(range(120, 184)) + (1,)
+        matched = [r.router.route(ns, hash_blocks(probe, BLOCK, ns), len(probe))
+                   .expected_cached_tokens for r in (a, b)]
+        stale = (a.stale_workers(), b.stale_workers())
+        await b.close()
+        await worker.close()
+        return last, held, b.feed_after("w0"), beliefs, matched, stale
+
+    last, held, b_last, beliefs, matched, stale = asyncio.run(scenario())
+    assert last == held.seq and b_last == last        # B caught up to A's last batch
+    assert beliefs == [len(held.blocks)] * 2 == [12, 12]   # 3 prompts x 4 blocks
+    assert matched == [64, 64] and stale == ([], [])
