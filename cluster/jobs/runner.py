@@ -53,7 +53,7 @@ from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
 from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
 from router.kv.key import Namespace, hash_blocks
-from workers.messages import GenerateRequest
+from workers.messages import GenerateRequest, Priority
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +179,10 @@ class JobRunner:
             page = self._store.next_requests(job.job_id)
             while page:
                 for stored in page:
-                    await self._slots.acquire(job.tenant)
+                    await self._slots.acquire(job.tenant, Priority.BATCH)
                     task = self._slots.hand_to(
-                        asyncio.create_task(self._run_one(job.tenant, stored)), job.tenant)
+                        asyncio.create_task(self._run_one(job.tenant, stored)), job.tenant,
+                        Priority.BATCH)
                     running.add(task)
                     task.add_done_callback(running.discard)
                 page = self._store.next_requests(job.job_id, page[-1].position)

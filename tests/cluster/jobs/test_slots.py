@@ -11,6 +11,7 @@ from tests.support.bounded import run_bounded
 
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.slots import SlotPool
+from workers.messages import Priority
 from cluster.jobs.store import JobStore, NewRequest, StagedRequest
 from router.kv.key import Namespace
 from workers.messages import SamplingParams
@@ -118,11 +119,14 @@ def test_a_generate_flood_gets_its_share_of_the_slots_and_no_more(tmp_path):
         _submit(store, runner, "acme", 4)  # waits: the flood holds every slot
         await asyncio.sleep(0.02)
         assert backend.total() == 0
-        for _ in range(2):  # the slots the flood frees go to acme, which holds fewer ...
+        # the first slot the flood frees goes to acme's batch job, owed a quarter of the
+        # slots (1 of 4) while it waits; the next ones to the flood's interactive requests
+        await finish_one_flood_call()
+        assert backend.running == {"acme": 1}
+        for _ in range(2):
             await finish_one_flood_call()
-        assert backend.running == {"acme": 2}
-        await finish_one_flood_call()  # ... until both hold 2: then the flood's turn again
-        assert runner.slots_in_use() == {"acme": 2, "flood": 2}
+        assert backend.running == {"acme": 1}
+        assert runner.slots_in_use() == {"acme": 1, "flood": 3}
         for task in flood:
             task.cancel()
         await asyncio.gather(*flood, return_exceptions=True)
@@ -160,6 +164,63 @@ def test_a_freed_slot_goes_to_the_tenant_holding_fewest():
         assert pool.held() == {} and pool.in_use() == 0
 
     run_bounded(main(), 60, "a freed slot goes to the tenant holding fewest")
+
+
+def test_a_freed_slot_goes_to_an_interactive_waiter_before_older_batch_waiters():
+    async def main() -> None:
+        pool = SlotPool(4)  # a batch floor of 1, which the job's second slot keeps met
+        for tenant, priority in (("jobs", Priority.BATCH), ("jobs", Priority.BATCH),
+                                 ("people", Priority.INTERACTIVE),
+                                 ("people", Priority.INTERACTIVE)):
+            await pool.acquire(tenant, priority)
+        order: list[str] = []
+
+        async def take(name: str, tenant: str, priority: Priority) -> None:
+            await pool.acquire(tenant, priority)
+            order.append(name)
+
+        waiters = [asyncio.create_task(take(*w)) for w in (
+            ("b1", "jobs", Priority.BATCH), ("b2", "other", Priority.BATCH),
+            ("i1", "people", Priority.INTERACTIVE))]
+        await asyncio.sleep(0)
+        assert (pool.waiting(Priority.BATCH), pool.waiting(Priority.INTERACTIVE)) == (2, 1)
+        for held, priority in (("jobs", Priority.BATCH), ("people", Priority.INTERACTIVE),
+                               ("people", Priority.INTERACTIVE)):
+            pool.release(held, priority)
+            await asyncio.sleep(0)
+        # b2's tenant holds fewer slots than b1's: fairness within the lane
+        assert order == ["i1", "b2", "b1"]
+        assert pool.held() == {"jobs": 2, "people": 1, "other": 1}
+        await asyncio.gather(*waiters)
+
+    run_bounded(main(), 60, "interactive waiters first")
+
+
+def test_waiting_batch_requests_below_their_floor_take_a_freed_slot_first():
+    async def main() -> None:
+        pool = SlotPool(4)  # floor: 1 batch slot
+        for _ in range(4):
+            await pool.acquire("people")
+        order: list[str] = []
+
+        async def take(name: str, priority: Priority) -> None:
+            await pool.acquire(name[0], priority)
+            order.append(name)
+
+        waiters = [asyncio.create_task(take(n, p)) for n, p in (
+            ("i5", Priority.INTERACTIVE), ("b1", Priority.BATCH), ("b2", Priority.BATCH),
+            ("i6", Priority.INTERACTIVE))]
+        await asyncio.sleep(0)
+        for _ in range(3):
+            pool.release("people")
+            await asyncio.sleep(0)
+        assert order == ["b1", "i5", "i6"]
+        pool.release("b", Priority.BATCH)
+        await asyncio.sleep(0)
+        assert order == ["b1", "i5", "i6", "b2"]
+        await asyncio.gather(*waiters)
+
+    run_bounded(main(), 60, "the batch floor")
 
 
 def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
