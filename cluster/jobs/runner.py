@@ -26,7 +26,12 @@ Backpressure: requests accepted but without a result are counted per tenant and 
 ``admit`` beyond ``max_pending_per_tenant`` or ``max_pending_total`` raises ``Overloaded``
 (``RESOURCE_EXHAUSTED`` at the edge). On start the counts and the unfinished jobs come back from
 the store, so a restarted frontend resumes where it stopped: requests without a result run
-(again), and the store keeps one result per request.
+(again), and the store keeps one result per request. Under load, job requests are batch work
+(``Priority.BATCH``): slots go to interactive requests first, with a floor that keeps a job
+moving (``cluster.jobs.slots``), and a job is never shed nor held to the tenants' quotas. An
+interactive request outside a job may be refused at once: shed when it would start past its
+deadline (``cluster.jobs.shedding``, fed the slot times of every request run here), or over
+its tenant's quota (``cluster.jobs.quotas``); each refusal is counted by reason.
 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
 ``NoWorkerAvailable`` is retried with backoff until the request's deadline, then recorded as
@@ -41,13 +46,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 from cluster.backend.protocol import Backend, NoWorkerAvailable
-from cluster.jobs.admission import Admission
-from cluster.jobs.direct import DirectRequests
+from cluster.jobs.admission import Admission, Overloaded
+from cluster.jobs.direct import DirectRequests, Overload
 from cluster.jobs.dispatch import dispatch, error_of, result_of
+from cluster.jobs.quotas import Quotas
+from cluster.jobs.shedding import LoadShedder
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
@@ -70,6 +78,8 @@ class RunnerLimits:
     max_pending_per_tenant: int    # accepted but unfinished requests, per tenant
     max_pending_total: int         # ... and over all tenants
     request_timeout_s: float       # one request's deadline, retries included
+    max_ttft_s: float = 0.0        # an interactive request predicted to start later is shed
+                                   # (``cluster.jobs.shedding``); 0: callers' deadlines only
 
 
 async def _unwind(running: set[asyncio.Task]) -> None:
@@ -85,7 +95,8 @@ async def _unwind(running: set[asyncio.Task]) -> None:
 class JobRunner:
     def __init__(self, store: JobStore, backend: Backend, prepare: Prepare,
                  limits: RunnerLimits, *, namespace: Callable[[str], Namespace],
-                 block_size: int, tracing: JobTracing | None = None):
+                 block_size: int, tracing: JobTracing | None = None,
+                 quotas: Quotas | None = None, clock: Callable[[], float] = time.monotonic):
         self._store = store
         self._prepare = prepare
         self._backend = backend
@@ -99,14 +110,22 @@ class JobRunner:
         self._changed = asyncio.Condition()
         self._forecasting = asyncio.Lock()
         self._tracing = tracing or JobTracing()  # traces, cost forecast, miss causes
+        self._shedder = LoadShedder(limits.max_ttft_s)
+        self._clock = clock
+        overload = Overload(self._shedder, quotas or Quotas(dict, clock), clock)
         self._direct = DirectRequests(backend, self._admission, self._slots, self._tracing,
-                                      namespace, block_size, self._timeout_s)
+                                      namespace, block_size, self._timeout_s, overload)
 
     # ------------------------------------------------------------ admission
 
     def admit(self, tenant: str, n: int) -> None:
-        """Count ``n`` more pending requests for ``tenant``, or raise ``Overloaded``."""
-        self._admission.admit(tenant, n)
+        """Count ``n`` more pending requests for ``tenant``, or raise ``Overloaded`` (counted
+        as a refusal: a job is never shed nor held to quotas, only to the pending limits)."""
+        try:
+            self._admission.admit(tenant, n)
+        except Overloaded:
+            self._tracing.refused(tenant, "pending")
+            raise
 
     def pending(self) -> dict[str, int]:
         """Requests accepted and not finished, per tenant (the queue depth)."""
@@ -235,6 +254,13 @@ class JobRunner:
                                        pending)
 
     async def _run_one(self, tenant: str, stored: StoredRequest) -> None:
+        started = self._clock()
+        try:
+            await self._run_stored(tenant, stored)
+        finally:  # the slot's time, which the shedder's queue model drains at
+            self._shedder.observe_slot(self._clock() - started)
+
+    async def _run_stored(self, tenant: str, stored: StoredRequest) -> None:
         ready = await asyncio.to_thread(self._prepare_one, stored)  # the slot is this task's
         if isinstance(ready, ValueError):
             result = error_of(stored, "INVALID_ARGUMENT", str(ready))

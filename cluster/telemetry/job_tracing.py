@@ -167,6 +167,11 @@ class JobTracing:
             self._stores[info.worker_id] = StoreGauges(info.cache_bytes, info.evictions,
                                                        info.expirations)
 
+    def refused(self, tenant: str, reason: str) -> None:
+        """A request of ``tenant`` refused at admission (``orchard.requests.refused``)."""
+        if self.observer is not None:
+            self.observer.tel.instruments.record_refusal(tenant, reason)
+
     def invalidated(self, tenant: str) -> None:
         """An operator invalidated ``tenant``'s cached prefixes: later misses on blocks used
         before now are attributed to the invalidation, and job forecasts no longer count

@@ -8,6 +8,10 @@ Pushed by whoever sees the event (``record_request`` after a request finishes)::
     orchard.cache.written_tokens  counter    {worker, tenant}
     gen_ai.server.time_to_first_token   histogram (s) {worker, tenant}
     gen_ai.server.time_per_output_token histogram (s) {worker, tenant}
+    orchard.requests.refused      counter    {tenant, reason}   requests refused at admission:
+                                             reason "shed" (would start past its deadline),
+                                             "requests_in_flight" / "tokens_per_minute" (the
+                                             tenant's quota), "pending" (the pending limits)
     gen_ai.client.token.usage     histogram  {gen_ai.token.type, gen_ai.operation.name,
                                               gen_ai.provider.name, gen_ai.request.model,
                                               gen_ai.response.model}   (GenAI conventions)
@@ -82,6 +86,8 @@ class Instruments:
                                             "Input tokens read from the prefix store")
         self._written = meter.create_counter("orchard.cache.written_tokens", "{token}",
                                              "Input tokens newly stored in the prefix store")
+        self._refused = meter.create_counter("orchard.requests.refused", "{request}",
+                                             "Requests refused at admission, by reason")
         self._ttft = meter.create_histogram(
             A.GEN_AI_TTFT_METRIC, "s", "Time to first token",
             explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS)
@@ -123,6 +129,11 @@ class Instruments:
             sums = self._tokens.setdefault((u.worker, u.tenant), [0, 0])
             sums[0] += u.input_tokens
             sums[1] += u.cached_tokens
+
+    def record_refusal(self, tenant: str, reason: str) -> None:
+        """A request of ``tenant`` refused at admission for ``reason`` (see the table above)."""
+        if self._meter is not None:
+            self._refused.add(1, {"tenant": tenant, "reason": reason})
 
     def watch_store(self, worker: str, gauges: Callable[[], StoreGauges]) -> None:
         """Observe ``worker``'s store at each export (replaces an earlier callback)."""
