@@ -73,11 +73,13 @@ class DirectRequests:
         self._block_size = block_size
         self._timeout_s = timeout_s
         self._overload = overload
+        self._interactive = 0  # interactive requests admitted and not yet ended
 
     def queue(self) -> QueueState:
-        """The slots as a new interactive request finds them."""
-        return QueueState(self._slots.capacity, self._slots.in_use(),
-                          self._slots.waiting(Priority.INTERACTIVE))
+        """The slots as a new interactive request finds them: ahead of it, every interactive
+        request admitted that holds no slot yet (being tokenized, or waiting for a slot)."""
+        ahead = self._interactive - self._slots.held_by(Priority.INTERACTIVE)
+        return QueueState(self._slots.capacity, self._slots.in_use(), max(0, ahead))
 
     @contextlib.contextmanager
     def admitted(self, tenant: str, priority: Priority = Priority.INTERACTIVE,
@@ -92,7 +94,13 @@ class DirectRequests:
                 retry_s = max(1, math.ceil(self._overload.shedder.slot_s or 1.0))
                 held.enter_context(self._overload.quotas.in_flight(tenant, retry_s))
                 held.enter_context(self._admission.admitted(tenant, 1))
+            if priority is Priority.INTERACTIVE:
+                held.callback(self._ended)
+                self._interactive += 1
             yield
+
+    def _ended(self) -> None:
+        self._interactive -= 1
 
     @contextlib.contextmanager
     def _refusals_counted(self, tenant: str) -> Iterator[None]:

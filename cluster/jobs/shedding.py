@@ -12,7 +12,8 @@ budget uses):
 
     wait      = 0                                   a slot is free and nobody waits for one
               = (ahead + 1) x slot_s / capacity     else: the interactive requests ``ahead``
-                                                    take the next freed slots first
+                                                    (admitted, no slot yet: being tokenized
+                                                    or waiting) take the next freed slots
     predicted = wait + ttft_s
 
 The bound is the earlier of the caller's deadline (``remaining_s``) and the configured
@@ -43,7 +44,7 @@ class QueueState:
 
     capacity: int   # slots in all
     in_use: int     # slots held now
-    ahead: int      # interactive requests waiting for a slot
+    ahead: int      # interactive requests admitted without a slot yet (tokenizing, waiting)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,11 @@ class SlotPool:
     def in_use(self) -> int:
         return sum(self._held.values())
 
+    def held_by(self, priority: Priority) -> int:
+        """Slots held now by requests of ``priority``."""
+        return self._batch_held if priority is Priority.BATCH else (
+            self.in_use() - self._batch_held)
+
     def waiting(self, priority: Priority) -> int:
         """Waiters of ``priority`` (cancelled ones not yet passed over included)."""
         return sum(len(queue) for queue in self._lanes[priority].values())
