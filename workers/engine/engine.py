@@ -213,9 +213,9 @@ class Engine:
         """Admit what fits, decode one token for every running request, prefill one budget."""
         deltas: list[TokenDelta] = []
         finished: list[GenerateResult] = []
-        while len(self._admission) and (
-                len(self._running) + len(self._prefilling) < self.config.max_batch):
-            self._prefilling.append(self._queued(*self._admission.pop()))
+        while (item := self._admission.pop_seated(len(self._running) + len(self._prefilling),
+                                                  self.config.max_batch)) is not None:
+            self._prefilling.append(self._queued(*item))
         if self._running:
             self._decode(deltas, finished, settle=bool(self._prefilling))
         if self._prefilling:

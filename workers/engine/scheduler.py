@@ -13,9 +13,12 @@ the whole job::
 served before the batch lane (round robin by tenant within each), and a prompt in prefill is
 handed budget interactive first (``interactive_first``): a batch job's queued requests never
 go in ahead of an interactive one, and its prompts in prefill delay an interactive prompt by
-at most the step already under way, one step's prefill budget. A batch request already
-decoding keeps its seat in the batch (nothing is preempted): the cluster's slots, granted
-interactive first too (``cluster.jobs.slots``), decide how many reach the engine::
+at most the step already under way, one step's prefill budget. Nothing is preempted; so that
+a batch full of batch decodes never makes a person wait for one of them to end, batch requests
+take at most ``max_batch - 1`` seats (``pop_seated``): the last seat is an interactive
+request's, at the cost of one decode in ``max_batch`` for a job that runs alone (one in 8 by
+default). The cluster's slots, granted interactive first too (``cluster.jobs.slots``), decide
+how many requests reach the engine::
 
     queued: batch b1 b2 b3, then interactive i1      admitted: i1 b1 b2 b3
     in prefill: b1 (400 tokens left), i1 (30)        step budget 64: i1 30, b1 34
@@ -90,8 +93,19 @@ class Admission(Generic[T]):
         """The next tenant's oldest item of the first lane that has one; that tenant moves to
         the back of its lane's turn order."""
         tenants = next((lane for lane in self._lanes.values() if lane), None)
-        if tenants is None:
-            return None
+        return None if tenants is None else self._pop_from(tenants)
+
+    def pop_seated(self, used: int, seats: int) -> T | None:
+        """``pop``, for a batch of ``seats`` of which ``used`` are taken: an interactive item
+        while a seat is free, a batch item only while another seat stays free after it (the
+        one kept for an interactive request; all of them when there is one seat)."""
+        for priority, tenants in self._lanes.items():
+            limit = seats if priority is Priority.INTERACTIVE or seats == 1 else seats - 1
+            if tenants and used < limit:
+                return self._pop_from(tenants)
+        return None
+
+    def _pop_from(self, tenants: OrderedDict[str, deque[tuple[str, T]]]) -> T:
         tenant, queue = next(iter(tenants.items()))
         _, item = queue.popleft()
         if queue:

@@ -478,3 +478,20 @@ class TestPriority:
         second = eng.step()
         # in FIFO order b1, with 136 tokens left, would have taken the whole 64
         assert [d.request_id for d in second.deltas] == [person.request_id]
+
+    def test_batch_decodes_leave_a_seat_for_an_interactive_request(self):
+        """max_batch 2: of two batch requests one is admitted, the other waits; an interactive
+        request submitted while the first decodes takes the kept seat and its first token
+        comes in the step it is admitted (a 20-token prompt, within one budget)."""
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, max_batch=2))
+        batch = [dataclasses.replace(req(eng, prompt_of(20, s), max_tokens=50, tenant="jobs"),
+                                     batch=True) for s in (4, 5)]
+        for r in batch:
+            eng.submit(r)
+        first = eng.step()
+        assert [d.request_id for d in first.deltas] == [batch[0].request_id]
+        person = req(eng, prompt_of(20, 6), tenant="people")
+        eng.submit(person)
+        second = eng.step()
+        assert person.request_id in [d.request_id for d in second.deltas]
+        assert batch[1].request_id not in [d.request_id for d in second.deltas]

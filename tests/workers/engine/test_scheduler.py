@@ -60,6 +60,19 @@ def test_remove_finds_a_key_in_either_lane():
     assert queue.pop() == "i1" and queue.pop() is None
 
 
+def test_batch_items_leave_the_last_seat_to_an_interactive_one():
+    queue: Admission[str] = Admission()
+    for key in ["b1", "b2", "b3"]:
+        queue.push("jobs", key, key, Priority.BATCH)
+    assert queue.pop_seated(used=2, seats=4) == "b1"
+    assert queue.pop_seated(used=3, seats=4) is None  # the last seat is kept
+    queue.push("people", "i1", "i1")
+    assert queue.pop_seated(used=3, seats=4) == "i1"
+    assert queue.pop_seated(used=4, seats=4) is None
+    assert queue.pop_seated(used=0, seats=1) == "b2"  # one seat: nothing to keep
+    assert list(queue.keys()) == ["b3"]
+
+
 class _Job:
     def __init__(self, name: str, need: int, priority: Priority):
         self.name, self.need, self.priority, self.first_block = name, need, priority, None
