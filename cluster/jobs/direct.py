@@ -16,8 +16,8 @@ Every refusal is counted (``orchard.requests.refused``, by tenant and reason). A
 request (the default) may be shed and is granted slots first; a ``BATCH`` one is never shed
 and reaches the engine as a batch request (``GenerateRequest.batch``).
 
-``stream`` holds one of the runner's ``max_concurrent`` slots (``cluster.jobs.slots``, shared
-fairly with job requests) while the request runs, traces it (``JobTracing.request``: a child
+``stream`` holds one of the runner's ``max_concurrent`` slots (``cluster.jobs.slots``: shared
+with job requests, interactive first) while the request runs, traces it (``JobTracing.request``: a child
 of the caller's trace when ``metadata`` carries one), and stops at the earlier of the
 configured request timeout and the caller's own ``remaining_s`` (``TimeoutError``). Closing the
 stream early aborts the request on its worker. Errors are the backend's own
