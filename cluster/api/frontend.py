@@ -155,6 +155,7 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
                                      time.monotonic))
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
+    tracing.watch_slots(runner.slot_gauges)
     auth = Authenticator(config.tenant_keys, config.admin_keys, KeyStore(config.run_dir, clock_ms))
     server = grpc.aio.server(interceptors=[DecodeGuard()],
                              options=[("grpc.max_receive_message_length", 64 << 20),

@@ -60,6 +60,7 @@ from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
 from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
+from cluster.telemetry.metrics import SlotGauges
 from router.kv.key import Namespace, hash_blocks
 from workers.messages import GenerateRequest, Priority
 
@@ -183,6 +184,11 @@ class JobRunner:
     def direct(self) -> DirectRequests:
         """Requests outside any job (``Generate``, the HTTP completions): the edges' way in."""
         return self._direct
+
+    def slot_gauges(self) -> dict[str, SlotGauges]:
+        """The slots per priority ("interactive", "batch"): held now, and waited for."""
+        return {str(p): SlotGauges(self._slots.held_by(p), self._slots.waiting(p))
+                for p in Priority}
 
     def slots_in_use(self) -> dict[str, int]:
         """Requests on the backend now, per tenant (job requests and direct requests)."""

@@ -23,6 +23,9 @@ Observed at each export from callbacks the owners register (``watch_store``, ``w
     orchard.store.evictions       counter    {worker}   cumulative, from the store's stats
     orchard.store.expirations     counter    {worker}
     orchard.queue.depth           gauge      {tenant}   requests accepted, not finished
+    orchard.slots.in_use          gauge      {priority} slots to the backend held now
+    orchard.slots.waiting         gauge      {priority} requests waiting for a slot
+                                             (priority: "interactive" or "batch")
 
 With no meter (telemetry disabled) every call is a no-op.
 """
@@ -60,6 +63,14 @@ class RequestUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotGauges:
+    """The runner's slots for one priority, at each metric export."""
+
+    in_use: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
 class StoreGauges:
     """What a worker's store reports at each metric export."""
 
@@ -74,6 +85,7 @@ class Instruments:
         self._tokens: dict[tuple[str, str], list[int]] = {}   # (worker, tenant) -> [input, cached]
         self._stores: dict[str, Callable[[], StoreGauges]] = {}
         self._queues: list[Callable[[], Mapping[str, int]]] = []
+        self._slots: list[Callable[[], Mapping[str, SlotGauges]]] = []
         self._queue_tenants: set[str] = set()
         self._meter = meter
         if meter is None:
@@ -109,6 +121,11 @@ class Instruments:
                                         "Blocks expired from the prefix store (TTL)")
         meter.create_observable_gauge("orchard.queue.depth", [self._observe_queues],
                                       "{request}", "Requests accepted and not finished")
+        meter.create_observable_gauge("orchard.slots.in_use", [self._observe_slots("in_use")],
+                                      "{request}", "Slots to the backend held, by priority")
+        meter.create_observable_gauge("orchard.slots.waiting",
+                                      [self._observe_slots("waiting")], "{request}",
+                                      "Requests waiting for a slot to the backend, by priority")
 
     def record_request(self, u: RequestUsage) -> None:
         if self._meter is None:
@@ -144,6 +161,19 @@ class Instruments:
         """Observe queue depth per tenant at each export."""
         with self._lock:
             self._queues.append(depths)
+
+    def watch_slots(self, slots: Callable[[], Mapping[str, SlotGauges]]) -> None:
+        """Observe the runner's slots per priority at each export."""
+        with self._lock:
+            self._slots.append(slots)
+
+    def _observe_slots(self, field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                sources = list(self._slots)
+            return [Observation(getattr(gauges, field), {"priority": priority})
+                    for source in sources for priority, gauges in source().items()]
+        return observe
 
     def _observe_hit_ratio(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

@@ -11,6 +11,7 @@ from tests.support.bounded import run_bounded
 
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.slots import SlotPool
+from cluster.telemetry.metrics import SlotGauges
 from workers.messages import Priority
 from cluster.jobs.store import JobStore, NewRequest, StagedRequest
 from router.kv.key import Namespace
@@ -127,6 +128,9 @@ def test_a_generate_flood_gets_its_share_of_the_slots_and_no_more(tmp_path):
             await finish_one_flood_call()
         assert backend.running == {"acme": 1}
         assert runner.slots_in_use() == {"acme": 1, "flood": 3}
+        # 20 Generate calls: 3 ended, 3 running, 14 waiting; the job asks for one at a time
+        assert runner.slot_gauges() == {"interactive": SlotGauges(3, 14),
+                                        "batch": SlotGauges(1, 1)}
         for task in flood:
             task.cancel()
         await asyncio.gather(*flood, return_exceptions=True)
