@@ -76,10 +76,11 @@ class DirectRequests:
         self._interactive = 0  # interactive requests admitted and not yet ended
 
     def queue(self) -> QueueState:
-        """The slots as a new interactive request finds them: ahead of it, every interactive
-        request admitted that holds no slot yet (being tokenized, or waiting for a slot)."""
+        """The slots as a new interactive request finds them: those it takes turns on (less
+        the batch floor while batch requests wait), and ahead of it, every interactive request
+        admitted that holds no slot yet (being tokenized, or waiting for a slot)."""
         ahead = self._interactive - self._slots.held_by(Priority.INTERACTIVE)
-        return QueueState(self._slots.capacity, self._slots.in_use(), max(0, ahead))
+        return QueueState(self._slots.for_interactive(), self._slots.in_use(), max(0, ahead))
 
     @contextlib.contextmanager
     def admitted(self, tenant: str, priority: Priority = Priority.INTERACTIVE,

@@ -6,7 +6,9 @@ measured, both moving averages (``workers.rates.moving_average``, the one the en
 budget uses):
 
     slot_s   how long a request holds one of the runner's slots (dispatch to its end), over
-             every request, jobs' included: the slots free at ``capacity / slot_s`` a second
+             every request, jobs' included: the slots free at ``capacity / slot_s`` a second,
+             ``capacity`` the slots interactive requests take turns on (all of them, less the
+             batch floor while batch requests wait: ``cluster.jobs.slots``)
     ttft_s   an interactive request's time to first token on its worker (``ttft_s`` of the
              engine's result: the engine's queue, the prefill budget and the prefill itself)
 
@@ -42,7 +44,7 @@ class Shed(RetryLater):
 class QueueState:
     """The runner's slots as a new interactive request finds them."""
 
-    capacity: int   # slots in all
+    capacity: int   # slots interactive requests take turns on (the batch floor aside)
     in_use: int     # slots held now
     ahead: int      # interactive requests admitted without a slot yet (tokenizing, waiting)
 

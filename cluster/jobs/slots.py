@@ -63,6 +63,12 @@ class SlotPool:
         return self._batch_held if priority is Priority.BATCH else (
             self.in_use() - self._batch_held)
 
+    def for_interactive(self) -> int:
+        """Slots that interactive requests take turns on: all, less the batch floor while
+        batch requests wait (a slot batch holds within its floor goes back to batch)."""
+        kept = min(self._batch_floor, self._batch_held) if self._lanes[Priority.BATCH] else 0
+        return self._capacity - kept
+
     def waiting(self, priority: Priority) -> int:
         """Waiters of ``priority`` (cancelled ones not yet passed over included)."""
         return sum(len(queue) for queue in self._lanes[priority].values())

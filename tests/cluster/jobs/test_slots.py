@@ -246,3 +246,22 @@ def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
 def test_a_pool_needs_a_slot():
     with pytest.raises(ValueError, match="max_concurrent must be >= 1"):
         SlotPool(0)
+
+
+def test_interactive_requests_take_turns_on_the_slots_less_the_batch_floor_batch_waits_for():
+    async def main() -> None:
+        pool = SlotPool(8)  # floor: 2 batch slots
+        assert pool.for_interactive() == 8
+        for _ in range(3):
+            await pool.acquire("jobs", Priority.BATCH)
+        assert pool.for_interactive() == 8  # no batch request waits: every slot comes back
+        for _ in range(5):
+            await pool.acquire("people")
+        waiter = asyncio.create_task(pool.acquire("jobs", Priority.BATCH))
+        await asyncio.sleep(0)
+        assert pool.for_interactive() == 6  # 2 of batch's 3 go back to batch when freed
+        assert (pool.held_by(Priority.BATCH), pool.held_by(Priority.INTERACTIVE)) == (3, 5)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+
+    run_bounded(main(), 60, "the slots interactive requests take turns on")
