@@ -11,12 +11,19 @@ budget uses):
              batch floor while batch requests wait: ``cluster.jobs.slots``)
     ttft_s   an interactive request's time to first token on its worker (``ttft_s`` of the
              engine's result: the engine's queue, the prefill budget and the prefill itself)
+    dev_s    the mean deviation of those TTFTs from their average (as TCP estimates its
+             retransmission timeout from the round trip's mean and deviation, RFC 6298)
 
     wait      = 0                                   a slot is free and nobody waits for one
               = (ahead + 1) x slot_s / capacity     else: the interactive requests ``ahead``
                                                     (admitted, no slot yet: being tokenized
                                                     or waiting) take the next freed slots
-    predicted = wait + ttft_s
+    predicted = wait + ttft_s + SPREAD x dev_s
+
+``SPREAD`` is 2: the target is that 95% of accepted requests meet their deadline, so the
+prediction aims near the 95th percentile of the TTFT (two deviations above the mean of a
+normal spread), not at its mean, which half of them would miss. The wait is a sum over many
+requests ahead, so its mean is what it takes.
 
 The bound is the earlier of the caller's deadline (``remaining_s``) and the configured
 ``[limits] max_ttft_s`` (0: none). A request whose prediction exceeds it is refused with
@@ -34,6 +41,8 @@ from dataclasses import dataclass
 
 from cluster.jobs.admission import RetryLater
 from workers.rates import moving_average
+
+SPREAD = 2.0  # deviations of the TTFT above its mean that the prediction takes
 
 
 class Shed(RetryLater):
@@ -69,6 +78,7 @@ class LoadShedder:
         self._max_ttft_s = max_ttft_s
         self._slot_s = 0.0   # 0.0: not measured yet
         self._ttft_s = 0.0
+        self._dev_s = 0.0
 
     def observe_slot(self, seconds: float) -> None:
         """A request (of a job or not) held its slot ``seconds``."""
@@ -78,6 +88,8 @@ class LoadShedder:
     def observe_ttft(self, seconds: float) -> None:
         """An interactive request's first token came ``seconds`` after its worker got it."""
         if seconds > 0:
+            if self._ttft_s:  # the deviation from the average before this measurement
+                self._dev_s = moving_average(self._dev_s, abs(seconds - self._ttft_s))
             self._ttft_s = moving_average(self._ttft_s, seconds)
 
     @property
@@ -91,7 +103,7 @@ class LoadShedder:
             return None
         free = queue.in_use < queue.capacity and queue.ahead == 0
         wait = 0.0 if free else (queue.ahead + 1) * self._slot_s / queue.capacity
-        return Prediction(wait, wait + self._ttft_s)
+        return Prediction(wait, wait + self._ttft_s + SPREAD * self._dev_s)
 
     def bound(self, remaining_s: float | None) -> float | None:
         """The TTFT a new request must meet: its deadline or the configured bound."""

@@ -36,12 +36,15 @@ def test_behind_a_queue_the_wait_is_the_queue_drained_at_capacity_over_slot_time
     assert shedder.predict(QueueState(4, 4, 0)) == Prediction(0.5, 1.0)
 
 
-def test_the_averages_move_as_the_engines_rates_do():
+def test_the_averages_move_as_the_engines_rates_do_and_the_ttfts_spread_counts_twice():
     shedder = _measured(slot_s=2.0, ttft_s=0.5)
     shedder.observe_slot(4.0)   # 0.7 x 2 + 0.3 x 4
-    shedder.observe_ttft(1.5)   # 0.7 x 0.5 + 0.3 x 1.5
+    shedder.observe_ttft(1.5)   # 0.7 x 0.5 + 0.3 x 1.5; deviation |1.5 - 0.5|, the first
     assert shedder.slot_s == pytest.approx(2.6)
-    assert shedder.predict(QueueState(2, 2, 1)).ttft_s == pytest.approx(2.6 + 0.8)
+    # wait 2 x 2.6 / 2, then the TTFT's average and two deviations
+    assert shedder.predict(QueueState(2, 2, 1)).ttft_s == pytest.approx(2.6 + 0.8 + 2 * 1.0)
+    shedder.observe_ttft(0.8)   # on the average: the deviation falls to 0.7 x 1.0
+    assert shedder.predict(QueueState(2, 1, 0)).ttft_s == pytest.approx(0.8 + 2 * 0.7)
 
 
 def test_a_request_past_its_bound_is_shed_with_the_seconds_the_queue_needs():
