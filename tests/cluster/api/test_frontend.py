@@ -239,6 +239,10 @@ class TestOverload:
                 list(client.generate(chat_request("", hello, 30)))
             assert (caught.value.code, caught.value.retry_after_s) == ("RESOURCE_EXHAUSTED", 60)
             assert "tokens_per_minute quota of 20" in caught.value.message
+            with pytest.raises(OrchardError) as caught:  # a priority no version defines
+                list(client.generate(chat_request("", hello, 3), priority=7))
+            assert caught.value.code == "INVALID_ARGUMENT"
+            assert caught.value.message.startswith("priority: unknown value 7")
             address = json.loads((tmp_path / "frontend.json").read_text())["http_address"]
             url = urlsplit(address)
             connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
