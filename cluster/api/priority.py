@@ -7,8 +7,9 @@
 A value outside these is refused naming the field (INVALID_ARGUMENT, HTTP 400), and so are a
 header and a ``service_tier`` that disagree: nothing is accepted and then ignored. OpenAI's
 "priority" tier (faster than default) has no meaning here: interactive is already first.
-Jobs and batch lines are batch work whatever they say (``cluster.api.openai_fields`` refuses a
-batch line's ``service_tier`` other than "auto" or "flex").
+Jobs and batch lines are batch work: ``cluster.api.openai_fields`` refuses a batch line's
+``service_tier`` other than "auto" or "flex", and ``check_batch_header`` a ``POST /v1/batches``
+whose header asks for interactive work.
 """
 from __future__ import annotations
 
@@ -55,3 +56,12 @@ def http_priority(body: Mapping[str, Any], headers: Mapping[str, str]) -> Priori
         raise FieldError("service_tier", f"'{tier}' is {by_tier} work but the "
                          f"{PRIORITY_HEADER} header says {by_header}; send one of them")
     return by_header or by_tier or Priority.INTERACTIVE
+
+
+def check_batch_header(headers: Mapping[str, str]) -> None:
+    """A batch's ``x-orchard-priority``, if sent, must say ``batch``: a batch is batch work."""
+    header = headers.get(PRIORITY_HEADER)
+    if header is not None and header.strip().lower() != Priority.BATCH:
+        raise FieldError(PRIORITY_HEADER, f"a batch runs as batch work: only 'batch', got "
+                         f"{header[:32]!r}; send interactive requests to POST "
+                         "/v1/chat/completions")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.api.priority import http_priority, priority_from_pb
+from cluster.api.priority import check_batch_header, http_priority, priority_from_pb
 from cluster.api.validate import FieldError
 from proto.orchard.v1 import orchard_pb2 as pb
 from workers.messages import Priority
@@ -47,3 +47,12 @@ def test_http_refusals_name_the_field(body, headers, field, words):
     with pytest.raises(FieldError) as caught:
         http_priority(body, headers)
     assert caught.value.field == field and words in str(caught.value)
+
+
+def test_a_batch_may_only_ask_for_batch_work():
+    check_batch_header({})
+    check_batch_header({"x-orchard-priority": "Batch"})
+    with pytest.raises(FieldError) as caught:
+        check_batch_header({"x-orchard-priority": "interactive"})
+    assert caught.value.field == "x-orchard-priority"
+    assert "a batch runs as batch work: only 'batch', got 'interactive'" in str(caught.value)
