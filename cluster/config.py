@@ -16,8 +16,15 @@ running cluster owns: this config, the job store, the frontend's address file, t
     max_pending_total = 200000      # ... over all tenants (beyond either: RESOURCE_EXHAUSTED)
     max_concurrent = 8           # requests in flight to the backend at once
     request_timeout_s = 600.0    # a job request running longer fails with DEADLINE_EXCEEDED
+    max_ttft_s = 0.0             # an interactive request predicted to wait longer for its
+                                 # first token is refused at once (429, Retry-After); 0: only
+                                 # the caller's own deadline (cluster/jobs/shedding.py)
     max_prompt_bytes = 1048576   # text of one request's messages (INVALID_ARGUMENT beyond);
                                  # its tokens are capped by the model's context
+
+    [quotas.acme]                # per tenant, requests outside jobs; re-read when the file
+    requests_in_flight = 8       # changes, no restart (cluster/jobs/quotas.py); 0: no limit
+    tokens_per_minute = 200000   # prompt + max_tokens accepted in the last minute
 
     [cache]
     block_size = 16
@@ -99,6 +106,7 @@ class Limits:
     max_concurrent: int = 8
     request_timeout_s: float = 600.0
     max_prompt_bytes: int = 1 << 20
+    max_ttft_s: float = 0.0  # 0: shed only past the caller's own deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +320,8 @@ def _check(config: Config, path: Path) -> None:
             raise ValueError(f"{path}: [limits] {name} must be >= 1")
     if limits.request_timeout_s <= 0:
         raise ValueError(f"{path}: [limits] request_timeout_s must be > 0")
+    if limits.max_ttft_s < 0:
+        raise ValueError(f"{path}: [limits] max_ttft_s must be >= 0 (0: callers' deadlines only)")
     _check_http(config.http, path)
     _check_metrics(config.metrics, path)
     if config.cache.block_size < 1:

@@ -8,7 +8,7 @@ in another process can place spans for the lookup, the prefill and the decode af
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Iterable
 
 from router.kv.key import Namespace
@@ -58,6 +58,16 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+class Priority(StrEnum):
+    """Who waits on a request: a person (``INTERACTIVE``, the default for single requests) or
+    a job's wall time (``BATCH``, the default for jobs). Interactive requests are admitted and
+    prefilled first, in the engine (``workers.engine.scheduler``) and in the cluster's slots;
+    only interactive requests are ever shed under load."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     request_id: str
@@ -69,6 +79,11 @@ class GenerateRequest:
     # A batch job's request: throughput first. The step budget's decode-stall bound protects
     # only the decodes of interactive requests (``workers.engine.scheduler``).
     batch: bool = False
+
+    @property
+    def priority(self) -> Priority:
+        """``BATCH`` for a request with ``batch`` set, else ``INTERACTIVE``."""
+        return Priority.BATCH if self.batch else Priority.INTERACTIVE
 
 
 class LookupOutcome(str, Enum):

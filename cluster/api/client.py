@@ -39,10 +39,14 @@ FILE_TIMEOUT_S = 600.0    # the deadline of a file submission (a 200 MB file tak
 
 
 class OrchardError(Exception):
-    def __init__(self, code: str, message: str):
+    """A call's status; ``retry_after_s`` is the server's ``retry-after`` trailer (a request
+    shed under load or over its tenant's quota), None without one."""
+
+    def __init__(self, code: str, message: str, retry_after_s: int | None = None):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +161,9 @@ class Client:
             why = explain(self._address, self._tls)
             if why is not None:
                 return OrchardError(exc.code().name, why)
-        return OrchardError(exc.code().name, exc.details() or "")
+        retry = dict(exc.trailing_metadata() or ()).get("retry-after")
+        return OrchardError(exc.code().name, exc.details() or "",
+                            int(retry) if retry is not None and retry.isdigit() else None)
 
     def __enter__(self) -> Client:
         return self
@@ -267,10 +273,11 @@ class Client:
 
     # ------------------------------------------------------------- generate
 
-    def generate(self, request: pb.Request, timeout_s: float | None = None
-                 ) -> Iterator[pb.GenerateResponse]:
-        """Stream one request: ``delta`` events, then one ``result`` event."""
-        stream = self._generate.Generate(pb.GenerateRequest(request=request),
+    def generate(self, request: pb.Request, timeout_s: float | None = None,
+                 priority: int = pb.PRIORITY_UNSPECIFIED) -> Iterator[pb.GenerateResponse]:
+        """Stream one request: ``delta`` events, then one ``result`` event. ``priority``:
+        ``pb.PRIORITY_BATCH`` for work that may wait (never shed), else interactive."""
+        stream = self._generate.Generate(pb.GenerateRequest(request=request, priority=priority),
                                          metadata=self._metadata, timeout=timeout_s)
         try:
             yield from stream

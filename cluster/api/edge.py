@@ -9,7 +9,9 @@ turn into gRPC statuses; below the edge, code raises plain domain errors:
     JobNotFound            NOT_FOUND
     UnknownWorker          NOT_FOUND
     JobFinished            FAILED_PRECONDITION  e.g. cancelling a finished job
-    Overloaded             RESOURCE_EXHAUSTED   backpressure: retry later
+    Overloaded             RESOURCE_EXHAUSTED   backpressure: retry later (a ``RetryLater``,
+                                                shed or over a quota, adds the trailer
+                                                ``retry-after``: whole seconds)
     LimitExceeded          RESOURCE_EXHAUSTED   a job over the size limit: split it
     StoreFull              RESOURCE_EXHAUSTED   the job store's disk is full: job not created
     NoWorkerAvailable     UNAVAILABLE
@@ -36,7 +38,7 @@ from google.protobuf.message import DecodeError
 
 from cluster.backend.protocol import NoWorkerAvailable, UnknownWorker
 from cluster.jobs.store import JobFinished, JobNotFound, StoreFull
-from cluster.jobs.admission import Overloaded
+from cluster.jobs.admission import Overloaded, RetryLater
 from cluster.api.keys import KeyStore
 from cluster.api.validate import LimitExceeded
 
@@ -84,11 +86,16 @@ def _message(exc: BaseException) -> str:
     return text if len(text) <= MAX_DETAILS else text[:MAX_DETAILS] + "..."
 
 
+RETRY_AFTER = "retry-after"  # trailing metadata of a RetryLater refusal: whole seconds
+
+
 async def _abort(context, exc: Exception, method: str):
     code = status_of(exc)
     if code is None:
         log.exception("%s failed", method)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+    if isinstance(exc, RetryLater):
+        context.set_trailing_metadata(((RETRY_AFTER, str(exc.retry_after_s)),))
     await context.abort(code, _message(exc))
 
 

@@ -47,7 +47,8 @@ from grpc_reflection.v1alpha import reflection
 
 from cluster.backend.protocol import Backend, ModelInfo
 from cluster.api.chat import ChatTokenizer
-from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
+from cluster.config import (ADDRESS_NAME, CONFIG_NAME, Config, load_config,
+                            write_default_config)
 from cluster.api.edge import Authenticator, DecodeGuard, status_of
 from cluster.api.intake import JobIntakeService, prepare
 from cluster.api.keys import KeyStore
@@ -56,6 +57,7 @@ from cluster.jobs.store import JobStore
 from cluster.jobs.takeover import LeaseKeeper
 from cluster.rundir import make_private
 from cluster.telemetry.job_tracing import frontend_tracing
+from cluster.jobs.quotas import QuotaFile, Quotas
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.api.servicer import GenerateServicer, JobsServicer
 from cluster.api.batch_store import BatchStore
@@ -187,10 +189,14 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
                        functools.partial(prepare, model=model, render=tokenizer.render,
                                          max_prompt_bytes=limits.max_prompt_bytes),
                        RunnerLimits(limits.max_concurrent, limits.max_pending_per_tenant,
-                                    limits.max_pending_total, limits.request_timeout_s),
-                       namespace=namespace, block_size=model.block_size, tracing=tracing)
+                                    limits.max_pending_total, limits.request_timeout_s,
+                                    limits.max_ttft_s),
+                       namespace=namespace, block_size=model.block_size, tracing=tracing,
+                       quotas=Quotas(QuotaFile(config.run_dir / CONFIG_NAME).current,
+                                     time.monotonic))
     tenants = config.tenants()
     tracing.watch(backend, lambda: {t: runner.pending().get(t, 0) for t in tenants})  # gauges
+    tracing.watch_slots(runner.slot_gauges)
     auth = Authenticator(config.tenant_keys, config.admin_keys, KeyStore(config.run_dir, clock_ms))
     server = grpc.aio.server(interceptors=[DecodeGuard()],
                              options=[("grpc.max_receive_message_length", 64 << 20),

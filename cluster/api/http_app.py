@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from cluster.api import openai_shapes as shapes
 from cluster.api.openai_stream import StreamedAnswer
+from cluster.api.priority import http_priority
 from cluster.api.edge import Authenticator
 from cluster.api.http_batches import Batches
 from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, json_body,
@@ -105,8 +106,9 @@ class HttpApi:
         orchard_request = shapes.request_of(body, endpoint, self._encode)
         outputs = shapes.Outputs(self._work.token_bytes, orchard_request.tools,
                                  self._work.tool_format)
+        priority = http_priority(body, request.headers)
         items = self._work.stream_one(tenant, orchard_request, "body",
-                                      list(request.headers.items()))
+                                      list(request.headers.items()), priority=priority)
         created = int(self._clock_s())
         feed = _Feed(items)
         if not mode.stream:  # answered at the result; the request's trace finishes after

@@ -35,6 +35,7 @@ from cluster.api.edge import Authenticator
 from cluster.api.http_errors import BodyTooLarge, json_body, openai_errors, tenant_of
 from cluster.api.http_guard import BodyCap
 from cluster.api.intake import MAX_FILE_BYTES
+from cluster.api.priority import check_batch_header
 from cluster.api.validate import FieldError
 from cluster.api.work import Work
 from cluster.jobs.runner import JobRunner
@@ -108,6 +109,7 @@ class Batches:
 
     async def create(self, request: Request) -> Response:
         tenant = self._tenant(request)
+        check_batch_header(request.headers)
         body = await json_body(request)
         endpoint = body.get("endpoint")
         if endpoint not in shapes.ENDPOINTS:

@@ -23,7 +23,9 @@ above; they are looked up first (``OWN_STATUS``):
     BodyTooLarge   413   invalid_request_error   request_too_large   (RESOURCE_EXHAUSTED)
     SlowClient     408   invalid_request_error   request_timeout     (DEADLINE_EXCEEDED)
 
-The body is OpenAI's: ``{"error": {"message", "type", "param", "code"}}``. Starlette's own
+A refusal that knows when a retry could pass (``RetryLater``: shed under load, or over a
+tenant's quota) carries a ``Retry-After`` header in whole seconds, as gRPC's ``retry-after``
+trailer does. The body is OpenAI's: ``{"error": {"message", "type", "param", "code"}}``. Starlette's own
 HTTP errors (an unknown route, a wrong method) take the same shape. Anything without a status
 is a bug: logged with its traceback, answered 500. Every endpoint is wrapped by
 ``openai_errors``; below it, code raises the same domain errors as under gRPC.
@@ -42,6 +44,7 @@ from starlette.responses import JSONResponse
 from cluster.api import json_input
 from cluster.api.edge import Authenticator, Unauthenticated, bearer_token, status_of
 from cluster.api.validate import FieldError, LimitExceeded
+from cluster.jobs.admission import RetryLater
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,9 @@ def error_parts(exc: BaseException) -> tuple[int, dict]:
 
 def error_response(exc: BaseException) -> JSONResponse:
     status, body = error_parts(exc)
-    return JSONResponse(body, status_code=status)
+    headers = ({"retry-after": str(exc.retry_after_s)} if isinstance(exc, RetryLater)
+               else None)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def openai_errors(endpoint):

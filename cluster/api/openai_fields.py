@@ -31,14 +31,15 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-           "stream_options", "response_format", "logprobs")
+           "stream_options", "response_format", "logprobs",
+           "service_tier")  # the request's priority (``cluster.api.priority``)
 READ = {
     CHAT: frozenset(_COMMON + ("messages", "max_completion_tokens", "top_logprobs", "tools",
                                "tool_choice", "parallel_tool_calls")),
     COMPLETIONS: frozenset(_COMMON + ("prompt",)),
 }
-HARMLESS = ("user", "metadata", "store", "service_tier")
-SERVICE_TIERS = ("auto", "default")
+HARMLESS = ("user", "metadata", "store")
+BATCH_TIERS = ("auto", "flex")  # a batch line runs as batch work: flex
 NEUTRAL: dict[str, Any] = {"n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0,
                            "logit_bias": {}, "echo": False, "suffix": "", "modalities": ["text"]}
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id")
@@ -61,7 +62,6 @@ _WHY = {
     "functions": "deprecated by OpenAI: offer tools instead",
     "function_call": "deprecated by OpenAI: use tool_choice with tools",
     "store": "orchard keeps no completions; only false",
-    "service_tier": f"orchard has one tier; only {' or '.join(SERVICE_TIERS)}",
 }
 
 
@@ -93,11 +93,14 @@ def check_fields(body: dict, endpoint: str) -> None:
 
 def check_batch_body(body: dict) -> None:
     """What a batch line's body cannot ask for: a stream, or tools (its answer is a line of
-    text in the output file)."""
+    text in the output file), or a priority other than batch."""
     if body.get("stream") not in (None, False):
         raise FieldError("stream", "a batch line is answered in the output file; leave it out")
     if body.get("stream_options") is not None:
         raise FieldError("stream_options", "a batch line is not streamed; leave it out")
+    if body.get("service_tier") not in (None, *BATCH_TIERS):
+        raise FieldError("service_tier", "a batch line runs as batch work: only "
+                         f"{' or '.join(BATCH_TIERS)}; leave it out")
     for key in ("tools", "tool_choice"):
         if body.get(key) is not None:
             raise FieldError(key, "not supported in a batch (its output lines carry text); "
@@ -155,8 +158,6 @@ def _harmless(key: str, value: Any) -> None:
         raise FieldError("user", "must be a string")
     if key == "store" and value is not False:
         raise refused("store")
-    if key == "service_tier" and value not in SERVICE_TIERS:
-        raise refused("service_tier")
     if key == "metadata":
         if not isinstance(value, dict) or len(value) > MAX_METADATA_PAIRS:
             raise FieldError("metadata", f"must be an object of at most {MAX_METADATA_PAIRS} "

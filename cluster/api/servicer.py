@@ -16,6 +16,7 @@ from cluster.api import validate
 from cluster.api.convert import (RequestsFromPb, job_to_pb, logprobs_to_pb, page_request,
                                  page_token, request_from_pb, result_to_pb)
 from cluster.api.edge import Authenticator, Undecodable, grpc_errors
+from cluster.api.priority import priority_from_pb
 from cluster.api.work import Work
 from cluster.jobs.runner import JobRunner
 from cluster.jobs.store import JobNotFound, JobStore, StoredResult
@@ -134,7 +135,8 @@ class GenerateServicer(pb_grpc.GenerateServicer):
                                                 "request",
                                                 context.invocation_metadata() or (),
                                                 context.time_remaining(),
-                                                lambda items: until_rpc_done(context, items)):
+                                                lambda items: until_rpc_done(context, items),
+                                                priority_from_pb(request.priority)):
             if isinstance(item, StoredResult):
                 yield pb.GenerateResponse(result=result_to_pb(item, model,
                                                               self._work.token_bytes))

@@ -27,6 +27,7 @@ from cluster.backend.protocol import ModelInfo, TokenChunk
 from cluster.jobs.direct import DirectRequests
 from cluster.jobs.store import JobRecord, StoredResult
 from cluster.telemetry.setup import attached, extract_metadata
+from workers.messages import Priority
 
 Metadata = Sequence[tuple[str, str]]
 Pump = Callable[[AsyncIterator], AsyncIterator]
@@ -77,20 +78,23 @@ class Work:
 
     async def stream_one(self, tenant: str, request: RequestIn, field: str,
                          metadata: Metadata = (), remaining_s: float | None = None,
-                         pump: Pump = _direct) -> AsyncIterator[TokenChunk | StoredResult]:
+                         pump: Pump = _direct, priority: Priority = Priority.INTERACTIVE
+                         ) -> AsyncIterator[TokenChunk | StoredResult]:
         """Run one request outside any job: its token chunks as they come, then its result.
 
         ``remaining_s`` is the caller's own deadline, if it has one; the configured request
         timeout applies either way. ``pump`` runs the request (the gRPC edge pumps it from a
         task the RPC's end cancels, so its span is current in that task only, never across a
-        yield); closing this stream early aborts the request on its worker.
+        yield); closing this stream early aborts the request on its worker. An interactive
+        request (the default) is shed when it would start past ``remaining_s`` or the
+        configured bound (``cluster.jobs.shedding``); a batch one never is.
         """
         # admitted before tokenizing: an overloaded cluster does no work
-        with self._direct.admitted(tenant):
+        with self._direct.admitted(tenant, priority, remaining_s):
             new = await self._tokenizer.off_loop(
                 validate.new_request, request, field, self._model, self._tokenizer.render,
                 self._max_prompt_bytes, self._tool_format)
-            stream = self._direct.stream(tenant, new, metadata, remaining_s)
+            stream = self._direct.stream(tenant, new, metadata, remaining_s, priority)
             async with contextlib.aclosing(pump(stream)) as items:
                 async for item in items:
                     yield item

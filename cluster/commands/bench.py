@@ -68,6 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_batch_bench(sub)  # `orchard bench batch`: a 50,000-request file end to end
     from cluster.bench.frontends import register_bench as register_frontends_bench
     register_frontends_bench(sub)  # `orchard bench frontends`: two routers' belief drift
+    from cluster.bench.overload import register_bench as register_overload_bench
+    register_overload_bench(sub)  # `orchard bench overload`: a flood beside a batch job
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 

@@ -16,6 +16,15 @@ class Overloaded(RuntimeError):
     """Too many requests pending: the caller should retry later."""
 
 
+class RetryLater(Overloaded):
+    """A refusal that knows when a retry could pass: ``retry_after_s`` whole seconds (the
+    edges send it as gRPC's ``retry-after`` trailer and HTTP's ``Retry-After`` header)."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Admission:
     def __init__(self, max_per_tenant: int, max_total: int):
         self._max_tenant = max_per_tenant

@@ -2,13 +2,22 @@
 completions (``cluster.api.work``), which need no job store but share everything else.
 
     direct = runner.direct
-    with direct.admitted(tenant):              one more pending request (``Overloaded`` past
-        request = ...validate and tokenize...    the limits), counted until the block ends
-        async for item in direct.stream(tenant, request, metadata, remaining_s):
-            ...                                ``TokenChunk`` ... then one ``StoredResult``
+    with direct.admitted(tenant, priority,     one more pending request, counted until the
+                         remaining_s):           block ends; or refused at once (``Overloaded``):
+                                                 shed (``cluster.jobs.shedding``), over the
+                                                 tenant's quota (``cluster.jobs.quotas``) or
+                                                 past the pending limits
+        request = ...validate and tokenize...
+        async for item in direct.stream(tenant, request, metadata, remaining_s, priority):
+            ...                                the tokens charged to the tenant's minute, then
+                                               ``TokenChunk`` ... then one ``StoredResult``
 
-``stream`` holds one of the runner's ``max_concurrent`` slots (``cluster.jobs.slots``, shared
-fairly with job requests) while the request runs, traces it (``JobTracing.request``: a child
+Every refusal is counted (``orchard.requests.refused``, by tenant and reason). An interactive
+request (the default) may be shed and is granted slots first; a ``BATCH`` one is never shed
+and reaches the engine as a batch request (``GenerateRequest.batch``).
+
+``stream`` holds one of the runner's ``max_concurrent`` slots (``cluster.jobs.slots``: shared
+with job requests, interactive first) while the request runs, traces it (``JobTracing.request``: a child
 of the caller's trace when ``metadata`` carries one), and stops at the earlier of the
 configured request timeout and the caller's own ``remaining_s`` (``TimeoutError``). Closing the
 stream early aborts the request on its worker. Errors are the backend's own
@@ -21,20 +30,33 @@ import asyncio
 import contextlib
 import math
 import secrets
-from typing import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Iterator, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, TokenChunk
-from cluster.jobs.admission import Admission
+from cluster.jobs.admission import Admission, Overloaded
 from cluster.jobs.dispatch import dispatch_stream, result_of
+from cluster.jobs.quotas import QuotaExceeded, Quotas
+from cluster.jobs.shedding import LoadShedder, QueueState, Shed
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import NewRequest, StoredResult
 from cluster.telemetry.job_tracing import JobTracing
 from router.kv.key import Namespace, hash_blocks
-from workers.messages import GenerateRequest
+from workers.messages import GenerateRequest, Priority
 
 Metadata = Sequence[tuple[str, str]]  # the caller's (gRPC or HTTP) headers: its trace context
 
 MIN_TIMEOUT_S = 0.001  # a caller whose deadline has passed still gets a (failing) attempt
+
+
+@dataclass(frozen=True, slots=True)
+class Overload:
+    """What refuses a request outside a job before it runs, and the clock its slot time is
+    measured on (seconds)."""
+
+    shedder: LoadShedder
+    quotas: Quotas
+    clock: Callable[[], float]
 
 
 class DirectRequests:
@@ -42,7 +64,7 @@ class DirectRequests:
 
     def __init__(self, backend: Backend, admission: Admission, slots: SlotPool,
                  tracing: JobTracing, namespace: Callable[[str], Namespace], block_size: int,
-                 timeout_s: float):
+                 timeout_s: float, overload: Overload):
         self._backend = backend
         self._admission = admission
         self._slots = slots
@@ -50,43 +72,101 @@ class DirectRequests:
         self._namespace = namespace
         self._block_size = block_size
         self._timeout_s = timeout_s
+        self._overload = overload
+        self._interactive = 0  # interactive requests admitted and not yet ended
 
-    def admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
+    def queue(self) -> QueueState:
+        """The slots as a new interactive request finds them: those it takes turns on (less
+        the batch floor while batch requests wait), and ahead of it, every interactive request
+        admitted that holds no slot yet (being tokenized, or waiting for a slot)."""
+        ahead = self._interactive - self._slots.held_by(Priority.INTERACTIVE)
+        return QueueState(self._slots.for_interactive(), self._slots.in_use(), max(0, ahead))
+
+    @contextlib.contextmanager
+    def admitted(self, tenant: str, priority: Priority = Priority.INTERACTIVE,
+                 remaining_s: float | None = None) -> Iterator[None]:
         """``with direct.admitted(tenant):`` one pending request of ``tenant`` while the block
-        runs; ``Overloaded`` (nothing counted) when the tenant or the cluster is full."""
-        return self._admission.admitted(tenant, 1)
+        runs; ``Overloaded`` (nothing counted, the refusal counted by reason) when it is shed,
+        over the tenant's quota of requests in flight, or the tenant or cluster is full."""
+        with contextlib.ExitStack() as held:
+            with self._refusals_counted(tenant):
+                if priority is Priority.INTERACTIVE:
+                    self._overload.shedder.check(self.queue(), remaining_s)
+                retry_s = max(1, math.ceil(self._overload.shedder.slot_s or 1.0))
+                held.enter_context(self._overload.quotas.in_flight(tenant, retry_s))
+                held.enter_context(self._admission.admitted(tenant, 1))
+            if priority is Priority.INTERACTIVE:
+                held.callback(self._ended)
+                self._interactive += 1
+            yield
+
+    def _ended(self) -> None:
+        self._interactive -= 1
+
+    @contextlib.contextmanager
+    def _refusals_counted(self, tenant: str) -> Iterator[None]:
+        try:
+            yield
+        except QuotaExceeded as exc:
+            self._tracing.refused(tenant, exc.reason)
+            raise
+        except Shed:
+            self._tracing.refused(tenant, "shed")
+            raise
+        except Overloaded:
+            self._tracing.refused(tenant, "pending")
+            raise
 
     async def stream(self, tenant: str, request: NewRequest, metadata: Metadata = (),
-                     remaining_s: float | None = None
+                     remaining_s: float | None = None,
+                     priority: Priority = Priority.INTERACTIVE
                      ) -> AsyncIterator[TokenChunk | StoredResult]:
         """Run ``request`` (validated and tokenized) in a slot: its token chunks as the engine
-        yields them, then its result; within the request timeout and ``remaining_s``."""
-        async with self._slots.slot(tenant):
-            request_id = f"gen-{secrets.token_hex(8)}"
-            with self._tracing.request(tenant, request_id, "", request.custom_id,
-                                       request.sampling, metadata,
-                                       prompt=request.prompt) as trace:
-                generate = GenerateRequest(request_id=request_id,
-                                           namespace=self._namespace(tenant),
-                                           prompt=request.prompt, sampling=request.sampling,
-                                           trace_context=trace.context)
-                timeout_s = min(self._timeout_s, math.inf if remaining_s is None
-                                else max(remaining_s, MIN_TIMEOUT_S))
-                hashes = hash_blocks(request.prompt, self._block_size, generate.namespace)
-                concluded = False
-                try:
-                    async for item in dispatch_stream(self._backend, generate, hashes,
-                                                      timeout_s):
-                        if isinstance(item, GenerateOutcome):
-                            concluded = True
-                            try:  # the caller gets its result first; the trace finishes after
-                                yield result_of(0, request.custom_id, item)
-                                await asyncio.sleep(0)
-                            finally:
-                                trace.done(generate, hashes, item)
-                        else:
-                            yield item
-                except (GeneratorExit, asyncio.CancelledError):
-                    if not concluded:  # the caller left: what it asked for still ran
-                        trace.disconnected(len(request.prompt))
-                    raise
+        yields them, then its result; within the request timeout and ``remaining_s``. Its
+        tokens (prompt + max_tokens) are charged to the tenant's quota first
+        (``QuotaExceeded``)."""
+        with self._refusals_counted(tenant):
+            self._overload.quotas.charge(tenant,
+                                         len(request.prompt) + request.sampling.max_tokens)
+        async with self._slots.slot(tenant, priority):
+            started = self._overload.clock()
+            try:  # closed with this stream (a caller that leaves), not whenever collected
+                async with contextlib.aclosing(self._run(tenant, request, metadata, remaining_s,
+                                                         priority)) as items:
+                    async for item in items:
+                        yield item
+            finally:
+                self._overload.shedder.observe_slot(self._overload.clock() - started)
+
+    async def _run(self, tenant: str, request: NewRequest, metadata: Metadata,
+                   remaining_s: float | None, priority: Priority
+                   ) -> AsyncIterator[TokenChunk | StoredResult]:
+        request_id = f"gen-{secrets.token_hex(8)}"
+        with self._tracing.request(tenant, request_id, "", request.custom_id,
+                                   request.sampling, metadata, prompt=request.prompt) as trace:
+            generate = GenerateRequest(request_id=request_id,
+                                       namespace=self._namespace(tenant),
+                                       prompt=request.prompt, sampling=request.sampling,
+                                       trace_context=trace.context,
+                                       batch=priority is Priority.BATCH)
+            timeout_s = min(self._timeout_s, math.inf if remaining_s is None
+                            else max(remaining_s, MIN_TIMEOUT_S))
+            hashes = hash_blocks(request.prompt, self._block_size, generate.namespace)
+            concluded = False
+            try:
+                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
+                    if isinstance(item, GenerateOutcome):
+                        concluded = True
+                        if priority is Priority.INTERACTIVE:
+                            self._overload.shedder.observe_ttft(item.result.ttft_s)
+                        try:  # the caller gets its result first; the trace finishes after
+                            yield result_of(0, request.custom_id, item)
+                            await asyncio.sleep(0)
+                        finally:
+                            trace.done(generate, hashes, item)
+                    else:
+                        yield item
+            except (GeneratorExit, asyncio.CancelledError):
+                if not concluded:  # the caller left: what it asked for still ran
+                    trace.disconnected(len(request.prompt))
+                raise

@@ -27,7 +27,12 @@ Backpressure: requests accepted but without a result are counted per tenant and 
 (``RESOURCE_EXHAUSTED`` at the edge). The jobs this frontend's lease takes (its own after a
 restart, a dead frontend's: ``cluster.jobs.lease``) are ``adopt``ed, counted and launched, so
 a frontend resumes where one stopped: requests without a result run (again), and the store
-keeps one result per request. A job the lease lost is ``abandon``ed.
+keeps one result per request. A job the lease lost is ``abandon``ed. Under load, job requests
+are batch work (``Priority.BATCH``): slots go to interactive requests first, with a floor that
+keeps a job moving (``cluster.jobs.slots``), and a job is never shed nor held to the tenants'
+quotas. An interactive request outside a job may be refused at once: shed when it would start
+past its deadline (``cluster.jobs.shedding``, fed the slot times of every request run here),
+or over its tenant's quota (``cluster.jobs.quotas``); each refusal is counted by reason.
 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
 ``NoWorkerAvailable`` is retried with backoff until the request's deadline, then recorded as
@@ -42,19 +47,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from cluster.backend.protocol import Backend, NoWorkerAvailable
-from cluster.jobs.admission import Admission
-from cluster.jobs.direct import DirectRequests
+from cluster.jobs.admission import Admission, Overloaded
+from cluster.jobs.direct import DirectRequests, Overload
 from cluster.jobs.dispatch import dispatch, error_of, result_of
+from cluster.jobs.quotas import Quotas
+from cluster.jobs.shedding import LoadShedder
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
 from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
+from cluster.telemetry.metrics import SlotGauges
 from router.kv.key import Namespace, hash_blocks
-from workers.messages import GenerateRequest
+from workers.messages import GenerateRequest, Priority
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +80,8 @@ class RunnerLimits:
     max_pending_per_tenant: int    # accepted but unfinished requests, per tenant
     max_pending_total: int         # ... and over all tenants
     request_timeout_s: float       # one request's deadline, retries included
+    max_ttft_s: float = 0.0        # an interactive request predicted to start later is shed
+                                   # (``cluster.jobs.shedding``); 0: callers' deadlines only
 
 
 async def _unwind(running: set[asyncio.Task]) -> None:
@@ -86,7 +97,8 @@ async def _unwind(running: set[asyncio.Task]) -> None:
 class JobRunner:
     def __init__(self, store: JobStore, backend: Backend, prepare: Prepare,
                  limits: RunnerLimits, *, namespace: Callable[[str], Namespace],
-                 block_size: int, tracing: JobTracing | None = None):
+                 block_size: int, tracing: JobTracing | None = None,
+                 quotas: Quotas | None = None, clock: Callable[[], float] = time.monotonic):
         self._store = store
         self._prepare = prepare
         self._backend = backend
@@ -100,14 +112,22 @@ class JobRunner:
         self._changed = asyncio.Condition()
         self._forecasting = asyncio.Lock()
         self._tracing = tracing or JobTracing()  # traces, cost forecast, miss causes
+        self._shedder = LoadShedder(limits.max_ttft_s)
+        self._clock = clock
+        overload = Overload(self._shedder, quotas or Quotas(dict, clock), clock)
         self._direct = DirectRequests(backend, self._admission, self._slots, self._tracing,
-                                      namespace, block_size, self._timeout_s)
+                                      namespace, block_size, self._timeout_s, overload)
 
     # ------------------------------------------------------------ admission
 
     def admit(self, tenant: str, n: int) -> None:
-        """Count ``n`` more pending requests for ``tenant``, or raise ``Overloaded``."""
-        self._admission.admit(tenant, n)
+        """Count ``n`` more pending requests for ``tenant``, or raise ``Overloaded`` (counted
+        as a refusal: a job is never shed nor held to quotas, only to the pending limits)."""
+        try:
+            self._admission.admit(tenant, n)
+        except Overloaded:
+            self._tracing.refused(tenant, "pending")
+            raise
 
     def pending(self) -> dict[str, int]:
         """Requests accepted and not finished, per tenant (the queue depth)."""
@@ -188,6 +208,11 @@ class JobRunner:
         """Requests outside any job (``Generate``, the HTTP completions): the edges' way in."""
         return self._direct
 
+    def slot_gauges(self) -> dict[str, SlotGauges]:
+        """The slots per priority ("interactive", "batch"): held now, and waited for."""
+        return {str(p): SlotGauges(self._slots.held_by(p), self._slots.waiting(p))
+                for p in Priority}
+
     def slots_in_use(self) -> dict[str, int]:
         """Requests on the backend now, per tenant (job requests and direct requests)."""
         return self._slots.held()
@@ -202,9 +227,10 @@ class JobRunner:
             page = self._store.next_requests(job.job_id)
             while page:
                 for stored in page:
-                    await self._slots.acquire(job.tenant)
+                    await self._slots.acquire(job.tenant, Priority.BATCH)
                     task = self._slots.hand_to(
-                        asyncio.create_task(self._run_one(job.tenant, stored)), job.tenant)
+                        asyncio.create_task(self._run_one(job.tenant, stored)), job.tenant,
+                        Priority.BATCH)
                     running.add(task)
                     task.add_done_callback(running.discard)
                 page = self._store.next_requests(job.job_id, page[-1].position)
@@ -257,6 +283,13 @@ class JobRunner:
                                        pending)
 
     async def _run_one(self, tenant: str, stored: StoredRequest) -> None:
+        started = self._clock()
+        try:
+            await self._run_stored(tenant, stored)
+        finally:  # the slot's time, which the shedder's queue model drains at
+            self._shedder.observe_slot(self._clock() - started)
+
+    async def _run_stored(self, tenant: str, stored: StoredRequest) -> None:
         ready = await asyncio.to_thread(self._prepare_one, stored)  # the slot is this task's
         if isinstance(ready, ValueError):
             result = error_of(stored, "INVALID_ARGUMENT", str(ready))

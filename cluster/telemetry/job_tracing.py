@@ -211,6 +211,17 @@ class JobTracing:
             self._stores[info.worker_id] = StoreGauges(info.cache_bytes, info.evictions,
                                                        info.expirations)
 
+    def watch_slots(self, slots: Callable[[], Mapping[str, Any]]) -> None:
+        """Feed the slot gauges (``orchard.slots.in_use`` / ``waiting``, by priority) from
+        ``slots``, read at each export."""
+        if self.observer is not None:
+            self.observer.tel.instruments.watch_slots(slots)
+
+    def refused(self, tenant: str, reason: str) -> None:
+        """A request of ``tenant`` refused at admission (``orchard.requests.refused``)."""
+        if self.observer is not None:
+            self.observer.tel.instruments.record_refusal(tenant, reason)
+
     def invalidated(self, tenant: str) -> None:
         """An operator invalidated ``tenant``'s cached prefixes: later misses on blocks used
         before now are attributed to the invalidation, and job forecasts no longer count

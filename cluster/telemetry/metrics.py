@@ -8,6 +8,10 @@ Pushed by whoever sees the event (``record_request`` after a request finishes)::
     orchard.cache.written_tokens  counter    {worker, tenant}
     gen_ai.server.time_to_first_token   histogram (s) {worker, tenant}
     gen_ai.server.time_per_output_token histogram (s) {worker, tenant}
+    orchard.requests.refused      counter    {tenant, reason}   requests refused at admission:
+                                             reason "shed" (would start past its deadline),
+                                             "requests_in_flight" / "tokens_per_minute" (the
+                                             tenant's quota), "pending" (the pending limits)
     gen_ai.client.token.usage     histogram  {gen_ai.token.type, gen_ai.operation.name,
                                               gen_ai.provider.name, gen_ai.request.model,
                                               gen_ai.response.model}   (GenAI conventions)
@@ -19,6 +23,9 @@ Observed at each export from callbacks the owners register (``watch_store``, ``w
     orchard.store.evictions       counter    {worker}   cumulative, from the store's stats
     orchard.store.expirations     counter    {worker}
     orchard.queue.depth           gauge      {tenant}   requests accepted, not finished
+    orchard.slots.in_use          gauge      {priority} slots to the backend held now
+    orchard.slots.waiting         gauge      {priority} requests waiting for a slot
+                                             (priority: "interactive" or "batch")
 
 With no meter (telemetry disabled) every call is a no-op.
 """
@@ -59,6 +66,14 @@ class RequestUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotGauges:
+    """The runner's slots for one priority, at each metric export."""
+
+    in_use: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
 class StoreGauges:
     """What a worker's store reports at each metric export."""
 
@@ -73,6 +88,7 @@ class Instruments:
         self._tokens: dict[tuple[str, str], list[int]] = {}   # (worker, tenant) -> [input, cached]
         self._stores: dict[str, Callable[[], StoreGauges]] = {}
         self._queues: list[Callable[[], Mapping[str, int]]] = []
+        self._slots: list[Callable[[], Mapping[str, SlotGauges]]] = []
         self._queue_tenants: set[str] = set()
         self._meter = meter
         if meter is None:
@@ -85,6 +101,8 @@ class Instruments:
                                             "Input tokens read from the prefix store")
         self._written = meter.create_counter("orchard.cache.written_tokens", "{token}",
                                              "Input tokens newly stored in the prefix store")
+        self._refused = meter.create_counter("orchard.requests.refused", "{request}",
+                                             "Requests refused at admission, by reason")
         self._ttft = meter.create_histogram(
             A.GEN_AI_TTFT_METRIC, "s", "Time to first token",
             explicit_bucket_boundaries_advisory=LATENCY_BUCKETS)
@@ -106,6 +124,11 @@ class Instruments:
                                         "Blocks expired from the prefix store (TTL)")
         meter.create_observable_gauge("orchard.queue.depth", [self._observe_queues],
                                       "{request}", "Requests accepted and not finished")
+        meter.create_observable_gauge("orchard.slots.in_use", [self._observe_slots("in_use")],
+                                      "{request}", "Slots to the backend held, by priority")
+        meter.create_observable_gauge("orchard.slots.waiting",
+                                      [self._observe_slots("waiting")], "{request}",
+                                      "Requests waiting for a slot to the backend, by priority")
 
     def record_request(self, u: RequestUsage) -> None:
         if self._meter is None:
@@ -127,6 +150,11 @@ class Instruments:
             sums[0] += u.input_tokens
             sums[1] += u.cached_tokens
 
+    def record_refusal(self, tenant: str, reason: str) -> None:
+        """A request of ``tenant`` refused at admission for ``reason`` (see the table above)."""
+        if self._meter is not None:
+            self._refused.add(1, {"tenant": tenant, "reason": reason})
+
     def watch_store(self, worker: str, gauges: Callable[[], StoreGauges]) -> None:
         """Observe ``worker``'s store at each export (replaces an earlier callback)."""
         with self._lock:
@@ -136,6 +164,19 @@ class Instruments:
         """Observe queue depth per tenant at each export."""
         with self._lock:
             self._queues.append(depths)
+
+    def watch_slots(self, slots: Callable[[], Mapping[str, SlotGauges]]) -> None:
+        """Observe the runner's slots per priority at each export."""
+        with self._lock:
+            self._slots.append(slots)
+
+    def _observe_slots(self, field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                sources = list(self._slots)
+            return [Observation(getattr(gauges, field), {"priority": priority})
+                    for source in sources for priority, gauges in source().items()]
+        return observe
 
     def _observe_hit_ratio(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

@@ -47,7 +47,8 @@ from workers.engine.config import EngineConfig
 from workers.engine.kept import KeptStats
 from workers.engine.prefill import PrefillJob, run_chunks
 from workers.engine.prefix_cache import PrefixCache
-from workers.engine.scheduler import Admission, StepBudget, split_budget, this_step
+from workers.engine.scheduler import (Admission, StepBudget, interactive_first, split_budget,
+                                      this_step)
 from workers.engine.constrained import RowHook, first_token
 from workers.engine.constraints import Grammars, check_format
 from workers.engine.sequence import Sequence, TokenDelta, make_sampler
@@ -181,7 +182,8 @@ class Engine:
         """Validate and queue ``req``; it starts on a later ``step``."""
         self.validate(req)
         self._cache.prefetch(req.namespace, req.prompt)  # read while earlier requests run
-        self._admission.push(req.namespace.tenant, req.request_id, (req, self._now_ns()))
+        self._admission.push(req.namespace.tenant, req.request_id, (req, self._now_ns()),
+                             req.priority)
 
     def abort(self, request_id: str) -> bool:
         """Drop ``request_id`` wherever it is; return whether it was queued or running.
@@ -211,9 +213,9 @@ class Engine:
         """Admit what fits, decode one token for every running request, prefill one budget."""
         deltas: list[TokenDelta] = []
         finished: list[GenerateResult] = []
-        while len(self._admission) and (
-                len(self._running) + len(self._prefilling) < self.config.max_batch):
-            self._prefilling.append(self._queued(*self._admission.pop()))
+        while (item := self._admission.pop_seated(len(self._running) + len(self._prefilling),
+                                                  self.config.max_batch)) is not None:
+            self._prefilling.append(self._queued(*item))
         if self._running:
             self._decode(deltas, finished, settle=bool(self._prefilling))
         if self._prefilling:
@@ -305,9 +307,10 @@ class Engine:
                     job.request.namespace, job.prompt[:job.done], job.cache)
 
     def _this_step(self, budget: int) -> list[PrefillJob]:
-        """The jobs that get budget this step (``workers.engine.scheduler.this_step``), each looked up
-        in the store when first reached."""
-        return this_step(self._prefilling, budget, self._reach)
+        """The jobs that get budget this step (``workers.engine.scheduler.this_step``), interactive
+        first, each looked up in the store when first reached."""
+        return this_step(interactive_first(self._prefilling, lambda job: job.request.priority),
+                         budget, self._reach)
 
     def _reach(self, job: PrefillJob) -> None:
         if job.seq is None:

@@ -9,6 +9,20 @@ the whole job::
     tenant b: b1
     tenant c: c1 c2
 
+**Priority.** Interactive requests (``workers.messages.Priority``) have a lane of their own,
+served before the batch lane (round robin by tenant within each), and a prompt in prefill is
+handed budget interactive first (``interactive_first``): a batch job's queued requests never
+go in ahead of an interactive one, and its prompts in prefill delay an interactive prompt by
+at most the step already under way, one step's prefill budget. Nothing is preempted; so that
+a batch full of batch decodes never makes a person wait for one of them to end, batch requests
+take at most ``max_batch - 1`` seats (``pop_seated``): the last seat is an interactive
+request's, at the cost of one decode in ``max_batch`` for a job that runs alone (one in 8 by
+default). The cluster's slots, granted interactive first too (``cluster.jobs.slots``), decide
+how many requests reach the engine::
+
+    queued: batch b1 b2 b3, then interactive i1      admitted: i1 b1 b2 b3
+    in prefill: b1 (400 tokens left), i1 (30)        step budget 64: i1 30, b1 34
+
 **Budget.** A step decodes one token for every running request and then prefills at most
 ``budget`` prompt tokens, handed to the prefilling requests oldest first (the oldest takes
 what it still needs, the next one the rest, ...): a request never waits for a younger one,
@@ -55,48 +69,69 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Generic, Hashable, Iterable, Iterator, Protocol, TypeVar
 
+from workers.messages import Priority
 from workers.rates import moving_average
 
 T = TypeVar("T")
+LANES = (Priority.INTERACTIVE, Priority.BATCH)  # admission and prefill order
 
 
 class Admission(Generic[T]):
-    """Queued items per tenant, served round robin across tenants, oldest first within one."""
+    """Queued items in two lanes, interactive before batch; within a lane, tenants round
+    robin, oldest first within one. A batch item is popped only when no interactive item
+    waits."""
 
     def __init__(self) -> None:
-        self._tenants: OrderedDict[str, deque[tuple[str, T]]] = OrderedDict()
+        self._lanes: dict[Priority, OrderedDict[str, deque[tuple[str, T]]]] = {
+            p: OrderedDict() for p in LANES}
 
-    def push(self, tenant: str, key: str, item: T) -> None:
-        self._tenants.setdefault(tenant, deque()).append((key, item))
+    def push(self, tenant: str, key: str, item: T,
+             priority: Priority = Priority.INTERACTIVE) -> None:
+        self._lanes[priority].setdefault(tenant, deque()).append((key, item))
 
     def pop(self) -> T | None:
-        """The next tenant's oldest item; that tenant moves to the back of the turn order."""
-        if not self._tenants:
-            return None
-        tenant, queue = next(iter(self._tenants.items()))
+        """The next tenant's oldest item of the first lane that has one; that tenant moves to
+        the back of its lane's turn order."""
+        tenants = next((lane for lane in self._lanes.values() if lane), None)
+        return None if tenants is None else self._pop_from(tenants)
+
+    def pop_seated(self, used: int, seats: int) -> T | None:
+        """``pop``, for a batch of ``seats`` of which ``used`` are taken: an interactive item
+        while a seat is free, a batch item only while another seat stays free after it (the
+        one kept for an interactive request; all of them when there is one seat)."""
+        for priority, tenants in self._lanes.items():
+            limit = seats if priority is Priority.INTERACTIVE or seats == 1 else seats - 1
+            if tenants and used < limit:
+                return self._pop_from(tenants)
+        return None
+
+    def _pop_from(self, tenants: OrderedDict[str, deque[tuple[str, T]]]) -> T:
+        tenant, queue = next(iter(tenants.items()))
         _, item = queue.popleft()
         if queue:
-            self._tenants.move_to_end(tenant)
+            tenants.move_to_end(tenant)
         else:
-            del self._tenants[tenant]
+            del tenants[tenant]
         return item
 
     def remove(self, key: str) -> bool:
-        for tenant, queue in self._tenants.items():
-            for i, (k, _) in enumerate(queue):
-                if k == key:
-                    del queue[i]
-                    if not queue:
-                        del self._tenants[tenant]
-                    return True
+        for tenants in self._lanes.values():
+            for tenant, queue in tenants.items():
+                for i, (k, _) in enumerate(queue):
+                    if k == key:
+                        del queue[i]
+                        if not queue:
+                            del tenants[tenant]
+                        return True
         return False
 
     def keys(self) -> Iterator[str]:
-        for queue in self._tenants.values():
-            yield from (k for k, _ in queue)
+        for tenants in self._lanes.values():
+            for queue in tenants.values():
+                yield from (k for k, _ in queue)
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._tenants.values())
+        return sum(len(q) for tenants in self._lanes.values() for q in tenants.values())
 
 
 def split_budget(needs: list[int], budget: int) -> list[int]:
@@ -148,6 +183,13 @@ def this_step(jobs: Iterable[J], budget: int, reach: Callable[[J], None] | None 
         chosen.append(job)
         budget -= job.need
     return chosen
+
+
+def interactive_first(jobs: Iterable[J], priority: Callable[[J], Priority]) -> list[J]:
+    """``jobs`` (oldest first) with the interactive ones ahead, each lane keeping its order:
+    the order ``this_step`` hands the prefill budget out in, so a batch prompt in prefill
+    takes only what an interactive prompt leaves of a step's budget."""
+    return sorted(jobs, key=lambda job: LANES.index(priority(job)))
 
 
 @dataclass(slots=True)

@@ -233,3 +233,52 @@ class TestAddressFiles:
         assert claim_shared_address(tmp_path, mine) == (tmp_path / "frontend.json",)
         assert json.loads((tmp_path / "frontend.json").read_text()) == mine
         assert claim_shared_address(tmp_path, mine) == (tmp_path / "frontend.json",)  # ours
+
+
+class TestOverload:
+    """A tenant's quota over both edges of a real frontend: refused with RESOURCE_EXHAUSTED
+    and a retry-after trailer (gRPC), 429 and Retry-After (HTTP); the quota raised in
+    orchard.toml applies to the next request, without a restart."""
+
+    QUOTA = "\n[quotas.acme]\ntokens_per_minute = {tokens}\n"
+
+    def test_a_request_over_the_tenants_quota_is_refused_until_the_file_raises_it(
+            self, tmp_path):
+        import http.client
+        from urllib.parse import urlsplit
+
+        from cluster.api.client import OrchardError, chat_request
+        from proto.orchard.v1 import orchard_pb2 as pb
+        from tests.support.frontend_harness import ACME_CONFIG, running_frontend
+
+        config = tmp_path / "orchard.toml"
+        config.write_text(ACME_CONFIG + self.QUOTA.format(tokens=20))
+        hello = [{"role": "user", "content": "Say hello."}]
+        with running_frontend(tmp_path, tiny_model(), workers=1) as harness:
+            client = harness.client("acme")
+            # prompt + 30 output tokens > 20 a minute: it never fits, retry after the minute
+            with pytest.raises(OrchardError) as caught:
+                list(client.generate(chat_request("", hello, 30)))
+            assert (caught.value.code, caught.value.retry_after_s) == ("RESOURCE_EXHAUSTED", 60)
+            assert "tokens_per_minute quota of 20" in caught.value.message
+            with pytest.raises(OrchardError) as caught:  # a priority no version defines
+                list(client.generate(chat_request("", hello, 3), priority=7))
+            assert caught.value.code == "INVALID_ARGUMENT"
+            assert caught.value.message.startswith("priority: unknown value 7")
+            address = json.loads((tmp_path / "frontend.json").read_text())["http_address"]
+            url = urlsplit(address)
+            connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+            body = json.dumps({"model": harness.backend.model_info().model_id,
+                               "messages": hello, "max_tokens": 30})
+            connection.request("POST", "/v1/chat/completions", body,
+                               {"authorization": "Bearer key-acme",
+                                "content-type": "application/json"})
+            answer = connection.getresponse()
+            error = json.loads(answer.read())["error"]
+            assert (answer.status, answer.getheader("retry-after")) == (429, "60")
+            assert error["type"] == "rate_limit_error", error
+            config.write_text(ACME_CONFIG + self.QUOTA.format(tokens=100_000))
+            os.utime(config, ns=(10**18, 10**18))  # seen as changed, whatever the clock
+            events = list(client.generate(chat_request("", hello, 3),
+                                          priority=pb.PRIORITY_BATCH))
+            assert events[-1].result.ok and len(events[-1].result.output_tokens) == 3

@@ -210,6 +210,16 @@ class TestHttpApi:
         assert response.status_code == status
         assert json.loads(response.body)["error"]["type"] == kind
 
+    def test_a_shed_request_is_a_429_with_its_retry_after_and_plain_backpressure_without(self):
+        from cluster.jobs.admission import Overloaded
+        from cluster.jobs.shedding import Shed
+
+        response = error_response(Shed("overloaded: ...", 3))
+        assert (response.status_code, response.headers["retry-after"]) == (429, "3")
+        assert json.loads(response.body)["error"]["type"] == "rate_limit_error"
+        response = error_response(Overloaded("requests: the cluster has 5 pending"))
+        assert response.status_code == 429 and "retry-after" not in response.headers
+
     def test_managed_keys_apply_without_restart_and_revoked_or_expired_are_refused(self, 
             api, model, capsys):
         run_dir = str(api.config.run_dir)

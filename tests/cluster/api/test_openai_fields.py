@@ -205,6 +205,13 @@ def _harmless(field, value, refused_value):
     return check
 
 
+def _service_tier(post, e):
+    """The priority: the same answer as interactive ("default") or batch work ("flex")."""
+    assert text(ok(post(e, service_tier="flex"))) == text(ok(post(e, service_tier="default")))
+    assert text(ok(post(e, service_tier="default"))) == text(ok(post(e)))
+    refused(post(e, service_tier="priority"), "service_tier")
+
+
 COMMON = {"model": _model, "max_tokens": _max_tokens("max_tokens"), "temperature": _temperature,
           "seed": _seed, "top_p": _top_p, "stop": _stop, "stream": _stream,
           "stream_options": _stream_options, "logprobs": _logprobs,
@@ -216,7 +223,7 @@ IMPLEMENTED = {
            "parallel_tool_calls": _tools,
            "metadata": _harmless("metadata", {"team": "a"}, {"team": 5}),
            "store": _harmless("store", False, True),
-           "service_tier": _harmless("service_tier", "default", "flex")},
+           "service_tier": _service_tier},
     COMPLETIONS: {**COMMON, "prompt": _prompt},
 }
 
@@ -248,3 +255,18 @@ def test_a_name_no_api_has_is_refused_not_ignored(post, endpoint):
 def test_a_completion_accepts_no_tools_and_a_chat_no_prompt(post):
     refused(post(COMPLETIONS, tools=[WEATHER]), "tools")
     refused(post(CHAT, prompt="Hi"), "prompt")
+
+
+@pytest.mark.parametrize("tier, accepted", [
+    (None, True), ("auto", True), ("flex", True), ("default", False), ("priority", False)])
+def test_a_batch_lines_service_tier_may_only_ask_for_batch_work(tier, accepted):
+    from cluster.api import openai_fields
+    from cluster.api.validate import FieldError
+
+    body = {"model": MODEL, "messages": USER, "service_tier": tier}
+    if accepted:
+        openai_fields.check_batch_body(body)
+        return
+    with pytest.raises(FieldError) as caught:
+        openai_fields.check_batch_body(body)
+    assert caught.value.field == "service_tier" and "runs as batch work" in str(caught.value)

@@ -371,7 +371,7 @@ class TestOutputShapes:
         ("logit_bias", {}, True), ("logit_bias", {"1": 2}, False),
         ("modalities", ["text"], True), ("modalities", ["audio"], False),
         ("store", False, True), ("store", True, False),
-        ("service_tier", "auto", True), ("service_tier", "priority", False),
+        ("service_tier", "auto", True),  # read: the priority (cluster.api.priority)
         ("user", "u", True), ("user", 5, False),
         ("audio", None, True), ("audio", {}, False),
     ])

@@ -8,20 +8,28 @@ Over the in-process backend and a forged tiny model; every wait is bounded in wa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from cluster.backend.local import LocalBackend
-from cluster.backend.protocol import TokenChunk
+from cluster.backend.protocol import GenerateOutcome, TokenChunk
 from cluster.jobs.admission import Overloaded
+from cluster.jobs.quotas import QuotaExceeded, Quotas, TenantQuota
 from cluster.jobs.runner import JobRunner, RunnerLimits
+from cluster.jobs.shedding import QueueState, Shed
 from cluster.jobs.store import JobStore, NewRequest, StoredResult
+from cluster.telemetry.job_tracing import JobTracing
+from cluster.telemetry.observe import RequestObserver, ServedCache
+from router.cost import PriceTable
 from router.kv.key import Namespace, hash_blocks
+from tests.conftest import Clock
 from tests.support.bounded import run_bounded
 from tests.support.forged_models import tiny_model
-from tests.support.runner_bodies import prepare_body
+from tests.support.runner_bodies import prepare_body, staged_requests
+from tests.support.telemetry_factories import in_memory, result
 from workers.engine.engine import EngineConfig
-from workers.messages import SamplingParams
+from workers.messages import LookupOutcome, Priority, SamplingParams
 
 BLOCK = 16
 NS = Namespace("acme", "tiny")
@@ -171,3 +179,123 @@ def test_a_caller_that_leaves_mid_stream_is_traced_with_its_prompt(tmp_path):
         store.close()
 
     run_bounded(scenario(), 30, "a caller that leaves")
+
+
+# ---------------------------------------------------------------- overload
+
+
+class HeldStreams:
+    """A backend whose streams each wait until the test ends them with a TTFT of its choosing:
+    the queue a test builds is the queue the runner sees."""
+
+    def __init__(self) -> None:
+        self.open: list[asyncio.Future] = []
+
+    async def stream(self, request, block_hashes):
+        ended = asyncio.get_running_loop().create_future()
+        self.open.append(ended)
+        ttft_s = await ended
+        made = result(request.request_id, len(request.prompt), 0, 0, "w0", LookupOutcome.MISS)
+        yield GenerateOutcome(dataclasses.replace(made, ttft_s=ttft_s), None, 1, "w0")
+
+    async def generate(self, request, block_hashes):
+        await asyncio.Event().wait()  # a job's request holds its slot until cancelled
+
+
+async def _settle(predicate, what: str) -> None:
+    for _ in range(1000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not reached: {what}")
+
+
+async def _run_direct(runner: JobRunner, remaining_s: float | None = None,
+                      priority: Priority = Priority.INTERACTIVE) -> list:
+    with runner.direct.admitted("acme", priority, remaining_s):
+        return [item async for item in runner.direct.stream(
+            "acme", _request((1, 2, 3), 2), remaining_s=remaining_s, priority=priority)]
+
+
+def _refused(reader) -> dict[tuple[str, str], int]:
+    counts = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == "orchard.requests.refused":
+                    for point in metric.data.data_points:
+                        key = (point.attributes["tenant"], point.attributes["reason"])
+                        counts[key] = point.value
+    return counts
+
+
+def test_an_interactive_request_behind_a_queue_is_shed_with_the_exact_retry_after(tmp_path):
+    """Measured: a request held its slot 2 s and had its first token 0.5 s after its worker
+    got it. Queue: both slots held, 3 interactive requests waiting. A new request with a 2 s
+    deadline would wait (3 + 1) x 2 / 2 = 4 s for a slot, first token at 4.5 s: shed, retry
+    after ceil(4.5 - 2) = 3 s. A batch request in the same state is admitted and queued, and
+    so is a batch job: batch work is never shed."""
+    async def scenario() -> None:
+        clock = Clock()
+        tel, _, reader = in_memory(tmp_path)
+        tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                             ServedCache("tiny", BLOCK, 300.0, 10_000)))
+        backend = HeldStreams()
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+        runner = JobRunner(store, backend, prepare_body,
+                           RunnerLimits(2, 1000, 1000, 60.0), tracing=tracing, clock=clock,
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
+        first = asyncio.create_task(_run_direct(runner))
+        await _settle(lambda: len(backend.open) == 1, "the first request on the backend")
+        clock.now = 2.0
+        backend.open.pop().set_result(0.5)
+        assert type((await first)[-1]) is StoredResult
+        queued = [asyncio.create_task(_run_direct(runner)) for _ in range(5)]
+        await _settle(lambda: runner.direct.queue() == QueueState(2, 2, 3), "3 waiting")
+        with pytest.raises(Shed) as caught:
+            with runner.direct.admitted("acme", Priority.INTERACTIVE, remaining_s=2.0):
+                pass
+        assert caught.value.retry_after_s == 3
+        assert runner.pending() == {"acme": 5}  # the refused one counted nothing
+        batch = asyncio.create_task(_run_direct(runner, 2.0, Priority.BATCH))
+        runner.admit("acme", 2)
+        job = store.create_job("acme", "tiny", staged_requests(([1, 2], 1), ([3, 4], 1)))
+        runner.launch(job)
+        await _settle(lambda: runner.pending() == {"acme": 8}, "the batch work accepted")
+        assert _refused(reader) == {("acme", "shed"): 1}
+        for task in (*queued, batch):
+            task.cancel()
+        await asyncio.gather(*queued, batch, return_exceptions=True)
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "shed with the exact retry-after")
+
+
+def test_quota_refusals_are_counted_by_reason(tmp_path):
+    async def scenario() -> None:
+        tel, _, reader = in_memory(tmp_path)
+        tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                             ServedCache("tiny", BLOCK, 300.0, 10_000)))
+        quota = {"acme": TenantQuota(requests_in_flight=1, tokens_per_minute=10)}
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+        runner = JobRunner(store, HeldStreams(), prepare_body,
+                           RunnerLimits(2, 1000, 1000, 60.0), tracing=tracing,
+                           quotas=Quotas(lambda: quota, Clock()),
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
+        with runner.direct.admitted("acme"):
+            for _ in range(2):
+                with pytest.raises(QuotaExceeded):
+                    with runner.direct.admitted("acme"):
+                        pass
+            with pytest.raises(QuotaExceeded) as caught:  # 3 + 8 tokens > 10 a minute
+                async for _ in runner.direct.stream("acme", _request((1, 2, 3), 8)):
+                    pass
+            assert caught.value.retry_after_s == 60
+        assert _refused(reader) == {("acme", "requests_in_flight"): 2,
+                                    ("acme", "tokens_per_minute"): 1}
+        assert runner.pending() == {}
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "quota refusals counted")

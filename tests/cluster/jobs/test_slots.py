@@ -11,6 +11,8 @@ from tests.support.bounded import run_bounded
 
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from cluster.jobs.slots import SlotPool
+from cluster.telemetry.metrics import SlotGauges
+from workers.messages import Priority
 from cluster.jobs.store import JobStore, NewRequest, StagedRequest
 from router.kv.key import Namespace
 from workers.messages import SamplingParams
@@ -70,7 +72,7 @@ def _submit(store: JobStore, runner: JobRunner, tenant: str, n: int):
     return job
 
 
-async def _until(predicate, timeout_s: float = 5.0) -> None:
+async def _until(predicate, timeout_s: float = 60.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not predicate():
@@ -88,8 +90,7 @@ def test_300_submit_and_cancel_cycles_leave_all_8_slots(tmp_path):
             for _ in range(cycle % 3):  # cancel before the job starts, or between its steps
                 await asyncio.sleep(0)
             runner.cancel(job.job_id, "acme")
-        await asyncio.sleep(0.05)
-        assert runner.slots_in_use() == {}
+        await _until(lambda: runner.slots_in_use() == {})
         _submit(store, runner, "acme", 8)
         await _until(lambda: backend.total() == 8)
         assert runner.slots_in_use() == {"acme": 8}
@@ -109,20 +110,23 @@ def test_a_generate_flood_gets_its_share_of_the_slots_and_no_more(tmp_path):
                 async for _ in runner.direct.stream("flood", _prepare(b"")):
                     pass
 
-        async def finish_one_flood_call() -> None:
-            backend.held.pop(0).set()
-            await asyncio.sleep(0.01)
-
         flood = [asyncio.create_task(generate_call()) for _ in range(20)]
-        await _until(lambda: runner.slots_in_use() == {"flood": 4})
+        await _until(lambda: runner.slots_in_use() == {"flood": 4} and len(backend.held) == 4)
         _submit(store, runner, "acme", 4)  # waits: the flood holds every slot
-        await asyncio.sleep(0.02)
+        await _until(lambda: runner.slot_gauges()["batch"].waiting == 1)
         assert backend.total() == 0
-        for _ in range(2):  # the slots the flood frees go to acme, which holds fewer ...
-            await finish_one_flood_call()
-        assert backend.running == {"acme": 2}
-        await finish_one_flood_call()  # ... until both hold 2: then the flood's turn again
-        assert runner.slots_in_use() == {"acme": 2, "flood": 2}
+        # the first slot the flood frees goes to acme's batch job, owed a quarter of the
+        # slots (1 of 4) while it waits; the next ones to the flood's interactive requests
+        backend.held.pop(0).set()
+        await _until(lambda: backend.running == {"acme": 1})
+        for _ in range(2):
+            backend.held.pop(0).set()
+        await _until(lambda: runner.slots_in_use() == {"acme": 1, "flood": 3}
+                     and len(backend.held) == 3)
+        assert backend.running == {"acme": 1}
+        # 20 Generate calls: 3 ended, 3 running, 14 waiting; the job asks for one at a time
+        assert runner.slot_gauges() == {"interactive": SlotGauges(3, 14),
+                                        "batch": SlotGauges(1, 1)}
         for task in flood:
             task.cancel()
         await asyncio.gather(*flood, return_exceptions=True)
@@ -162,6 +166,63 @@ def test_a_freed_slot_goes_to_the_tenant_holding_fewest():
     run_bounded(main(), 60, "a freed slot goes to the tenant holding fewest")
 
 
+def test_a_freed_slot_goes_to_an_interactive_waiter_before_older_batch_waiters():
+    async def main() -> None:
+        pool = SlotPool(4)  # a batch floor of 1, which the job's second slot keeps met
+        for tenant, priority in (("jobs", Priority.BATCH), ("jobs", Priority.BATCH),
+                                 ("people", Priority.INTERACTIVE),
+                                 ("people", Priority.INTERACTIVE)):
+            await pool.acquire(tenant, priority)
+        order: list[str] = []
+
+        async def take(name: str, tenant: str, priority: Priority) -> None:
+            await pool.acquire(tenant, priority)
+            order.append(name)
+
+        waiters = [asyncio.create_task(take(*w)) for w in (
+            ("b1", "jobs", Priority.BATCH), ("b2", "other", Priority.BATCH),
+            ("i1", "people", Priority.INTERACTIVE))]
+        await asyncio.sleep(0)
+        assert (pool.waiting(Priority.BATCH), pool.waiting(Priority.INTERACTIVE)) == (2, 1)
+        for held, priority in (("jobs", Priority.BATCH), ("people", Priority.INTERACTIVE),
+                               ("people", Priority.INTERACTIVE)):
+            pool.release(held, priority)
+            await asyncio.sleep(0)
+        # b2's tenant holds fewer slots than b1's: fairness within the lane
+        assert order == ["i1", "b2", "b1"]
+        assert pool.held() == {"jobs": 2, "people": 1, "other": 1}
+        await asyncio.gather(*waiters)
+
+    run_bounded(main(), 60, "interactive waiters first")
+
+
+def test_waiting_batch_requests_below_their_floor_take_a_freed_slot_first():
+    async def main() -> None:
+        pool = SlotPool(4)  # floor: 1 batch slot
+        for _ in range(4):
+            await pool.acquire("people")
+        order: list[str] = []
+
+        async def take(name: str, priority: Priority) -> None:
+            await pool.acquire(name[0], priority)
+            order.append(name)
+
+        waiters = [asyncio.create_task(take(n, p)) for n, p in (
+            ("i5", Priority.INTERACTIVE), ("b1", Priority.BATCH), ("b2", Priority.BATCH),
+            ("i6", Priority.INTERACTIVE))]
+        await asyncio.sleep(0)
+        for _ in range(3):
+            pool.release("people")
+            await asyncio.sleep(0)
+        assert order == ["b1", "i5", "i6"]
+        pool.release("b", Priority.BATCH)
+        await asyncio.sleep(0)
+        assert order == ["b1", "i5", "i6", "b2"]
+        await asyncio.gather(*waiters)
+
+    run_bounded(main(), 60, "the batch floor")
+
+
 def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
     async def main() -> None:
         pool = SlotPool(1)
@@ -181,3 +242,22 @@ def test_a_waiter_cancelled_after_its_grant_passes_the_slot_on():
 def test_a_pool_needs_a_slot():
     with pytest.raises(ValueError, match="max_concurrent must be >= 1"):
         SlotPool(0)
+
+
+def test_interactive_requests_take_turns_on_the_slots_less_the_batch_floor_batch_waits_for():
+    async def main() -> None:
+        pool = SlotPool(8)  # floor: 2 batch slots
+        assert pool.for_interactive() == 8
+        for _ in range(3):
+            await pool.acquire("jobs", Priority.BATCH)
+        assert pool.for_interactive() == 8  # no batch request waits: every slot comes back
+        for _ in range(5):
+            await pool.acquire("people")
+        waiter = asyncio.create_task(pool.acquire("jobs", Priority.BATCH))
+        await asyncio.sleep(0)
+        assert pool.for_interactive() == 6  # 2 of batch's 3 go back to batch when freed
+        assert (pool.held_by(Priority.BATCH), pool.held_by(Priority.INTERACTIVE)) == (3, 5)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+
+    run_bounded(main(), 60, "the slots interactive requests take turns on")

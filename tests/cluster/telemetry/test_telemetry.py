@@ -16,7 +16,7 @@ import pytest
 from cluster.telemetry import spans
 from cluster.telemetry import attrs as A
 from cluster.telemetry.observe import RequestObserver, ServedCache
-from cluster.telemetry.metrics import StoreGauges
+from cluster.telemetry.metrics import SlotGauges, StoreGauges
 from cluster.telemetry.setup import Telemetry, context_of, extract_metadata, inject_metadata
 from router.cost import PriceTable
 from router.kv.key import Namespace, hash_blocks
@@ -185,6 +185,10 @@ class TestBehaviour:
             result("r2", 17, 16, 0, "w0", LookupOutcome.HIT))
         tel.instruments.watch_store("w0", lambda: StoreGauges(bytes=4096, evictions=3, expirations=2))
         tel.instruments.watch_queue(lambda: {"acme": 7})
+        tel.instruments.watch_slots(lambda: {"interactive": SlotGauges(3, 14),
+                                             "batch": SlotGauges(1, 2)})
+        tel.instruments.record_refusal("acme", "shed")
+        tel.instruments.record_refusal("acme", "shed")
         points = {}
         for rm in reader.get_metrics_data().resource_metrics:
             for sm in rm.scope_metrics:
@@ -200,6 +204,12 @@ class TestBehaviour:
         assert points[("orchard.store.evictions", (("worker", "w0"),))].value == 3
         assert points[("orchard.store.expirations", (("worker", "w0"),))].value == 2
         assert points[("orchard.queue.depth", (("tenant", "acme"),))].value == 7
+        for priority, in_use, waiting in (("interactive", 3, 14), ("batch", 1, 2)):
+            key = (("priority", priority),)
+            assert points[("orchard.slots.in_use", key)].value == in_use
+            assert points[("orchard.slots.waiting", key)].value == waiting
+        refused = (("reason", "shed"), ("tenant", "acme"))
+        assert points[("orchard.requests.refused", refused)].value == 2
 
     def test_context_round_trips_through_metadata(self, setup):
         tel, exporter, *_ = setup

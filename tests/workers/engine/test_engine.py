@@ -459,3 +459,39 @@ class TestLogprobs:
     def test_no_logprobs_unless_asked(self, engine_outputs):
         (r,) = run(engine_outputs, request("none", PROMPT_A, max_tokens=3))
         assert r.logprobs == ()
+
+
+class TestPriority:
+    def test_an_interactive_request_is_prefilled_ahead_of_batch_prompts_in_one_step(self):
+        """Two batch prompts of 200 tokens are in prefill (64-token budget a step); an
+        interactive prompt of 30 submitted after them takes its 30 tokens of the next step's
+        budget and gets its first token in that step, before either batch prompt."""
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, prefill_budget=64))
+        batch = [dataclasses.replace(req(eng, prompt_of(200, s), tenant="jobs"), batch=True)
+                 for s in (1, 2)]
+        for r in batch:
+            eng.submit(r)
+        first = eng.step()
+        assert first.deltas == () and first.finished == ()
+        person = req(eng, prompt_of(30, 3), tenant="people")
+        eng.submit(person)
+        second = eng.step()
+        # in FIFO order b1, with 136 tokens left, would have taken the whole 64
+        assert [d.request_id for d in second.deltas] == [person.request_id]
+
+    def test_batch_decodes_leave_a_seat_for_an_interactive_request(self):
+        """max_batch 2: of two batch requests one is admitted, the other waits; an interactive
+        request submitted while the first decodes takes the kept seat and its first token
+        comes in the step it is admitted (a 20-token prompt, within one budget)."""
+        eng = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, max_batch=2))
+        batch = [dataclasses.replace(req(eng, prompt_of(20, s), max_tokens=50, tenant="jobs"),
+                                     batch=True) for s in (4, 5)]
+        for r in batch:
+            eng.submit(r)
+        first = eng.step()
+        assert [d.request_id for d in first.deltas] == [batch[0].request_id]
+        person = req(eng, prompt_of(20, 6), tenant="people")
+        eng.submit(person)
+        second = eng.step()
+        assert person.request_id in [d.request_id for d in second.deltas]
+        assert batch[1].request_id not in [d.request_id for d in second.deltas]

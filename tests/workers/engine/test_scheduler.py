@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engine.scheduler import Admission, StepBudget, split_budget
+from workers.engine.scheduler import (Admission, StepBudget, interactive_first, split_budget,
+                                      this_step)
+from workers.messages import Priority
 
 
 def test_tenants_take_turns_and_each_keeps_its_order():
@@ -35,6 +37,55 @@ def test_remove_by_key():
     assert queue.remove("a1") and not queue.remove("a1")
     assert queue.remove("b1")
     assert list(queue.keys()) == ["a2"] and queue.pop() == "y"
+
+
+def test_interactive_items_are_popped_before_queued_batch_items():
+    queue: Admission[str] = Admission()
+    for key in ["b1", "b2", "b3"]:
+        queue.push("jobs", key, key, Priority.BATCH)
+    queue.push("x", "x1", "x1", Priority.BATCH)
+    queue.push("people", "i1", "i1")
+    queue.push("people", "i2", "i2", Priority.INTERACTIVE)
+    queue.push("other", "o1", "o1")
+    assert list(queue.keys()) == ["i1", "i2", "o1", "b1", "b2", "b3", "x1"]
+    order = [queue.pop() for _ in range(len(queue))]
+    assert order == ["i1", "o1", "i2", "b1", "x1", "b2", "b3"]
+
+
+def test_remove_finds_a_key_in_either_lane():
+    queue: Admission[str] = Admission()
+    queue.push("a", "b1", "b1", Priority.BATCH)
+    queue.push("a", "i1", "i1")
+    assert queue.remove("b1") and len(queue) == 1
+    assert queue.pop() == "i1" and queue.pop() is None
+
+
+def test_batch_items_leave_the_last_seat_to_an_interactive_one():
+    queue: Admission[str] = Admission()
+    for key in ["b1", "b2", "b3"]:
+        queue.push("jobs", key, key, Priority.BATCH)
+    assert queue.pop_seated(used=2, seats=4) == "b1"
+    assert queue.pop_seated(used=3, seats=4) is None  # the last seat is kept
+    queue.push("people", "i1", "i1")
+    assert queue.pop_seated(used=3, seats=4) == "i1"
+    assert queue.pop_seated(used=4, seats=4) is None
+    assert queue.pop_seated(used=0, seats=1) == "b2"  # one seat: nothing to keep
+    assert list(queue.keys()) == ["b3"]
+
+
+class _Job:
+    def __init__(self, name: str, need: int, priority: Priority):
+        self.name, self.need, self.priority, self.first_block = name, need, priority, None
+
+
+def test_an_interactive_prompt_takes_the_step_budget_ahead_of_older_batch_prompts():
+    jobs = [_Job("b1", 400, Priority.BATCH), _Job("b2", 400, Priority.BATCH),
+            _Job("i1", 30, Priority.INTERACTIVE), _Job("i2", 50, Priority.INTERACTIVE)]
+    ordered = interactive_first(jobs, lambda job: job.priority)
+    assert [j.name for j in ordered] == ["i1", "i2", "b1", "b2"]
+    chosen = this_step(ordered, 64)
+    assert [j.name for j in chosen] == ["i1", "i2"]
+    assert split_budget([j.need for j in chosen], 64) == [30, 34]
 
 
 def test_budget_goes_to_the_oldest_first():
