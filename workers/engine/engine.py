@@ -3,13 +3,16 @@
 The engine owns its prefix cache (``workers.engine.prefix_cache``: the store and the caches of
 recently finished requests, which a hit extends in place of the store's joined blocks), the
 admission queue and step budget (``workers.engine.scheduler``), the requests in prefill
-(``workers.engine.prefill``) and an mlx-lm ``BatchGenerator`` for the decodes. Nobody else
-reaches the store: the engine's methods say what they read of it. A request goes through::
+(``workers.engine.prefill``) and the decode batch. Nobody else
+reaches the store: the engine's methods say what they read of it. The decodes run in
+orchard's own batch (``workers.engine.decode``), which also verifies each running request's
+prompt-lookup draft (``workers.engine.draft``) when speculation is on. A request goes through::
 
     submit ─► validate ─► admission (per-tenant round robin)
     step:  admit while the batch has room: lookup in the store ─► a prefill job holding the
            reused K/V
-           one decode step for every running request (mlx-lm's ``BatchGenerator``)
+           one decode step for every running request (``DecodeBatch``; with speculation,
+           a verify pass of every row's draft, several tokens a row)
            ─► finished requests write their output blocks and return a ``GenerateResult``
            prefill chunks within the step's token budget, oldest job first, jobs at equal
            cache lengths batched into one pass ─► store the blocks the chunks completed
@@ -35,7 +38,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence as Seq
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
 from router.kv.events import BlockEvent, WorkerRates
@@ -49,6 +51,8 @@ from workers.engine.prefill import PrefillJob, run_chunks
 from workers.engine.prefix_cache import PrefixCache
 from workers.engine.scheduler import Admission, StepBudget, split_budget, this_step
 from workers.engine.constrained import RowHook, first_token
+from workers.engine.decode import DecodeBatch, RowStep
+from workers.engine.draft import Speculation
 from workers.engine.constraints import Grammars, check_format
 from workers.engine.sequence import Sequence, TokenDelta, make_sampler
 from workers.engine.validate import check_request
@@ -84,14 +88,13 @@ class Engine:
         self._cache = PrefixCache(loaded.kv_shape, config, clock, loaded.model_id,
                                   loaded.revision, hasher)
         self._eos = set(loaded.tokenizer.eos_token_ids)
-        self._stops = StopSequences([[e] for e in sorted(self._eos)])
         self._body = loaded.body      # without the vocabulary projection
         self._head = loaded.head      # None: the last prompt token runs through the whole model
-        self._batch = BatchGenerator(loaded.model, completion_batch_size=config.max_batch,
-                                     prefill_batch_size=config.max_batch)
+        self._batch = DecodeBatch(loaded.model)
+        self._spec = Speculation(config.speculate_max_k) if config.speculate else None
         self._admission: Admission[tuple[GenerateRequest, int]] = Admission()
         self._prefilling: list[PrefillJob] = []  # oldest first
-        self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
+        self._running: dict[int, Sequence] = {}  # decode batch uid -> sequence
         self._budget = StepBudget(config.prefill_budget, config.decode_stall,
                                   min(4, config.prefill_budget))
         self._grammars: Grammars | None = None  # made for the first constrained request
@@ -199,8 +202,10 @@ class Engine:
                     if seq.request.request_id == request_id), None)
         if uid is None:
             return False
-        self._batch.remove([uid])
+        self._batch.remove(uid)
         del self._running[uid]
+        if self._spec is not None:
+            self._spec.leave(uid)
         return True
 
     @property
@@ -215,7 +220,7 @@ class Engine:
                 len(self._running) + len(self._prefilling) < self.config.max_batch):
             self._prefilling.append(self._queued(*self._admission.pop()))
         if self._running:
-            self._decode(deltas, finished, settle=bool(self._prefilling))
+            self._decode(deltas, finished)
         if self._prefilling:
             # only interactive decodes bound the prefill: a batch job's wait for throughput
             interactive = any(not seq.request.batch for seq in self._running.values())
@@ -260,21 +265,39 @@ class Engine:
         job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
                            lookup_end, detokenizer=self.tokenizer.detokenizer)
 
-    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult], settle: bool
-                ) -> None:
+    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult]) -> None:
+        """One step of the decode batch: each row's new tokens (one, or a verify pass's
+        accepted drafts and one more) taken in order until its request finishes."""
+        drafts = {}
+        if self._spec is not None:
+            drafts = self._spec.drafts({uid: seq.request.sampling.max_tokens - len(seq.tokens) - 1
+                                        for uid, seq in self._running.items()})
         start = self._now_ns()
-        _, responses = self._batch.next()
-        if settle:
-            # next() leaves the following decode step running; let it finish, so that this
-            # step's prefill pass is timed alone and the decode step is timed whole
-            mx.synchronize()
-        self._budget.observe_decode((self._now_ns() - start) / 1e9)
-        for r in responses:
-            seq = self._running[r.uid]
-            row = seq.hook.raw() if seq.hook is not None else r.logprobs  # before any mask
-            deltas.append(seq.delta(int(r.token), self._now_ns(), self._eos, row))
-            if r.finish_reason or seq.finish_reason:
-                finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
+        steps = self._batch.step(drafts)
+        seconds = (self._now_ns() - start) / 1e9
+        width = max((len(d) for d in drafts.values()), default=0)
+        if width == 0:
+            self._budget.observe_decode(seconds)
+        if self._spec is not None:
+            self._spec.cost.observe(len(steps), width, seconds)
+        for step in steps:
+            self._take(step, deltas, finished)
+
+    def _take(self, step: RowStep, deltas: list[TokenDelta], finished: list[GenerateResult]
+              ) -> None:
+        seq = self._running[step.uid]
+        used = 0
+        for token, row in zip(step.tokens, step.logprobs):
+            deltas.append(seq.delta(token, self._now_ns(), self._eos, row))
+            used += 1
+            if seq.finish_reason:
+                break
+        seq.drafted += step.drafted
+        seq.accepted += min(step.accepted, used)
+        if seq.finish_reason:
+            finished.append(self._finish(step.uid, unused=len(step.tokens) - used))
+        elif self._spec is not None:
+            self._spec.verified(step.uid, step.drafted, step.accepted, list(step.tokens))
 
     def _prefill(self, bounded: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
                  ) -> None:
@@ -328,24 +351,25 @@ class Engine:
             self._cache.keep(req.namespace, job.prompt, job.cache)
             finished.append(seq.result(self.config.worker_id))
             return
-        if job.constraint is not None:  # the grammar has seen the prompt and the first token
-            seq.hook = RowHook(job.constraint, len(job.prompt) + 1)
-        (uid,) = self._batch.insert(
-            [[first]], max_tokens=[req.sampling.max_tokens - 1], caches=[job.cache],
-            all_tokens=[job.prompt], samplers=[job.sampler] if job.sampler else None,
-            logits_processors=[[seq.hook]] if seq.hook else None, stop_sequences=[self._stops])
+        # a grammar has seen the prompt and the first token
+        hook = RowHook(job.constraint) if job.constraint is not None else None
+        uid = self._batch.insert(first, job.cache, job.prompt, job.sampler, hook)
         self._running[uid] = seq
+        if self._spec is not None and hook is None:
+            self._spec.join(uid, [*job.prompt, first])
 
-    def _finish(self, uid: int, cache: list[KVCache] | None, all_tokens: list[int] | None
-                ) -> GenerateResult:
+    def _finish(self, uid: int, unused: int) -> GenerateResult:
+        """Row ``uid`` leaves the batch; its cache (less the ``unused`` accepted tokens its
+        request stopped before) is stored and kept."""
         seq = self._running.pop(uid)
-        if cache is None:  # stopped by a stop string: take it out of the batch ourselves
-            cache, all_tokens = self._batch.remove([uid], return_prompt_caches=True)[uid]
+        if self._spec is not None:
+            self._spec.leave(uid)
+        cache, all_tokens = self._batch.remove(uid, unused)
         if self._cache.enabled and cache:
-            if all_tokens is None or len(all_tokens) != cache[0].offset:
+            if len(all_tokens) != cache[0].offset:
                 raise RuntimeError(
                     f"request {seq.request.request_id}: batch cache holds {cache[0].offset} "
-                    f"tokens but {len(all_tokens or ())} token ids were tracked")
+                    f"tokens but {len(all_tokens)} token ids were tracked")
             seq.written += self._cache.write(seq.request.namespace, all_tokens, cache)
             self._cache.keep(seq.request.namespace, all_tokens, cache)
         if not seq.finish_reason:
