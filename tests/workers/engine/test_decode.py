@@ -212,3 +212,30 @@ class TestTheCacheHoldsTheAcceptedTokens:
                 assert float(mx.abs(mine.keys - ref.keys[..., :len(tokens), :]).max()) <= 1e-5
                 assert float(mx.abs(mine.values - ref.values[..., :len(tokens), :]).max()) <= 1e-5
         assert len(batch) == 0 and batch.step({}) == []
+
+
+PASSAGE = ("The orchard keeps a prefix store on every Mac. A router sends each prompt to the "
+           "worker most likely to hold its cached prefix, and the worker reads the blocks it "
+           "holds instead of computing them again.")
+
+
+@pytest.mark.slow
+def test_the_default_model_gives_the_same_tokens_with_and_without_speculation():
+    from workers.model.default_model import ensure_default_model
+
+    model_dir = ensure_default_model()
+    asks = [f"Repeat this text exactly:\n\n{PASSAGE}",
+            f"Correct the spelling, then repeat it:\n\n{PASSAGE.replace('prefix', 'prefx')}",
+            "Name three fruits that grow in an orchard."]
+    results = {}
+    for speculate in (False, True):
+        eng = Engine.open(model_dir, EngineConfig(block_size=16, speculate=speculate),
+                          clock=Clock(), now_ns=lambda: 0)
+        reqs = [GenerateRequest(f"d{i}", eng.namespace("t"),
+                                tuple(eng.render_chat([{"role": "user", "content": ask}])),
+                                SamplingParams(max_tokens=48))
+                for i, ask in enumerate(asks)]
+        results[speculate] = eng.generate(reqs)
+    for plain, spec in zip(results[False], results[True]):
+        assert spec.output_tokens == plain.output_tokens and spec.text == plain.text
+    assert sum(r.accepted_tokens for r in results[True]) > 20  # the copies were drafted
