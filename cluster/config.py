@@ -32,6 +32,10 @@ running cluster owns: this config, the job store, the frontend's address file, t
     [model]
     dir = ""                     # an mlx-lm model directory; "" means the embedded default
 
+    [engine]
+    speculate = false            # prompt-lookup drafts verified in the decode batch
+    speculate_max_k = 4          # the most drafts a request proposes per step (1 to 8)
+
     [frontend]
     host = "127.0.0.1"           # loopback; any other address needs TLS (cluster.tls)
     port = 0                     # 0: pick a free port (written to frontend.json)
@@ -105,6 +109,12 @@ class CacheConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineSettings:
+    speculate: bool = False  # off by default: see docs/design-notes.md, "Speculative decoding"
+    speculate_max_k: int = 4
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     index_bytes: int = DEFAULT_INDEX_BYTES  # the prefix index's budget (``router.index``)
 
@@ -156,6 +166,7 @@ class Config:
     tls: FrontendTls = field(default_factory=lambda: FrontendTls())
     http: HttpConfig = field(default_factory=lambda: HttpConfig())
     router: RouterConfig = field(default_factory=RouterConfig)
+    engine: EngineSettings = field(default_factory=EngineSettings)
 
     @property
     def db_path(self) -> Path:
@@ -273,6 +284,7 @@ def load_config(run_dir: Path | str) -> Config:
         tls=_build(FrontendTls, frontend, "frontend", path),
         http=_build(HttpConfig, _section(data, "http", path), "http", path),
         router=_build(RouterConfig, _section(data, "router", path), "router", path),
+        engine=_build(EngineSettings, _section(data, "engine", path), "engine", path),
     )
     _check(config, path)
     return config
@@ -288,6 +300,8 @@ def _check(config: Config, path: Path) -> None:
     if limits.request_timeout_s <= 0:
         raise ValueError(f"{path}: [limits] request_timeout_s must be > 0")
     _check_http(config.http, path)
+    if not 1 <= config.engine.speculate_max_k <= 8:
+        raise ValueError(f"{path}: [engine] speculate_max_k must be 1 to 8")
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
     cache = config.cache
@@ -412,4 +426,5 @@ def engine_config(config: Config):
                         store_bytes=cache.capacity_bytes, eviction=cache.eviction,
                         kv_bits=cache.kv_bits, disk_bytes=cache.disk_bytes,
                         disk_dir=str(config.run_dir / cache.disk_dir),
-                        disk_kv_bits=cache.disk_kv_bits)
+                        disk_kv_bits=cache.disk_kv_bits, speculate=config.engine.speculate,
+                        speculate_max_k=config.engine.speculate_max_k)
