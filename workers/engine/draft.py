@@ -127,6 +127,19 @@ class SpecCost:
             self._extra_s = moving_average(self._extra_s, extra) or 1e-12
 
 
+@dataclass(frozen=True, slots=True)
+class SpecStats:
+    """An engine's decode steps so far: plain steps and verify passes, their time, the drafts
+    verified and accepted (what ``orchard bench spec`` reports)."""
+
+    plain_steps: int
+    plain_s: float
+    verify_passes: int
+    verify_s: float
+    drafted: int
+    accepted: int
+
+
 class Speculation:
     """The engine's drafting: one ``PromptLookup`` per running row, one ``SpecCost``."""
 
@@ -136,6 +149,19 @@ class Speculation:
         self.max_k = max_k
         self.cost = SpecCost()
         self._rows: dict[int, PromptLookup] = {}
+        self._steps = [0, 0.0, 0, 0.0]  # plain steps, their seconds, verify passes, seconds
+        self._drafted = self._accepted = 0
+
+    def stats(self) -> SpecStats:
+        plain, plain_s, passes, verify_s = self._steps
+        return SpecStats(plain, plain_s, passes, verify_s, self._drafted, self._accepted)
+
+    def observe_step(self, rows: int, width: int, seconds: float) -> None:
+        """A decode step of ``rows`` rows and ``width`` drafts each took ``seconds``."""
+        self.cost.observe(rows, width, seconds)
+        at = 2 if width else 0
+        self._steps[at] += 1
+        self._steps[at + 1] += seconds
 
     def join(self, uid: int, tokens: list[int]) -> None:
         """Row ``uid`` drafts from ``tokens`` (its prompt and first token) on."""
@@ -156,6 +182,8 @@ class Speculation:
 
     def verified(self, uid: int, drafted: int, accepted: int, tokens: list[int]) -> None:
         """Row ``uid``'s pass took ``accepted`` of ``drafted``; ``tokens`` are its new ones."""
+        self._drafted += drafted
+        self._accepted += accepted
         row = self._rows.get(uid)
         if row is not None:
             row.verified(drafted, accepted)

@@ -52,7 +52,7 @@ from workers.engine.prefix_cache import PrefixCache
 from workers.engine.scheduler import Admission, StepBudget, split_budget, this_step
 from workers.engine.constrained import RowHook, first_token
 from workers.engine.decode import DecodeBatch, RowStep
-from workers.engine.draft import Speculation
+from workers.engine.draft import SpecStats, Speculation
 from workers.engine.constraints import Grammars, check_format
 from workers.engine.sequence import Sequence, TokenDelta, make_sampler
 from workers.engine.validate import check_request
@@ -279,7 +279,7 @@ class Engine:
         if width == 0:
             self._budget.observe_decode(seconds)
         if self._spec is not None:
-            self._spec.cost.observe(len(steps), width, seconds)
+            self._spec.observe_step(len(steps), width, seconds)
         for step in steps:
             self._take(step, deltas, finished)
 
@@ -294,10 +294,10 @@ class Engine:
                 break
         seq.drafted += step.drafted
         seq.accepted += min(step.accepted, used)
+        if self._spec is not None:
+            self._spec.verified(step.uid, step.drafted, step.accepted, list(step.tokens))
         if seq.finish_reason:
             finished.append(self._finish(step.uid, unused=len(step.tokens) - used))
-        elif self._spec is not None:
-            self._spec.verified(step.uid, step.drafted, step.accepted, list(step.tokens))
 
     def _prefill(self, bounded: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
                  ) -> None:
@@ -380,6 +380,10 @@ class Engine:
 
     def store_stats(self) -> StoreStats:
         return self._cache.store_stats()
+
+    def spec_stats(self) -> SpecStats | None:
+        """Speculative decoding's steps, time and drafts so far (None: speculation off)."""
+        return self._spec.stats() if self._spec is not None else None
 
     def constraint_seconds(self) -> float:
         """Time spent in grammar masks and matcher steps so far (structured outputs)."""
