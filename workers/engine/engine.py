@@ -51,8 +51,8 @@ from workers.engine.prefill import PrefillJob, run_chunks
 from workers.engine.prefix_cache import PrefixCache
 from workers.engine.scheduler import Admission, StepBudget, split_budget, this_step
 from workers.engine.constrained import RowHook, first_token
-from workers.engine.decode import DecodeBatch, RowStep
 from workers.engine.draft import SpecStats, Speculation
+from workers.engine.running import Running
 from workers.engine.constraints import Grammars, check_format
 from workers.engine.sequence import Sequence, TokenDelta, make_sampler
 from workers.engine.validate import check_request
@@ -90,13 +90,12 @@ class Engine:
         self._eos = set(loaded.tokenizer.eos_token_ids)
         self._body = loaded.body      # without the vocabulary projection
         self._head = loaded.head      # None: the last prompt token runs through the whole model
-        self._batch = DecodeBatch(loaded.model)
-        self._spec = Speculation(config.speculate_max_k) if config.speculate else None
         self._admission: Admission[tuple[GenerateRequest, int]] = Admission()
         self._prefilling: list[PrefillJob] = []  # oldest first
-        self._running: dict[int, Sequence] = {}  # decode batch uid -> sequence
         self._budget = StepBudget(config.prefill_budget, config.decode_stall,
                                   min(4, config.prefill_budget))
+        spec = Speculation(config.speculate_max_k) if config.speculate else None
+        self._running = Running(loaded.model, spec, self._budget, self._eos, now_ns)
         self._grammars: Grammars | None = None  # made for the first constrained request
 
     @classmethod
@@ -176,7 +175,7 @@ class Engine:
             check_format(req.sampling.response_format)
         busy = set(self._admission.keys())
         busy.update(job.request_id for job in self._prefilling)
-        busy.update(seq.request.request_id for seq in self._running.values())
+        busy.update(seq.request.request_id for seq in self._running)
         if req.request_id in busy:
             raise ValueError(f"request id {req.request_id!r} is already running: use a unique id")
 
@@ -198,15 +197,7 @@ class Engine:
             if job.request_id == request_id:
                 del self._prefilling[i]
                 return True
-        uid = next((u for u, seq in self._running.items()
-                    if seq.request.request_id == request_id), None)
-        if uid is None:
-            return False
-        self._batch.remove(uid)
-        del self._running[uid]
-        if self._spec is not None:
-            self._spec.leave(uid)
-        return True
+        return self._running.abort(request_id)
 
     @property
     def busy(self) -> bool:
@@ -223,7 +214,7 @@ class Engine:
             self._decode(deltas, finished)
         if self._prefilling:
             # only interactive decodes bound the prefill: a batch job's wait for throughput
-            interactive = any(not seq.request.batch for seq in self._running.values())
+            interactive = any(not seq.request.batch for seq in self._running)
             self._prefill(interactive, deltas, finished)
         return StepOutput(tuple(deltas), tuple(finished))
 
@@ -266,38 +257,17 @@ class Engine:
                            lookup_end, detokenizer=self.tokenizer.detokenizer)
 
     def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult]) -> None:
-        """One step of the decode batch: each row's new tokens (one, or a verify pass's
-        accepted drafts and one more) taken in order until its request finishes."""
-        drafts = {}
-        if self._spec is not None:
-            drafts = self._spec.drafts({uid: seq.request.sampling.max_tokens - len(seq.tokens) - 1
-                                        for uid, seq in self._running.items()})
-        start = self._now_ns()
-        steps = self._batch.step(drafts)
-        seconds = (self._now_ns() - start) / 1e9
-        width = max((len(d) for d in drafts.values()), default=0)
-        if width == 0:
-            self._budget.observe_decode(seconds)
-        if self._spec is not None:
-            self._spec.observe_step(len(steps), width, seconds)
-        for step in steps:
-            self._take(step, deltas, finished)
-
-    def _take(self, step: RowStep, deltas: list[TokenDelta], finished: list[GenerateResult]
-              ) -> None:
-        seq = self._running[step.uid]
-        used = 0
-        for token, row in zip(step.tokens, step.logprobs):
-            deltas.append(seq.delta(token, self._now_ns(), self._eos, row))
-            used += 1
-            if seq.finish_reason:
-                break
-        seq.drafted += step.drafted
-        seq.accepted += min(step.accepted, used)
-        if self._spec is not None:
-            self._spec.verified(step.uid, step.drafted, step.accepted, list(step.tokens))
-        if seq.finish_reason:
-            finished.append(self._finish(step.uid, unused=len(step.tokens) - used))
+        for done in self._running.step(deltas):
+            seq = done.seq
+            if self._cache.enabled and done.cache:
+                if len(done.tokens) != done.cache[0].offset:
+                    raise RuntimeError(
+                        f"request {seq.request.request_id}: batch cache holds "
+                        f"{done.cache[0].offset} tokens but {len(done.tokens)} token ids "
+                        "were tracked")
+                seq.written += self._cache.write(seq.request.namespace, done.tokens, done.cache)
+                self._cache.keep(seq.request.namespace, done.tokens, done.cache)
+            finished.append(seq.result(self.config.worker_id))
 
     def _prefill(self, bounded: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
                  ) -> None:
@@ -353,28 +323,7 @@ class Engine:
             return
         # a grammar has seen the prompt and the first token
         hook = RowHook(job.constraint) if job.constraint is not None else None
-        uid = self._batch.insert(first, job.cache, job.prompt, job.sampler, hook)
-        self._running[uid] = seq
-        if self._spec is not None and hook is None:
-            self._spec.join(uid, [*job.prompt, first])
-
-    def _finish(self, uid: int, unused: int) -> GenerateResult:
-        """Row ``uid`` leaves the batch; its cache (less the ``unused`` accepted tokens its
-        request stopped before) is stored and kept."""
-        seq = self._running.pop(uid)
-        if self._spec is not None:
-            self._spec.leave(uid)
-        cache, all_tokens = self._batch.remove(uid, unused)
-        if self._cache.enabled and cache:
-            if len(all_tokens) != cache[0].offset:
-                raise RuntimeError(
-                    f"request {seq.request.request_id}: batch cache holds {cache[0].offset} "
-                    f"tokens but {len(all_tokens)} token ids were tracked")
-            seq.written += self._cache.write(seq.request.namespace, all_tokens, cache)
-            self._cache.keep(seq.request.namespace, all_tokens, cache)
-        if not seq.finish_reason:
-            seq.finish_reason = "length"
-        return seq.result(self.config.worker_id)
+        self._running.join(seq, first, job.cache, job.prompt, job.sampler, hook)
 
     # ---- the prefix cache: what it says, what may be asked of it -------------------------
 
@@ -383,7 +332,7 @@ class Engine:
 
     def spec_stats(self) -> SpecStats | None:
         """Speculative decoding's steps, time and drafts so far (None: speculation off)."""
-        return self._spec.stats() if self._spec is not None else None
+        return self._running.spec_stats()
 
     def constraint_seconds(self) -> float:
         """Time spent in grammar masks and matcher steps so far (structured outputs)."""
