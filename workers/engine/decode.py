@@ -125,8 +125,8 @@ class DecodeBatch:
         raw = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         drawn = raw
         if any(row.hook for row in rows):
-            drawn = mx.concatenate([self._masked(row, logits[e:e + 1]) if row.hook
-                                    else raw[e:e + 1] for e, row in enumerate(rows)])
+            drawn = mx.concatenate([self._masked(row, logits[e:e + 1], raw[e:e + 1])
+                                    if row.hook else raw[e:e + 1] for e, row in enumerate(rows)])
         greedy = mx.argmax(drawn, axis=-1)
         mx.eval(greedy, raw, drawn)
         targets = greedy.tolist()
@@ -147,10 +147,12 @@ class DecodeBatch:
             drop_tail(self._cache, [width - s.accepted for s in out])
         return out
 
-    def _masked(self, row: _Row, logits: mx.array) -> mx.array:
-        """A constrained row's ``[1, 1, V]`` logits masked by its grammar, normalised."""
+    def _masked(self, row: _Row, logits: mx.array, raw: mx.array) -> mx.array:
+        """A constrained row's first position masked by its grammar and normalised; its other
+        positions (pads beside other rows' drafts, never read) as they were."""
         masked = row.hook(row.last, logits[:, 0, :])
-        return (masked - mx.logsumexp(masked, axis=-1, keepdims=True))[:, None, :]
+        first = (masked - mx.logsumexp(masked, axis=-1, keepdims=True))[:, None, :]
+        return mx.concatenate([first, raw[:, 1:]], axis=1)
 
 
 def drop_tail(cache: list[BatchKVCache], drop: list[int]) -> None:

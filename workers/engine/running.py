@@ -76,8 +76,7 @@ class Running:
         steps = self._batch.step(drafts)
         seconds = (self._now_ns() - start) / 1e9
         width = max((len(d) for d in drafts.values()), default=0)
-        if width == 0:
-            self._budget.observe_decode(seconds)
+        self._budget.observe_decode(seconds)  # a verify pass is the step prefill waits beside
         if self._spec is not None:
             self._spec.observe_step(len(steps), width, seconds)
         return [f for f in (self._take(s, deltas) for s in steps) if f is not None]

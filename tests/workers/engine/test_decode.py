@@ -239,3 +239,38 @@ def test_the_default_model_gives_the_same_tokens_with_and_without_speculation():
     for plain, spec in zip(results[False], results[True]):
         assert spec.output_tokens == plain.output_tokens and spec.text == plain.text
     assert sum(r.accepted_tokens for r in results[True]) > 20  # the copies were drafted
+
+
+class TestSampledAndConstrained:
+    def test_sampled_requests_speculate_and_repeat_for_a_seed(self):
+        runs = []
+        for _ in range(2):
+            eng = engine(True)
+            reqs = requests(eng, "t", temperature=0.7, seed=11)
+            runs.append(drive(eng, reqs)[1])
+        first, again = runs
+        assert all(first[k].output_tokens == again[k].output_tokens for k in first)
+        assert sum(r.drafted_tokens for r in first.values()) > 0
+        assert all(len(r.output_tokens) == 30 + 7 * int(k[1:]) or r.finish_reason == "stop"
+                   for k, r in first.items())
+
+    def test_a_constrained_row_never_drafts_and_its_neighbours_stay_exact(self, plain_run):
+        import json
+
+        import jsonschema
+
+        from workers.messages import ResponseFormat
+
+        schema = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
+                  "required": ["kind"], "additionalProperties": False}
+        eng = engine(True, max_batch=4)
+        fmt = ResponseFormat("json_schema", json.dumps(schema), strict=True)
+        free = requests(eng, "f")[:3]
+        constrained = GenerateRequest("json", eng.namespace("t"), tuple(copying_prompt(0)),
+                                      SamplingParams(max_tokens=40, response_format=fmt))
+        _, done = drive(eng, [constrained, *free])
+        assert done["json"].drafted_tokens == 0 and done["json"].finish_reason == "stop"
+        jsonschema.validate(json.loads(done["json"].text), schema)
+        for i in range(3):
+            assert done[f"f{i}"].output_tokens == plain_run[1][f"p{i}"].output_tokens
+        assert sum(done[f"f{i}"].accepted_tokens for i in range(3)) > 0
