@@ -3,10 +3,10 @@
 The engine owns its prefix cache (``workers.engine.prefix_cache``: the store and the caches of
 recently finished requests, which a hit extends in place of the store's joined blocks), the
 admission queue and step budget (``workers.engine.scheduler``), the requests in prefill
-(``workers.engine.prefill``) and the decode batch. Nobody else
-reaches the store: the engine's methods say what they read of it. The decodes run in
-orchard's own batch (``workers.engine.decode``), which also verifies each running request's
-prompt-lookup draft (``workers.engine.draft``) when speculation is on. A request goes through::
+(``workers.engine.prefill``) and the running requests (``workers.engine.running``: orchard's
+own decode batch, ``workers.engine.decode``, which also verifies each running request's
+prompt-lookup draft, ``workers.engine.draft``, when speculation is on). Nobody else reaches
+the store: the engine's methods say what they read of it. A request goes through::
 
     submit ─► validate ─► admission (per-tenant round robin)
     step:  admit while the batch has room: lookup in the store ─► a prefill job holding the
