@@ -213,6 +213,24 @@ class TestTheCacheHoldsTheAcceptedTokens:
                 assert float(mx.abs(mine.values - ref.values[..., :len(tokens), :]).max()) <= 1e-5
         assert len(batch) == 0 and batch.step({}) == []
 
+    def test_rows_that_reject_alike_are_trimmed_without_a_roll(self):
+        loaded = open_model_dir(tiny_model("llama"))
+        batch = DecodeBatch(loaded.model)
+        for n, seed in ((10, 3), (14, 4)):
+            prompt = prompt_of(n, seed=seed)
+            cache = [KVCache() for _ in range(loaded.kv_shape.layers)]
+            loaded.model(mx.array([prompt[:-1]]), cache=cache)
+            batch.insert(prompt[-1], cache, prompt[:-1], None, None)
+        layer = batch._cache[0]
+        before = (layer.offset.tolist(), layer.left_padding.tolist(), layer._idx)
+        assert before == ([9, 13], [4, 0], 13)
+        # both rows draft 3 tokens that no argmax of a random model gives (token 0)
+        steps = batch.step({0: [0, 0, 0], 1: [0, 0, 0]})
+        assert [(s.drafted, s.accepted, len(s.tokens)) for s in steps] == [(3, 0, 1), (3, 0, 1)]
+        # each row holds one more token; the three rejected positions trimmed from both
+        assert (layer.offset.tolist(), layer.left_padding.tolist(), layer._idx) == (
+            [10, 14], [4, 0], 14)
+
 
 PASSAGE = ("The orchard keeps a prefix store on every Mac. A router sends each prompt to the "
            "worker most likely to hold its cached prefix, and the worker reads the blocks it "
