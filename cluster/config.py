@@ -43,6 +43,8 @@ running cluster owns: this config, the job store, the frontend's address file, t
     tls_key = ""                 # e.g. "tls/server.key"
     client_ca = ""               # set: mutual TLS, clients need a certificate this CA signed
     allow_plaintext_lan = false  # serve a non-loopback host without TLS (warned at each start)
+    lease_s = 10.0               # several frontends on one run dir: a killed one's jobs are
+                                 # taken over by another 1 to 1.33 lease_s later
 
     [http]
     enabled = true               # the OpenAI-compatible HTTP API beside gRPC
@@ -51,6 +53,13 @@ running cluster owns: this config, the job store, the frontend's address file, t
     header_timeout_s = 10.0      # the whole request head (line and headers), from connect
     body_timeout_s = 30.0        # the longest wait for the next piece of a request body
     max_connections_per_client = 64  # open connections per client address (429 beyond)
+
+    [metrics]
+    http = true                  # GET /metrics on the HTTP API's port (an admin key)
+    dedicated = false            # also serve /metrics on a port of its own, without a key:
+    host = "127.0.0.1"           # loopback only (a scraper on another machine uses the
+    port = 9464                  # HTTP port with an admin key); 0 picks a free port
+                                 # (frontend.json's metrics_address)
 
     [router]
     index_bytes = 2147483648     # the frontend router's prefix index:
@@ -153,6 +162,14 @@ class HttpConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    http: bool = True
+    dedicated: bool = False
+    host: str = "127.0.0.1"
+    port: int = 9464  # the port OpenTelemetry's Prometheus exporter uses by default
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     run_dir: Path
     tenant_keys: dict[str, str]          # api key -> tenant name
@@ -167,6 +184,8 @@ class Config:
     http: HttpConfig = field(default_factory=lambda: HttpConfig())
     router: RouterConfig = field(default_factory=RouterConfig)
     engine: EngineSettings = field(default_factory=EngineSettings)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    lease_s: float = 10.0                # a frontend's job lease ([frontend], cluster.jobs.lease)
 
     @property
     def db_path(self) -> Path:
@@ -271,6 +290,10 @@ def load_config(run_dir: Path | str) -> Config:
     host, port = frontend.pop("host", "127.0.0.1"), frontend.pop("port", 0)
     if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int):
         raise ValueError(f"{path}: [frontend] host must be a string and port an integer")
+    lease_s = frontend.pop("lease_s", 10.0)
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or lease_s <= 0:
+        raise ValueError(f"{path}: [frontend] lease_s must be a number of seconds > 0, "
+                         f"got {lease_s!r}")
     config = Config(
         run_dir=run_dir,
         tenant_keys=_tenant_keys(data, path),
@@ -285,6 +308,8 @@ def load_config(run_dir: Path | str) -> Config:
         http=_build(HttpConfig, _section(data, "http", path), "http", path),
         router=_build(RouterConfig, _section(data, "router", path), "router", path),
         engine=_build(EngineSettings, _section(data, "engine", path), "engine", path),
+        metrics=_build(MetricsConfig, _section(data, "metrics", path), "metrics", path),
+        lease_s=float(lease_s),
     )
     _check(config, path)
     return config
@@ -302,6 +327,7 @@ def _check(config: Config, path: Path) -> None:
     _check_http(config.http, path)
     if not 1 <= config.engine.speculate_max_k <= 8:
         raise ValueError(f"{path}: [engine] speculate_max_k must be 1 to 8")
+    _check_metrics(config.metrics, path)
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
     cache = config.cache
@@ -326,6 +352,18 @@ def _check_http(http: HttpConfig, path: Path) -> None:
     for name in ("header_timeout_s", "body_timeout_s"):
         if not getattr(http, name) > 0:
             raise ValueError(f"{path}: [http] {name} must be > 0 (seconds)")
+
+
+def _check_metrics(metrics: MetricsConfig, path: Path) -> None:
+    from cluster.tls import is_loopback
+
+    if not 0 <= metrics.port < 65536:
+        raise ValueError(f"{path}: [metrics] port must be in [0, 65535], got {metrics.port}")
+    if not is_loopback(metrics.host):
+        raise ValueError(f"{path}: [metrics] host must be a loopback address (127.0.0.1 or "
+                         f"::1), got {metrics.host!r}: the dedicated port has no key; a "
+                         "scraper on another machine reads GET /metrics on the HTTP port "
+                         "with an admin key")
 
 
 def _check_tls(config: Config, path: Path) -> None:

@@ -47,6 +47,7 @@ class ClusterState:
     workers: int
     started_at: float
     http: str = ""         # the HTTP API's base address (scheme://host:port); "" when off
+    metrics: str = ""      # the dedicated /metrics port's base address; "" when off
 
     @classmethod
     def read(cls, run_dir: Path) -> ClusterState | None:
@@ -121,7 +122,8 @@ async def _serve(options: UpOptions, config, stop: asyncio.Event,
 
     state = ClusterState(os.getpid(), frontend.address, ray.get_runtime_context().gcs_address,
                          options.workers, time.time(),
-                         frontend.http.address if frontend.http is not None else "")
+                         frontend.http.address if frontend.http is not None else "",
+                         frontend.metrics.address if frontend.metrics is not None else "")
     if stop_on_signals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

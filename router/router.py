@@ -142,6 +142,10 @@ class Router:
     def index_counters(self) -> IndexCounters:
         return self._index.counters()
 
+    def holders(self, block: BlockHash) -> list[str]:
+        """The live workers this router believes hold ``block`` (from their events)."""
+        return self._index.holders(block)
+
     # ---- events --------------------------------------------------------------------------
 
     def apply_events(self, batch: EventBatch) -> None:

@@ -7,25 +7,33 @@ the same event loop, the OpenAI-compatible HTTP API (``cluster.api.http_app``).
         grpc.health.v1      no key                standard health checking
         reflection          no key                standard server reflection
         HTTP /v1/...        tenant API keys       cluster.api.http_app (own port)
+        HTTP /metrics       admin keys            cluster.api.http_metrics (Prometheus)
+        /metrics            no key, loopback      [metrics] dedicated: a port of its own
 
 Both bind ``[frontend] host``: loopback as it is, any other address with TLS only
 (``cluster.tls``).
 
-``serve`` opens the job store in the run directory, resumes its unfinished jobs, binds, and
-writes ``frontend.json`` (address, pid, tls, http_address) there so that clients on this machine find it.
+``serve`` opens the job store in the run directory, binds, takes its job lease
+(``cluster.jobs.lease``: the unfinished jobs nobody runs, its own after a restart, a dead
+frontend's) and writes ``frontends/ID.json`` (address, pid, tls, http_address,
+metrics_address) there, and ``frontend.json`` too unless another live frontend wrote it, so
+that clients on this machine find it. Several frontends serve one run directory: each its own
+ports and router, all one job store; each job runs in the one whose lease holds it.
 ``orchard up`` calls it with a RayBackend; tests and ``python -m cluster.api.frontend`` with a
-``LocalBackend``. ``Frontend.stop`` stops serving, then the job runner; the backend belongs to
-the caller.
+``LocalBackend``. ``Frontend.stop`` stops serving, then the job runner, then releases the
+lease (its unfinished jobs go to the next frontend that ticks); the backend belongs to the
+caller.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
+import dataclasses
 import functools
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import time
@@ -40,10 +48,12 @@ from grpc_reflection.v1alpha import reflection
 from cluster.backend.protocol import Backend, ModelInfo
 from cluster.api.chat import ChatTokenizer
 from cluster.config import ADDRESS_NAME, Config, load_config, write_default_config
-from cluster.api.edge import Authenticator, DecodeGuard
+from cluster.api.edge import Authenticator, DecodeGuard, status_of
 from cluster.api.intake import JobIntakeService, prepare
 from cluster.api.keys import KeyStore
+from cluster.jobs.lease import FrontendLease
 from cluster.jobs.store import JobStore
+from cluster.jobs.takeover import LeaseKeeper
 from cluster.rundir import make_private
 from cluster.telemetry.job_tracing import frontend_tracing
 from cluster.jobs.runner import JobRunner, RunnerLimits
@@ -52,6 +62,7 @@ from cluster.api.batch_store import BatchStore
 from cluster.api.http_app import HttpApi, HttpServer, start_http
 from cluster.api.http_batches import Batches
 from cluster.api.http_guard import HttpLimits
+from cluster.api.http_metrics import MetricsEndpoint, dedicated_app
 from cluster.api.servicer_admin import AdminServicer
 from cluster.api.tool_calls import ToolFormat
 from cluster.tls import TlsFiles, check_binding, server_credentials
@@ -72,11 +83,12 @@ class Frontend:
     store: JobStore
     runner: JobRunner
     health: health.HealthServicer
-    address_path: Path
-    lock_fd: int             # holds the run directory's frontend.lock while serving
+    address_paths: tuple[Path, ...]   # frontends/ID.json, and frontend.json when it is ours
+    keeper: LeaseKeeper
     host: str = "127.0.0.1"
     http: HttpServer | None = None
     batches: BatchStore | None = None
+    metrics: HttpServer | None = None   # the dedicated /metrics port ([metrics] dedicated)
 
     @property
     def address(self) -> str:
@@ -85,29 +97,67 @@ class Frontend:
     async def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving, then stop the runner (unfinished requests resume on the next start)."""
         self.health.enter_graceful_shutdown()
-        if self.http is not None:
-            await self.http.stop(grace_s)
+        for http in (self.http, self.metrics):
+            if http is not None:
+                await http.stop(grace_s)
         await self.server.stop(grace_s)
+        await self.keeper.stop()
         await self.runner.close()
+        self.keeper.release()   # after the runner: none of its jobs runs here any more
         self.store.close()
         if self.batches is not None:
             self.batches.close()
-        if self.address_path.exists() and _owner_pid(self.address_path) == os.getpid():
-            self.address_path.unlink()
-        os.close(self.lock_fd)  # releases the lock (a killed process releases it too)
+        for path in self.address_paths:
+            if path.exists() and _owner_pid(path) == os.getpid():
+                path.unlink()
+
+    @property
+    def frontend_id(self) -> str:
+        return self.keeper.lease.frontend_id
 
 
-def lock_run_dir(run_dir: Path) -> int:
-    """Take ``run_dir/frontend.lock``: one frontend per job store, or jobs would run twice."""
-    fd = os.open(run_dir / "frontend.lock", os.O_RDWR | os.O_CREAT, 0o600)
+def write_addresses(run_dir: Path, frontend_id: str, record: dict) -> tuple[Path, ...]:
+    """``frontends/ID.json`` for this frontend, and ``frontend.json`` (what clients read by
+    default) unless a live frontend other than this process wrote it."""
+    own = run_dir / "frontends" / f"{frontend_id}.json"
+    own.parent.mkdir(mode=0o700, exist_ok=True)
+    for other in own.parent.glob("*.json"):   # the files of frontends that were killed
+        pid = _owner_pid(other)
+        if pid is None or not _alive(pid):
+            other.unlink(missing_ok=True)
+    _write_json(own, record)
+    return (own, *claim_shared_address(run_dir, record))
+
+
+def claim_shared_address(run_dir: Path, record: dict) -> tuple[Path, ...]:
+    """Write ``frontend.json`` when no other live process holds it (none yet, or its frontend
+    died): clients that read it reach a frontend that serves. At start and at every lease
+    tick."""
+    shared = run_dir / ADDRESS_NAME
+    holder = _owner_pid(shared)
+    if holder == os.getpid():
+        return (shared,)
+    if holder is not None and _alive(holder):
+        return ()
+    _write_json(shared, record)
+    return (shared,)
+
+
+def _write_json(path: Path, record: dict) -> None:
+    """Whole or not at all: a client reading the file never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
+def _alive(pid: int) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        owner = _owner_pid(run_dir / ADDRESS_NAME)
-        raise ValueError(f"another frontend (pid {owner or 'unknown'}) is serving {run_dir}; "
-                         "stop it first, or use another --run-dir") from None
-    return fd
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _owner_pid(path: Path) -> int | None:
@@ -125,23 +175,14 @@ async def serve(config: Config, backend: Backend, tokenizer: ChatTokenizer | Non
                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> Frontend:
     """Start the frontend over a started ``backend``; returns once it accepts calls."""
     make_private(config.run_dir)  # 0700, files 0600, or a refusal saying how to fix it
-    lock_fd = lock_run_dir(config.run_dir)
-    try:
-        return await _serve_locked(config, backend, tokenizer, clock_ms, lock_fd)
-    except BaseException:
-        os.close(lock_fd)
-        raise
-
-
-async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokenizer | None,
-                        clock_ms: Callable[[], int], lock_fd: int) -> Frontend:
     model = backend.model_info()
     tokenizer = tokenizer or await asyncio.to_thread(ChatTokenizer, model.model_dir)
     limits = config.limits
     namespace = namespace_for(model)
-    store = JobStore(config.db_path, clock_ms)
+    frontend_id = f"fe-{os.getpid()}-{secrets.token_hex(3)}"
+    store = JobStore(config.db_path, clock_ms, owner=frontend_id)
     tracing = frontend_tracing(config, model, len(await backend.workers()), tokenizer.decode,
-                               tokenizer.render)
+                               tokenizer.render, _status_name)
     runner = JobRunner(store, backend,
                        functools.partial(prepare, model=model, render=tokenizer.render,
                                          max_prompt_bytes=limits.max_prompt_bytes),
@@ -172,39 +213,71 @@ async def _serve_locked(config: Config, backend: Backend, tokenizer: ChatTokeniz
     tls = config.tls_files()
     port = _bind(server, config, tls)
     await server.start()
-    http, batches = None, None
-    if config.http.enabled:
-        try:
+    http, batches, metrics_http = None, None, None
+    scrape = MetricsEndpoint(tracing.metrics, runner, store, backend, tenants)
+    try:
+        if config.http.enabled:
             http, batches = await _serve_http(config, auth, work, store, runner,
-                                              tokenizer.encode, clock_ms)
-        except BaseException:
-            await server.stop(0)
-            raise
-    resumed = runner.resume()
-    if resumed:
-        log.info("resumed %d unfinished job(s): %s", len(resumed), ", ".join(resumed))
+                                              tokenizer.encode, clock_ms,
+                                              scrape if config.metrics.http else None)
+        if config.metrics.dedicated:
+            metrics_http = await start_http(dedicated_app(scrape, _http_limits(config)),
+                                            config.metrics.host, config.metrics.port, None,
+                                            _http_limits(config), "[metrics] port")
+    except BaseException:
+        if http is not None:
+            await http.stop(0)
+            batches.close()
+        await server.stop(0)
+        raise
+    address = (f"[{config.host}]:{port}" if ":" in config.host else f"{config.host}:{port}")
+    record = {"address": address, "pid": os.getpid(), "tls": tls is not None,
+              "http_address": http.address if http is not None else "",
+              "metrics_address": metrics_http.address if metrics_http is not None else "",
+              "frontend_id": frontend_id}
+
+    def on_tick() -> None:   # frontend.json again if the frontend that held it died
+        if paths := claim_shared_address(config.run_dir, record):
+            frontend.address_paths = tuple(dict.fromkeys((*frontend.address_paths, *paths)))
+    lease = FrontendLease(config.db_path, frontend_id, clock_ms, round(config.lease_s * 1000),
+                          address)
+    frontend = Frontend(server, port, store, runner, health_servicer, (),
+                        LeaseKeeper(lease, runner, on_tick), config.host, http, batches,
+                        metrics_http)
+    first = await frontend.keeper.start()
+    if first.taken:
+        log.info("resumed %d unfinished job(s): %s", len(first.taken),
+                 ", ".join(job.job_id for job in first.taken))
     for name in ("", *SERVICES):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    frontend = Frontend(server, port, store, runner, health_servicer, config.address_path,
-                        lock_fd, config.host, http, batches)
-    config.address_path.write_text(json.dumps({
-        "address": frontend.address, "pid": os.getpid(), "tls": tls is not None,
-        "http_address": http.address if http is not None else ""}))
+    frontend.address_paths = write_addresses(config.run_dir, frontend_id, record)
     return frontend
+
+
+def _status_name(exc: BaseException) -> str:
+    """The gRPC status name a request ends with when ``exc`` stops it (for the metrics)."""
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return grpc.StatusCode.CANCELLED.name
+    return (status_of(exc) or grpc.StatusCode.INTERNAL).name
+
+
+def _http_limits(config: Config) -> HttpLimits:
+    settings = config.http
+    return HttpLimits(settings.max_body_bytes, settings.header_timeout_s,
+                      settings.body_timeout_s, settings.max_connections_per_client)
 
 
 async def _serve_http(config: Config, auth: Authenticator, work: Work, store: JobStore,
                       runner: JobRunner, encode: Callable[[str], list[int]],
-                      clock_ms: Callable[[], int]) -> tuple[HttpServer, BatchStore]:
+                      clock_ms: Callable[[], int], metrics: MetricsEndpoint | None
+                      ) -> tuple[HttpServer, BatchStore]:
     """The OpenAI-compatible HTTP API on its own port, held to ``[http]``'s limits."""
     batches = BatchStore(config.run_dir, lambda: clock_ms() // 1000)
     api = HttpApi(auth, work, encode, Batches(auth, work, store, runner, batches, encode),
-                  lambda: clock_ms() / 1000)
-    settings = config.http
-    limits = HttpLimits(settings.max_body_bytes, settings.header_timeout_s,
-                        settings.body_timeout_s, settings.max_connections_per_client)
+                  lambda: clock_ms() / 1000, metrics)
+    limits = _http_limits(config)
     try:
-        http = await start_http(api.app(limits), config.host, settings.port,
+        http = await start_http(api.app(limits), config.host, config.http.port,
                                 config.tls_files(), limits)
     except BaseException:
         batches.close()
@@ -228,15 +301,20 @@ def _bind(server: grpc.aio.Server, config: Config, tls: TlsFiles | None) -> int:
     return port
 
 
-async def _main(run_dir: Path, workers: int) -> None:
+async def _main(run_dir: Path, workers: int, port: int | None, http_port: int | None) -> None:
     import workers as _blas  # noqa: F401  (OpenBLAS before mlx)
     from cluster.backend.local import LocalBackend
 
     config = load_config(run_dir)
+    if port is not None:
+        config = dataclasses.replace(config, port=port)
+    if http_port is not None:
+        config = dataclasses.replace(config, http=dataclasses.replace(config.http,
+                                                                      port=http_port))
     backend = LocalBackend.from_config(config, workers=workers)
     await backend.start()
     frontend = await serve(config, backend)
-    print(f"orchard frontend listening on {frontend.address}"
+    print(f"orchard frontend {frontend.frontend_id} listening on {frontend.address}"
           + (f", HTTP API on {frontend.http.address}" if frontend.http else ""), flush=True)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -253,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Run the gRPC frontend over in-process workers (LocalBackend, no Ray).")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--port", type=_port, default=None,
+                        help="the gRPC port, in place of [frontend] port (0: a free one); "
+                             "each frontend of a run directory needs its own")
+    parser.add_argument("--http-port", type=_port, default=None,
+                        help="the HTTP API's port, in place of [http] port (0: a free one)")
     parser.add_argument("--init", action="store_true",
                         help="write a default orchard.toml (fresh keys) if the run dir has none")
     args = parser.parse_args(argv)
@@ -260,11 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.init:
             write_default_config(args.run_dir)
-        asyncio.run(_main(args.run_dir, args.workers))
+        asyncio.run(_main(args.run_dir, args.workers, args.port, args.http_port))
     except (ValueError, FileNotFoundError) as exc:
         print(f"orchard frontend: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port < 65536:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {port}")
+    return port
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     POST /v1/chat/completions              chat, streamed (server-sent events) or not
     POST /v1/completions                   text or token-id prompt, streamed or not
     /v1/files, /v1/batches                 the Batch API (cluster.api.http_batches)
+    GET  /metrics                          Prometheus, an admin key (cluster.api.http_metrics)
 
 It is a second edge beside gRPC over the same objects: the same ``Authenticator`` (keys and
 tenants, ``Authorization: Bearer``), the same ``Work`` (validation, admission and
@@ -37,6 +38,7 @@ from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, j
                                      openai_errors, tenant_of)
 from cluster.api.http_guard import (App, BodyCap, ConnectionGuard, GuardedH11Protocol,
                                     HttpLimits, RequestGuard)
+from cluster.api.http_metrics import MetricsEndpoint
 from cluster.tls import TlsFiles
 from cluster.api.validate import FieldError
 from cluster.api.work import Work
@@ -50,8 +52,10 @@ def _sse(data: dict | str) -> bytes:
 
 class HttpApi:
     def __init__(self, auth: Authenticator, work: Work, encode: shapes.Encode,
-                 batches: Batches, clock_s: Callable[[], float] = time.time):
+                 batches: Batches, clock_s: Callable[[], float] = time.time,
+                 metrics: MetricsEndpoint | None = None):
         self._auth = auth
+        self._metrics = metrics  # GET /metrics, asking for an admin key; None: not served
         self._work = work
         self._encode = encode
         self._batches = batches
@@ -66,6 +70,8 @@ class HttpApi:
                   Route(shapes.CHAT, openai_errors(self.chat), methods=["POST"]),
                   Route(shapes.COMPLETIONS, openai_errors(self.completions), methods=["POST"]),
                   *self._batches.routes()]
+        if self._metrics is not None:
+            routes.append(self._metrics.route(self._auth))
         json_cap = BodyCap(limits.max_body_bytes, "[http] max_body_bytes",
                            "send a smaller request")
         return RequestGuard(Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS),
@@ -215,9 +221,10 @@ class HttpServer:
 
 
 async def start_http(app: App, host: str, port: int, tls: TlsFiles | None,
-                     limits: HttpLimits) -> HttpServer:
+                     limits: HttpLimits, setting: str = "[http] port") -> HttpServer:
     """Serve the ASGI ``app`` on ``host:port`` (0: a free port) on this event loop, TLS when
-    given, each connection held to ``limits`` (``cluster.api.http_guard``)."""
+    given, each connection held to ``limits`` (``cluster.api.http_guard``); a port that
+    cannot be bound is a ``ValueError`` naming ``setting``."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -226,8 +233,8 @@ async def start_http(app: App, host: str, port: int, tls: TlsFiles | None,
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ValueError(f"cannot bind the HTTP API to {host}:{port} ({exc.strerror}); set "
-                         "[http] port = 0 to pick a free one") from None
+        raise ValueError(f"cannot bind {setting} to {host}:{port} ({exc.strerror}); set "
+                         f"{setting} = 0 to pick a free one") from None
     sock.set_inheritable(True)
     options: dict = {}
     if tls is not None:

@@ -95,6 +95,9 @@ class ConnectionGuard:
         return self._open.get(address, 0)
 
 
+LINGER_S = 2.0  # how long an answered connection drains its client's input before closing
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a per-client connection cap and a request-head deadline.
 
@@ -107,6 +110,7 @@ class GuardedH11Protocol(H11Protocol):
         self._guard = guard
         self._address: str | None = None  # counted against its client's cap while set
         self._head_deadline: asyncio.TimerHandle | None = None
+        self._lingering: asyncio.TimerHandle | None = None  # answered: closing (see below)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -121,12 +125,17 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_received()
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
         if self._address is not None:
             self._guard.release(self._address)
             self._address = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:
+            return  # answered and closing: what the client still sends is read and dropped
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._head_received()
@@ -164,7 +173,17 @@ class GuardedH11Protocol(H11Protocol):
                 "content-type: application/json\r\n"
                 f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
         self.transport.write(head.encode() + payload)
-        self.transport.close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close without losing the answer: a socket closed with unread input sends a reset,
+        and a client still sending (a dribbled head) would have its kernel drop the answer
+        before it is read. So the write side is shut (the client reads the answer, then the
+        end), what still arrives is read and dropped, and the socket closes ``LINGER_S``
+        later or when the client closes first."""
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._lingering = self.loop.call_later(LINGER_S, self.transport.close)
 
 
 # --------------------------------------------------------------------- the request

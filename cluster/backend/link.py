@@ -40,12 +40,13 @@ CONNECT_TIMEOUT_S = 10.0
 _LOST = object()   # put on every open stream's queue when the connection is gone
 
 Items = AsyncIterator[TokenChunk | Prefilled | WorkerDone]
-Generate = Callable[[GenerateRequest, int, bool], Items]
+Generate = Callable[[GenerateRequest, int, bool, str], Items]
 
 
 class LinkServer:
-    """The worker side: serves ``generate(request, feed_after, chunks)`` to authenticated
-    frontends, one task per stream."""
+    """The worker side: serves ``generate(request, feed_after, chunks, router_id)`` to
+    authenticated frontends, one task per stream (``router_id``: the calling frontend's
+    router, whose results carry its block events)."""
 
     def __init__(self, generate: Generate, secret: bytes) -> None:
         self._generate = generate
@@ -80,9 +81,9 @@ class LinkServer:
             while True:
                 kind, sid, body = await wire.read_frame(reader)
                 if kind == Kind.GENERATE:
-                    request, feed_after, chunks = body
+                    request, feed_after, chunks, router_id = body
                     task = asyncio.create_task(self._stream(writer, sid, request, feed_after,
-                                                            chunks))
+                                                            chunks, router_id))
                     streams[sid] = task
                     task.add_done_callback(lambda _, sid=sid: streams.pop(sid, None))
                 elif kind == Kind.ABORT and sid in streams:
@@ -97,9 +98,10 @@ class LinkServer:
             self._connections.discard(asyncio.current_task())
 
     async def _stream(self, writer: asyncio.StreamWriter, sid: int, request: GenerateRequest,
-                      feed_after: int, chunks: bool) -> None:
+                      feed_after: int, chunks: bool, router_id: str) -> None:
         try:
-            async with contextlib.aclosing(self._generate(request, feed_after, chunks)) as items:
+            async with contextlib.aclosing(self._generate(request, feed_after, chunks,
+                                                          router_id)) as items:
                 async for item in items:
                     writer.write(wire.frame(Kind.ITEM, sid, item))
                     await writer.drain()
@@ -116,11 +118,13 @@ class LinkServer:
 
 
 class WorkerLink:
-    """The frontend side: one connection to one worker, shared by all its requests."""
+    """The frontend side: one connection to one worker, shared by all its requests;
+    ``router_id`` names the frontend's router to the worker."""
 
     def __init__(self, worker_id: str, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+                 writer: asyncio.StreamWriter, router_id: str = "") -> None:
         self._worker_id = worker_id
+        self.router_id = router_id
         self._reader = reader
         self._writer = writer
         self._ids = itertools.count(1)
@@ -129,12 +133,13 @@ class WorkerLink:
         self._reading = asyncio.create_task(self._read(), name=f"link-{worker_id}")
 
     @classmethod
-    async def connect(cls, worker_id: str, host: str, port: int, secret: bytes) -> WorkerLink:
+    async def connect(cls, worker_id: str, host: str, port: int, secret: bytes,
+                      router_id: str = "") -> WorkerLink:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
                                                 CONNECT_TIMEOUT_S)
         nonce = await asyncio.wait_for(reader.readexactly(wire.NONCE_BYTES), CONNECT_TIMEOUT_S)
         writer.write(wire.answer(secret, nonce))
-        return cls(worker_id, reader, writer)
+        return cls(worker_id, reader, writer, router_id)
 
     async def stream(self, request: GenerateRequest, feed_after: int, chunks: bool) -> Items:
         """The worker's items for ``request``, its ``WorkerDone`` last. ``ValueError`` when
@@ -146,7 +151,8 @@ class WorkerLink:
         queue = self._streams[sid] = asyncio.Queue()
         settled = False
         try:
-            self._writer.write(wire.frame(Kind.GENERATE, sid, [request, feed_after, chunks]))
+            self._writer.write(wire.frame(Kind.GENERATE, sid, [request, feed_after, chunks,
+                                                               self.router_id]))
             while True:
                 kind, body = await queue.get()
                 if kind is _LOST:

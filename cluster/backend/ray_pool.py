@@ -86,7 +86,8 @@ class RayWorker:
     async def events(self, after: int) -> AsyncIterator[Sequence[EventBatch]]:
         """The actor's block event feed (``EngineWorker.events``), until the actor is gone."""
         try:
-            async for ref in self._actor.events.options(num_returns="streaming").remote(after):
+            async for ref in self._actor.events.options(num_returns="streaming").remote(
+                    after, self._link.router_id):
                 yield await ref
         except ray.exceptions.RayError as exc:  # the pool's pings notice a dead worker
             log.info("worker %s: event feed ended (%s)", self._id, exc)
@@ -124,6 +125,7 @@ class RayLauncher:
         self._telemetry = telemetry   # each worker sets up its process's telemetry from it
         self._initial = initial       # workers the embedded cluster is sized for
         self._secret = secrets.token_bytes(32)   # authenticates this frontend's streams
+        self._router_id = secrets.token_hex(6)   # names this frontend's router to workers
         self._started_ray = False
 
     async def start(self, routes: FrontendRouter) -> None:
@@ -153,7 +155,8 @@ class RayLauncher:
         try:
             hello = await asyncio.wait_for(actor.start.remote(), self._start_timeout_s)
             host, port = await actor.listen.remote(self._secret)
-            link = await WorkerLink.connect(worker_id, host, port, self._secret)
+            link = await WorkerLink.connect(worker_id, host, port, self._secret,
+                                            self._router_id)
         except (asyncio.TimeoutError, ray.exceptions.RayError, OSError) as exc:
             ray.kill(actor, no_restart=True)
             if isinstance(exc, asyncio.TimeoutError):

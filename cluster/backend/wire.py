@@ -3,7 +3,8 @@
 A frame is a 4-byte big-endian length, then a msgpack array ``[kind, stream_id, body]``::
 
     kind      sent by    body
-    GENERATE  frontend   [GenerateRequest, feed_after, chunks]   start stream ``stream_id``
+    GENERATE  frontend   [GenerateRequest, feed_after, chunks,   start stream ``stream_id``
+                          router_id]
     ABORT     frontend   nil                                     the caller gave up on it
     ITEM      worker     TokenChunk | Prefilled | WorkerDone     WorkerDone ends the stream
                                                              (both defined here)

@@ -72,8 +72,14 @@ class EngineWorker:
 
     def __init__(self, worker_id: str, model_dir: str, config: EngineConfig,
                  clock: Callable[[], float] = time.monotonic,
-                 telemetry: TelemetrySettings | None = None) -> None:
+                 telemetry: TelemetrySettings | None = None,
+                 runtime: EngineRuntime | None = None) -> None:
+        """``runtime``: a runtime of the caller's that hosts several workers' engines in one
+        process (one engine thread, as MLX wants: ``orchard bench frontends``); its owner
+        passes each worker's batches to that worker's ``on_events`` and closes it. Without,
+        the worker runs its engine on a runtime of its own (a Ray actor's process)."""
         self._id = worker_id
+        self._shared = runtime
         self._model_dir = model_dir
         self._config = config          # opened with this worker's id (``EngineRuntime.open``)
         self._clock = clock
@@ -85,7 +91,10 @@ class EngineWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: collections.deque[EventBatch] = collections.deque(maxlen=OUTBOX_BATCHES)
         self._fed = asyncio.Event()    # set when a batch enters the outbox (actor loop only)
-        self._carried = 0              # the last batch a result carried (actor loop only)
+        # router id -> the last batch a result carried to that router (actor loop only):
+        # each frontend's router is fed by its own results and its own feed, so one
+        # frontend's results never make another's feed skip a batch
+        self._carried: dict[str, int] = {}
         self._link: LinkServer | None = None      # the frontend's request stream (``listen``)
 
     async def start(self) -> WorkerHello:
@@ -96,7 +105,8 @@ class EngineWorker:
                 node_id()))
         if self._runtime is None:
             self._loop = asyncio.get_running_loop()
-            self._runtime = EngineRuntime(self._on_events, self._clock, f"engine-{self._id}")
+            self._runtime = self._shared or EngineRuntime(self.on_events, self._clock,
+                                                          f"engine-{self._id}")
         if self._hello is None:
             engine = await self._runtime.open(self._id, self._model_dir, self._config,
                                               self._clock)
@@ -108,23 +118,27 @@ class EngineWorker:
     # ---- requests ----------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest, feed_after: int | None = None,
-                       chunks: bool = True) -> AsyncIterator[TokenChunk | Prefilled | WorkerDone]:
+                       chunks: bool = True, router_id: str = ""
+                       ) -> AsyncIterator[TokenChunk | Prefilled | WorkerDone]:
         """Run ``request``: its ``TokenChunk``s (or one ``Prefilled``), then one ``WorkerDone``.
 
-        ``feed_after``: the last event batch the caller applied; the ``WorkerDone`` carries the
-        ones after it. Closed before its ``WorkerDone``, the request is aborted.
+        ``feed_after``: the last event batch the caller's router (``router_id``: one per
+        frontend) applied; the ``WorkerDone`` carries the ones after it. Closed before its
+        ``WorkerDone``, the request is aborted.
         """
         async with contextlib.aclosing(engine_items(self.runtime, self._id, request,
                                                     chunks)) as items:
             async for item in items:
                 if isinstance(item, Finished):
-                    yield self._done(request, item, feed_after)
+                    yield self._done(request, item, feed_after, router_id)
                     return
                 yield item
 
-    async def run(self, request: GenerateRequest, feed_after: int | None = None) -> WorkerDone:
+    async def run(self, request: GenerateRequest, feed_after: int | None = None,
+                  router_id: str = "") -> WorkerDone:
         """``generate`` answered once, with the finished request only."""
-        async with contextlib.aclosing(self.generate(request, feed_after, chunks=False)) as items:
+        async with contextlib.aclosing(self.generate(request, feed_after, False,
+                                                     router_id)) as items:
             async for item in items:
                 if isinstance(item, WorkerDone):
                     return item
@@ -149,21 +163,23 @@ class EngineWorker:
 
     # ---- the block event feed ----------------------------------------------------------------
 
-    async def events(self, after: int) -> AsyncIterator[tuple[EventBatch, ...]]:
-        """The event batches after ``after`` that no result carried, as they come (a Ray
-        streaming generator that lives as long as the caller reads it): evictions and TTL
-        expiry reach the caller's router between requests. (A second caller, whose router
-        a result did not reach, sees a gap in the sequence and rebuilds from ``holdings``.)"""
+    async def events(self, after: int, router_id: str = ""
+                     ) -> AsyncIterator[tuple[EventBatch, ...]]:
+        """The event batches after ``after`` that no result carried to ``router_id``, as they
+        come (a Ray streaming generator that lives as long as the caller reads it):
+        evictions, TTL expiry and the blocks other frontends' requests stored reach the
+        caller's router between its requests. (A router that missed batches all the same,
+        past ``OUTBOX_BATCHES``, sees a gap in the sequence and rebuilds from ``holdings``.)"""
         while True:
             fed = self._fed
-            batches = self._since(max(after, self._carried))
+            batches = self._since(max(after, self._carried.get(router_id, 0)))
             if batches:
                 after = batches[-1].seq
                 yield batches
             await fed.wait()
             await asyncio.sleep(FEED_QUIET_S)
 
-    def _on_events(self, batch: EventBatch) -> None:   # the engine thread
+    def on_events(self, batch: EventBatch) -> None:   # the engine thread
         self._loop.call_soon_threadsafe(self._feed, batch)
 
     def _feed(self, batch: EventBatch) -> None:        # the actor's loop
@@ -210,7 +226,10 @@ class EngineWorker:
             await self._link.close()
             self._link = None
         if self._runtime is not None:
-            await self._runtime.close()
+            if self._shared is None:
+                await self._runtime.close()
+            else:   # its owner closes it; this worker's engine leaves it
+                self._runtime.retire(self._id)
             self._runtime = None
         if self._tel is not None:
             await asyncio.to_thread(self._tel.shutdown)
@@ -224,11 +243,11 @@ class EngineWorker:
             raise RuntimeError(f"worker {self._id} is not started: call start() first")
         return self._runtime
 
-    def _done(self, request: GenerateRequest, item: Finished, feed_after: int | None
-              ) -> WorkerDone:
+    def _done(self, request: GenerateRequest, item: Finished, feed_after: int | None,
+              router_id: str) -> WorkerDone:
         events = self._since(feed_after)
         if events:
-            self._carried = max(self._carried, events[-1].seq)
+            self._carried[router_id] = max(self._carried.get(router_id, 0), events[-1].seq)
         traced = bool(request.trace_context) and self._tel is not None and self._tel.enabled
         if traced:  # an untraced request draws no orphan trace; spans after the result
             self._loop.call_soon(spans.record_engine, self._tel, request, item.result,

@@ -160,6 +160,16 @@ class MlxLmServer:
     def _url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
+    def reply(self, messages: list[dict], max_tokens: int, extra: dict | None = None) -> dict:
+        """One chat completion, not streamed, greedy, its body extended by ``extra``: the
+        parsed reply (choices, usage)."""
+        body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+                           **(extra or {})}).encode()
+        request = urllib.request.Request(self._url("/v1/chat/completions"), data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=3600) as response:
+            return json.loads(response.read())
+
     def chat(self, messages: list[dict], max_tokens: int, stream: bool) -> tuple[float, str]:
         """(TTFT or total seconds, reply text) of one chat completion."""
         body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0.0,

@@ -51,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--requests", type=int, default=200)
     o.add_argument("--max-tokens", type=int, default=128)
     o.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best counts")
+    o.add_argument("--vs-mlx-lm", action="store_true",
+                   help="the same requests through mlx_lm.server, interleaved (its ratios)")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.set_defaults(func=outputs)
     add_telemetry_benches(sub)  # telemetry (tracing overhead), forecast (job forecast error)
@@ -66,6 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_batch_bench(sub)  # `orchard bench batch`: a 50,000-request file end to end
     from cluster.bench.spec import register_bench as register_spec_bench
     register_spec_bench(sub)  # `orchard bench spec`: speculative decoding on and off
+    from cluster.bench.frontends import register_bench as register_frontends_bench
+    register_frontends_bench(sub)  # `orchard bench frontends`: two routers' belief drift
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
@@ -211,7 +215,7 @@ def outputs(args: argparse.Namespace) -> int:
     if args.requests < 1 or args.max_tokens < 1 or args.rounds < 1:
         raise ValueError("--requests, --max-tokens and --rounds must each be >= 1")
     result = run_outputs_bench(args.model or ensure_default_model(), args.requests,
-                               args.max_tokens, args.rounds)
+                               args.max_tokens, args.rounds, vs_mlx_lm=args.vs_mlx_lm)
     figures = {**result.as_json(), "load_average": list(os.getloadavg())}
     if args.json:
         print(json.dumps(figures))

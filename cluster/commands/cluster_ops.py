@@ -1,6 +1,8 @@
-"""``orchard up``, ``down``, ``scale``, ``drain``, ``workers``: running and operating a cluster.
+"""``orchard up``, ``down``, ``scale``, ``drain``, ``workers``, ``frontends``: running and
+operating a cluster.
 
-``up`` and ``down`` manage the serving process (``cluster.daemon``). ``scale``, ``drain`` and
+``up`` and ``down`` manage the serving process (``cluster.daemon``); ``frontends`` reads the
+job store's leases (``cluster.jobs.lease``) straight from the run directory. ``scale``, ``drain`` and
 ``workers`` act on a running cluster through the gRPC admin API (``cluster.api.client`` with an
 admin key from the run directory's ``orchard.toml``), so they work while jobs run and from any
 machine that can reach the frontend.
@@ -47,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     drain.add_argument("worker", help="worker id, as `orchard workers` lists it")
     drain.add_argument("--json", action="store_true")
     drain.set_defaults(func=cmd_drain)
+
+    fronts = subparsers.add_parser("frontends", help="list the frontends serving the run "
+                                   "directory's job store: address, lease, jobs they run")
+    _run_dir(fronts)
+    fronts.add_argument("--json", action="store_true")
+    fronts.set_defaults(func=cmd_frontends)
 
     workers = subparsers.add_parser("workers", help="list workers: node, state, load, cache")
     _admin_args(workers)
@@ -107,6 +115,9 @@ def up_lines(state, config: Config, ending: str) -> list[str]:
         lines.append(f"orchard: {' and '.join(picked)} = 0 in "
                      f"{config.run_dir / CONFIG_NAME}: a free port, new at every start; "
                      "set a fixed one there for clients on other machines")
+    if state.metrics:
+        lines.append(f"orchard: Prometheus metrics at {state.metrics}/metrics (no key, this "
+                     "machine only); also on the HTTP port with an admin key")
     return lines
 
 
@@ -120,6 +131,32 @@ def cmd_down(args) -> int:
               "left running")
     else:
         print(f"orchard: cluster stopped (pid {state.pid}, run dir {run_dir})")
+    return 0
+
+
+def cmd_frontends(args) -> int:
+    """The job store's frontends, read from it directly (no frontend needs to answer)."""
+    import time
+
+    from cluster.jobs.lease import frontends
+
+    db_path = load_config(args.run_dir or default_run_dir()).db_path
+    if not db_path.exists():
+        raise ValueError(f"{db_path}: no job store there; pass the cluster's --run-dir")
+    now_ms = time.time_ns() // 1_000_000
+    state = frontends(db_path, now_ms)
+    if args.json:
+        print(json.dumps({"frontends": [
+            {"frontend_id": f.frontend_id, "address": f.address, "jobs": f.jobs,
+             "lease_left_s": round((f.expires_ms - now_ms) / 1000, 3)} for f in state.live],
+            "orphaned_jobs": state.orphaned_jobs}, indent=2))
+        return 0
+    print(f"{'frontend':<20} {'address':<24} {'jobs':>5} {'lease left':>10}")
+    for f in state.live:
+        print(f"{f.frontend_id:<20} {f.address:<24} {f.jobs:>5} "
+              f"{(f.expires_ms - now_ms) / 1000:>9.1f}s")
+    print(f"unfinished jobs no live frontend holds (taken at the next lease tick): "
+          f"{state.orphaned_jobs}")
     return 0
 
 

@@ -1,12 +1,13 @@
 """``orchard plan``: the smallest cluster (workers, memory, disk, TTL) that meets a TTFT target.
 
-    orchard plan [--trace FILE | --run-dir RUN] [--ttft-slo-s 2] [--goodput 0.9]
+    orchard plan [--trace FILE | --run-dir RUN] [--ttft-slo-s 5] [--goodput 0.9]
                  [--requests 2000] [--workers 4,8,16] [--memory-tokens 250000,1000000]
                  [--disk-tokens 0,8000000] [--ttls-s 300,3600] [--json] [--plot FILE.png]
 
 Replays the first ``--requests`` requests of the workload over the grid (``router.sim.planner``)
 and prints the configurations that meet the target, smallest first, each with its hit ratio
-and effective input multiplier M. Without a source it plans for the shipped conversation
+and effective input multiplier M; when none does, the nearest ones and what each misses by,
+and, when even an ideal cluster cannot meet it, the target at which one could. Without a source it plans for the shipped conversation
 trace. This module parses, reads the run's spans, prints and draws.
 """
 from __future__ import annotations
@@ -46,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                         "conversation trace, router/sim/traces/)")
     source.add_argument("--run-dir", type=Path, help="plan for the requests recorded in "
                                                      "RUN/traces by a cluster that has run")
-    p.add_argument("--ttft-slo-s", type=float, default=2.0, help="TTFT target in seconds")
+    # 5 s, not 2: on the shipped trace (prompts of 8k tokens at the median, 29k at p90) no
+    # cluster meets 2 s for 90% at 6,000 prefill tokens/s; an ideal one meets it for 75%.
+    p.add_argument("--ttft-slo-s", type=float, default=5.0, help="TTFT target in seconds")
     p.add_argument("--goodput", type=float, default=0.9,
                    help="share of requests that must meet the TTFT target, in (0, 1]")
     p.add_argument("--requests", type=int, default=_DEFAULT_REQUESTS,
@@ -68,6 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prices", default=None, help="price table TOML (default: router/prices.toml)")
     p.add_argument("--model", default="", help="price the model's rates from the table")
     p.add_argument("--top", type=int, default=10, help="print this many configurations")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="replay the grid in this many processes (default: one per CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
                    help="draw goodput and M against cache size per worker")
@@ -81,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     from router.sim.simulator import SimConfig
 
     check_goodput(args.goodput)
+    if args.jobs < 0:
+        raise ValueError(f"--jobs must be >= 0 (0: one per CPU), got {args.jobs}")
     if args.requests < 0:
         raise ValueError(f"--requests must be >= 0 (0: all), got {args.requests}")
     if args.policy not in POLICY_NAMES:
@@ -140,7 +147,7 @@ def _run_grid(trace, grid, base, rates, args):
                   MofNCompleteColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"{len(trace)} requests", total=points)
         return plan(trace, grid, base, rates, args.goodput, args.policy,
-                    progress=lambda _: bar.advance(task))
+                    progress=lambda _: bar.advance(task), jobs=args.jobs or None)
 
 
 def _tokens(n: int) -> str:
@@ -157,15 +164,31 @@ def _print(result, source: str, total: int, elapsed: float, top: int) -> None:
     console.print(f"{source}: {subsample}; {len(result.outcomes)} configurations replayed "
                   f"in {elapsed:.0f} s", soft_wrap=True)
     feasible = result.feasible()
+    bound = result.bound
+    if bound.goodput < result.goodput:
+        console.print(f"out of reach at any size: an ideal cluster (every token seen before "
+                      f"cached, no queue) meets TTFT <= {result.ttft_slo_s:g} s for "
+                      f"{bound.goodput:.1%} of requests, since their never-seen tokens alone "
+                      f"take longer to prefill; {result.goodput:.0%} is reachable from TTFT <= "
+                      f"{bound.ttft_at_target_s:.2f} s (--ttft-slo-s)", soft_wrap=True)
     if not feasible:
-        best = max(result.outcomes, key=lambda o: o.goodput)
-        b = best.point
         console.print(f"no configuration meets TTFT <= {result.ttft_slo_s:g} s for "
-                      f"{result.goodput:.0%} of requests; the best reaches {best.goodput:.1%} "
-                      f"({b.workers} workers x {_tokens(b.memory_tokens)} memory + "
-                      f"{_tokens(b.disk_tokens)} disk, TTL {b.ttl_s:g} s): widen the grid "
-                      f"(--workers, --memory-tokens, --disk-tokens) or loosen the target",
-                      soft_wrap=True)
+                      f"{result.goodput:.0%} of requests; the best reaches "
+                      f"{max(o.goodput for o in result.outcomes):.1%}", soft_wrap=True)
+        share = f"{result.goodput:.0%}"
+        table = Table(title="the nearest configurations")
+        table.caption = (f"short by: goodput under {share}; TTFT {share}: the target "
+                         f"each meets for {share} of requests")
+        for name in ("workers", "memory", "disk", "TTL", "goodput", "short by",
+                     f"TTFT {share}", "M"):
+            table.add_column(name, justify="right", no_wrap=True)
+        for o in result.nearest():
+            p = o.point
+            table.add_row(str(p.workers), _tokens(p.memory_tokens), _tokens(p.disk_tokens),
+                          _ttl(p.ttl_s), f"{o.goodput:.1%}",
+                          f"{result.goodput - o.goodput:.1%}", f"{o.ttft_at_target_s:.2f} s",
+                          f"{o.multiplier:.3f}")
+        console.print(table)
         return
     table = Table(title=f"smallest configurations with TTFT <= {result.ttft_slo_s:g} s for "
                         f">= {result.goodput:.0%} of requests")
@@ -175,42 +198,70 @@ def _print(result, source: str, total: int, elapsed: float, top: int) -> None:
     for o in feasible[:top]:
         p = o.point
         table.add_row(str(p.workers), _tokens(p.memory_tokens), _tokens(p.disk_tokens),
-                      f"{p.ttl_s:g} s", f"{o.goodput:.1%}", f"{o.hit_ratio:.3f}",
+                      _ttl(p.ttl_s), f"{o.goodput:.1%}", f"{o.hit_ratio:.3f}",
                       f"{o.multiplier:.3f}", f"{o.ttft_p99_s:.2f} s")
     console.print(table)
     if len(feasible) > top:
         console.print(f"({len(feasible) - top} more meet the target: --top N or --json)")
 
 
+def _ttl(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds % 60 == 0 else f"{seconds:g} s"
+
+
 def _plot(result, path: Path) -> Path:
-    """Goodput and M against cache size per worker: one line per (workers, TTL)."""
+    """Goodput (top) and M (bottom) against memory per worker, one column per disk tier size;
+    a line per (workers, TTL): colour for workers, line style and marker for the TTL, each
+    line's points nudged apart so lines that coincide stay visible."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    series: dict[tuple[int, float], list] = {}
-    for o in result.outcomes:
-        series.setdefault((o.point.workers, o.point.ttl_s), []).append(o)
-    styles = dict(zip(sorted({ttl for _, ttl in series}, reverse=True), ("-", "--", ":", "-.")))
-    for (workers, ttl), outcomes in sorted(series.items()):
-        _line(top, bottom, sorted(outcomes, key=lambda o: o.point.cache_tokens),
-              f"{workers} workers, TTL {ttl:g} s", styles.get(ttl, "-"))
-    top.axhline(result.goodput, color="grey", linestyle="--", linewidth=1)
-    top.set_ylabel(f"goodput (TTFT <= {result.ttft_slo_s:g} s)")
-    top.set_ylim(0, 1.02)
-    bottom.set_ylabel("effective input multiplier M")
-    bottom.set_xlabel("cache per worker, tokens (memory + disk)")
-    bottom.set_xscale("log")
-    top.legend(fontsize=8, loc="lower right")
-    top.set_title(f"orchard plan: {result.requests} requests")
-    fig.tight_layout()
+    disks = sorted({o.point.disk_tokens for o in result.outcomes})
+    ttls = sorted({o.point.ttl_s for o in result.outcomes})
+    workers = sorted({o.point.workers for o in result.outcomes})
+    fig, axes = plt.subplots(2, len(disks), figsize=(4.2 * len(disks) + 2.6, 7),
+                             sharex=True, sharey="row", squeeze=False)
+    colours = dict(zip(workers, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4))
+    styles = dict(zip(ttls, (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))))
+    for col, disk in enumerate(disks):
+        top, bottom = axes[0][col], axes[1][col]
+        for wi, w in enumerate(workers):
+            for k, ttl in enumerate(ttls):
+                line = sorted((o for o in result.outcomes if o.point.disk_tokens == disk
+                               and o.point.workers == w and o.point.ttl_s == ttl),
+                              key=lambda o: o.point.memory_tokens)
+                series = wi * len(ttls) + k  # every series nudged apart on the log axis
+                nudge = 1.0 + 0.025 * (series - (len(workers) * len(ttls) - 1) / 2)
+                xs = [o.point.memory_tokens * nudge for o in line]
+                style, marker = styles.get(ttl, ("-", "o"))
+                label = f"{w} workers, TTL {_ttl(ttl)}" if col == 0 else None
+                top.plot(xs, [o.goodput for o in line], style, marker=marker,
+                         color=colours[w], label=label)
+                bottom.plot(xs, [o.multiplier for o in line], style, marker=marker,
+                            color=colours[w])
+        top.axhline(result.goodput, color="grey", linestyle="--", linewidth=1,
+                    label=f"target: {result.goodput:.0%} within {result.ttft_slo_s:g} s"
+                    if col == 0 else None)
+        bottom.axhline(1.0, color="black", linestyle=":", linewidth=1,
+                       label="M = 1 (no cache)" if col == 0 else None)
+        top.set_title(f"disk tier {_tokens(disk)} tokens per worker" if disk else
+                      "no disk tier", fontsize=10)
+        top.set_ylim(0, 1.02)
+        bottom.set_xscale("log")
+        memories = sorted({o.point.memory_tokens for o in result.outcomes})
+        bottom.set_xticks(memories, [_tokens(m) for m in memories])
+        bottom.minorticks_off()
+        bottom.set_xlabel("memory tier per worker, tokens")
+    axes[0][0].set_ylabel(f"goodput (TTFT <= {result.ttft_slo_s:g} s)")
+    axes[1][0].set_ylabel("effective input multiplier M")
+    handles = [h for ax in (axes[0][0], axes[1][0]) for h in ax.get_legend_handles_labels()[0]]
+    labels = [lb for ax in (axes[0][0], axes[1][0]) for lb in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+    fig.suptitle(f"orchard plan: {result.requests} requests")
+    fig.tight_layout(rect=(0, 0, 1 - 2.4 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _line(top, bottom, outcomes: Sequence, label: str, style: str) -> None:
-    xs = [o.point.cache_tokens for o in outcomes]
-    line, = top.plot(xs, [o.goodput for o in outcomes], style, marker="o", label=label)
-    bottom.plot(xs, [o.multiplier for o in outcomes], style, marker="o", color=line.get_color())

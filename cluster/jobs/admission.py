@@ -34,6 +34,12 @@ class Admission:
                              f"is {self._max_total}; retry later")
         self._pending[tenant] = mine + n
 
+    def add(self, tenant: str, n: int) -> None:
+        """Count ``n`` requests accepted already (a job taken over from another frontend):
+        they were admitted once, where they were accepted, and are not refused again."""
+        if n:
+            self._pending[tenant] = self._pending.get(tenant, 0) + n
+
     def release(self, tenant: str, n: int) -> None:
         left = self._pending.get(tenant, 0) - n
         if left < 0:

@@ -73,12 +73,20 @@ class DirectRequests:
                 timeout_s = min(self._timeout_s, math.inf if remaining_s is None
                                 else max(remaining_s, MIN_TIMEOUT_S))
                 hashes = hash_blocks(request.prompt, self._block_size, generate.namespace)
-                async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
-                    if isinstance(item, GenerateOutcome):
-                        try:  # the caller gets its result first; the trace finishes after
-                            yield result_of(0, request.custom_id, item)
-                            await asyncio.sleep(0)
-                        finally:
-                            trace.done(generate, hashes, item)
-                    else:
-                        yield item
+                concluded = False
+                try:
+                    async for item in dispatch_stream(self._backend, generate, hashes,
+                                                      timeout_s):
+                        if isinstance(item, GenerateOutcome):
+                            concluded = True
+                            try:  # the caller gets its result first; the trace finishes after
+                                yield result_of(0, request.custom_id, item)
+                                await asyncio.sleep(0)
+                            finally:
+                                trace.done(generate, hashes, item)
+                        else:
+                            yield item
+                except (GeneratorExit, asyncio.CancelledError):
+                    if not concluded:  # the caller left: what it asked for still ran
+                        trace.disconnected(len(request.prompt))
+                    raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Protocol, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkerAvailable, TokenChunk
 from cluster.backend.retry import NO_WORKER_BACKOFF_S
@@ -19,26 +19,41 @@ from router.kv.key import BlockHash
 from workers.messages import GenerateRequest
 
 
+class Clock(Protocol):
+    """The time the backoff reads and waits on (the event loop's; tests inject their own)."""
+
+    def now(self) -> float: ...
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class LoopClock:
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
 async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-                   timeout_s: float) -> GenerateOutcome:
+                   timeout_s: float, clock: Clock | None = None) -> GenerateOutcome:
     """Run one request on the backend within ``timeout_s``: the one call per request.
 
     ``NoWorkerAvailable`` is retried with backoff while time remains (workers may be scaling
     or restarting); ``TimeoutError`` when the deadline passes.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    clock = clock or LoopClock()
+    deadline = clock.now() + timeout_s
     attempt = 0
     while True:
         try:
             return await asyncio.wait_for(backend.generate(request, block_hashes),
-                                          max(deadline - loop.time(), 0.001))
+                                          max(deadline - clock.now(), 0.001))
         except NoWorkerAvailable:
             pause = NO_WORKER_BACKOFF_S[min(attempt, len(NO_WORKER_BACKOFF_S) - 1)]
-            if loop.time() + pause >= deadline:
+            if clock.now() + pause >= deadline:
                 raise
             attempt += 1
-            await asyncio.sleep(pause)
+            await clock.sleep(pause)
 
 
 async def dispatch_stream(backend: Backend, request: GenerateRequest,

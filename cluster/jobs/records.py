@@ -91,6 +91,7 @@ class JobRecord:
     model: str
     created_ms: int
     finished_ms: int
+    owner: str = ""    # the frontend that runs it (cluster.jobs.lease); "": nobody's
 
     @property
     def cancelled(self) -> int:

@@ -24,9 +24,10 @@ model call of tens of milliseconds) rather than held.
 
 Backpressure: requests accepted but without a result are counted per tenant and in total; an
 ``admit`` beyond ``max_pending_per_tenant`` or ``max_pending_total`` raises ``Overloaded``
-(``RESOURCE_EXHAUSTED`` at the edge). On start the counts and the unfinished jobs come back from
-the store, so a restarted frontend resumes where it stopped: requests without a result run
-(again), and the store keeps one result per request.
+(``RESOURCE_EXHAUSTED`` at the edge). The jobs this frontend's lease takes (its own after a
+restart, a dead frontend's: ``cluster.jobs.lease``) are ``adopt``ed, counted and launched, so
+a frontend resumes where one stopped: requests without a result run (again), and the store
+keeps one result per request. A job the lease lost is ``abandon``ed.
 
 A request whose run fails becomes an error result (``ok = false`` with a gRPC status name):
 ``NoWorkerAvailable`` is retried with backoff until the request's deadline, then recorded as
@@ -42,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from cluster.backend.protocol import Backend, NoWorkerAvailable
 from cluster.jobs.admission import Admission
@@ -117,13 +118,32 @@ class JobRunner:
 
     # ------------------------------------------------------------ lifecycle
 
-    def resume(self) -> list[str]:
-        """Count and relaunch the store's unfinished jobs (after a restart)."""
-        self._admission.reset(self._store.pending_by_tenant())
-        jobs = self._store.unfinished_jobs()
+    def adopt(self, jobs: Sequence[JobRecord]) -> list[str]:
+        """Count and launch unfinished ``jobs`` this frontend runs from now on (its lease took
+        them: its own after a restart, or a dead frontend's, ``cluster.jobs.lease``)."""
         for job in jobs:
+            self._admission.add(job.tenant, job.total - job.completed - job.failed)
             self.launch(job)
         return [job.job_id for job in jobs]
+
+    async def abandon(self, job_id: str) -> None:
+        """Stop running ``job_id`` here: another frontend runs it now, or it was cancelled
+        through one. Its requests in flight are unwound; the requests the store still has
+        without a result stop counting here."""
+        task = self._jobs.pop(job_id, None)
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self._running.pop(job_id, None)
+        job = self._store.get_job(job_id)
+        self.release(job.tenant, min(job.total - job.completed - job.failed,
+                                     self.pending().get(job.tenant, 0)))
+        self._notify()
+
+    def running_jobs(self) -> list[str]:
+        """The jobs whose task runs in this runner."""
+        return list(self._jobs)
 
     def launch(self, job: JobRecord) -> None:
         self._jobs[job.job_id] = asyncio.create_task(self._run_job(job), name=job.job_id)
@@ -139,6 +159,9 @@ class JobRunner:
         """Cancel in the store, stop the job's task; its unstarted requests never run."""
         job = self._store.cancel(job_id, tenant)
         task = self._jobs.pop(job_id, None)
+        if task is None and job.owner != self._store.owner:
+            self._notify()  # another frontend runs it: its next lease tick stops it there
+            return job
         if task is not None:
             task.cancel()
         for request_task in self._running.pop(job_id, set()):

@@ -5,11 +5,16 @@
     results       (job_id, seq) ─ idx (unique per job), the result as JSON: appended
     job_keys      (tenant, idempotency_key) ─ job_id: a retried submission finds its first job
     intakes       job_id ─ a job whose requests are being stored; it has no ``jobs`` row yet
+    frontends     frontend_id ─ expires_ms, address: each serving frontend's lease
+                  (``cluster.jobs.lease``); ``jobs.owner`` names the frontend running a job
 
 A request's ``body`` is opaque here (a serialized ``orchard.v1.Request``: the prompt is
 templated and tokenized when the request is dispatched, not when it is stored). ``prefix`` is
 the dispatch order: requests that share leading messages sort together (see
 ``cluster.api.intake.prefix_key``), and ``idx`` is the request's place in the file.
+
+Version 2 had one frontend per store; version 3 adds ``jobs.owner`` (``''``: nobody's, taken
+by the first frontend that looks) and the ``frontends`` table.
 
 Version 1 stored tokenized prompts in ``requests`` and counted results on every read; opening
 such a store moves its requests into ``job_requests`` (as token prompts) and its counts onto
@@ -20,13 +25,14 @@ from __future__ import annotations
 import json
 import sqlite3
 
-VERSION = 2
+VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, total INTEGER NOT NULL,
     model TEXT NOT NULL, created_ms INTEGER NOT NULL, finished_ms INTEGER NOT NULL DEFAULT 0,
-    completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0);
+    completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    owner TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, created_ms);
 CREATE INDEX IF NOT EXISTS jobs_by_finish ON jobs (finished_ms);
 CREATE TABLE IF NOT EXISTS job_requests (
@@ -40,6 +46,9 @@ CREATE TABLE IF NOT EXISTS results (
     job_id TEXT NOT NULL, seq INTEGER NOT NULL, idx INTEGER NOT NULL, ok INTEGER NOT NULL,
     body TEXT NOT NULL, PRIMARY KEY (job_id, seq), UNIQUE (job_id, idx));
 CREATE TABLE IF NOT EXISTS intakes (job_id TEXT PRIMARY KEY, started_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS frontends (
+    frontend_id TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL, address TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, state);
 """
 
 
@@ -57,7 +66,9 @@ def open_schema(db: sqlite3.Connection) -> None:
     db.execute("BEGIN IMMEDIATE")
     try:
         if not fresh and _has_table(db, "jobs"):
-            _upgrade_from_1(db)
+            if version < 2:
+                _upgrade_from_1(db)
+            _upgrade_from_2(db)
         for statement in SCHEMA.split(";"):  # not executescript: it would commit
             if statement.strip():
                 db.execute(statement)
@@ -71,6 +82,12 @@ def open_schema(db: sqlite3.Connection) -> None:
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                       (name,)).fetchone() is not None
+
+
+def _upgrade_from_2(db: sqlite3.Connection) -> None:
+    columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    if "owner" not in columns:  # every job nobody's: the first frontend to look takes it
+        db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
 
 
 def _upgrade_from_1(db: sqlite3.Connection) -> None:

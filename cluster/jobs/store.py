@@ -53,7 +53,8 @@ DISK_RESERVE_BYTES = 4 << 20      # an intake stops while this much is free (roo
 # literal, so a mutant that only changes their case (88 of the module's did) cannot change
 # what the store does. What they do is tested through the store all the same.
 # pragma: no mutate start
-JOB_COLUMNS = "job_id, tenant, state, total, completed, failed, model, created_ms, finished_ms"
+JOB_COLUMNS = ("job_id, tenant, state, total, completed, failed, model, created_ms, finished_ms, "
+               "owner")
 CONNECTION_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL",
                       "PRAGMA busy_timeout=5000", f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}",
                       f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
@@ -94,19 +95,23 @@ RESULTS = "SELECT seq, body FROM results WHERE job_id = ? AND seq >= ? ORDER BY 
 
 INSERT_INTAKE = "INSERT INTO intakes VALUES (?, ?)"
 INSERT_REQUESTS = "INSERT INTO job_requests VALUES (?, ?, ?, ?, ?)"
-INSERT_JOB = ("INSERT INTO jobs (job_id, tenant, state, total, model, created_ms) "
-              "VALUES (?, ?, ?, ?, ?, ?)")
+INSERT_JOB = ("INSERT INTO jobs (job_id, tenant, state, total, model, created_ms, owner) "
+              "VALUES (?, ?, ?, ?, ?, ?, ?)")
 INSERT_KEY = "INSERT INTO job_keys VALUES (?, ?, ?)"
 END_INTAKE = "DELETE FROM intakes WHERE job_id = ?"
 DROP_INTAKE = ("DELETE FROM job_requests WHERE job_id = ?", END_INTAKE)
 INTAKES = "SELECT job_id FROM intakes"
+JOBS_BY_STATE = "SELECT state, COUNT(*) FROM jobs GROUP BY state"
 # pragma: no mutate end
 
 
 class JobStore:
-    def __init__(self, path: Path | str, clock_ms: Callable[[], int]):
+    def __init__(self, path: Path | str, clock_ms: Callable[[], int], owner: str = ""):
+        """``owner``: the frontend whose jobs this store's intakes create (its lease,
+        ``cluster.jobs.lease``); ``""`` makes them nobody's, for any frontend to take."""
         self._path = str(path)
         self._clock_ms = clock_ms
+        self._owner = owner
         self._db = connect(self._path)
         open_schema(self._db)
         sweep_intakes(self._db)  # requests of intakes a killed frontend left behind
@@ -118,11 +123,16 @@ class JobStore:
     def path(self) -> str:
         return self._path
 
+    @property
+    def owner(self) -> str:
+        """The frontend whose jobs this store's intakes create (``""``: nobody's)."""
+        return self._owner
+
     # ------------------------------------------------------------------ jobs
 
     def intake(self, tenant: str, model: str) -> JobIntake:
         """Start accepting a job: its requests go in pieces, the job appears on ``commit``."""
-        return JobIntake(self._path, self._clock_ms, tenant, model)
+        return JobIntake(self._path, self._clock_ms, tenant, model, self._owner)
 
     def create_job(self, tenant: str, model: str, requests: Sequence[StagedRequest]
                    ) -> JobRecord:
@@ -218,6 +228,11 @@ class JobStore:
                                                     JobState.RUNNING.value)).fetchall()
         return {tenant: pending for tenant, pending in rows if pending}
 
+    def jobs_by_state(self) -> dict[JobState, int]:
+        """How many jobs the store holds in each state (every state, 0 when none)."""
+        counts = dict(self._db.execute(JOBS_BY_STATE).fetchall())
+        return {state: counts.get(state.value, 0) for state in JobState}
+
     # --------------------------------------------------------------- results
 
     def record_result(self, job_id: str, result: StoredResult) -> StoredResult | None:
@@ -257,8 +272,10 @@ class JobIntake:
     stored. Until ``commit`` nothing else in the store sees the job.
     """
 
-    def __init__(self, path: str, clock_ms: Callable[[], int], tenant: str, model: str):
+    def __init__(self, path: str, clock_ms: Callable[[], int], tenant: str, model: str,
+                 owner: str = ""):
         self._clock_ms = clock_ms
+        self._owner = owner
         self._tenant = tenant
         self._model = model
         self._path = path
@@ -293,7 +310,8 @@ class JobIntake:
         try:
             with _disk_full_refuses(), _Transaction(self._db):
                 self._db.execute(INSERT_JOB, (self.job_id, self._tenant, JobState.QUEUED.value,
-                                              self.count, self._model, self._clock_ms()))
+                                              self.count, self._model, self._clock_ms(),
+                                              self._owner))
                 if idempotency_key:
                     self._db.execute(INSERT_KEY, (self._tenant, idempotency_key, self.job_id))
                 self._db.execute(END_INTAKE, (self.job_id,))
@@ -342,7 +360,7 @@ def _free_bytes(path: str) -> int:
 def _job(row) -> JobRecord:
     return JobRecord(job_id=row[0], tenant=row[1], state=JobState(row[2]), total=row[3],
                      completed=row[4], failed=row[5], model=row[6], created_ms=row[7],
-                     finished_ms=row[8])
+                     finished_ms=row[8], owner=row[9])
 
 
 def connect(path: str) -> sqlite3.Connection:

@@ -17,6 +17,11 @@ grouped per job, per tenant and per time window. Every group carries:
   timing-dependent (``router.attribution.TIMING_DEPENDENT``); the report lists those causes
   and their sum, which does not depend on timing.
 
+Requests whose client disconnected before the result (``orchard.request.client_disconnected``)
+are counted apart: their prompts are load (admitted, and prefilled unless still queued), so
+``input_tokens`` and ``disconnected_input_tokens`` include them, but with no result they carry
+no cached count or ``M``, and the hit ratio and both ``M`` are over the finished requests.
+
 Jobs are listed newest first by submission (the job span's start, else the first request's),
 each with its span of time; the report names the price tables its figures were priced with.
 
@@ -59,6 +64,7 @@ class RequestRow:
     block_size: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    disconnected: bool = False  # the caller left before the result (see the module doc)
 
 
 def _request_row(span: SpanRecord, lookup: dict[str, Any]) -> RequestRow:
@@ -77,11 +83,13 @@ def _request_row(span: SpanRecord, lookup: dict[str, Any]) -> RequestRow:
         lookup=lookup, block_hashes=tuple(a.get(A.PROMPT_BLOCKS, ()) or ()),
         block_size=int(a.get(A.BLOCK_SIZE, 0)),
         drafted_tokens=int(a.get(A.SPEC_DRAFTED, 0)),
-        accepted_tokens=int(a.get(A.SPEC_ACCEPTED, 0)))
+        accepted_tokens=int(a.get(A.SPEC_ACCEPTED, 0)),
+        disconnected=bool(a.get(A.CLIENT_DISCONNECTED, False)))
 
 
 def request_rows(spans: Iterable[SpanRecord]) -> list[RequestRow]:
-    """One row per finished request span, in start order."""
+    """One row per request span with a prompt size (finished or disconnected), in start
+    order."""
     spans = list(spans)
     lookups = {s.trace_id: s.attributes for s in spans
                if s.attributes.get(A.SPAN_KIND) == "lookup"}
@@ -117,6 +125,8 @@ def _weighted(rows: Sequence[RequestRow], attr: str) -> float | None:
 
 def summarize(key: str, rows: Sequence[RequestRow], forecast: float | None = None) -> dict:
     """One group's figures; ``forecast`` overrides the requests' routing-time forecasts."""
+    left = [r for r in rows if r.disconnected]
+    rows = [r for r in rows if not r.disconnected]
     input_tokens = sum(r.input_tokens for r in rows)
     cached = sum(r.cached_tokens for r in rows)
     request_forecast = _weighted(rows, "forecast_m")
@@ -129,7 +139,10 @@ def summarize(key: str, rows: Sequence[RequestRow], forecast: float | None = Non
         if r.miss_cause:
             causes[r.miss_cause] += r.miss_tokens
     return {
-        "key": key, "requests": len(rows), "input_tokens": input_tokens,
+        "key": key, "requests": len(rows) + len(left),
+        "input_tokens": input_tokens + sum(r.input_tokens for r in left),
+        "disconnected_requests": len(left),
+        "disconnected_input_tokens": sum(r.input_tokens for r in left),
         "cached_tokens": cached, "written_tokens": sum(r.written_tokens for r in rows),
         "hit_ratio": cached / input_tokens if input_tokens else None,
         "forecast_multiplier": forecast_m, "request_forecast_multiplier": request_forecast,
@@ -212,7 +225,8 @@ def build_report(spans: Sequence[SpanRecord], job: str | None = None,
                               "total": summarize("total", rows)}
     failed: dict[str, int] = defaultdict(int)
     for s in spans:
-        if s.attributes.get(A.SPAN_KIND) == "request" and A.ERROR_TYPE in s.attributes:
+        if (s.attributes.get(A.SPAN_KIND) == "request" and A.ERROR_TYPE in s.attributes
+                and not s.attributes.get(A.CLIENT_DISCONNECTED)):
             failed[str(s.attributes.get(A.JOB_ID, "")) or "(no job)"] += 1
     submitted = job_submissions(spans)
     jobs = []
@@ -237,6 +251,7 @@ def build_report(spans: Sequence[SpanRecord], job: str | None = None,
                          "job_id": r.job_id or "(no job)",
                          "input_tokens": r.input_tokens,
                          "forecast_m": r.forecast_m, "measured_m": r.measured_m,
-                         "miss_cause": r.miss_cause, "miss_tokens": r.miss_tokens}
+                         "miss_cause": r.miss_cause, "miss_tokens": r.miss_tokens,
+                         "disconnected": r.disconnected}
                         for r in rows]
     return report

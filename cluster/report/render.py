@@ -53,7 +53,10 @@ def _acceptance(g: dict) -> str:
 def _job_rows(report: dict, timing: frozenset[str]) -> list[list[str]]:
     rows = []
     for g in report["jobs"]:
-        name = g["job_id"] + (f" ({g['failed_requests']} failed)" if g["failed_requests"] else "")
+        notes = [f"{g['failed_requests']} failed"] if g["failed_requests"] else []
+        if g["disconnected_requests"]:
+            notes.append(f"{g['disconnected_requests']} disconnected")
+        name = g["job_id"] + (f" ({', '.join(notes)})" if notes else "")
         span = ("-" if g["first_s"] is None
                 else f"{g['first_s']:.0f}-{g['last_s']:.0f} s")
         row = _row(name, g, timing)
@@ -75,6 +78,11 @@ def render_text(report: dict) -> str:
     lines += _table("Per tenant", "tenant", [_row(g["key"], g, timing) for g in report["tenants"]])
     lines += _table(f"Per {report['window_s']:g} s window", "window",
                     [_row(g["key"], g, timing) for g in report["windows"]])
+    left = report["total"]["disconnected_requests"]
+    if left:
+        lines += [f"{left} requests' clients disconnected before their result: their "
+                  f"{report['total']['disconnected_input_tokens']} prompt tokens are counted "
+                  f"in input (load), not in hit ratio or M.", ""]
     if timing:
         lines += [f"* timing-dependent: the split between {' and '.join(sorted(timing))} follows "
                   f"the order in which concurrent requests were routed; their sum does not.", ""]

@@ -27,6 +27,7 @@ GEN_AI_TOKEN_TYPE = "gen_ai.token.type"             # "input" or "output"
 OPERATION_CHAT = "chat"                             # the prompt came as messages
 OPERATION_TEXT = "text_completion"                  # the prompt came as token ids
 ERROR_TYPE = "error.type"                           # a failed request's gRPC status name
+CLIENT_DISCONNECTED = "orchard.request.client_disconnected"  # true: the caller left first
 PROVIDER = "orchard"
 
 # --- orchard -------------------------------------------------------------------------------

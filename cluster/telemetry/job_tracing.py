@@ -35,10 +35,11 @@ from cluster.telemetry.attrs import HOST_NAME
 from cluster.telemetry.observe import Observed, RequestObserver, ServedCache
 from cluster.telemetry.setup import extract_metadata, guarded, settings_from_config, setup_telemetry
 from cluster.telemetry.metrics import StoreGauges
+from cluster.telemetry.prometheus import (RouteOutcome, ServedRequest, ServingMetrics,
+                                          default_status)
 from router.cost import load_price_table
 from router.kv.key import BlockHash, hash_blocks
 from workers.messages import GenerateRequest
-from workers.model.model_import import read_provenance
 from workers.model.model_import import read_provenance
 
 log = logging.getLogger("orchard.telemetry")
@@ -49,16 +50,34 @@ class RequestTrace:
     """One request's tracing as the job runner holds it (see ``JobTracing.request``)."""
 
     def __init__(self, observer: RequestObserver | None, span: Span | None,
-                 context: tuple[tuple[str, str], ...]) -> None:
+                 context: tuple[tuple[str, str], ...], tenant: str = "",
+                 metrics: ServingMetrics | None = None) -> None:
         self._observer = observer
         self._span = span
         self.context = context
         self.started_ns = time.time_ns()
+        self._tenant = tenant
+        self._metrics = metrics
+        self._started_s = observer.now() if observer is not None else 0.0
+        self.ended = False  # counted in the metrics (a result, or a failure)
 
     def failed(self, code: str, message: str) -> None:
         """The request ended without a result: mark its span as an error."""
+        self.end_with(code)
         if self._span is not None:
             spans.record_failure(self._span, code, message)
+
+    def disconnected(self, input_tokens: int) -> None:
+        """The caller went away before the result: the span keeps the prompt's size."""
+        self.end_with("CANCELLED")
+        if self._span is not None:
+            spans.record_disconnect(self._span, input_tokens)
+
+    def end_with(self, status: str) -> None:
+        """Count the request as ended with ``status`` (once: later calls do nothing)."""
+        if not self.ended and self._metrics is not None:
+            self._metrics.finished(self._tenant, status)
+        self.ended = True
 
     def done(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
              outcome: Any) -> Observed | None:
@@ -71,8 +90,24 @@ class RequestTrace:
             self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
         if not outcome.worker_traced:
             self._observer.worker_done(request, result, self._observer.decode)
-        return self._observer.finish(self._span, request, block_hashes, result,
-                                     outcome.decision, outcome.attempts)
+        observed = self._observer.finish(self._span, request, block_hashes, result,
+                                         outcome.decision, outcome.attempts)
+        self._count(result, outcome.decision, observed)
+        return observed
+
+    @guarded()
+    def _count(self, result: Any, decision: Any, observed: Observed) -> None:
+        if self.ended or self._metrics is None or self._observer is None:
+            return
+        self.ended = True
+        route = None if decision is None else RouteOutcome.of(
+            decision.expected_cached_tokens, result.input_tokens, self._observer.block_size)
+        self._metrics.served(ServedRequest(
+            worker=result.worker_id, tenant=self._tenant, prompt_tokens=result.input_tokens,
+            cached_tokens=result.cached_tokens, disk_tokens=result.lookup.disk_tokens,
+            generated_tokens=len(result.output_tokens), ttft_s=result.ttft_s,
+            tpot_s=result.tpot_s, e2e_s=max(0.0, self._observer.now() - self._started_s),
+            route=route, usage=observed.cost.measured if observed.cost else None))
 
 
 def with_cost(result: Any, observed: Observed | None) -> Any:
@@ -97,8 +132,10 @@ def conversation_of(custom_id: str) -> tuple[str, int]:
 class JobTracing:
     """What ``cluster.jobs.runner.JobRunner`` calls: a no-op when built without an observer."""
 
-    def __init__(self, observer: RequestObserver | None = None) -> None:
+    def __init__(self, observer: RequestObserver | None = None,
+                 metrics: ServingMetrics | None = None) -> None:
         self.observer = observer
+        self.metrics = metrics  # the Prometheus counters (``cluster.telemetry.prometheus``)
         # job id -> its span's context, for the requests' links (recent jobs only)
         self._job_context: OrderedDict[str, tuple[tuple[str, str], ...]] = OrderedDict()
         self._poller: asyncio.Task | None = None
@@ -126,7 +163,14 @@ class JobTracing:
             operation or self.operation_of(prompt), sampling.max_tokens, sampling.temperature,
             self._job_context.get(job_id, ()))
         with self.observer.request(info, extract_metadata(metadata)) as span:
-            yield RequestTrace(self.observer, span, self.observer.context())
+            trace = RequestTrace(self.observer, span, self.observer.context(), tenant,
+                                 self.metrics)
+            try:
+                yield trace
+            except BaseException as exc:  # cancelled, timed out, refused: counted, re-raised
+                if self.metrics is not None and not trace.ended:
+                    trace.end_with(self.metrics.status_of(exc))
+                raise
 
     def operation_of(self, prompt: Sequence[int]) -> str:
         """``"chat"`` when ``prompt`` starts with the tokens every rendered conversation
@@ -226,11 +270,14 @@ def chat_opening(render: Callable[[Sequence[dict[str, str]]], Sequence[int]]) ->
 
 def frontend_tracing(config: Any, model: Any, workers: int,
                      decode: Callable[[Sequence[int]], str] | None,
-                     render: Callable[[Sequence[dict[str, str]]], Sequence[int]] | None = None
+                     render: Callable[[Sequence[dict[str, str]]], Sequence[int]] | None = None,
+                     status_of: Callable[[BaseException], str] = default_status
                      ) -> JobTracing:
     """The frontend's ``JobTracing`` from ``cluster.config.Config`` and the served
-    ``cluster.backend.protocol.ModelInfo``; telemetry ``exporter = "none"`` still attributes
-    and prices. ``render`` (the chat template) tells chat prompts from token prompts."""
+    ``cluster.backend.protocol.ModelInfo``; telemetry ``exporter = "none"`` still attributes,
+    prices and counts (the Prometheus metrics). ``render`` (the chat template) tells chat
+    prompts from token prompts; ``status_of`` names the status an exception ends a request
+    with, for the metrics."""
     settings = settings_from_config(config, "orchard-frontend")
     settings = dataclasses.replace(settings, resource=(*settings.resource,
                                                        (HOST_NAME, socket.gethostname())))
@@ -242,7 +289,9 @@ def frontend_tracing(config: Any, model: Any, workers: int,
             if model.disk_kv_bytes_per_token else 0)
     cache = ServedCache(model_name(model.model_dir, model.model_id), model.block_size,
                         config.cache.ttl_s, capacity, max(1, workers), disk)
-    tracing = JobTracing(RequestObserver(tel, prices, cache, decode=decode))
+    rates, ttl_s = prices.rates(cache.model), config.cache.ttl_s
+    metrics = ServingMetrics(lambda usage: usage.multiplier(rates, ttl_s), status_of)
+    tracing = JobTracing(RequestObserver(tel, prices, cache, decode=decode), metrics)
     if render is not None:
         try:
             tracing.chat_opening = chat_opening(render)

@@ -32,7 +32,10 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from cluster.telemetry import attrs as A
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Seconds, for TTFT, TPOT and request latency; also the Prometheus histograms'
+# (cluster.telemetry.prometheus). Up to 300 s: a long batch request's end-to-end time.
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                   60.0, 120.0, 300.0)
 # The GenAI conventions' advised boundaries for gen_ai.client.token.usage.
 _TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
                   16777216, 67108864)
@@ -84,10 +87,10 @@ class Instruments:
                                              "Input tokens newly stored in the prefix store")
         self._ttft = meter.create_histogram(
             A.GEN_AI_TTFT_METRIC, "s", "Time to first token",
-            explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS)
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS)
         self._tpot = meter.create_histogram(
             A.GEN_AI_TPOT_METRIC, "s", "Time per output token after the first",
-            explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS)
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS)
         self._token_usage = meter.create_histogram(
             A.GEN_AI_TOKEN_USAGE_METRIC, "{token}", "Input and output tokens per request",
             explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS)

@@ -171,6 +171,15 @@ def record_failure(span: Span, code: str, message: str) -> None:
     span.set_status(Status(StatusCode.ERROR, f"{code}: {message}"))
 
 
+@guarded()
+def record_disconnect(span: Span, input_tokens: int) -> None:
+    """A request whose caller went away before its result: its prompt was admitted (and
+    prefilled, unless it was still queued), so its tokens are load the report must count."""
+    span.set_attributes({A.GEN_AI_INPUT_TOKENS: input_tokens, A.CLIENT_DISCONNECTED: True,
+                         A.ERROR_TYPE: "CANCELLED"})
+    span.set_status(Status(StatusCode.ERROR, "CANCELLED: the client disconnected"))
+
+
 def _set_cost(span: Span, cost: CostComparison) -> None:
     span.set_attributes({
         A.COST_PRICE_VERSION: cost.price_version,

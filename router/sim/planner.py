@@ -15,14 +15,26 @@ least ``goodput``. Each point also carries its hit ratio and its effective input
 per worker (unified memory is scarce beside the model), then less disk; among equal sizes the
 lower ``M`` first (the TTL only changes the price and what is kept).
 
+No cluster can do better than an ideal one: every token seen before is cached and every
+request starts at once, so its TTFT is the prefill of the tokens nobody has seen
+(``ideal_goodput``). When that bound is under the target the planner says so, and the TTFT
+target at which it becomes reachable, and in every case, when no point meets the target, it
+names the nearest points, what each misses by and the TTFT each would meet for the share.
+
 A cluster's own requests become a trace with ``trace_from_spans``: each request span's
 chained block hashes (``orchard.prompt.block_hashes``) are interned as the trace's block ids
 (chained hashes name a whole prefix, as Mooncake ids do), its start time is the arrival.
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
+
+from router.kv.key import reusable_tokens
+from router.kv.stats import percentile
 
 from router.cost import Rates, TokenUsage
 from router.sim.simulator import SimConfig, replay
@@ -86,13 +98,27 @@ class Outcome:
     multiplier: float
     ttft_p99_s: float
     meets: bool
+    ttft_at_target_s: float  # the TTFT the target share of requests met on this point
 
     def as_json(self) -> dict:
         return {"workers": self.point.workers, "memory_tokens": self.point.memory_tokens,
                 "disk_tokens": self.point.disk_tokens, "ttl_s": self.point.ttl_s,
                 "goodput": round(self.goodput, 4), "hit_ratio": round(self.hit_ratio, 4),
                 "multiplier": round(self.multiplier, 4),
-                "ttft_p99_s": round(self.ttft_p99_s, 3), "meets": self.meets}
+                "ttft_p99_s": round(self.ttft_p99_s, 3), "meets": self.meets,
+                "ttft_at_target_s": round(self.ttft_at_target_s, 3)}
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """What an ideal cluster reaches on the workload (see the module doc)."""
+
+    goodput: float          # share of requests within the TTFT target
+    ttft_at_target_s: float  # the TTFT target at which the goodput target becomes reachable
+
+    def as_json(self) -> dict:
+        return {"goodput": round(self.goodput, 4),
+                "ttft_at_target_s": round(self.ttft_at_target_s, 3)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +127,24 @@ class Plan:
     ttft_slo_s: float
     goodput: float
     outcomes: tuple[Outcome, ...]  # every grid point, in grid order
+    bound: Bound
 
     def feasible(self) -> list[Outcome]:
         """The points that meet the target, smallest first (see the module doc)."""
         met = [o for o in self.outcomes if o.meets]
         return sorted(met, key=lambda o: (o.point.size_key(), o.multiplier, o.point.ttl_s))
 
+    def nearest(self, n: int = 3) -> list[Outcome]:
+        """The ``n`` points closest to the target: the highest goodput, then the smallest."""
+        return sorted(self.outcomes, key=lambda o: (-round(o.goodput, 4), o.point.size_key(),
+                                                    o.multiplier))[:n]
+
     def as_json(self) -> dict:
         return {"requests": self.requests, "ttft_slo_s": self.ttft_slo_s,
-                "goodput_target": self.goodput,
+                "goodput_target": self.goodput, "ideal": self.bound.as_json(),
                 "smallest": [o.as_json() for o in self.feasible()],
+                "nearest": [{**o.as_json(), "misses_by": round(self.goodput - o.goodput, 4)}
+                            for o in self.nearest()] if not self.feasible() else [],
                 "grid": [o.as_json() for o in self.outcomes]}
 
 
@@ -130,25 +164,59 @@ def evaluate(trace: Sequence[TraceRequest], point: Point, base: SimConfig, rates
         n = trace[index].input_length
         usage[0] = usage[0] + TokenUsage(n, cached, min(written, n - cached))
 
-    result = replay(trace, policy, config, on_served=served)
+    result = replay(trace, policy, config, on_served=served, ttft_share=goodput)
     return Outcome(point, result.goodput, result.hit_ratio,
                    usage[0].multiplier(rates, point.ttl_s), result.ttft_p99_s,
-                   result.goodput >= goodput)
+                   result.goodput >= goodput, result.ttft_at_share_s or 0.0)
+
+
+def ideal_goodput(trace: Sequence[TraceRequest], base: SimConfig, goodput: float) -> Bound:
+    """The ideal cluster's goodput: each request's TTFT is the prefill of its tokens that no
+    earlier request had (``base.prefill_tps``), with no queue and no cache limit."""
+    seen: set[int] = set()
+    ttfts = []
+    for r in trace:
+        known = 0
+        for block in r.hash_ids:
+            if block not in seen:
+                break
+            known += 1
+        known = min(known, r.input_length // base.trace_block)  # full blocks only, as stored
+        new = r.input_length - reusable_tokens(r.input_length, known, base.trace_block)
+        ttfts.append(new / base.prefill_tps)
+        seen.update(r.hash_ids)
+    within = sum(1 for t in ttfts if t <= base.ttft_slo_s)
+    return Bound(within / len(ttfts), percentile(ttfts, goodput))
 
 
 def plan(trace: Sequence[TraceRequest], grid: Grid, base: SimConfig, rates: Rates,
          goodput: float, policy: str = "orchard",
-         progress: Callable[[Point], None] | None = None) -> Plan:
-    """Every grid point replayed (``progress`` hears each as it finishes)."""
+         progress: Callable[[Point], None] | None = None, jobs: int | None = None) -> Plan:
+    """Every grid point replayed (``progress`` hears each as it finishes), in ``jobs``
+    processes (default: one per CPU; 1: in this process)."""
     check_goodput(goodput)
     if not trace:
         raise ValueError("the workload has no requests: nothing to plan for")
-    outcomes = []
-    for point in grid.points():
-        outcomes.append(evaluate(trace, point, base, rates, goodput, policy))
-        if progress is not None:
-            progress(point)
-    return Plan(len(trace), base.ttft_slo_s, goodput, tuple(outcomes))
+    points = grid.points()
+    jobs = min(len(points), jobs or os.cpu_count() or 1)
+    by_point: dict[Point, Outcome] = {}
+    if jobs == 1:
+        for point in points:
+            by_point[point] = evaluate(trace, point, base, rates, goodput, policy)
+            if progress is not None:
+                progress(point)
+    else:
+        # Spawned, not forked: a process forked after MLX has run (a test run, a notebook)
+        # hangs on its first MLX operation, and the replay needs nothing the parent holds.
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pending = {pool.submit(evaluate, trace, point, base, rates, goodput, policy): point
+                       for point in points}
+            for done in as_completed(pending):
+                by_point[pending[done]] = done.result()
+                if progress is not None:
+                    progress(pending[done])
+    return Plan(len(trace), base.ttft_slo_s, goodput, tuple(by_point[p] for p in points),
+                ideal_goodput(trace, base, goodput))
 
 
 @dataclass(frozen=True, slots=True)

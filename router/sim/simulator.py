@@ -36,7 +36,7 @@ import heapq
 import itertools
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from router.index import DEFAULT_INDEX_BYTES
@@ -130,6 +130,7 @@ class PolicyResult:
     reasons: dict[str, int] = field(default_factory=dict)
     itl_p99_s: float | None = None  # with a profile: decode modelled per step
     index_dropped: int | None = None  # orchard: blocks its index forgot (over index_bytes)
+    ttft_at_share_s: float | None = None  # with ``ttft_share``: the TTFT that share of requests met
 
 
 TRACE_BLOCK = 512  # tokens per hash id in Mooncake traces
@@ -220,8 +221,12 @@ class _Worker:
 def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
            policy_config: PolicyConfig = PolicyConfig(),
            progress: Callable[[str], None] | None = None,
-           on_served: Callable[[int, str, int, int], None] | None = None) -> PolicyResult:
+           on_served: Callable[[int, str, int, int], None] | None = None,
+           ttft_share: float | None = None) -> PolicyResult:
     """Replay ``trace`` through policy ``name`` on ``config.workers`` fresh workers.
+
+    ``ttft_share`` (in (0, 1]) asks for the TTFT that share of the requests met (the planner's
+    "what target would this cluster meet").
 
     ``on_served(index, worker, cached_tokens, written_tokens)`` hears every request as it is
     served (the cost forecast's measured side, ``router.sim.forecast_replay``; linear model only).
@@ -279,8 +284,11 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         hit += sum(o.cached for o in engine.outcomes.values())
         ttfts.extend(o.first - o.arrival for o in engine.outcomes.values())
         itls.extend(engine.gaps)
-    return _result(name, config, workers, policy, hit / total if total else 0.0, ttfts,
-                   itls if engines else None, decisions, decisions_cpu)
+    result = _result(name, config, workers, policy, hit / total if total else 0.0, ttfts,
+                     itls if engines else None, decisions, decisions_cpu)
+    if ttft_share is None:
+        return result
+    return replace(result, ttft_at_share_s=percentile(ttfts, ttft_share))
 
 
 def _result(name: str, config: SimConfig, workers: dict[str, "_Worker"], policy: SimPolicy,

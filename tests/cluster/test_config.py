@@ -31,12 +31,28 @@ def test_default_config_has_fresh_keys_and_loopback(tmp_path):
     ("[router]\nindex_blocks = 4096\n", "unknown key(s) index_blocks in [router]"),
     ("[engine]\nspeculate_max_k = 9\n", "[engine] speculate_max_k must be 1 to 8"),
     ("[engine]\nspeculate = \"yes\"\n", "[engine] speculate must be a bool"),
+    ("[metrics]\nhost = \"0.0.0.0\"\n", "[metrics] host must be a loopback address"),
+    ("[metrics]\nhost = \"mac1.local\"\n", "[metrics] host must be a loopback address"),
+    ("[metrics]\nport = 70000\n", "[metrics] port must be in [0, 65535], got 70000"),
+    ("[metrics]\ndedicated = \"yes\"\n", "[metrics] dedicated must be a bool"),
+    ("[metrics]\npath = \"/m\"\n", "unknown key(s) path in [metrics]"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, message):
     (tmp_path / "orchard.toml").write_text(text)
     with pytest.raises(ValueError) as err:
         load_config(tmp_path)
     assert message in str(err.value)
+
+
+def test_metrics_default_to_the_http_port_and_a_loopback_dedicated_port(tmp_path):
+    write_default_config(tmp_path)
+    metrics = load_config(tmp_path).metrics
+    assert (metrics.http, metrics.dedicated, metrics.host, metrics.port) == (
+        True, False, "127.0.0.1", 9464)
+    (tmp_path / "v6").mkdir()
+    (tmp_path / "v6" / "orchard.toml").write_text(
+        "[metrics]\ndedicated = true\nhost = \"::1\"\nport = 0\n")
+    assert load_config(tmp_path / "v6").metrics.host == "::1"
 
 
 def test_missing_config_says_how_to_start(tmp_path):
@@ -46,15 +62,15 @@ def test_missing_config_says_how_to_start(tmp_path):
         load_config(write_default_config(tmp_path).parent).key_for("zed")
 
 
-def test_one_frontend_per_run_directory(tmp_path):
-    from cluster.api.frontend import lock_run_dir
-    import os
-
-    fd = lock_run_dir(tmp_path)
-    with pytest.raises(ValueError, match="another frontend"):
-        lock_run_dir(tmp_path)
-    os.close(fd)
-    os.close(lock_run_dir(tmp_path))  # free again once the holder is gone
+def test_the_lease_is_ten_seconds_unless_set_and_must_be_positive(tmp_path):
+    write_default_config(tmp_path)
+    assert load_config(tmp_path).lease_s == 10.0
+    path = tmp_path / "orchard.toml"
+    path.write_text(path.read_text().replace("[frontend]\n", "[frontend]\nlease_s = 2\n"))
+    assert load_config(tmp_path).lease_s == 2.0
+    path.write_text(path.read_text().replace("lease_s = 2", "lease_s = 0"))
+    with pytest.raises(ValueError, match=r"\[frontend\] lease_s must be a number of seconds > 0, got 0"):
+        load_config(tmp_path)
 
 
 def test_cache_settings_narrow_to_the_engine_config(tmp_path):

@@ -95,6 +95,11 @@ class TestClusterOps:
         both = Config(tmp_path, {}, frozenset())
         assert up_lines(state, both, "")[1].startswith(
             "orchard: [frontend] port and [http] port = 0 in ")
+        scraped = ClusterState(4242, "10.0.0.5:50051", "127.0.0.1:6379", 2, 0.0,
+                               "https://10.0.0.5:40124", "http://127.0.0.1:9464")
+        assert up_lines(scraped, pinned, "")[1:] == [
+            "orchard: Prometheus metrics at http://127.0.0.1:9464/metrics (no key, this machine "
+            "only); also on the HTTP port with an admin key"]
 
     @pytest.mark.slow
     def test_up_scale_drain_down_while_a_job_runs(self, tmp_path):

@@ -1,4 +1,5 @@
-"""docs/api.md's limits agree with ``cluster.config.Limits``, the defaults the frontend runs with.
+"""docs/api.md's limits agree with ``cluster.config.Limits``, the defaults the frontend runs with
+(and its ``[metrics]`` settings with ``cluster.config.MetricsConfig``).
 
 The Limits table states each ``[limits]`` key as ``[limits] NAME``, default VALUE; every
 other mention of a limit with a number beside it (anywhere in the doc, or in
@@ -13,7 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import cluster.config
-from cluster.config import Limits
+from cluster.config import Limits, MetricsConfig
 
 ROOT = REPO
 DOC = ROOT / "docs" / "api.md"
@@ -84,3 +85,18 @@ def test_no_heading_or_paragraph_is_repeated():
     assert repeated == set()
     openings = [p.split()[:6] for p in paragraphs]
     assert [o for o in openings if openings.count(o) > 1] == []
+
+
+def _toml(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_the_metrics_settings_state_the_defaults_the_config_has():
+    defaults = {f.name: _toml(getattr(MetricsConfig(), f.name)) for f in fields(MetricsConfig)}
+    stated = dict(re.findall(r"`\[metrics\] (\w+)`, default `([^`]+)`",
+                             _section(DOC.read_text(), "Prometheus metrics")))
+    assert stated == defaults
+    sample = cluster.config.__doc__.split("[metrics]\n", 1)[1].split("\n\n", 1)[0]
+    assert dict(re.findall(r"^\s+(\w+) = (\S+)", sample, re.MULTILINE)) == {
+        k: f'"{v}"' if isinstance(getattr(MetricsConfig(), k), str) else v
+        for k, v in defaults.items()}

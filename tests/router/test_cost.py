@@ -3,6 +3,7 @@
 Cost and forecast at their edges: exact rates at each boundary, exact messages, exact usages.
 """
 from __future__ import annotations
+from tests.support.requests import planned_request
 
 import pytest
 from router.cost import (Rates, TokenUsage, forecast_request, job_multiplier,
@@ -148,10 +149,6 @@ class TestBehaviour:
             forecast_job(plans, {}, model, realisation=1.5)
 
 
-def _request(blocks, tokens, at, service=1.0, output=1):
-    return PlannedRequest(tuple(BlockHash(b) for b in blocks), tokens, at, service, output)
-
-
 class TestExact:
     def test_the_write_rate_switches_just_above_five_minutes(self):
         rates = Rates(uncached=1.0, cache_read=0.1, cache_write_5m=1.25, cache_write_1h=2.0)
@@ -258,24 +255,24 @@ class TestExact:
     def test_a_held_block_expires_at_exactly_its_ttl_left(self):
         model = CacheModel(block_size=4, capacity_tokens=100, ttl_s=10.0)
         held = {BlockHash(1): 5.0, BlockHash(2): 0.0}  # 2 has no TTL left: not held at all
-        plan = [_request([1], 5, 4.5), _request([1], 5, 0.0)]
+        plan = [planned_request([1], 5, 4.5, service=1.0), planned_request([1], 5, 0.0, service=1.0)]
         assert forecast_job(plan[:1], held, model) == [TokenUsage(5, 4, 0)]
-        later = [_request([1], 5, 5.0)]
+        later = [planned_request([1], 5, 5.0, service=1.0)]
         assert forecast_job(later, held, model) == [TokenUsage(5, 0, 4)]
-        assert forecast_job([_request([2], 5, 0.0)], held, model) == [TokenUsage(5, 0, 4)]
+        assert forecast_job([planned_request([2], 5, 0.0, service=1.0)], held, model) == [TokenUsage(5, 0, 4)]
 
     def test_stores_land_before_lookups_at_the_same_instant(self):
         model = CacheModel(block_size=4, capacity_tokens=100, ttl_s=300.0)
-        plan = [_request([1, 2], 9, 0.0, service=2.0), _request([1, 2, 3], 13, 2.0)]
+        plan = [planned_request([1, 2], 9, 0.0, service=2.0), planned_request([1, 2, 3], 13, 2.0, service=1.0)]
         assert forecast_job(plan, {}, model) == [TokenUsage(9, 0, 8), TokenUsage(13, 8, 4)]
-        just_before = [_request([1, 2], 9, 0.0, service=2.0), _request([1, 2, 3], 13, 1.5)]
+        just_before = [planned_request([1, 2], 9, 0.0, service=2.0), planned_request([1, 2, 3], 13, 1.5, service=1.0)]
         assert forecast_job(just_before, {}, model) == [TokenUsage(9, 0, 8), TokenUsage(13, 0, 4)]
 
     def test_an_empty_planned_prompt_is_refused_by_index(self):
         model = CacheModel(block_size=4, capacity_tokens=100, ttl_s=300.0)
         with pytest.raises(ValueError, match=r"^planned request 1 has no input tokens; "
                                              r"drop empty prompts$"):
-            forecast_job([_request([], 3, 0.0), _request([], 0, 1.0)], {}, model)
+            forecast_job([planned_request([], 3, 0.0, service=1.0), planned_request([], 0, 1.0, service=1.0)], {}, model)
         with pytest.raises(ValueError, match=r"^realisation must be in \[0, 1\], got -0.1$"):
             forecast_job([], {}, model, realisation=-0.1)
         assert forecast_job([], {}, model, realisation=0.0) == []

@@ -67,7 +67,7 @@ class Harness:
 
 @contextlib.contextmanager
 def running_frontend(run_dir: Path, model_dir: Path, workers: int = 2, block_size: int = 16,
-                     engine: EngineConfig | None = None):
+                     engine: EngineConfig | None = None, tokenizer=None):
     config = load_config(run_dir)
     ready = threading.Event()
     box: dict = {}
@@ -77,7 +77,7 @@ def running_frontend(run_dir: Path, model_dir: Path, workers: int = 2, block_siz
                                engine=engine or EngineConfig(block_size=block_size, max_batch=4))
         try:
             await backend.start()
-            frontend = await serve(config, backend)
+            frontend = await serve(config, backend, tokenizer)
         except Exception as exc:  # handed to the test, which expects it or fails on it
             await backend.close()
             box["error"] = exc

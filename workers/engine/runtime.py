@@ -78,10 +78,11 @@ class EngineRuntime:
     """Engines on one thread; ``on_events`` hears every block event batch (engine thread)."""
 
     def __init__(self, on_events: Callable[[EventBatch], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, name: str = "orchard-engines"
-                 ) -> None:
+                 clock: Callable[[], float] = time.monotonic, name: str = "orchard-engines",
+                 idle_wait_s: float = IDLE_WAIT_S) -> None:
         self._on_events = on_events
         self._clock = clock
+        self._idle_wait_s = idle_wait_s  # an idle thread's wait for a command (busy: none)
         self._commands: queue.Queue[Command] = queue.Queue()       # any thread -> engine thread
         self._slots: dict[str, _Slot] = {}                          # engine thread only
         self._where: dict[str, str] = {}                            # engine thread: rid -> worker
@@ -207,7 +208,7 @@ class EngineRuntime:
         while True:
             busy = any(s.engine.busy for s in self._slots.values())
             try:
-                command = self._commands.get(timeout=0 if busy else IDLE_WAIT_S)
+                command = self._commands.get(timeout=0 if busy else self._idle_wait_s)
             except queue.Empty:
                 command = None
             # The commands queued now, then one step of every busy engine: requests submitted

@@ -14,13 +14,16 @@ round so load on a shared machine hits all alike: free text, the same requests w
 - ``mask_share_of_step``: time in masks and matcher steps over the decode steps' time, in the
   constrained run at the engine's batch size;
 - ``compile_ms``: the schema's compile time (once per schema: every request shares it).
+
+With ``vs_mlx_lm`` the same requests also go to ``mlx_lm.server``, each kind right after
+orchard's in every round (``workers.lab.outputs_mlx_lm``), under ``mlx_lm``.
 """
 from __future__ import annotations
 
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import jsonschema
 
@@ -69,6 +72,7 @@ class OutputsBench:
     logprobs_wall_ratio: float
     mask_share_of_step: float
     compile_ms: float
+    mlx_lm: dict | None = field(default=None)  # the same job through mlx_lm.server
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -86,11 +90,12 @@ def documents(n: int, seed: int = 0) -> list[str]:
 
 
 def run_outputs_bench(model_dir, requests: int = 200, max_tokens: int = 128, rounds: int = 2,
-                      max_batch: int = 8) -> OutputsBench:
+                      max_batch: int = 8, vs_mlx_lm: bool = False) -> OutputsBench:
     engine = Engine.open(model_dir, EngineConfig(max_batch=max_batch))
     ns = Namespace("bench", engine.model_id, engine.revision)
-    prompts = [engine.render_chat([{"role": "system", "content": INSTRUCTION},
-                                   {"role": "user", "content": d}]) for d in documents(requests)]
+    chats = [[{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": d}]
+             for d in documents(requests)]
+    prompts = [engine.render_chat(chat) for chat in chats]
     fmt = ResponseFormat("json_schema", json.dumps(SCHEMA, sort_keys=True), "person", True)
     start = time.perf_counter()
     grammar_of.cache_clear()
@@ -101,9 +106,20 @@ def run_outputs_bench(model_dir, requests: int = 200, max_tokens: int = 128, rou
                 "json": SamplingParams(max_tokens=max_tokens, response_format=fmt),
                 "logprobs": SamplingParams(max_tokens=max_tokens, logprobs=5)}
     _run(engine, ns, prompts[:8], sampling["json"], "warm")  # the tokenizer's grammar side
-    for r in range(rounds):
-        for kind in runs:
-            runs[kind].append(_run(engine, ns, prompts, sampling[kind], f"{kind}{r}"))
+    mlx = None
+    if vs_mlx_lm:
+        from workers.lab.outputs_mlx_lm import MlxLmSide
+        mlx = MlxLmSide(str(model_dir), max_tokens, SCHEMA)
+    try:
+        for r in range(rounds):
+            for kind in runs:
+                runs[kind].append(_run(engine, ns, prompts, sampling[kind], f"{kind}{r}"))
+                if mlx is not None:
+                    mlx.run(kind, chats)
+        mlx_figures = asdict(mlx.figures()) if mlx is not None else None
+    finally:
+        if mlx is not None:
+            mlx.close()
     best = {k: min(v, key=lambda run: run.wall_s) for k, v in runs.items()}
     free, constrained = best["free"], best["json"]
     valid = sum(_valid(r) for r in constrained.results)
@@ -115,7 +131,8 @@ def run_outputs_bench(model_dir, requests: int = 200, max_tokens: int = 128, rou
         constrained.tokens, round(constrained.wall_s / free.wall_s, 4),
         round(valid / requests, 4), round(json_tpot / free_tpot, 4),
         round(best["logprobs"].wall_s / free.wall_s, 4),
-        round(constrained.grammar_s / max(1e-9, constrained.decode_s), 4), round(compile_ms, 3))
+        round(constrained.grammar_s / max(1e-9, constrained.decode_s), 4), round(compile_ms, 3),
+        mlx_figures)
 
 
 @dataclass(slots=True)
@@ -146,10 +163,13 @@ def _run(engine: Engine, ns: Namespace, prompts, sampling: SamplingParams, tag: 
 
 
 def _valid(result: GenerateResult) -> bool:
-    if result.finish_reason != "stop":
-        return False
+    return result.finish_reason == "stop" and valid_json(result.text, SCHEMA)
+
+
+def valid_json(text: str, schema: dict) -> bool:
+    """Whether ``text`` parses as JSON and validates against ``schema``."""
     try:
-        jsonschema.validate(json.loads(result.text), SCHEMA)
+        jsonschema.validate(json.loads(text), schema)
     except (ValueError, jsonschema.ValidationError):
         return False
     return True

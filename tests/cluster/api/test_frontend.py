@@ -211,3 +211,25 @@ class TestRestart:
         store.close()
         assert sorted(r.index for r in stored) == list(range(REQUESTS))
         assert [r.seq for r in stored] == list(range(REQUESTS))
+
+
+class TestAddressFiles:
+    def test_a_frontend_writes_its_own_file_and_frontend_json_only_when_its_holder_is_gone(
+            self, tmp_path):
+        from cluster.api.frontend import claim_shared_address, write_addresses
+
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        (tmp_path / "frontends").mkdir()
+        (tmp_path / "frontends" / "fe-dead.json").write_text(json.dumps({"pid": dead.pid}))
+        live_other = {"pid": os.getppid(), "frontend_id": "fe-other"}
+        (tmp_path / "frontend.json").write_text(json.dumps(live_other))
+        mine = {"pid": os.getpid(), "frontend_id": "fe-me", "address": "127.0.0.1:1"}
+        paths = write_addresses(tmp_path, "fe-me", mine)
+        assert paths == (tmp_path / "frontends" / "fe-me.json",)   # frontend.json is held
+        assert sorted(p.name for p in (tmp_path / "frontends").iterdir()) == ["fe-me.json"]
+        assert json.loads((tmp_path / "frontend.json").read_text()) == live_other
+        (tmp_path / "frontend.json").write_text(json.dumps({"pid": dead.pid}))  # holder died
+        assert claim_shared_address(tmp_path, mine) == (tmp_path / "frontend.json",)
+        assert json.loads((tmp_path / "frontend.json").read_text()) == mine
+        assert claim_shared_address(tmp_path, mine) == (tmp_path / "frontend.json",)  # ours

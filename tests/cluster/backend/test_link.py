@@ -19,6 +19,7 @@ from cluster.backend.worker_actor import EngineWorker
 from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
 from router.kv.key import Namespace
 from tests.support.forged_models import tiny_model
+from tests.support.requests import generate_request
 from workers.engine.engine import EngineConfig
 from workers.messages import (GenerateRequest, GenerateResult, LookupOutcome, LookupReport,
                               ResponseFormat, SamplingParams, Timings, TokenLogprob,
@@ -26,11 +27,6 @@ from workers.messages import (GenerateRequest, GenerateResult, LookupOutcome, Lo
 
 BLOCK = 16
 SECRET = b"s" * 32
-
-
-def _request(ns: Namespace, rid: str, prompt: tuple[int, ...], max_tokens: int):
-    return GenerateRequest(rid, ns, prompt, SamplingParams(max_tokens=max_tokens),
-                           (("traceparent", "00-" + "a" * 32 + "-" + "b" * 16 + "-01"),))
 
 
 @contextlib.asynccontextmanager
@@ -55,8 +51,8 @@ def test_streams_share_one_connection_and_carry_block_events():
         async with _served() as (worker, port, ns):
             link = await WorkerLink.connect("w0", "127.0.0.1", port, SECRET)
             a, b = await asyncio.gather(
-                _collect(link, _request(ns, "a", tuple(range(20, 84)), 5)),
-                _collect(link, _request(ns, "b", tuple(range(100, 132)), 3), chunks=False))
+                _collect(link, generate_request("a", tuple(range(20, 84)), 5, ns=ns)),
+                _collect(link, generate_request("b", tuple(range(100, 132)), 3, ns=ns), chunks=False))
             assert [type(i) for i in a] == [TokenChunk] * 5 + [WorkerDone]
             assert tuple(t for c in a[:-1] for t in c.token_ids) == a[-1].result.output_tokens
             assert a[-1].result.request_id == "a" and a[-1].result.input_tokens == 64
@@ -75,7 +71,7 @@ def test_a_wrong_secret_is_refused_before_any_request_runs():
         async with _served() as (worker, port, ns):
             link = await WorkerLink.connect("w0", "127.0.0.1", port, b"x" * 32)
             with pytest.raises(WorkerFailed, match="stream closed"):
-                await asyncio.wait_for(_collect(link, _request(ns, "a", (1, 2, 3), 2)), 10)
+                await asyncio.wait_for(_collect(link, generate_request("a", (1, 2, 3), 2, ns=ns)), 10)
             assert (await worker.stats()).requests_served == 0
             await link.close()
     asyncio.run(scenario())
@@ -85,7 +81,7 @@ def test_a_stream_closed_early_is_aborted_in_the_engine():
     async def scenario():
         async with _served() as (worker, port, ns):
             link = await WorkerLink.connect("w0", "127.0.0.1", port, SECRET)
-            stream = link.stream(_request(ns, "long", tuple(range(10, 60)), 1500), 0, True)
+            stream = link.stream(generate_request("long", tuple(range(10, 60)), 1500, ns=ns), 0, True)
             assert isinstance(await anext(stream), TokenChunk)
             await stream.aclose()
             for _ in range(100):  # 1,500 tokens take far longer than this to decode
@@ -103,8 +99,8 @@ def test_a_refused_request_is_a_value_error_and_the_link_stays_up():
         async with _served() as (worker, port, ns):
             link = await WorkerLink.connect("w0", "127.0.0.1", port, SECRET)
             with pytest.raises(ValueError):
-                await _collect(link, _request(ns, "bad", (10**9,), 2))
-            ok = await _collect(link, _request(ns, "ok", (5, 6, 7), 2))
+                await _collect(link, generate_request("bad", (10**9,), 2, ns=ns))
+            ok = await _collect(link, generate_request("ok", (5, 6, 7), 2, ns=ns))
             assert [type(i) for i in ok] == [TokenChunk, TokenChunk, WorkerDone]
             await link.close()
     asyncio.run(scenario())
@@ -114,14 +110,14 @@ def test_a_lost_worker_fails_its_open_streams():
     async def scenario():
         async with _served() as (worker, port, ns):
             link = await WorkerLink.connect("w0", "127.0.0.1", port, SECRET)
-            stream = link.stream(_request(ns, "long", tuple(range(10, 60)), 1500), 0, True)
+            stream = link.stream(generate_request("long", tuple(range(10, 60)), 1500, ns=ns), 0, True)
             assert isinstance(await anext(stream), TokenChunk)
             await worker.close()  # its server and its connections go
             with pytest.raises(WorkerFailed, match="w0"):
                 async for _ in stream:
                     pass
             with pytest.raises(WorkerFailed, match="w0"):  # and every later one, at once
-                await _collect(link, _request(ns, "next", (1, 2), 2))
+                await _collect(link, generate_request("next", (1, 2), 2, ns=ns))
             await link.close()
     asyncio.run(scenario())
 
@@ -139,10 +135,10 @@ def test_the_codec_round_trips_every_message_exactly():
                                                      name="obj", strict=True), logprobs=3))
     for kind, body in ((Kind.ITEM, WorkerDone(result, 0.25, True, (batch,))),
                        (Kind.ITEM, WorkerDone(scored, 0.5)),
-                       (Kind.GENERATE, [formatted, 3, True]),
+                       (Kind.GENERATE, [formatted, 3, True, "router-a"]),
                        (Kind.ITEM, TokenChunk("r", (4, 5), "ab")),
-                       (Kind.GENERATE, [_request(Namespace("t", "m", "r1", "a"), "r", (1,), 3),
-                                        7, False])):
+                       (Kind.GENERATE, [generate_request("r", (1,), 3, ns=Namespace("t", "m", "r1", "a")),
+                                        7, False, ""])):
         data = wire.frame(kind, 42, body)
         assert struct.unpack("!I", data[:4])[0] == len(data) - 4
         decoded = wire._unpack(data[4:])

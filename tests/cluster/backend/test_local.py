@@ -11,6 +11,7 @@ from router.kv.events import BlockRemoved, EventBatch, Tier
 from router.kv.key import Namespace, hash_blocks
 from tests.support.bounded import run_bounded
 from tests.support.forged_models import tiny_model
+from tests.support.requests import routed_request
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
 
@@ -18,19 +19,12 @@ BLOCK = 16
 PROMPT = tuple(range(40, 40 + 6 * BLOCK + 5))   # 6 full blocks and 5 tokens
 
 
-def _request(backend: LocalBackend, rid: str, prompt: tuple[int, ...]):
-    info = backend.model_info()
-    ns = Namespace("t", info.model_id, info.revision)
-    return (GenerateRequest(rid, ns, prompt, SamplingParams(max_tokens=2)),
-            hash_blocks(prompt, BLOCK, ns))
-
-
 def test_a_view_that_missed_a_batch_is_rebuilt_from_the_workers_holdings():
     async def scenario():
         backend = LocalBackend(tiny_model(), workers=2, engine=EngineConfig(block_size=BLOCK))
         await backend.start()
         try:
-            home = (await backend.generate(*_request(backend, "a", PROMPT))).worker_id
+            home = (await backend.generate(*routed_request(backend, "a", PROMPT, 2))).worker_id
             routes = backend.pool.routes
             held = await backend.pool.get(home).handle.holdings()
             ns = backend.model_info().namespace("t")
@@ -69,7 +63,7 @@ def test_a_worker_whose_engine_breaks_is_listed_dead_and_its_request_runs_elsewh
         backend = LocalBackend(tiny_model(), workers=2, engine=EngineConfig(block_size=BLOCK))
         await backend.start()
         try:
-            request, hashes = _request(backend, "a", PROMPT)
+            request, hashes = routed_request(backend, "a", PROMPT, 2)
             victim = backend.pool.routes.router.route(request.namespace, hashes,
                                                       len(PROMPT)).worker_id
             await backend.runtime.call(victim, break_engine)

@@ -24,6 +24,7 @@ from cluster.backend.ray_backend import RayBackend  # noqa: E402
 from cluster.backend.ray_pool import NoRoom  # noqa: E402
 from router.kv.key import Namespace, hash_blocks  # noqa: E402
 from tests.support.forged_models import tiny_model  # noqa: E402
+from tests.support.requests import routed_request
 from workers.engine.engine import EngineConfig  # noqa: E402
 from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
 
@@ -62,14 +63,6 @@ def cluster():
     loop.close()
 
 
-def _request(backend: RayBackend, rid: str, prompt: tuple[int, ...], max_tokens: int = 4,
-             tenant: str = "t"):
-    info = backend.model_info()
-    ns = Namespace(tenant, info.model_id, info.revision)
-    return (GenerateRequest(rid, ns, prompt, SamplingParams(max_tokens=max_tokens)),
-            hash_blocks(prompt, BLOCK, ns))
-
-
 def _prompt(seed: int, shared: int = 96, own: int = 20) -> tuple[int, ...]:
     system = tuple(100 + (i * 7) % 900 for i in range(shared))
     return system + tuple(1000 + seed * 31 + i for i in range(own))
@@ -83,7 +76,7 @@ def _finished_exactly(result, max_tokens: int) -> bool:
 
 
 def _generate(backend, loop, rid, prompt, max_tokens=4, tenant="t"):
-    return loop.run(backend.generate(*_request(backend, rid, prompt, max_tokens, tenant)))
+    return loop.run(backend.generate(*routed_request(backend, rid, prompt, max_tokens, tenant)))
 
 
 
@@ -129,8 +122,7 @@ def test_stream_yields_every_token_then_the_outcome(cluster):
     backend, loop = cluster
 
     async def collect():
-        return [item async for item in backend.stream(*_request(backend, "stream-0",
-                                                                 _prompt(4), max_tokens=6))]
+        return [item async for item in backend.stream(*routed_request(backend, "stream-0", _prompt(4), max_tokens=6))]
     items = loop.run(collect())
     chunks, outcome = items[:-1], items[-1]
     assert isinstance(outcome, GenerateOutcome) and outcome.attempts == 1
@@ -142,7 +134,7 @@ def test_a_cancelled_stream_is_aborted_on_its_worker(cluster):
     backend, loop = cluster
 
     async def start_then_cancel():
-        stream = backend.stream(*_request(backend, "cancel-0", _prompt(70), max_tokens=1500))
+        stream = backend.stream(*routed_request(backend, "cancel-0", _prompt(70), max_tokens=1500))
         first = await anext(stream)
         await stream.aclose()  # what a client that cancels (or a deadline) does to the stream
         return first
@@ -172,8 +164,7 @@ def test_other_tenant_never_hits(cluster):
 def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     backend, loop = cluster
     replaced = backend.pool.replaced
-    futures = [loop.submit(backend.generate(*_request(backend, f"kill-{i}", _prompt(40 + i),
-                                                       max_tokens=48)))
+    futures = [loop.submit(backend.generate(*routed_request(backend, f"kill-{i}", _prompt(40 + i), max_tokens=48)))
                for i in range(6)]
     deadline = time.monotonic() + 60  # the victim: a worker these requests were sent to
     while not any(w.running for w in backend.pool.ready()) and time.monotonic() < deadline:
@@ -200,8 +191,7 @@ def test_an_idle_worker_that_dies_is_noticed_and_replaced_without_a_request(clus
 
 def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
     backend, loop = cluster
-    futures = [loop.submit(backend.generate(*_request(backend, f"scale-{i}", _prompt(60 + i),
-                                                       max_tokens=24)))
+    futures = [loop.submit(backend.generate(*routed_request(backend, f"scale-{i}", _prompt(60 + i), max_tokens=24)))
                for i in range(8)]
     grown = loop.run(backend.scale(3))
     assert sum(1 for w in grown if w.state == "ready") == 3

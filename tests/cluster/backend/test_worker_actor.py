@@ -13,14 +13,11 @@ from cluster.backend.routing import FrontendRouter
 from cluster.backend.worker_actor import EngineWorker, WorkerDone
 from router.kv.key import Namespace, hash_blocks
 from tests.support.forged_models import tiny_model
+from tests.support.requests import generate_request
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
 
 BLOCK = 16
-
-
-def _request(worker_ns: Namespace, rid: str, prompt: tuple[int, ...], max_tokens: int = 4):
-    return GenerateRequest(rid, worker_ns, prompt, SamplingParams(max_tokens=max_tokens))
 
 
 def test_engine_worker_runs_streams_publishes_and_invalidates():
@@ -36,7 +33,7 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
 
         decision = router.route(ns, hash_blocks(prompt, BLOCK, ns), len(prompt))
         router.started("a", decision)
-        items = [i async for i in worker.generate(_request(ns, "a", prompt, 5), feed_after=0)]
+        items = [i async for i in worker.generate(generate_request("a", prompt, 5, ns=ns), feed_after=0)]
         assert all(isinstance(i, TokenChunk) for i in items[:-1])
         assert isinstance(items[-1], WorkerDone) and len(items) == 6
         router.finished("a")
@@ -50,7 +47,7 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
         routes.apply("w7", piggybacked)
         again = router.route(ns, hash_blocks(prompt + (5,), BLOCK, ns), len(prompt) + 1)
         assert again.worker_id == "w7" and again.expected_cached_tokens == len(prompt)
-        done = await worker.run(_request(ns, "b", prompt + (5,)))
+        done = await worker.run(generate_request("b", prompt + (5,), ns=ns))
         assert done.result.cached_tokens == len(prompt)
 
         stats = await worker.stats()
@@ -62,7 +59,7 @@ def test_engine_worker_runs_streams_publishes_and_invalidates():
         assert await worker.ping() == os.getpid()  # answered by this process (no Ray here)
 
         with pytest.raises(ValueError, match="vocabulary"):
-            await worker.run(_request(ns, "bad", (10**9,)))
+            await worker.run(generate_request("bad", (10**9,), ns=ns))
         with pytest.raises(ValueError, match="namespace"):
             await worker.invalidate(None, None)
         assert await worker.invalidate(Namespace("nobody", "x"), None) == 0
@@ -83,7 +80,7 @@ def test_calls_before_start_fail_cleanly():
         with pytest.raises(RuntimeError, match="start"):
             await asyncio.wait_for(worker.stats(), 5)
         with pytest.raises(RuntimeError, match="start"):
-            await asyncio.wait_for(worker.run(_request(Namespace("t", "m"), "x", (1, 2))), 5)
+            await asyncio.wait_for(worker.run(generate_request("x", (1, 2), ns=Namespace("t", "m"))), 5)
     asyncio.run(scenario())
 
 
@@ -102,7 +99,7 @@ def test_a_worker_with_a_disk_tier_sends_its_measured_rates_with_its_events(tmp_
         worker = EngineWorker("w7", str(tiny_model()), config)
         hello = await worker.start()
         ns = Namespace("t", hello.model.model_id, hello.model.revision)
-        done = await worker.run(_request(ns, "a", prompt, 2), feed_after=0)
+        done = await worker.run(generate_request("a", prompt, 2, ns=ns), feed_after=0)
         await worker.close()  # the memory tier is written to disk
         return done, hello
 
@@ -118,3 +115,40 @@ def test_a_worker_with_a_disk_tier_sends_its_measured_rates_with_its_events(tmp_
     routes.apply("w7", done.events)
     (status,) = routes.router.workers()
     assert status.disk_token_cost == disk_token_cost(rates)
+
+
+def test_two_frontends_routers_following_one_worker_each_get_every_batch_without_a_gap():
+    """What frontend A's results carried to A's router is not skipped by B's feed: B's
+    router (no request of its own) learns every block from its feed, sees no gap and
+    believes exactly what A's router believes."""
+    async def scenario():
+        worker = EngineWorker("w0", str(tiny_model()), EngineConfig(block_size=BLOCK))
+        hello = await worker.start()
+        ns = Namespace("t", hello.model.model_id, hello.model.revision)
+        a, b = FrontendRouter(BLOCK), FrontendRouter(BLOCK)
+        a.add_worker("w0")
+        b.add_worker("w0", lambda after: worker.events(after, "router-b"))
+        for i in range(3):
+            prompt = tuple(range(20 + 50 * i, 84 + 50 * i))
+            done = await worker.run(generate_request(f"r{i}", prompt, 2, ns=ns),
+                                    a.feed_after("w0"), "router-a")
+            a.apply("w0", done.events)
+        last = a.feed_after("w0")
+        for _ in range(500):   # B's feed delivers after its quiet period (FEED_QUIET_S)
+            if b.feed_after("w0") == last:
+                break
+            await asyncio.sleep(0.01)
+        held = await worker.holdings()
+        beliefs = [r.router.workers()[0].blocks_held for r in (a, b)]
+        probe = tuple(range(120, 184)) + (1,)
+        matched = [r.router.route(ns, hash_blocks(probe, BLOCK, ns), len(probe))
+                   .expected_cached_tokens for r in (a, b)]
+        stale = (a.stale_workers(), b.stale_workers())
+        await b.close()
+        await worker.close()
+        return last, held, b.feed_after("w0"), beliefs, matched, stale
+
+    last, held, b_last, beliefs, matched, stale = asyncio.run(scenario())
+    assert last == held.seq and b_last == last        # B caught up to A's last batch
+    assert beliefs == [len(held.blocks)] * 2 == [12, 12]   # 3 prompts x 4 blocks
+    assert matched == [64, 64] and stale == ([], [])

@@ -135,3 +135,39 @@ def test_a_direct_request_is_admitted_for_as_long_as_its_block_runs(tmp_path):
         store.close()
 
     run_bounded(scenario(), 30, "a direct request's admission")
+
+
+def test_a_caller_that_leaves_mid_stream_is_traced_with_its_prompt(tmp_path):
+    """The caller stops reading after the first chunk: the request span still says how many
+    prompt tokens were admitted, that the client disconnected, and is marked CANCELLED."""
+    from cluster.telemetry import attrs as A
+    from cluster.telemetry.job_tracing import JobTracing
+    from cluster.telemetry.observe import RequestObserver, ServedCache
+    from router.cost import PriceTable
+    from tests.support.telemetry_factories import in_memory
+
+    async def scenario() -> None:
+        tel, exporter, _ = in_memory(tmp_path)
+        tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                             ServedCache("tiny", BLOCK, 300.0, 10_000)))
+        backend = LocalBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
+        await backend.start()
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+        runner = JobRunner(store, backend, prepare_body,
+                           RunnerLimits(max_concurrent=2, max_pending_per_tenant=10,
+                                        max_pending_total=10, request_timeout_s=10.0),
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK,
+                           tracing=tracing)
+        stream = runner.direct.stream("acme", _request(tuple(range(40)), 1500))
+        assert type(await anext(stream)) is TokenChunk
+        await stream.aclose()
+        [span] = [s for s in exporter.get_finished_spans()
+                  if s.attributes.get(A.SPAN_KIND) == "request"]
+        assert span.attributes[A.GEN_AI_INPUT_TOKENS] == 40
+        assert span.attributes[A.CLIENT_DISCONNECTED] is True
+        assert span.attributes[A.ERROR_TYPE] == "CANCELLED"
+        await runner.close()
+        await backend.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "a caller that leaves")

@@ -4,6 +4,8 @@ Each test runs a job on the real engines and router (a tiny forged model), chang
 cluster (invalidation, eviction by another tenant's job, TTL expiry, worker loss, drain,
 scale out), then forecasts and runs the same job again: the forecast multiplier of the
 second job is within 0.05 of the measured one.
+
+``TestRequestMetrics``: each request traced is counted once in the Prometheus metrics.
 """
 import random
 
@@ -14,6 +16,15 @@ from tests.support.traced_cluster import TracedCluster, Turn
 from router.cost import PriceTable, measured_usage, total_usage
 from tests.support.telemetry_factories import in_memory
 from tests.conftest import Clock
+from cluster.backend.protocol import GenerateOutcome
+from cluster.telemetry.job_tracing import JobTracing
+from cluster.telemetry.observe import RequestObserver, ServedCache
+from cluster.telemetry.prometheus import ScrapeState, ServingMetrics
+from prometheus_client.parser import text_string_to_metric_families
+from router.kv.key import Namespace
+from router.policy import Reason
+from tests.support.telemetry_factories import decision, result
+from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
 from tests.support.forged_models import tiny_model
 
 BS = 16
@@ -124,3 +135,47 @@ def test_scale_out(tmp_path):
     first, second = twice(tc, clock, lambda: tc.add_worker("w9", tiny_model("llama"), 1 << 28))
     assert second[0] == pytest.approx(second[1], abs=0.05)
     assert tc.observer.holdings.capacity_tokens() == 2 * (1 << 28) // tc.engine().store_stats().bytes_per_token
+
+
+class TestRequestMetrics:
+    """``JobTracing.request`` counts each request once in the Prometheus metrics: served,
+    failed with a code, or ended by an exception (its status named by ``status_of``)."""
+
+    def tracing(self, tmp_path):
+        tel, _, _ = in_memory(tmp_path)
+        clock = Clock(1000.0)
+        observer = RequestObserver(tel, PRICES, ServedCache("llama", BS, TTL, 100_000),
+                                   clock=clock)
+        return JobTracing(observer, ServingMetrics(m)), clock
+
+    def finished(self, tracing) -> dict[tuple[str, str], float]:
+        body = tracing.metrics.render(ScrapeState({}, {}, {}))[0].decode()
+        return {(s.labels["tenant"], s.labels["status"]): s.value
+                for f in text_string_to_metric_families(body) for s in f.samples
+                if s.name == "orchard_requests_finished_total"}
+
+    def test_a_result_a_failure_and_an_exception_each_count_once(self, tmp_path):
+        tracing, clock = self.tracing(tmp_path)
+        sampling = SamplingParams(4)
+        served = result("r1", 40, 32, 0, "w0", LookupOutcome.HIT)
+        request = GenerateRequest("r1", Namespace("acme", "llama"), tuple(range(40)),
+                                  sampling)
+        with pytest.raises(GeneratorExit):  # the caller stopped reading after the result
+            with tracing.request("acme", "r1", "", "", sampling) as trace:
+                clock.now += 0.25
+                trace.done(request, (), GenerateOutcome(
+                    served, decision("w0", Reason.PREFIX_MATCH, 32, 40, {"w0": 32}), 1, "w0"))
+                raise GeneratorExit
+        with tracing.request("beta", "r2", "j", "", sampling) as trace:
+            trace.failed("UNAVAILABLE", "no worker")
+            trace.failed("UNAVAILABLE", "no worker")
+        with pytest.raises(TimeoutError):
+            with tracing.request("beta", "r3", "", "", sampling):
+                raise TimeoutError
+        assert self.finished(tracing) == {("acme", "OK"): 1, ("beta", "UNAVAILABLE"): 1,
+                                          ("beta", "DEADLINE_EXCEEDED"): 1}
+        body = tracing.metrics.render(ScrapeState({}, {}, {}))[0].decode()
+        assert 'orchard_e2e_request_latency_seconds_sum{worker="w0"} 0.25' in body
+        assert 'orchard_router_decisions_total{outcome="hit",worker="w0"} 1.0' in body
+        assert 'orchard_cached_tokens_total{tenant="acme",tier="memory",worker="w0"} 32.0' \
+            in body

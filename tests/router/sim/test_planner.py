@@ -18,7 +18,8 @@ import pytest
 
 from cluster.cli import main
 from router.cost import Rates
-from router.sim.planner import Grid, Point, RecordedRequest, plan, trace_from_spans
+from router.sim.planner import (Bound, Grid, Point, RecordedRequest, ideal_goodput, plan,
+                                trace_from_spans)
 from router.sim.simulator import SimConfig
 from router.sim.trace import TraceRequest
 
@@ -48,7 +49,7 @@ GRID = Grid(workers=(1,), memory_tokens=(2048, 4096), disk_tokens=(0, 4096), ttl
 
 
 def test_the_known_grid_answer_with_exact_prices():
-    result = plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, goodput=0.75)
+    result = plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, goodput=0.75, jobs=1)
     by_point = {o.point: o for o in result.outcomes}
     assert len(by_point) == 8
     # every expiring (TTL 50 s) or too small configuration misses everything: each request
@@ -69,19 +70,49 @@ def test_the_known_grid_answer_with_exact_prices():
     assert smallest == [Point(1, 2048, 4096, 3600), Point(1, 4096, 0, 3600),
                         Point(1, 4096, 4096, 3600)]
     # asking for more than 6 of 8 requests within the target: nothing in this grid meets it
-    assert plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, 0.8).feasible() == []
+    assert plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, 0.8, jobs=1).feasible() == []
+
+
+MISS_S, HIT_S = INPUT / 6000, 100 / 6000  # the prefill of a whole prompt, of its tail
+
+
+def test_the_ideal_cluster_bounds_every_grid():
+    # The first A and B are never seen before (a whole prompt each); every later request
+    # knows its 4 blocks and prefills its 100-token tail: 6 of 8 within the target.
+    assert ideal_goodput(workload(), SimConfig(ttft_slo_s=SLO), 0.75) == Bound(0.75, HIT_S)
+    # 7 of 8 (nearest rank) needs the TTFT of a whole prompt
+    assert ideal_goodput(workload(), SimConfig(ttft_slo_s=SLO), 0.8) == Bound(0.75, MISS_S)
+
+
+def test_nothing_meets_the_target_the_nearest_points_and_what_they_miss_by():
+    result = plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, 0.8, jobs=1)
+    nearest = result.nearest()
+    # the three that reach 6 of 8, smallest first
+    assert [o.point for o in nearest] == [Point(1, 2048, 4096, 3600), Point(1, 4096, 0, 3600),
+                                          Point(1, 4096, 4096, 3600)]
+    # each meets 7 of 8 requests only at a whole prompt's prefill
+    assert [o.ttft_at_target_s for o in nearest] == [pytest.approx(MISS_S)] * 3
+    out = result.as_json()
+    assert out["ideal"] == {"goodput": 0.75, "ttft_at_target_s": round(MISS_S, 3)}
+    assert [n["misses_by"] for n in out["nearest"]] == [0.05] * 3
+
+
+def test_the_grid_replayed_in_processes_is_the_grid_replayed_here():
+    here = plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, 0.75, jobs=1)
+    spread = plan(workload(), GRID, SimConfig(ttft_slo_s=SLO), RATES, 0.75, jobs=2)
+    assert spread.outcomes == here.outcomes
 
 
 def test_a_second_worker_is_not_smaller_than_a_disk_tier():
     grid = Grid(workers=(1, 2), memory_tokens=(2048,), disk_tokens=(0, 4096), ttls_s=(3600,))
-    result = plan(workload(), grid, SimConfig(ttft_slo_s=SLO), RATES, goodput=0.75)
+    result = plan(workload(), grid, SimConfig(ttft_slo_s=SLO), RATES, goodput=0.75, jobs=1)
     assert result.feasible()[0].point == Point(1, 2048, 4096, 3600)
 
 
 def test_cli_json_and_table_and_plot(trace_file, tmp_path, capsys):
     args = ["plan", "--trace", str(trace_file), "--ttft-slo-s", str(SLO), "--goodput", "0.75",
             "--workers", "1", "--memory-tokens", "2048,4096", "--disk-tokens", "0,4096",
-            "--ttls-s", "50,3600"]
+            "--ttls-s", "50,3600", "--jobs", "1"]
     assert main([*args, "--json", "--plot", str(tmp_path / "plan.png")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["requests"] == 8 and out["source_requests"] == 8
@@ -96,8 +127,12 @@ def test_cli_json_and_table_and_plot(trace_file, tmp_path, capsys):
     assert main([*args, "--requests", "4"]) == 0
     text = capsys.readouterr().out
     assert "the first 4 of 8 requests" in text
-    # 4 requests: the two that hit are half; 0.75 is out of reach
+    # 4 requests: the two that hit are half; 0.75 is out of reach, even for an ideal cluster
     assert "no configuration meets" in text and "the best reaches 50.0%" in text
+    assert ("an ideal cluster (every token seen before cached, no queue) meets TTFT <= 0.2 s "
+            "for 50.0% of requests") in text
+    assert f"75% is reachable from TTFT <= {MISS_S:.2f} s" in text
+    assert "the nearest configurations" in text and "25.0%" in text  # short by
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -108,6 +143,7 @@ def test_cli_json_and_table_and_plot(trace_file, tmp_path, capsys):
     (["--disk-tokens", "-1"], "--disk-tokens must all be >= 0"),
     (["--requests", "-3"], "--requests must be >= 0"),
     (["--policy", "nope"], "unknown --policy nope"),
+    (["--jobs", "-1"], "--jobs must be >= 0"),
 ])
 def test_bad_grid_and_targets_are_clear_errors(trace_file, capsys, extra, message):
     assert main(["plan", "--trace", str(trace_file), *extra]) == 2
@@ -158,7 +194,7 @@ def test_plan_for_the_requests_a_run_recorded(tmp_path, capsys):
     provider.shutdown()
     assert main(["plan", "--run-dir", str(tmp_path), "--ttft-slo-s", "0.005", "--goodput", "0.75",
                  "--workers", "1", "--memory-tokens", "64,128", "--disk-tokens", "0",
-                 "--ttls-s", "3600", "--json"]) == 0
+                 "--ttls-s", "3600", "--jobs", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["requests"] == 8 and out["source"] == f"{tmp_path}/traces"
     assert [(r["memory_tokens"], r["goodput"], r["hit_ratio"]) for r in out["grid"]] == [

@@ -24,3 +24,15 @@ def test_the_bench_prints_its_figures(capsys):
 def test_bad_arguments_are_refused(capsys):
     assert main(["bench", "outputs", "--requests", "0"]) != 0
     assert "--requests, --max-tokens and --rounds must each be >= 1" in capsys.readouterr().err
+
+
+def test_the_same_job_runs_through_mlx_lm_server_beside(capsys):
+    assert main(["bench", "outputs", "--model", str(tiny_model()), "--requests", "2",
+                 "--rounds", "1", "--max-tokens", "8", "--json", "--vs-mlx-lm"]) == 0
+    mlx = json.loads(capsys.readouterr().out)["mlx_lm"]
+    assert set(mlx) == {"free_wall_s", "logprobs_wall_s", "json_wall_s", "free_output_tokens",
+                        "json_output_tokens", "logprobs_wall_ratio", "json_schema_wall_ratio",
+                        "json_schema_valid_share"}
+    # Greedy, 8 tokens each, a tiny model that never stops early: all 16 tokens counted.
+    assert mlx["free_output_tokens"] == 16
+    assert mlx["free_wall_s"] > 0 and 0.0 <= mlx["json_schema_valid_share"] <= 1.0
