@@ -39,6 +39,10 @@ running cluster owns: this config, the job store, the frontend's address file, t
     [model]
     dir = ""                     # an mlx-lm model directory; "" means the embedded default
 
+    [engine]
+    speculate = false            # prompt-lookup drafts verified in the decode batch
+    speculate_max_k = 4          # the most drafts a request proposes per step (1 to 8)
+
     [frontend]
     host = "127.0.0.1"           # loopback; any other address needs TLS (cluster.tls)
     port = 0                     # 0: pick a free port (written to frontend.json)
@@ -122,6 +126,12 @@ class CacheConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineSettings:
+    speculate: bool = False  # off by default: see docs/design-notes.md, "Speculative decoding"
+    speculate_max_k: int = 4
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     index_bytes: int = DEFAULT_INDEX_BYTES  # the prefix index's budget (``router.index``)
 
@@ -181,6 +191,7 @@ class Config:
     tls: FrontendTls = field(default_factory=lambda: FrontendTls())
     http: HttpConfig = field(default_factory=lambda: HttpConfig())
     router: RouterConfig = field(default_factory=RouterConfig)
+    engine: EngineSettings = field(default_factory=EngineSettings)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     lease_s: float = 10.0                # a frontend's job lease ([frontend], cluster.jobs.lease)
 
@@ -304,6 +315,7 @@ def load_config(run_dir: Path | str) -> Config:
         tls=_build(FrontendTls, frontend, "frontend", path),
         http=_build(HttpConfig, _section(data, "http", path), "http", path),
         router=_build(RouterConfig, _section(data, "router", path), "router", path),
+        engine=_build(EngineSettings, _section(data, "engine", path), "engine", path),
         metrics=_build(MetricsConfig, _section(data, "metrics", path), "metrics", path),
         lease_s=float(lease_s),
     )
@@ -323,6 +335,8 @@ def _check(config: Config, path: Path) -> None:
     if limits.max_ttft_s < 0:
         raise ValueError(f"{path}: [limits] max_ttft_s must be >= 0 (0: callers' deadlines only)")
     _check_http(config.http, path)
+    if not 1 <= config.engine.speculate_max_k <= 8:
+        raise ValueError(f"{path}: [engine] speculate_max_k must be 1 to 8")
     _check_metrics(config.metrics, path)
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
@@ -460,4 +474,5 @@ def engine_config(config: Config):
                         store_bytes=cache.capacity_bytes, eviction=cache.eviction,
                         kv_bits=cache.kv_bits, disk_bytes=cache.disk_bytes,
                         disk_dir=str(config.run_dir / cache.disk_dir),
-                        disk_kv_bits=cache.disk_kv_bits)
+                        disk_kv_bits=cache.disk_kv_bits, speculate=config.engine.speculate,
+                        speculate_max_k=config.engine.speculate_max_k)

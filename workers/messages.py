@@ -150,6 +150,8 @@ class GenerateResult:
     worker_id: str = ""
     extra: dict[str, str] = field(default_factory=dict)
     logprobs: tuple[TokenLogprob, ...] = ()  # one per output token, when the request asked
+    drafted_tokens: int = 0   # speculative decoding: tokens drafted for this request
+    accepted_tokens: int = 0  # of those, accepted into its output
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-_GRID_FIELDS = ("new_tokens", "cached_tokens", "batch_sizes", "contexts")
+_GRID_FIELDS = ("new_tokens", "cached_tokens", "batch_sizes", "contexts", "draft_widths")
 
 
 def register_bench(sub: argparse._SubParsersAction) -> None:

@@ -66,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_profile_bench(sub)  # `orchard bench profile`: the engine's service profile
     from cluster.bench.batch import register_bench as register_batch_bench
     register_batch_bench(sub)  # `orchard bench batch`: a 50,000-request file end to end
+    from cluster.bench.spec import register_bench as register_spec_bench
+    register_spec_bench(sub)  # `orchard bench spec`: speculative decoding on and off
     from cluster.bench.frontends import register_bench as register_frontends_bench
     register_frontends_bench(sub)  # `orchard bench frontends`: two routers' belief drift
     from cluster.bench.overload import register_bench as register_overload_bench

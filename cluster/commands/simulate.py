@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="PROFILE.json",
                    help="time workers by this measured engine profile (`orchard bench profile`) "
                         "instead of --prefill-tps/--decode-tps; --block-size must match it")
+    p.add_argument("--spec", metavar="WIDTH:ACCEPTED",
+                   help="with --profile: every decode step a verify pass of WIDTH drafts a "
+                        "request, ACCEPTED of them taken on average (e.g. 4:2.5)")
     p.add_argument("--trace-block", type=int, default=512,
                    help="tokens per hash id in the trace (512 in Mooncake traces; less in a "
                         "trace scaled down by `orchard replay --write-scaled`)")
@@ -117,7 +120,7 @@ def _replay(args: argparse.Namespace) -> int:
                        disk_capacity_tokens=args.disk_capacity_tokens,
                        disk_read_gbps=args.disk_read_gbps,
                        kv_bytes_per_token=args.kv_bytes_per_token,
-                       index_bytes=args.index_bytes)
+                       index_bytes=args.index_bytes, speculation=_speculation(args.spec))
     policy = PolicyConfig(cache_weight=args.cache_weight,
                           cold_spill_tokens=args.cold_spill_tokens,
                           balance_weight=args.balance_weight)
@@ -183,3 +186,20 @@ def _synthesize(args: argparse.Namespace) -> int:
     write_trace(requests, args.synthesize)
     print(f"wrote {len(requests)} requests to {args.synthesize}", file=sys.stderr)
     return 0
+
+
+def _speculation(value: str | None):
+    """``--spec WIDTH:ACCEPTED`` as the simulator's ``Speculation`` (None without it)."""
+    from router.sim.steps import Speculation
+
+    if value is None:
+        return None
+    width, _, accepted = value.partition(":")
+    try:
+        width_n, accepted_n = int(width), float(accepted)
+    except ValueError:
+        raise ValueError(f"--spec must be WIDTH:ACCEPTED (e.g. 4:2.5), got {value!r}") from None
+    try:
+        return Speculation(width_n, accepted_n)
+    except ValueError as exc:
+        raise ValueError(f"--spec {value}: {exc}") from None

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         for c in report.cases:
             mark = "ok  " if c.passed else "FAIL"
             print(f"{mark} {c.name:<40} tokens {c.tokens_equal}/{c.tokens_compared}  "
-                  f"max|dlogit| {c.max_abs_logit_diff:.2e}  cached {c.cached_tokens}")
+                  f"max|dlogit| {c.max_abs_logit_diff:.2e}  cached {c.cached_tokens}"
+                  + "".join(f"  {note}" for note in c.notes))
         for s in report.settings:
             if s.skipped:
                 print(f"skip {s.setting:<40} {s.skipped}")

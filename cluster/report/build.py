@@ -6,6 +6,8 @@ request``) becomes a ``RequestRow``, joined with its trace's cache lookup span. 
 grouped per job, per tenant and per time window. Every group carries:
 
 * requests, input / cached / written tokens, hit ratio (cached over input tokens);
+* speculative decoding: drafted and accepted tokens, and the acceptance rate (accepted over
+  drafted; none when nothing was drafted);
 * measured ``M`` and forecast ``M``, both token-weighted over the group (``M`` is linear in
   its numerator, so the weighted mean of the requests' ``M`` is the group's ``M``); for a job,
   the forecast is the one made at submission (its ``orchard.job`` span) when the trace has it,
@@ -60,6 +62,8 @@ class RequestRow:
     lookup: dict[str, Any] = field(default_factory=dict)
     block_hashes: tuple[str, ...] = ()
     block_size: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
     disconnected: bool = False  # the caller left before the result (see the module doc)
 
 
@@ -78,6 +82,8 @@ def _request_row(span: SpanRecord, lookup: dict[str, Any]) -> RequestRow:
         holder=str(a.get(A.MISS_HOLDER, "")), outcome=str(a.get(A.CACHE_OUTCOME, "")),
         lookup=lookup, block_hashes=tuple(a.get(A.PROMPT_BLOCKS, ()) or ()),
         block_size=int(a.get(A.BLOCK_SIZE, 0)),
+        drafted_tokens=int(a.get(A.SPEC_DRAFTED, 0)),
+        accepted_tokens=int(a.get(A.SPEC_ACCEPTED, 0)),
         disconnected=bool(a.get(A.CLIENT_DISCONNECTED, False)))
 
 
@@ -126,6 +132,8 @@ def summarize(key: str, rows: Sequence[RequestRow], forecast: float | None = Non
     request_forecast = _weighted(rows, "forecast_m")
     measured = _weighted(rows, "measured_m")
     forecast_m = forecast if forecast is not None else request_forecast
+    drafted = sum(r.drafted_tokens for r in rows)
+    accepted = sum(r.accepted_tokens for r in rows)
     causes: dict[str, int] = defaultdict(int)
     for r in rows:
         if r.miss_cause:
@@ -142,6 +150,8 @@ def summarize(key: str, rows: Sequence[RequestRow], forecast: float | None = Non
         "forecast_error": (forecast_m - measured
                            if forecast_m is not None and measured is not None else None),
         "miss_causes": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
+        "drafted_tokens": drafted, "accepted_tokens": accepted,
+        "acceptance": accepted / drafted if drafted else None,
     }
 
 

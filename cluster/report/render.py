@@ -43,6 +43,13 @@ def _when(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _acceptance(g: dict) -> str:
+    """Speculative decoding's accepted over drafted tokens: "0.62 (310/500)", "-" if none."""
+    if not g["drafted_tokens"]:
+        return "-"
+    return f"{g['acceptance']:.2f} ({g['accepted_tokens']}/{g['drafted_tokens']})"
+
+
 def _job_rows(report: dict, timing: frozenset[str]) -> list[list[str]]:
     rows = []
     for g in report["jobs"]:
@@ -52,7 +59,8 @@ def _job_rows(report: dict, timing: frozenset[str]) -> list[list[str]]:
         name = g["job_id"] + (f" ({', '.join(notes)})" if notes else "")
         span = ("-" if g["first_s"] is None
                 else f"{g['first_s']:.0f}-{g['last_s']:.0f} s")
-        rows.append([name, _when(g["submitted_ns"]), span, *_row(name, g, timing)[1:]])
+        row = _row(name, g, timing)
+        rows.append([name, _when(g["submitted_ns"]), span, *row[1:-1], _acceptance(g), row[-1]])
     return rows
 
 
@@ -65,7 +73,8 @@ def render_text(report: dict) -> str:
              f"uncached price: 1.0 is no caching, lower is cheaper.", ""]
     lines += _table("Per job (newest first; submitted in UTC; requests' start times in "
                     "seconds since the first request)", "job", _job_rows(report, timing),
-                    ("submitted", "requests' span", *_COLUMNS))
+                    ("submitted", "requests' span", *_COLUMNS[:-1], "drafts accepted",
+                     _COLUMNS[-1]))
     lines += _table("Per tenant", "tenant", [_row(g["key"], g, timing) for g in report["tenants"]])
     lines += _table(f"Per {report['window_s']:g} s window", "window",
                     [_row(g["key"], g, timing) for g in report["windows"]])

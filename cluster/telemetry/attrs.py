@@ -77,6 +77,8 @@ DIVERGENCE_STORED = "orchard.cache.divergence.stored_next"
 
 PREFILL_TOKENS = "orchard.prefill.tokens"
 DECODE_TOKENS = "orchard.decode.tokens"
+SPEC_DRAFTED = "orchard.spec.drafted_tokens"     # speculative decoding: tokens drafted
+SPEC_ACCEPTED = "orchard.spec.accepted_tokens"   # ... of which accepted into the output
 
 COST_PRICE_VERSION = "orchard.cost.price_version"
 COST_FORECAST_M = "orchard.cost.forecast_multiplier"

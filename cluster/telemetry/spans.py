@@ -145,6 +145,7 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
         A.GEN_AI_CACHE_READ: r.cached_tokens, A.GEN_AI_CACHE_WRITE: written,
         A.GEN_AI_CACHE_CREATION: written, A.COMPUTED_TOKENS: r.computed_tokens,
         A.TTFT_S: r.ttft_s, A.TPOT_S: r.tpot_s, A.WORKER: r.worker_id,
+        A.SPEC_DRAFTED: r.drafted_tokens, A.SPEC_ACCEPTED: r.accepted_tokens,
         A.ATTEMPTS: record.attempts, A.CACHE_OUTCOME: r.lookup.outcome.value,
         **_tier_attributes(r.cached_tokens, r.lookup.disk_tokens),
         A.BLOCK_SIZE: record.block_size,
@@ -262,7 +263,8 @@ def record_engine(tel: Telemetry, request: GenerateRequest, result: GenerateResu
         ("orchard.prefill", "prefill", t.prefill_start_ns, t.first_token_ns,
          {A.PREFILL_TOKENS: result.computed_tokens, A.GEN_AI_CACHE_READ: result.cached_tokens}),
         ("orchard.decode", "decode", t.first_token_ns, t.finished_ns,
-         {A.DECODE_TOKENS: len(result.output_tokens), A.TPOT_S: result.tpot_s}),
+         {A.DECODE_TOKENS: len(result.output_tokens), A.TPOT_S: result.tpot_s,
+          A.SPEC_DRAFTED: result.drafted_tokens, A.SPEC_ACCEPTED: result.accepted_tokens}),
     )
     for name, kind, start, end, attrs in phases:
         span = tel.tracer.start_span(name, context=inner, start_time=start,

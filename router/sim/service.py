@@ -13,6 +13,10 @@ Two models answer the same three questions (``prefill_s``, ``step_s``, ``max_bat
   extends the last segment (prefill's attention term grows faster than that, so very long
   prompts are under-charged, which flatters no policy in particular).
 
+A profile may also hold speculative decoding's verify passes on a grid of (draft width,
+batch size) at one context: ``verify_step_s`` scales the plain step at any context by the
+measured pass's ratio to the plain step at that context.
+
 ``prefill_s`` and ``step_s`` time a whole request (``orchard simulate``'s offered load);
 with a profile the simulator runs the engine's own step loop (``router.sim.steps``: chunked
 prefill under a per-step token budget, decodes batched each step), timing each chunk by
@@ -47,10 +51,19 @@ class EngineProfile:
     step_s: tuple[tuple[float, ...], ...]     # [context row][batch column]
     load_s_per_block: tuple[tuple[str, float], ...]  # (store tier, seconds per block)
     machine: str = ""
+    # speculative decoding's verify pass: ``batch`` rows of ``width`` drafts each, at
+    # ``verify_context`` tokens (empty: not measured)
+    draft_widths: tuple[int, ...] = ()        # verify grid rows
+    verify_s: tuple[tuple[float, ...], ...] = ()  # [width row][batch column]
+    verify_context: int = 0
 
     def __post_init__(self) -> None:
         _check_grid("prefill", self.cached_tokens, self.new_tokens, self.prefill_s)
         _check_grid("decode", self.contexts, self.batch_sizes, self.step_s)
+        if self.draft_widths or self.verify_s:
+            _check_grid("verify", self.draft_widths, self.batch_sizes, self.verify_s)
+            if self.draft_widths[0] < 1 or self.verify_context < 1:
+                raise ValueError("profile: draft widths and the verify context start at >= 1")
         if self.block_size <= 0 or self.max_batch <= 0:
             raise ValueError("profile: block_size and max_batch must be positive")
         if not self.load_s_per_block:
@@ -101,7 +114,10 @@ class EngineProfile:
                 step_s=tuple(tuple(map(float, r)) for r in data["step_s"]),
                 load_s_per_block=tuple((str(k), float(v))
                                        for k, v in data["load_s_per_block"].items()),
-                machine=str(data.get("machine", "")))
+                machine=str(data.get("machine", "")),
+                draft_widths=tuple(map(int, data.get("draft_widths", ()))),
+                verify_s=tuple(tuple(map(float, r)) for r in data.get("verify_s", ())),
+                verify_context=int(data.get("verify_context", 0)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"profile {str(path)!r} lacks or mistypes a field ({exc}): "
                              f"write it again with `orchard bench profile`") from None
@@ -141,6 +157,20 @@ class ProfileService:
     def step_s(self, batch: int, context: int) -> float:
         p = self.profile
         return _interp2(p.contexts, p.batch_sizes, p.step_s, context, batch)
+
+    def verify_step_s(self, batch: int, width: int, context: int) -> float:
+        """A verify pass of ``batch`` rows with ``width`` drafts each at ``context`` tokens:
+        the measured pass over a plain step at the verify context, times the plain step here
+        (``width`` 0: a plain step)."""
+        p = self.profile
+        if width == 0:
+            return self.step_s(batch, context)
+        if not p.draft_widths:
+            raise ValueError("the profile has no verify passes: measure one with "
+                             "`orchard bench profile` to simulate speculative decoding")
+        over = (_interp2(p.draft_widths, p.batch_sizes, p.verify_s, width, batch)
+                / self.step_s(batch, p.verify_context))
+        return over * self.step_s(batch, context)
 
     def chunk_s(self, new: int, context: int) -> float:
         """One prefill chunk of ``new`` tokens onto ``context`` tokens already in the cache."""

@@ -46,7 +46,7 @@ from router.kv.ledger import DEFAULT_EVICTION, Eviction
 from router.policy import PolicyConfig
 from router.sim.service import EngineProfile, LinearService, ProfileService
 from router.sim.policies import SimPolicy, SimRequest, make_policy
-from router.sim.steps import EngineWorker
+from router.sim.steps import EngineWorker, Speculation
 from router.kv.stats import percentile
 from router.kv.tiers import TieredLedger
 from router.sim.trace import TraceRequest
@@ -73,6 +73,7 @@ class SimConfig:
     disk_read_gbps: float = 2.0    # disk tier read bandwidth, GB/s
     kv_bytes_per_token: int = 46_080  # K/V per token: the default model's (float32)
     index_bytes: int = DEFAULT_INDEX_BYTES  # orchard's prefix index budget ([router])
+    speculation: Speculation | None = None  # with a profile: verify passes (router.sim.steps)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -94,6 +95,10 @@ class SimConfig:
                              f"{self.trace_block}-token blocks must divide one another")
         if self.profile is not None:
             self.profile.check(self.block_size)
+        if self.speculation is not None and (self.profile is None
+                                             or not self.profile.draft_widths):
+            raise ValueError("speculation is simulated on a profile with verify passes: "
+                             "measure one with `orchard bench profile`")
         if self.disk_capacity_tokens < 0 or self.disk_read_gbps <= 0 or self.kv_bytes_per_token <= 0:
             raise ValueError("--disk-capacity-tokens must be >= 0, --disk-read-gbps and "
                              "--kv-bytes-per-token positive")
@@ -312,7 +317,8 @@ def _engines(workers: dict[str, "_Worker"], config: SimConfig) -> dict[str, Engi
     """Each worker's engine step loop on the profile (``router.sim.steps``)."""
     service = ProfileService(config.profile)
     return {w: EngineWorker(store, service, config.block_size, config.prefill_budget,
-                            config.decode_stall, config.disk_load_s, config.event_delay_s)
+                            config.decode_stall, config.disk_load_s, config.event_delay_s,
+                            config.speculation)
             for w, store in workers.items()}
 
 

@@ -23,6 +23,12 @@ measured ``EngineProfile`` instead of the model::
 - Every gap between two tokens of a request is one inter-token latency: a decode step, plus
   the prefill chunks of the step before it.
 
+With speculative decoding (``Speculation``: every running request drafts ``width`` tokens and
+accepts ``accepted`` of them per pass on average, a figure a trace does not carry, so the
+run states it), each decode step is a verify pass, timed by the profile's
+``verify_step_s(batch, width, context)``, and yields ``1 + accepted`` tokens a request (the
+last pass of a request yields what it has left).
+
 Not modelled: the per-tenant round robin of admission (traces have one tenant), the K/V
 memory limit, equal-offset chunks sharing a pass (each chunk is timed on its own).
 """
@@ -56,6 +62,20 @@ class Store(Protocol):
     def drain_events(self) -> list: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """Every decode step a verify pass of ``width`` drafts a row, ``accepted`` of them taken
+    on average (0 <= accepted <= width)."""
+
+    width: int
+    accepted: float
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or not 0.0 <= self.accepted <= self.width:
+            raise ValueError(f"speculation: need width >= 1 and 0 <= accepted <= width, got "
+                             f"width {self.width}, accepted {self.accepted}")
+
+
 @dataclass(slots=True)
 class _Job:
     req: SimRequest
@@ -73,7 +93,7 @@ class _Job:
 @dataclass(slots=True)
 class _Running:
     rid: int
-    left: int        # decode steps still to run
+    left: float      # output tokens still to come
     context: int     # tokens in its cache
     last: float      # when its latest token came
 
@@ -92,8 +112,9 @@ class EngineWorker:
 
     def __init__(self, store: Store, service: ProfileService, block_size: int,
                  prefill_budget: int, decode_stall: float, disk_load_s: Callable[[int], float],
-                 event_delay_s: float) -> None:
+                 event_delay_s: float, speculation: Speculation | None = None) -> None:
         self.store = store
+        self.speculation = speculation
         self.service = service
         self.block_size = block_size
         self.budget = StepBudget(prefill_budget, decode_stall)
@@ -135,14 +156,20 @@ class EngineWorker:
     def _decode(self, start: float, emit: Emit) -> float:
         running = self.running
         context = sum(r.context for r in running) // len(running)
-        step = self.service.step_s(len(running), context)
+        spec = self.speculation
+        if spec is None:
+            step, tokens = self.service.step_s(len(running), context), 1.0
+        else:
+            step = self.service.verify_step_s(len(running), spec.width, context)
+            tokens = 1.0 + spec.accepted
         self.budget.observe_decode(step)
         at = start + step
         still = []
         for r in running:
             self.gaps.append(at - r.last)
-            r.last, r.left, r.context = at, r.left - 1, r.context + 1
-            if r.left > 0:
+            taken = min(tokens, r.left)
+            r.last, r.left, r.context = at, r.left - taken, r.context + round(taken)
+            if r.left > 1e-9:
                 still.append(r)
             else:
                 emit(at, "finished", r.rid)

@@ -23,6 +23,8 @@ class EngineConfig:
     max_batch: int = 8         # requests in prefill or decoding at once
     prefill_budget: int = 512  # prompt tokens prefilled per step (workers.engine.scheduler)
     decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
+    speculate: bool = False    # prompt-lookup drafts verified in the decode batch
+    speculate_max_k: int = 4   # the most drafts a request proposes per step (1 to 8)
     worker_id: str = ""
     # The cluster's cache-key secret (router.kv.key.CacheSecret): it enters every namespace's
     # root, so only the cluster computes block hashes. Empty: unkeyed (a lone engine, tools).

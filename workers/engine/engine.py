@@ -3,13 +3,16 @@
 The engine owns its prefix cache (``workers.engine.prefix_cache``: the store and the caches of
 recently finished requests, which a hit extends in place of the store's joined blocks), the
 admission queue and step budget (``workers.engine.scheduler``), the requests in prefill
-(``workers.engine.prefill``) and an mlx-lm ``BatchGenerator`` for the decodes. Nobody else
-reaches the store: the engine's methods say what they read of it. A request goes through::
+(``workers.engine.prefill``) and the running requests (``workers.engine.running``: orchard's
+own decode batch, ``workers.engine.decode``, which also verifies each running request's
+prompt-lookup draft, ``workers.engine.draft``, when speculation is on). Nobody else reaches
+the store: the engine's methods say what they read of it. A request goes through::
 
     submit ─► validate ─► admission (per-tenant round robin)
     step:  admit while the batch has room: lookup in the store ─► a prefill job holding the
            reused K/V
-           one decode step for every running request (mlx-lm's ``BatchGenerator``)
+           one decode step for every running request (``DecodeBatch``; with speculation,
+           a verify pass of every row's draft, several tokens a row)
            ─► finished requests write their output blocks and return a ``GenerateResult``
            prefill chunks within the step's token budget, oldest job first, jobs at equal
            cache lengths batched into one pass ─► store the blocks the chunks completed
@@ -35,7 +38,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence as Seq
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
 from router.kv.events import BlockEvent, WorkerRates
@@ -50,6 +52,8 @@ from workers.engine.prefix_cache import PrefixCache
 from workers.engine.scheduler import (Admission, StepBudget, interactive_first, split_budget,
                                       this_step)
 from workers.engine.constrained import RowHook, first_token
+from workers.engine.draft import SpecStats, Speculation
+from workers.engine.running import Running
 from workers.engine.constraints import Grammars, check_format
 from workers.engine.sequence import Sequence, TokenDelta, make_sampler
 from workers.engine.validate import check_request
@@ -85,16 +89,14 @@ class Engine:
         self._cache = PrefixCache(loaded.kv_shape, config, clock, loaded.model_id,
                                   loaded.revision, hasher)
         self._eos = set(loaded.tokenizer.eos_token_ids)
-        self._stops = StopSequences([[e] for e in sorted(self._eos)])
         self._body = loaded.body      # without the vocabulary projection
         self._head = loaded.head      # None: the last prompt token runs through the whole model
-        self._batch = BatchGenerator(loaded.model, completion_batch_size=config.max_batch,
-                                     prefill_batch_size=config.max_batch)
         self._admission: Admission[tuple[GenerateRequest, int]] = Admission()
         self._prefilling: list[PrefillJob] = []  # oldest first
-        self._running: dict[int, Sequence] = {}  # BatchGenerator uid -> sequence
         self._budget = StepBudget(config.prefill_budget, config.decode_stall,
                                   min(4, config.prefill_budget))
+        spec = Speculation(config.speculate_max_k) if config.speculate else None
+        self._running = Running(loaded.model, spec, self._budget, self._eos, now_ns)
         self._grammars: Grammars | None = None  # made for the first constrained request
 
     @classmethod
@@ -174,7 +176,7 @@ class Engine:
             check_format(req.sampling.response_format)
         busy = set(self._admission.keys())
         busy.update(job.request_id for job in self._prefilling)
-        busy.update(seq.request.request_id for seq in self._running.values())
+        busy.update(seq.request.request_id for seq in self._running)
         if req.request_id in busy:
             raise ValueError(f"request id {req.request_id!r} is already running: use a unique id")
 
@@ -197,13 +199,7 @@ class Engine:
             if job.request_id == request_id:
                 del self._prefilling[i]
                 return True
-        uid = next((u for u, seq in self._running.items()
-                    if seq.request.request_id == request_id), None)
-        if uid is None:
-            return False
-        self._batch.remove([uid])
-        del self._running[uid]
-        return True
+        return self._running.abort(request_id)
 
     @property
     def busy(self) -> bool:
@@ -217,10 +213,10 @@ class Engine:
                                                   self.config.max_batch)) is not None:
             self._prefilling.append(self._queued(*item))
         if self._running:
-            self._decode(deltas, finished, settle=bool(self._prefilling))
+            self._decode(deltas, finished)
         if self._prefilling:
             # only interactive decodes bound the prefill: a batch job's wait for throughput
-            interactive = any(not seq.request.batch for seq in self._running.values())
+            interactive = any(not seq.request.batch for seq in self._running)
             self._prefill(interactive, deltas, finished)
         return StepOutput(tuple(deltas), tuple(finished))
 
@@ -262,21 +258,18 @@ class Engine:
         job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
                            lookup_end, detokenizer=self.tokenizer.detokenizer)
 
-    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult], settle: bool
-                ) -> None:
-        start = self._now_ns()
-        _, responses = self._batch.next()
-        if settle:
-            # next() leaves the following decode step running; let it finish, so that this
-            # step's prefill pass is timed alone and the decode step is timed whole
-            mx.synchronize()
-        self._budget.observe_decode((self._now_ns() - start) / 1e9)
-        for r in responses:
-            seq = self._running[r.uid]
-            row = seq.hook.raw() if seq.hook is not None else r.logprobs  # before any mask
-            deltas.append(seq.delta(int(r.token), self._now_ns(), self._eos, row))
-            if r.finish_reason or seq.finish_reason:
-                finished.append(self._finish(r.uid, r.prompt_cache, r.all_tokens))
+    def _decode(self, deltas: list[TokenDelta], finished: list[GenerateResult]) -> None:
+        for done in self._running.step(deltas):
+            seq = done.seq
+            if self._cache.enabled and done.cache:
+                if len(done.tokens) != done.cache[0].offset:
+                    raise RuntimeError(
+                        f"request {seq.request.request_id}: batch cache holds "
+                        f"{done.cache[0].offset} tokens but {len(done.tokens)} token ids "
+                        "were tracked")
+                seq.written += self._cache.write(seq.request.namespace, done.tokens, done.cache)
+                self._cache.keep(seq.request.namespace, done.tokens, done.cache)
+            finished.append(seq.result(self.config.worker_id))
 
     def _prefill(self, bounded: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
                  ) -> None:
@@ -331,34 +324,18 @@ class Engine:
             self._cache.keep(req.namespace, job.prompt, job.cache)
             finished.append(seq.result(self.config.worker_id))
             return
-        if job.constraint is not None:  # the grammar has seen the prompt and the first token
-            seq.hook = RowHook(job.constraint, len(job.prompt) + 1)
-        (uid,) = self._batch.insert(
-            [[first]], max_tokens=[req.sampling.max_tokens - 1], caches=[job.cache],
-            all_tokens=[job.prompt], samplers=[job.sampler] if job.sampler else None,
-            logits_processors=[[seq.hook]] if seq.hook else None, stop_sequences=[self._stops])
-        self._running[uid] = seq
-
-    def _finish(self, uid: int, cache: list[KVCache] | None, all_tokens: list[int] | None
-                ) -> GenerateResult:
-        seq = self._running.pop(uid)
-        if cache is None:  # stopped by a stop string: take it out of the batch ourselves
-            cache, all_tokens = self._batch.remove([uid], return_prompt_caches=True)[uid]
-        if self._cache.enabled and cache:
-            if all_tokens is None or len(all_tokens) != cache[0].offset:
-                raise RuntimeError(
-                    f"request {seq.request.request_id}: batch cache holds {cache[0].offset} "
-                    f"tokens but {len(all_tokens or ())} token ids were tracked")
-            seq.written += self._cache.write(seq.request.namespace, all_tokens, cache)
-            self._cache.keep(seq.request.namespace, all_tokens, cache)
-        if not seq.finish_reason:
-            seq.finish_reason = "length"
-        return seq.result(self.config.worker_id)
+        # a grammar has seen the prompt and the first token
+        hook = RowHook(job.constraint) if job.constraint is not None else None
+        self._running.join(seq, first, job.cache, job.prompt, job.sampler, hook)
 
     # ---- the prefix cache: what it says, what may be asked of it -------------------------
 
     def store_stats(self) -> StoreStats:
         return self._cache.store_stats()
+
+    def spec_stats(self) -> SpecStats | None:
+        """Speculative decoding's steps, time and drafts so far (None: speculation off)."""
+        return self._running.spec_stats()
 
     def constraint_seconds(self) -> float:
         """Time spent in grammar masks and matcher steps so far (structured outputs)."""

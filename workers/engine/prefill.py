@@ -28,7 +28,6 @@ cache in place; only a stacked pass copies caches (into the stack and back out).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,9 +35,7 @@ from mlx_lm.models.cache import KVCache
 
 from workers.messages import GenerateRequest
 from workers.engine.constraints import Constraint
-from workers.engine.sequence import Sequence
-
-Sampler = Callable[[mx.array], mx.array]
+from workers.engine.sequence import Sampler, Sequence
 
 # A chunk joins a stacked pass only if it fills at least this much of the pass's widest chunk:
 # padding is computed and thrown away, so at most a quarter of a row is waste.

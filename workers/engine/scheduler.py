@@ -48,8 +48,11 @@ costs a fixed part plus a part per token, so the rate of a 512-token pass alone 
 what a few tokens beside decodes achieve. Fed by such passes, the first steps of a long
 prompt overshot (SmolLM2-135M, 4 decodes: 2.6 decode steps' CPU time for the first admitting
 step against 2.0 for the others, the first setting the p99). The engine times the two parts
-of a step apart (``workers.engine.engine``: it waits for the decode that mlx-lm leaves running ahead
-before the prefill pass starts), else each would be charged for the other. The budget never
+of a step apart (its decode batch, ``workers.engine.decode``, hands out a step's tokens only
+once the step has run, so the prefill pass after it is timed alone), else each would be
+charged for the other. With speculation on, a decode step may be a verify pass (several
+tokens a row, ``workers.engine.draft``): its time is the decode step the budget is bounded
+against, since it is the step a running request waits beside a chunk. The budget never
 falls below ``min_tokens`` (4), so a long prompt still advances when decodes are slow.
 
 **Batch jobs.** The stall bound is for people waiting on a stream. A batch job's requests

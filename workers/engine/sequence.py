@@ -6,7 +6,7 @@ batch produces into text, notices stop strings, and finally builds the ``Generat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -15,34 +15,55 @@ from mlx_lm.sample_utils import apply_top_p
 from workers.messages import (GenerateRequest, GenerateResult, LookupReport, SamplingParams,
                               Timings, TokenLogprob)
 
-Sampler = Callable[[mx.array], mx.array]
-
-
 # Below this temperature sampling is greedy: 1/T times the log-probabilities overflows float32
 # near T = 1e-38 (every logit becomes -inf, and the draw is uniform), and long before that the
 # most likely token's probability rounds to 1.
 GREEDY_BELOW = 1e-5
 
 
-def make_sampler(params: SamplingParams) -> Sampler | None:
-    """``None`` for greedy (the batch's shared argmax); otherwise a seeded sampler of its own.
+class Sampler:
+    """A sampled request's draws, from its own seeded PRNG key, split once per draw.
 
-    Each sampled request owns its PRNG key, split once per token, so its tokens depend only on
-    its seed, never on which other requests share the batch.
+    Its tokens depend only on its seed, never on which other requests share the batch. A
+    plain step calls it on the step's log-probabilities (``[1, V]``); a verify pass asks for
+    the distribution it draws from and for the draws of the rejection rule
+    (``workers.engine.acceptance``).
     """
+
+    def __init__(self, params: SamplingParams) -> None:
+        self._key = mx.random.key(params.seed)
+        self._scale = 1.0 / params.temperature
+        self._top_p = params.top_p
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        if self._top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self._top_p)
+        return mx.random.categorical(logprobs * self._scale, key=self._split())
+
+    def distribution(self, logprobs: mx.array) -> mx.array:
+        """The probabilities (``[V]``) a draw from ``logprobs`` (``[V]``) follows."""
+        row = logprobs[None]
+        if self._top_p < 1.0:
+            row = apply_top_p(row, self._top_p)
+        return mx.softmax(row * self._scale, axis=-1)[0]
+
+    def uniform(self) -> float:
+        return float(mx.random.uniform(key=self._split()).item())
+
+    def draw(self, probs: mx.array) -> int:
+        """One token from ``probs`` (``[V]``, summing to 1)."""
+        return int(mx.random.categorical(mx.log(probs), key=self._split()).item())
+
+    def _split(self) -> mx.array:
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
+
+def make_sampler(params: SamplingParams) -> Sampler | None:
+    """``None`` for greedy (the batch's shared argmax); otherwise a seeded sampler of its own."""
     if params.temperature < GREEDY_BELOW:
         return None
-    key = mx.random.key(params.seed)
-    scale = 1.0 / params.temperature
-
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal key
-        if params.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, params.top_p)
-        key, sub = mx.random.split(key)
-        return mx.random.categorical(logprobs * scale, key=sub)
-
-    return sample
+    return Sampler(params)
 
 
 def token_logprob(row: mx.array, token: int, top: int) -> TokenLogprob:
@@ -92,7 +113,8 @@ class Sequence:
     finish_reason: str = ""
     detokenizer: Any = None  # mlx-lm's streaming detokenizer, one per sequence
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asks
-    hook: Any = None  # its grammar's logits processor in the decode batch (``constrained``)
+    drafted: int = 0   # tokens drafted for it (speculative decoding)
+    accepted: int = 0  # of those, accepted and taken
     _stopped_by_string: bool = False
 
     def delta(self, token: int, now_ns: int, eos: set[int], row: mx.array) -> TokenDelta:
@@ -157,5 +179,6 @@ class Sequence:
             input_tokens=r.prompt_tokens, cached_tokens=r.reused_tokens,
             computed_tokens=r.prompt_tokens - r.reused_tokens, written_tokens=self.written,
             lookup=r, worker_id=worker_id, logprobs=tuple(self.logprobs),
+            drafted_tokens=self.drafted, accepted_tokens=self.accepted,
             timings=Timings(self.received_ns, self.lookup_start_ns, self.lookup_end_ns,
                             self.prefill_start_ns, self.first_token_ns, self.last_token_ns))

@@ -9,6 +9,9 @@
 - **decode steps** on a grid of (context, batch size): ``batch`` requests of ``context``
   prompt tokens are admitted, then whole engine steps (one token for each) are timed while
   nothing else is admitted;
+- **verify passes** of speculative decoding on a grid of (draft width, batch size) at the
+  grid's first context: ``batch`` rows of ``context`` prompt tokens in the engine's decode
+  batch (``workers.engine.decode``), each pass verifying ``width`` drafted tokens a row;
 - **block load** per store tier: ``PrefixStore.lookup`` of a stored prefix, K/V evaluated,
   over its blocks (the memory tier; the store has no other tier yet).
 
@@ -41,16 +44,19 @@ class ProfileGrid:
     cached_tokens: tuple[int, ...] = (0, 512, 2048)
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     contexts: tuple[int, ...] = (128, 1024, 2048)
+    draft_widths: tuple[int, ...] = (2, 4, 8)  # verify passes: drafts per row
     decode_steps: int = 6  # timed steps per (context, batch) point
     repeats: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("new_tokens", "cached_tokens", "batch_sizes", "contexts"):
+        for name in ("new_tokens", "cached_tokens", "batch_sizes", "contexts", "draft_widths"):
             axis = getattr(self, name)
             if not axis or any(b <= a for a, b in zip(axis, axis[1:])) or axis[0] < 0:
                 raise ValueError(f"profile grid {name} must be increasing non-negative values")
-        if self.new_tokens[0] < 1 or self.batch_sizes[0] < 1 or self.contexts[0] < 1:
-            raise ValueError("profile grid: new tokens, batch sizes and contexts start at >= 1")
+        if min(self.new_tokens[0], self.batch_sizes[0], self.contexts[0],
+               self.draft_widths[0]) < 1:
+            raise ValueError("profile grid: new tokens, batch sizes, contexts and draft widths "
+                             "start at >= 1")
         if self.decode_steps < 1 or self.repeats < 1:
             raise ValueError("profile grid: decode_steps and repeats must be >= 1")
 
@@ -75,12 +81,16 @@ def measure_profile(model_dir: str | Path, block_size: int = 16, max_batch: int 
                     grid: ProfileGrid = ProfileGrid(),
                     progress: Callable[[str], None] | None = None) -> EngineProfile:
     """Measure ``model_dir`` on the real engine; ``progress`` hears one line per grid row."""
+    import time as clock
+
     from workers.engine.engine import Engine, EngineConfig
+    from workers.model.model_dir import open_model_dir
 
     say = progress or (lambda line: None)
     longest = max(grid.cached_tokens[-1] + grid.new_tokens[-1], grid.contexts[-1] + 2)
-    engine = Engine.open(model_dir, EngineConfig(block_size=block_size, max_batch=max_batch,
-                                                 store_bytes=1 << 32))
+    loaded = open_model_dir(model_dir)
+    engine = Engine(loaded, EngineConfig(block_size=block_size, max_batch=max_batch,
+                                         store_bytes=1 << 32), clock.monotonic, clock.time_ns)
     if longest + grid.decode_steps + 2 > engine.max_context:
         raise ValueError(f"the profile grid reaches {longest} tokens but the model's context is "
                          f"{engine.max_context}: pass smaller --new-tokens/--cached-tokens/"
@@ -102,13 +112,22 @@ def measure_profile(model_dir: str | Path, block_size: int = 16, max_batch: int 
         steps.append(tuple(row))
         say(f"decode step at context {context}: "
             + ", ".join(f"batch {b}: {s * 1e3:.1f} ms" for b, s in zip(grid.batch_sizes, row)))
+    verify = []
+    for width in grid.draft_widths:
+        row = [_verify_s(loaded, prompts, grid.contexts[0], b, width, grid)
+               for b in grid.batch_sizes]
+        verify.append(tuple(row))
+        say(f"verify pass of {width} drafts at context {grid.contexts[0]}: "
+            + ", ".join(f"batch {b}: {s * 1e3:.1f} ms" for b, s in zip(grid.batch_sizes, row)))
     return EngineProfile(
         model=engine.model_id, revision=engine.revision, block_size=block_size,
         max_batch=max_batch, kv_bytes_per_token=engine.store_stats().bytes_per_token,
         new_tokens=grid.new_tokens, cached_tokens=grid.cached_tokens, prefill_s=tuple(prefill),
         batch_sizes=grid.batch_sizes, contexts=grid.contexts, step_s=tuple(steps),
         load_s_per_block=(("memory", load),),
-        machine=f"{platform.machine()} {platform.system()}, {_cpus()} CPUs")
+        machine=f"{platform.machine()} {platform.system()}, {_cpus()} CPUs",
+        draft_widths=grid.draft_widths, verify_s=tuple(verify),
+        verify_context=grid.contexts[0])
 
 
 def _run(engine: Engine, namespace: Namespace, prompt: list[int], max_tokens: int):
@@ -187,6 +206,36 @@ def _step_s(engine: Engine, prompts: _Prompts, context: int, batch: int,
         attempts += 1
     if best == float("inf"):
         raise RuntimeError(f"no decode step of batch {batch} ran: is max_batch below {batch}?")
+    return best
+
+
+def _verify_s(loaded, prompts: _Prompts, context: int, batch: int, width: int,
+              grid: ProfileGrid) -> float:
+    """The median verify pass of ``batch`` rows x ``width`` drafts (random drafts: rejected,
+    so every pass also rolls the rejected positions out, as most passes do), best of the
+    repeats, after one untimed pass of the shape."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from workers.engine.decode import DecodeBatch
+
+    best = float("inf")
+    for _ in range(grid.repeats):
+        rows = DecodeBatch(loaded.model)
+        for _ in range(batch):
+            prompt = prompts.tokens(context)
+            cache = [KVCache() for _ in range(loaded.kv_shape.layers)]
+            logits = loaded.model(mx.array([prompt]), cache=cache)
+            rows.insert(int(mx.argmax(logits[0, -1]).item()), cache, prompt, None, None)
+        uids = list(range(batch))
+        times = []
+        for step in range(grid.decode_steps + 1):
+            drafts = {uid: prompts.tokens(width) for uid in uids}
+            started = time.perf_counter()
+            rows.step(drafts)
+            if step:  # the first pass of a shape compiles
+                times.append(time.perf_counter() - started)
+        best = min(best, sorted(times)[len(times) // 2])
     return best
 
 

@@ -13,7 +13,10 @@ below, at and just above block boundaries; several requests batched together aga
 alone; a prefix read back after its neighbours were evicted (these run with no kept caches,
 so every hit joins the store's blocks); the turns of one conversation, each extending the
 cache the previous turn left (``workers.engine.kept``: no join); the log-probabilities a
-request gets back, from a cached prompt, against a recompute without the cache. Then, per store setting
+request gets back, from a cached prompt, against a recompute without the cache; speculative
+decoding (prompt-lookup drafts verified in the batch) against plain decoding, prompts that
+copy from themselves batched together (the verify pass's log-probabilities within the
+tolerance of one-token steps', the greedy tokens identical). Then, per store setting
 (``workers.lab.verify_tiers``): a prefix read back from the disk tier (exact), and 8-bit and
 4-bit K/V (greedy agreement and largest logit difference, measured).
 """
@@ -21,9 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from pathlib import Path
 
-from workers.engine.engine import RequestFailed
+from workers.engine.engine import Engine, EngineConfig, RequestFailed
 from workers.model.model_dir import open_model_dir
 
 from workers.lab.verify_cases import (CaseResult, Checker, VerifyReport,
@@ -116,8 +120,30 @@ def _logprobs_case(c: Checker, rng: random.Random) -> CaseResult:
                       worst, b.cached_tokens, True)
 
 
+def _speculation_case(c: Checker, rng: random.Random) -> CaseResult:
+    """Prompts that repeat a passage (something to copy) and one that does not, batched, on an
+    engine that verifies every draft (its clock stands still, so no step's cost forbids one)."""
+    ref, _ = c.engines()
+    config = EngineConfig(block_size=c.block_size, store_bytes=c.store_bytes, speculate=True)
+    spec = Engine(c.loaded, config, time.monotonic, lambda: 0)
+    vocab = c.loaded.vocab_size
+    words = ["orchard", "apple", "cache", "block", "prefix", "router", "token", "worker"]
+    passage = " ".join(rng.choice(words) for _ in range(40))
+    prompts = [spec.render_chat([{"role": "user", "content": f"Repeat exactly: {passage}"}])]
+    for _ in range(2):
+        base = [rng.randrange(vocab) for _ in range(2 * c.block_size)]
+        prompts.append(base + base[:c.block_size])
+    prompts.append([rng.randrange(vocab) for _ in range(c.block_size + 3)])
+    long = Checker(c.loaded, c.block_size, max(c.max_tokens, 24), c.store_bytes)
+    result = long.compare("speculation (drafts verified) vs plain decoding", ref, spec,
+                          prompts, batched=True, expect_reuse=False)
+    if not result.notes:
+        raise RuntimeError("the speculation case drafted nothing: the verify pass did not run")
+    return result
+
+
 CASES = (chat_case, random_case, _boundary_case, _batched_case, _eviction_case, _kept_case,
-         _logprobs_case)
+         _logprobs_case, _speculation_case)
 
 
 def verify_model(model_dir: Path | str, block_size: int = 16, max_tokens: int = 8,

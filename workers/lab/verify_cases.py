@@ -62,6 +62,8 @@ class RunResult:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[mx.array] = field(default_factory=list)
     cached: int = 0
+    drafted: int = 0   # speculative decoding's drafts for the request, and those accepted
+    accepted: int = 0
 
 
 def run_requests(engine: Engine, requests: list[GenerateRequest]) -> dict[str, RunResult]:
@@ -74,7 +76,9 @@ def run_requests(engine: Engine, requests: list[GenerateRequest]) -> dict[str, R
             runs[d.request_id].tokens.append(d.token)
             runs[d.request_id].logprobs.append(d.logprobs)
         for res in out.finished:
-            runs[res.request_id].cached = res.cached_tokens
+            run = runs[res.request_id]
+            run.cached, run.drafted, run.accepted = (res.cached_tokens, res.drafted_tokens,
+                                                     res.accepted_tokens)
     return runs
 
 
@@ -126,8 +130,10 @@ class Checker:
                     break
                 equal += 1
                 worst = max(worst, mx.max(mx.abs(la - lb)).item())
+        drafted, accepted = sum(g.drafted for g in got_list), sum(g.accepted for g in got_list)
+        notes = (f"drafted {drafted}, accepted {accepted}",) if drafted else ()
         return CaseResult(name, len(prompts), compared, equal, worst,
-                          sum(g.cached for g in got_list), expect_reuse)
+                          sum(g.cached for g in got_list), expect_reuse, notes)
 
 
 def chat_case(c: Checker, rng: random.Random) -> CaseResult:

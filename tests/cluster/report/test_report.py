@@ -79,6 +79,21 @@ def test_json_report_per_job(recorded, capsys):
     assert "first_sight" in j1["miss_causes"]
     assert {t["key"] for t in report["tenants"]} == {"acme", "beta"}
     assert report["unreadable_lines"] == 0
+    # recorded without speculation: nothing drafted, no acceptance rate
+    assert (j1["drafted_tokens"], j1["accepted_tokens"], j1["acceptance"]) == (0, 0, None)
+
+
+def test_acceptance_per_job_from_the_spans_counts():
+    from cluster.report.build import RequestRow, summarize
+    from cluster.report.render import _acceptance
+
+    def row(rid, drafted, accepted):
+        return RequestRow("t", rid, "job-9", "acme", "", 0, "w0", 0, 10, 0, 0, None, None, "",
+                          0, "", "miss", drafted_tokens=drafted, accepted_tokens=accepted)
+
+    g = summarize("job-9", [row("a", 300, 250), row("b", 200, 60), row("c", 0, 0)])
+    assert (g["drafted_tokens"], g["accepted_tokens"], g["acceptance"]) == (500, 310, 0.62)
+    assert _acceptance(g) == "0.62 (310/500)"
 
 
 def test_template_drift_and_near_misses(recorded, capsys):
@@ -107,6 +122,7 @@ def test_job_filter_text_and_plot(recorded, capsys, tmp_path):
     assert main(["report", "--run-dir", str(recorded.run_dir), "--plot", str(plot)]) == 0
     text = capsys.readouterr().out
     assert "Per job" in text and "job-1" in text and "Worst near misses" in text
+    assert "drafts accepted" in text
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -11,6 +11,7 @@ Generate call's request span is the caller's child; then ``orchard report`` read
 The OpenTelemetry GenAI conventions: operation names, response model, the token usage
 histogram, the model named by its own name, and the frontend's host.name.
 """
+import dataclasses
 import logging
 import pytest
 from cluster.telemetry import spans
@@ -129,6 +130,18 @@ class TestBehaviour:
         lookup = by_name["orchard.cache.lookup"].attributes
         assert lookup[A.CACHE_OUTCOME] == "hit" and lookup[A.CACHE_ENTRY_AGE_S] == 10.0
         assert by_name["orchard.prefill"].attributes[A.PREFILL_TOKENS] == 2
+
+    def test_drafted_and_accepted_tokens_on_the_request_and_decode_spans(self, setup):
+        tel, exporter, _, observer, _ = setup
+        res = dataclasses.replace(result("r1", 18, 0, 16, "w0", LookupOutcome.MISS, outputs=9),
+                                  drafted_tokens=7, accepted_tokens=5)
+        run(observer, tel, "r1", SYSTEM + (1, 2),
+            decision("w0", Reason.COLD_HASH, 0, 18, {"w0": 0}), res)
+        root, by_name = tree(exporter, "r1")
+        for attrs in (root.attributes, by_name["orchard.decode"].attributes):
+            assert (attrs[A.SPEC_DRAFTED], attrs[A.SPEC_ACCEPTED]) == (7, 5)
+        assert A.SPEC_DRAFTED == "orchard.spec.drafted_tokens"
+        assert A.SPEC_ACCEPTED == "orchard.spec.accepted_tokens"
 
     def test_near_miss_carries_the_divergence(self, setup):
         tel, exporter, _, observer, clock = setup

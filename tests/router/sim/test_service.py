@@ -83,6 +83,30 @@ def test_the_simulator_on_a_profile_runs_the_engine_steps_chunked_under_the_deco
     assert result.prefill_tokens == 400 and result.hit_ratio == 0.0
 
 
+def test_speculation_makes_each_decode_step_a_verify_pass_of_several_tokens():
+    from router.sim.steps import Speculation
+
+    # max_batch 1: the second request waits for the first's last token. A verify pass of 2
+    # drafts costs 0.6 s against a plain step's 0.5 and yields 1 + 1.5 tokens: the first
+    # request's 6 decoded tokens take 3 passes (2.5, 2.5, 1), ending at 1.0 + 1.8 s
+    verified = profile(max_batch=1, draft_widths=(2,), verify_s=((0.6, 0.9),),
+                       verify_context=100)
+    trace = [TraceRequest(0.0, 100, 7, (1,)), TraceRequest(0.0, 100, 7, (2,))]
+    plain = replay(trace, "round_robin", SimConfig(workers=1, block_size=16,
+                                                   capacity_tokens=10_000, profile=verified))
+    spec = replay(trace, "round_robin", SimConfig(
+        workers=1, block_size=16, capacity_tokens=10_000, profile=verified,
+        speculation=Speculation(2, 1.5)))
+    assert plain.ttft_p99_s == pytest.approx(1.0 + 6 * 0.5 + 1.0)
+    assert spec.ttft_p99_s == pytest.approx(1.0 + 3 * 0.6 + 1.0)
+    assert (plain.itl_p99_s, spec.itl_p99_s) == (0.5, pytest.approx(0.6))
+    with pytest.raises(ValueError, match="a profile with verify passes"):
+        SimConfig(workers=1, block_size=16, capacity_tokens=10_000, profile=profile(),
+                  speculation=Speculation(2, 1.5))
+    with pytest.raises(ValueError, match="0 <= accepted <= width"):
+        Speculation(2, 3.0)
+
+
 def test_a_prompt_cut_into_chunks_costs_the_profiles_time_for_the_whole_prompt():
     # 0.5 s fixed + 0.01 s per token; a 100-token budget cuts 300 tokens into 3 chunks that
     # cost 1.5 + 1.0 + 1.0 s: the profile's 3.5 s for 300 tokens, the fixed cost once
@@ -128,6 +152,21 @@ def test_simulate_refuses_a_profile_of_another_block_size(tmp_path, capsys):
                  "16", "--policies", "orchard", "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["service"] == "profile" and out["policies"][0]["itl_p99_s"] == 0.5
+
+
+def test_simulate_spec_takes_width_and_acceptance_on_a_profile_with_verify_passes(
+        tmp_path, capsys):
+    path, trace = tmp_path / "p.json", tmp_path / "t.jsonl"
+    profile(draft_widths=(2,), verify_s=((0.6, 0.9),), verify_context=100).write(path)
+    write_trace([TraceRequest(0.0, 100, 5, (1,))], trace)
+    base = ["simulate", "--trace", str(trace), "--profile", str(path), "--block-size", "16",
+            "--policies", "orchard", "--json", "--quiet"]
+    assert main([*base, "--spec", "2:1.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["policies"][0]["itl_p99_s"] == pytest.approx(0.6)
+    assert main([*base, "--spec", "2"]) == 2
+    assert "--spec must be WIDTH:ACCEPTED (e.g. 4:2.5), got '2'" in capsys.readouterr().err
+    assert main([*base, "--spec", "2:3"]) == 2
+    assert "--spec 2:3: speculation: need width >= 1" in capsys.readouterr().err
 
 
 def test_scaling_a_slice_divides_tokens_keeps_proportions_and_refuses_empty_requests():

@@ -7,7 +7,7 @@ from tests.support.forged_models import tiny_model
 from workers.lab.profile import ProfileGrid, measure_profile
 
 GRID = ProfileGrid(new_tokens=(4, 8), cached_tokens=(0, 8), batch_sizes=(1, 2), contexts=(8, 16),
-                   decode_steps=2, repeats=1)
+                   draft_widths=(1, 4), decode_steps=2, repeats=1)
 
 
 def test_the_engine_is_measured_on_the_grid_and_the_profile_round_trips(tmp_path):
@@ -21,7 +21,14 @@ def test_the_engine_is_measured_on_the_grid_and_the_profile_round_trips(tmp_path
     assert (profile.batch_sizes, profile.contexts) == ((1, 2), (8, 16))
     assert all(v > 0 for row in profile.step_s for v in row)
     assert all(v >= 0 for row in profile.prefill_s for v in row) and profile.load_s() > 0
-    assert len(lines) == 1 + 2 + 2 and lines[0].startswith("store load:")
+    assert len(lines) == 1 + 2 + 2 + 2 and lines[0].startswith("store load:")
+    # verify passes: 2 widths x 2 batch sizes at the first context
+    assert (profile.draft_widths, profile.verify_context) == ((1, 4), 8)
+    assert len(profile.verify_s) == 2 and all(len(r) == 2 and min(r) > 0 for r in profile.verify_s)
+    service = ProfileService(profile)
+    over = profile.verify_s[1][1] / profile.step_s[0][1]  # width 4, batch 2, at context 8
+    assert service.verify_step_s(2, 4, 16) == pytest.approx(over * profile.step_s[1][1])
+    assert service.verify_step_s(2, 0, 16) == service.step_s(2, 16)
     path = tmp_path / "profile.json"
     profile.write(path)
     assert EngineProfile.read(path) == profile
@@ -41,9 +48,10 @@ def test_the_profile_command_writes_a_profile_the_simulator_reads(tmp_path, caps
     assert main(["bench", "profile", "--model", str(tiny_model()), "--out", str(out),
                  "--block-size", "4", "--max-batch", "2", "--new-tokens", "4,8",
                  "--cached-tokens", "0,8", "--batch-sizes", "1,2", "--contexts", "8,16",
-                 "--decode-steps", "2", "--repeats", "1"]) == 0
+                 "--draft-widths", "2", "--decode-steps", "2", "--repeats", "1"]) == 0
     assert f"(block 4) to {out}" in capsys.readouterr().out
     assert EngineProfile.read(out).batch_sizes == (1, 2)
+    assert EngineProfile.read(out).draft_widths == (2,)
 
 
 def test_replay_refuses_a_scale_that_breaks_the_clusters_blocks_before_starting_it(capsys):

@@ -20,10 +20,25 @@ def test_verify_passes(arch, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["greedy_token_agreement"] == 1.0
     assert report["max_abs_logit_diff"] <= 1e-4
-    assert len(report["cases"]) == 7
+    assert len(report["cases"]) == 8
     assert report["cases"][5]["name"] == "next turns extend the kept cache"
     assert report["cases"][6]["name"] == "returned log-probabilities (top 5) vs a recompute"
-    assert all(c["cached_tokens"] > 0 for c in report["cases"])
+    assert all(c["cached_tokens"] > 0 for c in report["cases"][:7])
+    spec = report["cases"][7]
+    assert spec["name"] == "speculation (drafts verified) vs plain decoding"
+    assert spec["notes"][0].startswith("drafted ") and spec["passed"]
+
+
+def test_verify_catches_a_verify_pass_that_accepts_a_rejected_draft(monkeypatch, capsys):
+    import workers.engine.decode as decode
+
+    accepted = decode.greedy_accepted
+    monkeypatch.setattr(decode, "greedy_accepted",
+                        lambda draft, targets: min(len(draft), accepted(draft, targets) + 1))
+    assert main(["verify", "--model", str(tiny_model("llama")), "--json", "--no-tiers"]) == 1
+    cases = json.loads(capsys.readouterr().out)["cases"]
+    assert [c["name"] for c in cases if not c["passed"]] == [
+        "speculation (drafts verified) vs plain decoding"]
 
 
 def test_verify_catches_a_wrong_reuse(monkeypatch, capsys):

@@ -1,0 +1,33 @@
+"""``orchard bench spec`` at a tiny size: it runs, and prints the keys the checks read."""
+from __future__ import annotations
+
+import json
+
+import workers  # noqa: F401  (OpenBLAS before mlx)
+from cluster.bench.spec import SpecWorkload, copy_messages
+from cluster.cli import main
+from tests.support.forged_models import tiny_model
+
+
+def test_the_json_names_every_figure(capsys):
+    assert main(["bench", "spec", "--model", str(tiny_model("llama")), "--requests", "2",
+                 "--passage-tokens", "20", "--max-tokens", "6", "--chats", "1", "--batch", "2",
+                 "--no-mlx-lm", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    for key in ("copy_speedup_batch1", "copy_speedup_batch8", "chat_speedup"):
+        assert figures[key] > 0
+    assert figures["vs_mlx_lm_copy_wall_ratio"] is None  # --no-mlx-lm
+    assert figures["greedy_identical"] is True
+    assert figures["workload"]["requests"] == 2
+
+
+def test_the_copy_job_quotes_corrects_and_reformats_its_own_passage():
+    messages = copy_messages(SpecWorkload(requests=3, passage_tokens=60))
+    tasks = [m[0]["content"].split("\n\n")[0] for m in messages]
+    assert [t.split()[0] for t in tasks] == ["Quote", "Correct", "Rewrite"]
+    assert all(45 <= len(m[0]["content"].split("\n\n")[1].split()) <= 60 for m in messages)
+
+
+def test_bad_sizes_are_refused(capsys):
+    assert main(["bench", "spec", "--requests", "0"]) != 0
+    assert "--requests must be >= 1, got 0" in capsys.readouterr().err
