@@ -318,6 +318,49 @@ class PrefixStore:
         record = BlockRecord(h, block.identity, disk.model, disk.revision, disk.codec.bits)
         disk.spill(record, keys, values)
 
+    # ---- blocks between workers (``workers.cache.transfer``) ---------------------------------
+
+    def served(self, namespace: Namespace, tokens: Sequence[int], start: int, stop: int
+               ) -> list[tuple[StoredBlock, KVCodec]]:
+        """Blocks ``start`` to ``stop`` of ``tokens``' chain as held here (either tier, each
+        verified), with the codec they are held in; up to the first this store lacks."""
+        hashes = self._hash(tokens[:stop * self.block_size], self.block_size, namespace)
+        want = ChainIdentities(namespace, hashes, tokens, self.block_size)
+        out: list[tuple[StoredBlock, KVCodec]] = []
+        for i in range(start, len(hashes)):
+            held = self._blocks.get(hashes[i])
+            if held is not None and held.identity == want[i]:
+                out.append((held, self.codec))
+                continue
+            loaded = self.disk.load([hashes[i]], [want[i]], self.mismatch) if (
+                self.disk is not None and hashes[i] in self.disk) else []
+            if not loaded:
+                break
+            out.append((StoredBlock(want[i], loaded[0].keys, loaded[0].values), self.disk.codec))
+        return out
+
+    def adopt(self, namespace: Namespace, chain: Sequence[BlockHash], start: int,
+              blocks: Sequence[StoredBlock], codec: KVCodec) -> int:
+        """Store ``blocks`` (verified by the caller, held in ``codec``) as blocks ``start`` on
+        of ``chain``, whose first ``start`` this memory tier must hold; how many were stored
+        (0 when the head of the chain is gone meanwhile, fewer when memory is full)."""
+        self.ledger.expire()
+        if self.ledger.peek(chain[:start]) < start:
+            return 0
+        new = self.ledger.insert(chain[:start + len(blocks)], self.block_size,
+                                 namespace.label(), namespace.root())
+        first = chain.index(new[0]) if new else 0
+        for i, h in enumerate(new, start=first):
+            block = blocks[i - start]
+            keys, values = block.keys, block.values
+            if codec != self.codec:
+                keys = self.codec.encode(codec.decode(keys))
+                values = self.codec.encode(codec.decode(values))
+            self._put(h, StoredBlock(block.identity, keys, values))
+        self._promoted += len(new)   # not computed here: not written
+        mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
+        return len(new)
+
     # ---- management ----------------------------------------------------------------------
 
     def written_blocks(self) -> int:
