@@ -14,12 +14,12 @@ one self-checking frame::
                                                       digest, model, revision, hash, identity
                                                       and token ids, dtype and shape: each
                                                       block checked, stored in order; the
-                                                      first bad one ends the pull
+                                                      first bad one ends the pull (Adopted)
 
 Nothing is trusted because a peer sent it: the receiver computes the prompt's chain itself
 (its own hasher, its own secret) and keeps a block only where the block's record equals the
-block the receiver expects there. A refusal is ``PullRefused`` naming what was wrong; the
-caller falls back to computing the blocks itself.
+block the receiver expects there. A refusal (``PullRefused`` from ``begin``, ``Adopted.refused``
+from ``adopt``) names what was wrong; the caller computes the blocks itself.
 """
 from __future__ import annotations
 
@@ -48,6 +48,14 @@ class PullStart:
 
     start: int
     stop: int
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """What a receiver kept of a window: blocks stored, and why it stopped ("": all kept)."""
+
+    stored: int
+    refused: str = ""
 
 
 class BlockTransfer:
@@ -100,29 +108,27 @@ class BlockTransfer:
         return PullStart(start, len(hashes))
 
     def adopt(self, namespace: Namespace, tokens: Sequence[int], index: int,
-              frames: Sequence[bytes]) -> int:
-        """Check ``frames`` (blocks ``index`` on) and store them; how many were stored.
-        ``PullRefused`` at the first bad block, after storing the good ones before it."""
+              frames: Sequence[bytes]) -> Adopted:
+        """Check ``frames`` (blocks ``index`` on) and store them in order, up to the first
+        bad one (the ones before it are kept)."""
         bs = self.block_size
         hashes = self._hash(tokens[:(index + len(frames)) * bs], bs, namespace)
         if len(hashes) < index + len(frames):
-            raise PullRefused(f"{index + len(frames)} blocks sent for a prompt of "
+            return Adopted(0, f"{index + len(frames)} blocks sent for a prompt of "
                               f"{len(hashes)} full blocks")
         want = ChainIdentities(namespace, hashes, tokens, bs)
         good: list[StoredBlock] = []
-        refused: PullRefused | None = None
+        refused = ""
         for i, data in enumerate(frames, start=index):
             try:
                 good.append(self._checked(data, hashes[i], want[i]))
             except PullRefused as exc:
-                refused = PullRefused(f"block {i}: {exc}")
+                refused = f"block {i}: {exc}"
                 break
         stored = self._store.adopt(namespace, hashes, index, good, self._codec) if good else 0
-        if refused is not None:
-            raise refused
         if stored < len(good):
-            raise PullRefused(f"blocks {index + stored} on: no room left in memory")
-        return stored
+            refused = f"no room: blocks {index + stored} on found no room in memory"
+        return Adopted(stored, refused)
 
     @property
     def _codec(self) -> KVCodec:

@@ -11,7 +11,7 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 from router.kv.key import hash_blocks
 from tests.support.forged_models import tiny_model
 from workers.cache.disk_files import decode_block
-from workers.cache.transfer import BlockTransfer, PullRefused
+from workers.cache.transfer import Adopted, BlockTransfer, PullRefused
 from workers.engine.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, GenerateResult, SamplingParams
 
@@ -41,7 +41,9 @@ def _pull(holder: Engine, receiver: Engine, prompt, blocks: int) -> int:
     ns = receiver.namespace("t")
     plan = receiver.transfer.begin(ns, prompt, blocks)
     frames = holder.transfer.serve(holder.namespace("t"), prompt, plan.start, plan.stop)
-    return receiver.transfer.adopt(ns, prompt, plan.start, frames)
+    adopted = receiver.transfer.adopt(ns, prompt, plan.start, frames)
+    assert adopted.refused == ""
+    return adopted.stored
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +84,14 @@ def test_a_holder_serves_its_disk_tier_and_stops_where_it_lacks_blocks(tmp_path)
     assert [decode_block(f, tmp_path).record.identity.position for f in frames] == list(range(6))
     receiver = _engine()
     ns = receiver.namespace("t")
-    assert receiver.transfer.adopt(ns, prompt, 0, frames) == 6
+    assert receiver.transfer.adopt(ns, prompt, 0, frames) == Adopted(6)
     assert _run(receiver, prompt, "from-disk").cached_tokens == 96
 
 
-def _refusal(frames, receiver: Engine, prompt, index: int = 0) -> str:
-    with pytest.raises(PullRefused) as caught:
-        receiver.transfer.adopt(receiver.namespace("t"), prompt, index, frames)
-    return str(caught.value)
+def _refusal(frames, receiver: Engine, prompt, index: int = 0, stored: int = 0) -> str:
+    adopted = receiver.transfer.adopt(receiver.namespace("t"), prompt, index, frames)
+    assert adopted.stored == stored
+    return adopted.refused
 
 
 def test_a_block_corrupted_in_transit_is_refused_after_the_good_ones_before_it(holder):
@@ -98,7 +100,7 @@ def test_a_block_corrupted_in_transit_is_refused_after_the_good_ones_before_it(h
     bad = bytearray(frames[3])
     bad[len(bad) // 2] ^= 0x40
     receiver = _engine()
-    message = _refusal([*frames[:3], bytes(bad), *frames[4:]], receiver, prompt)
+    message = _refusal([*frames[:3], bytes(bad), *frames[4:]], receiver, prompt, stored=3)
     assert message.startswith("block 3: corrupted in transit")
     assert _run(receiver, prompt, "after-corrupt").cached_tokens == 48   # blocks 0-2 kept
 
