@@ -71,8 +71,10 @@ class RequestTrace:
             self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
         if not outcome.worker_traced:
             self._observer.worker_done(request, result, self._observer.decode)
+        pulled = outcome.pulled
         return self._observer.finish(self._span, request, block_hashes, result,
-                                     outcome.decision, outcome.attempts)
+                                     outcome.decision, outcome.attempts,
+                                     pulled.tokens if pulled else 0, pulled.peer if pulled else "")
 
 
 def with_cost(result: Any, observed: Observed | None) -> Any:

@@ -72,6 +72,7 @@ class OutcomeRecord:
     miss: Attribution | None = None
     attempts: int = 1
     model: str = ""       # the model that answered: gen_ai.response.model
+    pulled_tokens: int = 0   # of the cached tokens, pulled from a peer before it ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,10 @@ def record_routing(tel: Telemetry, decision: RoutingDecision, start_ns: int,
         A.ROUTE_WORKER: decision.worker_id, A.ROUTE_REASON: _text(decision.reason),
         A.ROUTE_EXPECTED_CACHED: decision.expected_cached_tokens,
         A.ROUTE_CANDIDATES: len(decision.candidates)})
+    if decision.pull is not None:
+        span.set_attributes({A.ROUTE_PULL_FROM: decision.pull.source,
+                             A.ROUTE_PULL_TOKENS: decision.pull.tokens,
+                             A.ROUTE_PULL_PREDICTED_S: decision.pull.predicted_s})
     for c in decision.candidates:
         span.add_event(A.ROUTE_CANDIDATE_EVENT, {
             A.CANDIDATE_WORKER: c.worker_id, A.CANDIDATE_MATCHED: c.matched_tokens,
@@ -147,6 +152,7 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
         A.TTFT_S: r.ttft_s, A.TPOT_S: r.tpot_s, A.WORKER: r.worker_id,
         A.ATTEMPTS: record.attempts, A.CACHE_OUTCOME: r.lookup.outcome.value,
         **_tier_attributes(r.cached_tokens, r.lookup.disk_tokens),
+        A.CACHE_PULLED_TOKENS: record.pulled_tokens,
         A.BLOCK_SIZE: record.block_size,
         A.PROMPT_BLOCKS: [f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
                           for h in record.block_hashes[:MAX_PROMPT_BLOCKS]]})
