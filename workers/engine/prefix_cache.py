@@ -24,7 +24,8 @@ from mlx_lm.models.cache import KVCache
 from router.kv.events import BlockEvent, WorkerRates
 from router.kv.key import Hasher, Namespace
 from router.kv.ledger import Holding
-from workers.cache.store import KVShape, Lookup, StoreStats, open_store
+from workers.cache.open_store import open_store
+from workers.cache.store import KVShape, Lookup, StoreStats
 from workers.cache.transfer import BlockTransfer
 from workers.engine.config import EngineConfig
 from workers.engine.kept import KeptCaches, KeptStats

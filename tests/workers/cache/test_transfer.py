@@ -8,10 +8,9 @@ import random
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
-from router.kv.key import hash_blocks
 from tests.support.forged_models import tiny_model
 from workers.cache.disk_files import decode_block
-from workers.cache.transfer import Adopted, BlockTransfer, PullRefused
+from workers.cache.transfer import Adopted, PullRefused
 from workers.engine.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, GenerateResult, SamplingParams
 
@@ -105,14 +104,16 @@ def test_a_block_corrupted_in_transit_is_refused_after_the_good_ones_before_it(h
     assert _run(receiver, prompt, "after-corrupt").cached_tokens == 48   # blocks 0-2 kept
 
 
-def test_blocks_of_another_model_revision_are_refused(holder):
+def test_blocks_of_another_model_are_refused():
     prompt = _prompt(100)
-    elsewhere = _engine()
-    _run(elsewhere, prompt, "warm-elsewhere")
-    other = BlockTransfer(elsewhere.transfer._store, elsewhere.model_id, "other-rev",
-                          hash_blocks, True)
-    frames = other.serve(elsewhere.namespace("t"), prompt, 0, 2)
-    assert "revision 'other-rev'" in _refusal(frames, _engine(), prompt)
+    other = Engine.open(tiny_model("llama", template="tools"),   # same weights, another id
+                        EngineConfig(block_size=BS, cache_secret=SECRET))
+    _run(other, prompt, "warm-other")
+    frames = other.transfer.serve(other.namespace("t"), prompt, 0, 2)
+    rev = other.revision
+    assert _refusal(frames, _engine(), prompt) == (
+        f"block 0: a block of model 'llama-tools' revision {rev!r}; this worker serves "
+        f"'llama' revision {rev!r}")
 
 
 def test_blocks_whose_tokens_are_not_the_prompts_are_refused(holder):
