@@ -20,9 +20,10 @@ def test_verify_passes(arch, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["greedy_token_agreement"] == 1.0
     assert report["max_abs_logit_diff"] <= 1e-4
-    assert len(report["cases"]) == 7
+    assert len(report["cases"]) == 8
     assert report["cases"][5]["name"] == "next turns extend the kept cache"
     assert report["cases"][6]["name"] == "returned log-probabilities (top 5) vs a recompute"
+    assert report["cases"][7]["name"] == "a prefix pulled from a peer's store"
     assert all(c["cached_tokens"] > 0 for c in report["cases"])
 
 
