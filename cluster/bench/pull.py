@@ -16,7 +16,10 @@ receiver's store writes) are real.
 
 Figures: ``ttft_pull_over_recompute_10gbit`` and ``_1gbit`` (best of ``trials`` each) and
 ``outputs_identical`` (the pulled request's tokens equal the recomputed one's and the
-holder's own, greedy); ``ladder`` gives the ratio at each length of ``--ladder``.
+holder's own, greedy); ``ladder`` gives the ratio at each length of ``--ladder``;
+``holder_tpot_during_pull_over_alone``: the holder's median decode TPOT while it serves pulls
+of the prefix back to back, over its TPOT alone (both workers share the machine, so this
+bounds from above what serving a pull costs the holder's decodes).
 """
 from __future__ import annotations
 
@@ -24,9 +27,12 @@ import asyncio
 import contextlib
 import json
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from cluster.backend.protocol import TokenChunk
+from cluster.backend.pull import EngineBlocks, PullLog, pull as pull_blocks
 from cluster.backend.wire import Prefilled, PullPlan, WorkerDone
 from cluster.backend.worker_actor import EngineWorker
 from router.kv.key import Namespace
@@ -117,11 +123,55 @@ async def _one_link(model: str, link: str, prefix_tokens: int, suffix_tokens: in
         await w1.close()
 
 
+async def _tpot_s(worker: EngineWorker, request: GenerateRequest) -> float:
+    """The median time between a request's streamed tokens."""
+    stamps = []
+    async with contextlib.aclosing(worker.generate(request, None, True)) as items:
+        async for item in items:
+            if isinstance(item, TokenChunk):
+                stamps.extend([time.perf_counter()] * len(item.token_ids))
+    return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+async def _holder_slowdown(model: str, prefix_tokens: int, decode_tokens: int, seed: int
+                           ) -> float:
+    """The holder's decode TPOT while it serves pulls back to back (at 10 Gbit/s), over its
+    TPOT alone. Both workers share this machine, so the receiver's checks and store writes
+    compete with the holder's decodes too: an upper bound of what serving costs it."""
+    rate, delay = LINKS["10gbit"]
+    config = EngineConfig(block_size=BLOCK, kept_bytes=0)
+    w0 = EngineWorker("w0", model, config, pace=RateLimit(rate, delay))
+    w1 = EngineWorker("w1", model, config)
+    hello = await w0.start()
+    await w1.start()
+    _, port = await w0.listen(SECRET)
+    await w1.listen(SECRET)
+    try:
+        ns = Namespace("bench", hello.model.model_id, hello.model.revision)
+        rng = random.Random(seed + 1)
+        prefix = tuple(rng.randrange(100, 20_000) for _ in range(prefix_tokens + 1))
+        await _timed(w0, GenerateRequest("held", ns, prefix, SamplingParams(max_tokens=1)), None)
+        decode = tuple(rng.randrange(100, 20_000) for _ in range(32))
+        sampling = SamplingParams(max_tokens=decode_tokens)
+        alone = await _tpot_s(w0, GenerateRequest("alone", ns, decode, sampling))
+        plan = PullPlan("w0", "127.0.0.1", port, prefix_tokens // BLOCK, 1.0)
+        blocks, failures = EngineBlocks(w1.runtime, "w1", BLOCK), PullLog()
+        decoding = asyncio.create_task(_tpot_s(w0, GenerateRequest("busy", ns, decode, sampling)))
+        while not decoding.done():
+            await w1.invalidate(ns, None)
+            await pull_blocks(plan, ns, prefix, SECRET, blocks, failures)
+        return await decoding / alone
+    finally:
+        await w0.close()
+        await w1.close()
+
+
 def bench_pull(model: str, prefix_tokens: int, suffix_tokens: int, trials: int,
-               ladder: tuple[int, ...] = (), seed: int = 0) -> dict:
+               ladder: tuple[int, ...] = (), seed: int = 0, decode_tokens: int = 64) -> dict:
     async def run() -> dict:
         links = {name: await _one_link(model, name, prefix_tokens, suffix_tokens, trials, seed)
                  for name in LINKS}
+        slowdown = await _holder_slowdown(model, prefix_tokens, decode_tokens, seed)
         steps = [asdict(await _one_link(model, name, n, suffix_tokens, 1, seed))
                  for n in ladder for name in LINKS]
         return {
@@ -130,6 +180,7 @@ def bench_pull(model: str, prefix_tokens: int, suffix_tokens: int, trials: int,
             **{f"ttft_pull_over_recompute_{n}": r.ttft_pull_over_recompute
                for n, r in links.items()},
             "outputs_identical": all(r.outputs_identical for r in links.values()),
+            "holder_tpot_during_pull_over_alone": slowdown,
             "links": [asdict(r) for r in links.values()], "ladder": steps}
     return asyncio.run(run())
 
@@ -171,4 +222,5 @@ def _command(args) -> int:
               f" (the pull {r['pull_s'] * 1e3:.1f}ms), recompute "
               f"{r['ttft_recompute_s'] * 1e3:8.1f}ms, ratio {r['ttft_pull_over_recompute']:.3f}")
     print(f"outputs_identical {out['outputs_identical']}")
+    print(f"holder_tpot_during_pull_over_alone {out['holder_tpot_during_pull_over_alone']:.3f}")
     return 0

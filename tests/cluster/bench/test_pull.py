@@ -11,7 +11,7 @@ from tests.support.forged_models import tiny_model
 
 def test_the_bench_reports_both_links_and_identical_outputs():
     out = bench_pull(str(tiny_model()), prefix_tokens=48, suffix_tokens=4, trials=1,
-                     ladder=(16,))
+                     ladder=(16,), decode_tokens=8)
     assert {"ttft_pull_over_recompute_10gbit", "ttft_pull_over_recompute_1gbit",
             "outputs_identical"} <= set(out)
     assert out["outputs_identical"] is True
@@ -20,6 +20,7 @@ def test_the_bench_reports_both_links_and_identical_outputs():
     assert [(r["link"], r["prefix_tokens"]) for r in out["ladder"]] == [("10gbit", 16),
                                                                        ("1gbit", 16)]
     assert out["shaping"].startswith("rate limit in the transfer stream")
+    assert out["holder_tpot_during_pull_over_alone"] > 0
 
 
 def test_the_rate_limit_spaces_blocks_by_their_bytes():
