@@ -19,6 +19,7 @@ from dataclasses import asdict
 from router.index import DEFAULT_INDEX_BYTES
 from router.kv.ledger import DEFAULT_EVICTION, EVICTION_POLICIES
 from router.policy import PolicyConfig
+from router.pull_cost import DEFAULT_FIXED_S
 from router.sim.policies import POLICY_NAMES
 
 _DEFAULTS = PolicyConfig()
@@ -65,6 +66,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="disk tier read bandwidth in GB/s (a disk hit costs its load time)")
     p.add_argument("--kv-bytes-per-token", type=int, default=46_080,
                    help="K/V bytes per cached token (the default model's, float32)")
+    p.add_argument("--link-gbps", type=float, default=0.0,
+                   help="orchard pulls prefixes between workers over links of this many "
+                        "Gbit/s when that beats waiting or recomputing (0: no pulls)")
+    p.add_argument("--link-fixed-ms", type=float, default=DEFAULT_FIXED_S * 1e3,
+                   help="each pull's fixed cost, ms")
     p.add_argument("--cache-weight", type=float, default=_DEFAULTS.cache_weight,
                    help="orchard: prefill tokens of queue one cached token is worth")
     p.add_argument("--cold-spill-tokens", type=int, default=_DEFAULTS.cold_spill_tokens,
@@ -117,7 +123,8 @@ def _replay(args: argparse.Namespace) -> int:
                        disk_capacity_tokens=args.disk_capacity_tokens,
                        disk_read_gbps=args.disk_read_gbps,
                        kv_bytes_per_token=args.kv_bytes_per_token,
-                       index_bytes=args.index_bytes)
+                       index_bytes=args.index_bytes, link_gbps=args.link_gbps,
+                       link_fixed_s=args.link_fixed_ms / 1e3)
     policy = PolicyConfig(cache_weight=args.cache_weight,
                           cold_spill_tokens=args.cold_spill_tokens,
                           balance_weight=args.balance_weight)
@@ -146,6 +153,9 @@ def _print_table(summary: dict) -> None:
               f"{r['ttft_mean_s']:>9.2f}s{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
               f"{r['decision_p50_us']:>8.1f}us{r['decision_p99_us']:>8.1f}us"
               f"{r['decision_cpu_p99_us']:>8.1f}us")
+    if summary["pulls"] is not None:
+        print(f"pulls over {summary['pulls']['link_gbps']:g} Gbit/s links: " + ", ".join(
+            f"{r['name']} {r['pulled_tokens']} tokens pulled" for r in summary["policies"]))
     if summary["service"] == "profile":
         print("service: the measured engine profile; ITL p99 per policy: " + ", ".join(
             f"{r['name']} {r['itl_p99_s'] * 1e3:.1f} ms" for r in summary["policies"]))
