@@ -4,7 +4,8 @@
                      [--policies LIST] [--eviction lru|reuse] [--ttft-slo-s 2] [--json] ...
     orchard simulate --decision-bench [--bench-workers 32] [--indexed-blocks 1000000] ...
                      [--index-bytes N]                # 18M blocks: --indexed-blocks 18000000
-    orchard simulate --synthesize FILE [--seed S]      # write a differently shaped trace
+    orchard simulate --synthesize FILE [--seed S] [--shape hot-documents]
+                                                       # write a differently shaped trace
 
 Without a mode it replays the conversation trace shipped in ``router/sim/traces/``. The replay
 itself lives in ``router.sim.simulator``; this module parses, validates and prints.
@@ -37,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="time routing decisions (8k-token prompt, many workers, big index)")
     mode.add_argument("--synthesize", metavar="FILE",
                       help="write a synthetic trace of a different shape to FILE and exit")
+    p.add_argument("--shape", choices=("conversations", "hot-documents"),
+                   default="conversations",
+                   help="with --synthesize: conversations on shared system prompts, or a few "
+                        "long documents with many short questions (router.sim.hot_trace)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--capacity-tokens", type=int, default=1_000_000,
                    help="cache capacity per worker, in tokens")
@@ -189,7 +194,11 @@ def _decision_bench(args: argparse.Namespace) -> int:
 def _synthesize(args: argparse.Namespace) -> int:
     from router.sim.trace import SynthShape, synthesize, write_trace
 
-    requests = synthesize(SynthShape(), seed=args.seed)
+    if args.shape == "hot-documents":
+        from router.sim.hot_trace import HotShape, hot_documents
+        requests = hot_documents(HotShape(), seed=args.seed)
+    else:
+        requests = synthesize(SynthShape(), seed=args.seed)
     write_trace(requests, args.synthesize)
     print(f"wrote {len(requests)} requests to {args.synthesize}", file=sys.stderr)
     return 0
