@@ -197,3 +197,36 @@ def test_a_pull_comes_over_the_frontends_link_too():
             await link.close()
             assert done.pulled.blocks == 12 and done.result.cached_tokens == 192
     asyncio.run(scenario())
+
+
+async def _send_pull(port: int, secret: bytes, body) -> bytes:
+    """Open a transfer connection, answer the nonce with ``secret``, send a PULL; what the
+    holder sent back before it closed the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(wire.answer(secret, await reader.readexactly(wire.NONCE_BYTES)))
+    writer.write(wire.frame(Kind.PULL, 0, body))
+    received = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return received
+
+
+def test_a_malformed_pull_or_a_wrong_secret_is_refused_and_logged_naming_the_peer(caplog):
+    async def scenario():
+        async with _worker("w0") as (w0, port, ns):
+            await _run(w0, _request(ns, "warm"))
+            assert await _send_pull(port, SECRET, [ns, PROMPT, 0, 12, 0]) == b""
+            assert await _send_pull(port, SECRET, [ns, "tokens", 0, 12, 8]) == b""
+            assert await _send_pull(port, b"x" * 32, [ns, PROMPT, 0, 12, 8]) == b""
+            served = await _send_pull(port, SECRET, [ns, PROMPT, 12, 12, 8])   # nothing asked
+            reader = asyncio.StreamReader()
+            reader.feed_data(served)
+            reader.feed_eof()
+            assert await wire.read_frame(reader) == (Kind.END, 0, 0)
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("cluster.backend")]
+    refused = [m for m in messages if "refused" in m or "authentication" in m]
+    assert len(refused) == 3 and all("127.0.0.1" in m for m in refused)
+    assert refused[0].endswith("refused: window 0: want 1 to 64")
+    assert refused[1].endswith("refused: tokens: not a list of token ids")
+    assert "failed authentication" in refused[2]
