@@ -86,9 +86,11 @@ different shape (figures in ``docs/benchmarks.md``, ``## Router``):
 Pulls (``router.pull_cost``; only where the cluster can move blocks between its workers, a
 ``Router`` given ``PeerLinks``). After the choice above, each candidate's time to first token
 with a pull is weighed against the chosen worker's without one, in tokens of prefill on that
-candidate: ``ttft(w) = load_tokens(w) + prompt - matched(w)``; with the blocks it lacks
-pulled from the source ``h`` (the longest match; ties: the less loaded, then by id),
-``ttft_pull(w) = load_tokens(w) + prompt - matched(h) + pull_s x prefill_tokens_s(w)``, where
+candidate: ``ttft(w) = queue(w) + prompt - matched(w)``, where ``queue(w) =
+queued_prefill + decode_weight_tokens x running_decodes`` is the wait ahead of it (the
+balance term, which spreads cold prompts, is no wait and is left out); with the blocks it
+lacks pulled from the source ``h`` (the longest match; ties: the shorter queue, then by id),
+``ttft_pull(w) = queue(w) + prompt - matched(h) + pull_s x prefill_tokens_s(w)``, where
 ``pull_s = fixed_s(h, w) + pulled tokens x bytes_per_token / bytes_s(h, w)``. The lowest
 ``ttft_pull`` below the choice's ``ttft`` wins: the request goes there (reason
 ``load_spill``, expecting ``matched(h)`` cached) with a ``PullChoice``. Defaults until a link
@@ -346,10 +348,15 @@ def _recent(load: WorkerLoad) -> float:
     return load.recent_prefill_tokens
 
 
-def with_pull(decision: RoutingDecision, links: PeerLinks,
-              prefill_tokens_s: Mapping[str, float], block_size: int) -> RoutingDecision:
-    """``decision``, or the worker and pull that beat it (the rule under Pulls, above)."""
-    rows = [Row(c.worker_id, c.matched_tokens, c.load_tokens) for c in decision.candidates]
+def with_pull(config: PolicyConfig, decision: RoutingDecision, loads: Sequence[WorkerLoad],
+              links: PeerLinks, prefill_tokens_s: Mapping[str, float], block_size: int
+              ) -> RoutingDecision:
+    """``decision``, or the worker and pull that beat it (the rule under Pulls, above);
+    ``loads`` are the candidates' (the same workers as ``decision.candidates``)."""
+    queue = {load.worker_id: load.queued_prefill_tokens
+             + config.decode_weight_tokens * load.running_decodes for load in loads}
+    rows = [Row(c.worker_id, c.matched_tokens, queue[c.worker_id])
+            for c in decision.candidates]
     found = best_pull(rows, decision.worker_id, decision.prompt_tokens, block_size, links,
                       prefill_tokens_s)
     if found is None:

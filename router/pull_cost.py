@@ -3,14 +3,15 @@
 The rule (``router.policy`` states it in its header, with these defaults) compares, for each
 candidate worker ``w``, its time to first token in tokens of prefill on ``w``::
 
-    without a pull   ttft(w)      = load(w) + prompt - matched(w)
-    with a pull      ttft_pull(w) = load(w) + prompt - matched(h)
+    without a pull   ttft(w)      = queue(w) + prompt - matched(w)
+    with a pull      ttft_pull(w) = queue(w) + prompt - matched(h)
                                     + pull_s(h -> w, (matched(h) - matched(w)) tokens)
                                       x prefill_tokens_s(w)
     pull_s(h -> w, n) = fixed_s(h, w) + n x bytes_per_token / bytes_s(h, w)
 
-where ``h``, the source, is the candidate holding the longest match (ties: the less loaded,
-then by id). The request goes to the ``w`` with the lowest ``ttft_pull(w)`` with a pull when
+where ``queue(w)`` is the prefill ahead of a new request there (queued prefill and running
+decodes, as ``router.policy`` weighs them) and ``h``, the source, is the candidate holding the
+longest match (ties: the shorter queue, then by id). The request goes to the ``w`` with the lowest ``ttft_pull(w)`` with a pull when
 that is lower than the policy's own choice's ``ttft``; otherwise nothing changes. A pull of
 less than ``MIN_PULL_BLOCKS`` is never planned (its fixed cost is all it would carry).
 
@@ -77,7 +78,7 @@ class Row:
 
     worker_id: str
     matched_tokens: int
-    load_tokens: int
+    load_tokens: int   # its queue: the prefill ahead of a new request there
 
 
 class PeerLinks:

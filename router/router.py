@@ -208,7 +208,8 @@ class Router:
         decision = decide(self.config, query, loads, block_size=self.block_size, seed=self.seed,
                           recent_scale=recent_scale)
         if self.links is not None and len(loads) > 1:
-            decision = with_pull(decision, self.links, self._prefill_rates, self.block_size)
+            decision = with_pull(self.config, decision, loads, self.links, self._prefill_rates,
+                                 self.block_size)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision

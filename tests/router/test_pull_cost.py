@@ -47,7 +47,7 @@ def test_a_busy_holders_prefix_is_pulled_to_an_idle_worker():
     _hold(router, "a", PROMPT)
     _busy(router, "a", 5000)
     decision = _route(router)
-    # on a: 5000 queued + 0.25 x 5000 recently sent + 5 to prefill = 6255;
+    # on a: 5000 queued + 5 to prefill = 5005 (its balance term is no wait);
     # on b: 5 + (0.01 + 160 x 1000 / 1e6) x 6000 = 1025
     assert (decision.worker_id, decision.reason) == ("b", Reason.LOAD_SPILL)
     assert decision.pull == PullChoice("a", 10, 160, pytest.approx(0.17))
@@ -70,9 +70,11 @@ def test_recompute_wins_over_a_slow_pull_when_the_holder_is_swamped():
     assert (decision.worker_id, decision.pull, decision.expected_cached_tokens) == ("b", None, 0)
 
 
-def test_an_idle_holder_keeps_its_request():
-    router = _router(LinkRate(1e9, 0.0), "a", "b")
+def test_an_idle_holder_keeps_its_request_whatever_it_prefilled_lately():
+    router = _router(LinkRate(1e9, 0.002), "a", "b")
     _hold(router, "a", PROMPT)
+    _busy(router, "a", 5000)
+    router.finished("queued-a")   # its queue is empty again; its recent prefill stays
     decision = _route(router)
     assert (decision.worker_id, decision.reason, decision.pull) == ("a", Reason.PREFIX_MATCH,
                                                                     None)
@@ -90,7 +92,7 @@ def test_a_measured_link_and_prefill_rate_replace_the_defaults():
     _hold(router, "a", PROMPT)
     _hold(router, "b", [], WorkerRates(1, None, 60_000.0))   # b prefills 10x faster
     _busy(router, "a", 5000)
-    # on b: 5 + 0.17 x 60000 = 10205 > 6255 on a: the pull no longer wins
+    # on b: 5 + 0.17 x 60000 = 10205 > 5005 on a: the pull no longer wins
     decision = _route(router)
     assert (decision.worker_id, decision.pull) == ("a", None)
     router.observe_pull("a", "b", 2 << 20, 0.5)
