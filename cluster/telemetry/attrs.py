@@ -66,6 +66,7 @@ CACHE_KEPT_TOKENS = "orchard.cache.kept_tokens"     # past matched_tokens, from 
 CACHE_IDENTITY_MISMATCH = "orchard.cache.identity_mismatch"  # blocks refused: another block
 CACHE_DISK_TOKENS = "orchard.cache.disk_tokens"     # of matched_tokens, read from the disk tier
 CACHE_PULLED_TOKENS = "orchard.cache.pulled_tokens"  # of matched_tokens, pulled from a peer
+PULL_REFUSED = "orchard.pull.refused"                # why a planned pull ended early
 CACHE_MEMORY_TOKENS = "orchard.cache.memory_tokens"  # of matched_tokens, read from memory
 CACHE_TIER = "orchard.cache.tier"                   # none | memory | disk | memory+disk
 CACHE_COMMON_PREFIX = "orchard.cache.common_prefix"

@@ -72,9 +72,10 @@ class RequestTrace:
         if not outcome.worker_traced:
             self._observer.worker_done(request, result, self._observer.decode)
         pulled = outcome.pulled
+        prefix = (spans.PulledPrefix(pulled.peer, pulled.tokens, pulled.refused)
+                  if pulled is not None else None)
         return self._observer.finish(self._span, request, block_hashes, result,
-                                     outcome.decision, outcome.attempts,
-                                     pulled.tokens if pulled else 0, pulled.peer if pulled else "")
+                                     outcome.decision, outcome.attempts, prefix)
 
 
 def with_cost(result: Any, observed: Observed | None) -> Any:

@@ -181,17 +181,21 @@ class TestBehaviour:
                                       trace_context=observer.context())
             observer.routed(planned, T0, T0 + 1000)
             spans.record_engine(tel, request, res)
-            observer.finish(span, request, hash_blocks(prompt, BS, NS), res, planned, 1, 16,
-                            "w0")
+            observer.finish(span, request, hash_blocks(prompt, BS, NS), res, planned, 1,
+                            spans.PulledPrefix("w0", 32, "block 1: corrupted in transit"))
         root, by_name = tree(exporter, "r2")
         route = by_name["orchard.route"].attributes
         assert (route[A.ROUTE_PULL_FROM], route[A.ROUTE_PULL_TOKENS],
                 route[A.ROUTE_PULL_PREDICTED_S]) == ("w0", 16, 0.25)
         assert root.attributes[A.MISS_CAUSE] == "pulled_from_peer"
         assert root.attributes[A.MISS_HOLDER] == "w0"
-        assert root.attributes[A.CACHE_PULLED_TOKENS] == 16
+        assert root.attributes[A.CACHE_PULLED_TOKENS] == 16   # of 32 pulled, 16 read
+        assert root.attributes[A.PULL_REFUSED] == "block 1: corrupted in transit"
         assert root.attributes[A.GEN_AI_CACHE_READ] == 16   # priced as cache reads
-        assert A.ROUTE_PULL_FROM not in tree(exporter, "r1")[1]["orchard.route"].attributes
+        first_root, first = tree(exporter, "r1")
+        assert A.ROUTE_PULL_FROM not in first["orchard.route"].attributes
+        assert first_root.attributes[A.CACHE_PULLED_TOKENS] == 0
+        assert A.PULL_REFUSED not in first_root.attributes
 
     def test_ttl_expiry(self, setup):
         tel, exporter, _, observer, clock = setup
