@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Awaitable, Callable, Sequence
 
@@ -83,7 +84,8 @@ class PullLog:
         self._seen: set[tuple[str, str]] = set()
 
     def failed(self, peer: str, why: str) -> None:
-        kind = why.split(":", 1)[0].split(" (", 1)[0]
+        # the kind: what was wrong, whichever block it was ("block 3: corrupted in transit")
+        kind = re.sub(r"^block \d+: ", "", why).split(":", 1)[0].split(" (", 1)[0]
         if (peer, kind) in self._seen:
             return
         self._seen.add((peer, kind))

@@ -12,7 +12,7 @@ import random
 
 from cluster.backend import wire
 from cluster.backend.link import WorkerLink
-from cluster.backend.pull import WINDOW
+from cluster.backend.pull import WINDOW, PullLog
 from cluster.backend.wire import Kind, PullPlan, WorkerDone
 from cluster.backend.worker_actor import EngineWorker
 from router.kv.key import Namespace
@@ -230,3 +230,16 @@ def test_a_malformed_pull_or_a_wrong_secret_is_refused_and_logged_naming_the_pee
     assert refused[0].endswith("refused: window 0: want 1 to 64")
     assert refused[1].endswith("refused: tokens: not a list of token ids")
     assert "failed authentication" in refused[2]
+
+
+def test_each_kind_of_failure_is_logged_once_per_peer(caplog):
+    failures = PullLog()
+    with caplog.at_level(logging.WARNING, logger="cluster.backend.pull"):
+        failures.failed("w0", "block 3: corrupted in transit (<in transit>: checksum mismatch)")
+        failures.failed("w0", "block 5: corrupted in transit (<in transit>: checksum mismatch)")
+        failures.failed("w0", "truncated: the stream ended before its last block")
+        failures.failed("w1", "block 3: corrupted in transit (<in transit>: checksum mismatch)")
+    assert [r.getMessage().split(" refused: ")[0] for r in caplog.records] == [
+        "pull from w0", "pull from w0", "pull from w1"]
+    assert "block 3: corrupted" in caplog.records[0].getMessage()
+    assert "truncated" in caplog.records[1].getMessage()
