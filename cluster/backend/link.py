@@ -20,6 +20,8 @@ generator about 3 ms, against about 0.07 ms for a round trip on an open stream):
 
 Streams are numbered by the frontend, so many requests share the connection. The secret is
 made by the frontend's pool and handed to the worker through Ray (``EngineWorker.listen``).
+A connection whose first frame is PULL, after the same authentication, is another worker
+pulling this one's blocks (``cluster.backend.pull``): it serves that transfer, then closes.
 """
 from __future__ import annotations
 
