@@ -23,6 +23,12 @@ checked in this order::
                            engine's lookup says so, or b2's parent had another child
     8. first_sight         none of the above: these tokens were never seen
 
+A request whose worker pulled part of its prefix from a peer first (``RequestSeen.
+pulled_tokens``) is neither a plain hit nor a plain miss: its cause is ``pulled_from_peer``
+(the peer as ``holder``, the tokens pulled as ``pulled_tokens``), whatever it then read or
+computed. Pulled tokens are read from the receiver's store, so they are priced as
+``cache_read`` tokens (``router/prices.toml`` has no price of their own).
+
 Concurrent requests: history is read as it stood when the request was sent (``sent``), so
 blocks another request stored while this one was in flight count as never seen. Two requests
 that compute the same new prefix at once are then both first_sight (or both near_miss),
@@ -83,6 +89,7 @@ class MissCause(str, Enum):
     TENANT_BOUNDARY = "tenant_boundary"
     NEAR_MISS = "near_miss"
     FIRST_SIGHT = "first_sight"
+    PULLED_FROM_PEER = "pulled_from_peer"   # its prefix was pulled from a peer first
 
 
 # Between these causes the split follows routing order, which concurrency makes timing-
@@ -98,6 +105,7 @@ class Attribution:
     holder: str = ""   # routed_elsewhere: a worker that held more of the prefix
     served: ServedTier = ServedTier.NONE  # the tier(s) its cached tokens came from
     disk_tokens: int = 0                  # of its cached tokens, read from disk
+    pulled_tokens: int = 0                # pulled_from_peer: tokens pulled from ``holder``
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +123,8 @@ class RequestSeen:
     block_hashes: Sequence[BlockHash] = ()  # the prompt's chain when already computed
     sent: float | None = None   # when it was sent (attributor's clock); None: when observed
     disk_tokens: int = 0        # of cached_tokens, read from the worker's disk tier
+    pulled_tokens: int = 0      # of cached_tokens, pulled from a peer just before it ran
+    pulled_from: str = ""       # that peer
 
 
 class _Bounded(OrderedDict):
@@ -175,6 +185,9 @@ class MissAttributor:
         served = served_from(seen.cached_tokens, seen.disk_tokens)
         result = self._attribute(seen, chain, neutral, now)
         self._remember(seen, chain, neutral, now)
+        if seen.pulled_tokens:
+            return Attribution(MissCause.PULLED_FROM_PEER, len(seen.prompt) - seen.cached_tokens,
+                               seen.pulled_from, served, seen.disk_tokens, seen.pulled_tokens)
         if result is None:
             return None
         return Attribution(result.cause, result.tokens, result.holder, served, seen.disk_tokens)

@@ -83,6 +83,24 @@ different shape (figures in ``docs/benchmarks.md``, ``## Router``):
   on the shared 2-core CPU (default model, ``orchard bench disk``): 644 MB/s and 24.1
   prefill tokens/s, 0.0017.
 
+Pulls (``router.pull_cost``; only where the cluster can move blocks between its workers, a
+``Router`` given ``PeerLinks``). After the choice above, each candidate's time to first token
+with a pull is weighed against the chosen worker's without one, in tokens of prefill on that
+candidate: ``ttft(w) = queue(w) + prompt - matched(w)``, where ``queue(w) =
+queued_prefill + decode_weight_tokens x running_decodes`` is the wait ahead of it (the
+balance term, which spreads cold prompts, is no wait and is left out); with the blocks it
+lacks pulled from the source ``h`` (the longest match; ties: the shorter queue, then by id),
+``ttft_pull(w) = queue(w) + prompt - matched(h) + pull_s x prefill_tokens_s(w)``, where
+``pull_s = fixed_s(h, w) + pulled tokens x bytes_per_token / bytes_s(h, w)``. The lowest
+``ttft_pull`` below the choice's ``ttft`` wins: the request goes there (reason
+``load_spill``, expecting ``matched(h)`` cached) with a ``PullChoice``. Defaults until a link
+or a worker is measured (each worker's pulls measure the pair's bandwidth and fixed cost;
+its prefill rate comes with its block events): ``bytes_s = 1.1e9`` (10 GbE), ``fixed_s =
+0.002`` (a connect, the authentication and the first window on a LAN), ``prefill_tokens_s =
+6000`` (the simulator's), at least ``MIN_PULL_BLOCKS = 1`` block pulled. The holder serves a
+pull a window of 8 blocks per engine step (``cluster.backend.pull``): what that costs its own
+decodes is to be measured (``orchard bench pull``).
+
 Deterministic: ties break by worker id and the rendezvous hash is seeded.
 """
 from __future__ import annotations
@@ -95,6 +113,7 @@ import xxhash
 
 from router.kv.events import WorkerRates
 from router.kv.key import BlockHash
+from router.pull_cost import PeerLinks, PullChoice, Row, best_pull
 
 HOME_CHOICES = 2  # a cold prompt's home: the less busy of its two rendezvous winners
 # Loading a token's K/V from a worker's disk tier, in tokens of prefill, until the worker has
@@ -216,6 +235,7 @@ class RoutingDecision:
     expected_cached_tokens: int
     prompt_tokens: int
     candidates: Sequence[Candidate]  # a tuple, or the compact ``CandidateRows``
+    pull: PullChoice | None = None   # the prefix pulled from a peer first (``router.pull_cost``)
 
 
 def disk_token_cost(rates: WorkerRates) -> float | None:
@@ -326,3 +346,22 @@ def decide(config: PolicyConfig, query: RouteQuery, loads: Sequence[WorkerLoad],
 
 def _recent(load: WorkerLoad) -> float:
     return load.recent_prefill_tokens
+
+
+def with_pull(config: PolicyConfig, decision: RoutingDecision, loads: Sequence[WorkerLoad],
+              links: PeerLinks, prefill_tokens_s: Mapping[str, float], block_size: int
+              ) -> RoutingDecision:
+    """``decision``, or the worker and pull that beat it (the rule under Pulls, above);
+    ``loads`` are the candidates' (the same workers as ``decision.candidates``)."""
+    queue = {load.worker_id: load.queued_prefill_tokens
+             + config.decode_weight_tokens * load.running_decodes for load in loads}
+    rows = [Row(c.worker_id, c.matched_tokens, queue[c.worker_id])
+            for c in decision.candidates]
+    found = best_pull(rows, decision.worker_id, decision.prompt_tokens, block_size, links,
+                      prefill_tokens_s)
+    if found is None:
+        return decision
+    worker_id, pull = found
+    cached = min(pull.blocks * block_size, max(0, decision.prompt_tokens - 1))
+    return RoutingDecision(worker_id, Reason.LOAD_SPILL, cached, decision.prompt_tokens,
+                           decision.candidates, pull)

@@ -27,6 +27,10 @@ SHARED_ENTRY_BYTES`` branch points and as many shared marks, at 131 and 89 bytes
 ``SHARED_MIN_ENTRIES`` (65,536: 14 MB), so that a small index budget (the simulator's, to
 measure what the index's eviction costs) does not also forget which prefixes are shared.
 
+Given ``PeerLinks`` (a cluster whose workers can pull blocks from each other), a decision may
+carry a pull (``router.policy.with_pull``, ``router.pull_cost``); each pull's measured bytes
+and time (``observe_pull``) are that pair's link rate from then on.
+
 The clock is injected (seconds, monotonic); randomness is the seeded rendezvous hash only.
 """
 from __future__ import annotations
@@ -39,7 +43,8 @@ from router.kv.events import EventBatch
 from router.index import DEFAULT_INDEX_BYTES, DEFAULT_PENDING_TTL_S, IndexCounters, PrefixIndex
 from router.kv.key import BlockHash, Namespace
 from router.policy import (NoWorkerAvailable, PolicyConfig, RouteQuery, RoutingDecision, WorkerLoad,
-                           decide, disk_token_cost)
+                           decide, disk_token_cost, with_pull)
+from router.pull_cost import PeerLinks
 from router.sharing import SharedPrefixes
 
 SHARED_ENTRY_BYTES = 131 + 89  # a branch point and a shared mark (Python dicts of hashes)
@@ -86,6 +91,7 @@ class Router:
         seed: int = 0,
         index_bytes: int = DEFAULT_INDEX_BYTES,
         pending_ttl_s: float = DEFAULT_PENDING_TTL_S,
+        links: PeerLinks | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -100,6 +106,9 @@ class Router:
         self._tickets: dict[str, _Ticket] = {}
         self._epoch = clock()
         self._views: dict[str, WorkerLoad] = {}  # eligible (not draining) workers' loads
+        # None: the cluster cannot move blocks between workers, so no pull is planned
+        self.links = links
+        self._prefill_rates: dict[str, float] = {}  # measured, from the workers' batches
         self.unknown_tickets = 0
 
     # ---- workers -------------------------------------------------------------------------
@@ -122,6 +131,9 @@ class Router:
         self._index.remove_worker(worker_id)
         del self._loads[worker_id]
         self._views.pop(worker_id, None)
+        self._prefill_rates.pop(worker_id, None)
+        if self.links is not None:
+            self.links.forget(worker_id)
         for rid in [r for r, t in self._tickets.items() if t.worker_id == worker_id]:
             del self._tickets[rid]
 
@@ -152,11 +164,18 @@ class Router:
         """Apply a worker's batch of block events."""
         self._index.apply(batch)
         load = self._loads.get(batch.worker_id)
+        if batch.rates is not None and load is not None and batch.rates.prefill_tokens_s:
+            self._prefill_rates[batch.worker_id] = batch.rates.prefill_tokens_s
         if batch.rates is not None and load is not None:
             cost = disk_token_cost(batch.rates)
             if cost is not None and cost != load.disk_token_cost:
                 load.disk_token_cost = cost
                 self._refresh(batch.worker_id)
+
+    def observe_pull(self, holder: str, receiver: str, nbytes: int, seconds: float) -> None:
+        """A pull between two workers moved ``nbytes`` in ``seconds``: their link's rate."""
+        if self.links is not None:
+            self.links.observe(holder, receiver, nbytes, seconds)
 
     def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
                 disk_holdings: Iterable[BlockHash] = ()) -> None:
@@ -192,6 +211,9 @@ class Router:
         query = RouteQuery(chain, prompt_tokens, matched, shared, stored, found.disk_blocks)
         decision = decide(self.config, query, loads, block_size=self.block_size, seed=self.seed,
                           recent_scale=recent_scale)
+        if self.links is not None and len(loads) > 1:
+            decision = with_pull(self.config, decision, loads, self.links, self._prefill_rates,
+                                 self.block_size)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision

@@ -34,11 +34,12 @@ from cluster.backend.protocol import (CacheStats, GenerateOutcome, ModelInfo, No
                                       TokenChunk, WorkerInfo)
 from cluster.backend.retry import retried
 from cluster.backend.routing import FrontendRouter
-from cluster.backend.wire import Prefilled, WorkerDone
+from cluster.backend.wire import Prefilled, PullPlan, WorkerDone
 from router.index import DEFAULT_INDEX_BYTES
 from router.kv.key import BlockHash, Namespace
 from router.policy import RoutingDecision
-from router.router import WorkerStatus
+from router.pull_cost import PeerLinks
+from router.router import Router, WorkerStatus
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
 
 POLICIES = ("orchard", "round_robin")
@@ -76,6 +77,9 @@ class Backend:
             self._launcher.engine.block_size, clock=self._clock, index_bytes=self._index_bytes))
         await self._pool.start()
         await self._pool.scale(self._initial)
+        if self._launcher.pulls:   # the router may plan pulls between these workers
+            self._pool.routes.router.links = PeerLinks(
+                self._pool.first_hello.model.kv_bytes_per_token)
         if self._launcher.watch:
             self._pool.start_checks()
         self._info = ModelInfo.of(self._pool.first_hello.model, self._launcher.model_dir,
@@ -145,14 +149,17 @@ class Backend:
         try:
             first = True
             async with contextlib.aclosing(worker.handle.stream(
-                    request, routes.feed_after(worker.worker_id), chunks)) as items:
+                    request, routes.feed_after(worker.worker_id), chunks,
+                    _pull_plan(pool, decision))) as items:
                 async for item in items:
                     match item:
                         case WorkerDone():
                             routes.apply(worker.worker_id, item.events)
+                            _measure(routes.router, worker.worker_id, item)
                             yield GenerateOutcome(item.result, decision, attempt,
                                                   worker.worker_id, worker_s=item.worker_s,
-                                                  worker_traced=item.traced)
+                                                  worker_traced=item.traced,
+                                                  pulled=item.pulled)
                             return
                         case TokenChunk() | Prefilled():
                             if first and decision is not None:
@@ -219,6 +226,28 @@ class Backend:
     async def cache_stats(self) -> CacheStats:
         stats = await asyncio.gather(*(w.handle.stats() for w in self.pool.live()))
         return CacheStats.of([s for s in stats if s is not None])
+
+
+def _pull_plan(pool: WorkerPool, decision: RoutingDecision | None) -> PullPlan | None:
+    """The decision's pull, addressed to its source's stream (None: no pull, or a source
+    that left meanwhile)."""
+    if decision is None or decision.pull is None:
+        return None
+    source = pool.get(decision.pull.source)
+    if source is None or source.state not in ("ready", "draining") or source.handle is None:
+        return None
+    address = source.handle.address
+    if address is None:
+        return None
+    return PullPlan(decision.pull.source, address[0], address[1], decision.pull.blocks,
+                    decision.pull.predicted_s)
+
+
+def _measure(router: Router, receiver: str, done: WorkerDone) -> None:
+    """A pull that ran to its end measured its link: the router's rate for that pair."""
+    pulled = done.pulled
+    if pulled is not None and not pulled.refused and pulled.nbytes:
+        router.observe_pull(pulled.peer, receiver, pulled.nbytes, pulled.seconds)
 
 
 def worker_info(worker: PoolWorker, stats: WorkerStats | None, load: WorkerStatus | None

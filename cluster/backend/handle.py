@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Protocol, Sequence
 
 from cluster.backend.protocol import TokenChunk
 from cluster.backend.routing import Feed, FrontendRouter
-from cluster.backend.wire import Prefilled, WorkerDone
+from cluster.backend.wire import Prefilled, PullPlan, WorkerDone
 from router.kv.key import Namespace
 from workers.blas import openblas_in_use
 from workers.engine.channel import Finished, Holdings
@@ -65,11 +65,15 @@ class WorkerHandle(Protocol):
     # the worker's block event feed, followed by the frontend's router; None where its
     # batches reach the router another way (the in-process runtime's callback)
     events: Feed | None
+    # where peers pull this worker's blocks from (its stream's host and port); None where
+    # its workers cannot pull from each other (the in-process engines)
+    address: tuple[str, int] | None
 
-    def stream(self, request: GenerateRequest, feed_after: int, chunks: bool) -> Items:
-        """The worker's items for ``request``, its ``WorkerDone`` last. ``ValueError`` when
-        refused, ``WorkerFailed`` when the worker broke; closed early, the request is
-        aborted on the worker."""
+    def stream(self, request: GenerateRequest, feed_after: int, chunks: bool,
+               pull: PullPlan | None = None) -> Items:
+        """The worker's items for ``request`` (its prefix first pulled as ``pull`` says),
+        its ``WorkerDone`` last. ``ValueError`` when refused, ``WorkerFailed`` when the
+        worker broke; closed early, the request is aborted on the worker."""
 
     async def stats(self) -> WorkerStats | None:
         """The worker's own counts; None when it gave no answer (logged)."""
@@ -99,6 +103,7 @@ class Launcher(Protocol):
     engine: EngineConfig   # every worker's engine (each with its own worker id)
     replace_dead: bool     # a serving worker that died is replaced
     watch: bool            # the pool pings the workers and rebuilds stale views meanwhile
+    pulls: bool            # its workers pull prefixes from each other (``cluster.backend.pull``)
 
     async def start(self, routes: FrontendRouter) -> None:
         """Before the first worker: what the workers need (Ray, an engine thread)."""

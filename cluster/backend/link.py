@@ -20,6 +20,8 @@ generator about 3 ms, against about 0.07 ms for a round trip on an open stream):
 
 Streams are numbered by the frontend, so many requests share the connection. The secret is
 made by the frontend's pool and handed to the worker through Ray (``EngineWorker.listen``).
+A connection whose first frame is PULL, after the same authentication, is another worker
+pulling this one's blocks (``cluster.backend.pull``): it serves that transfer, then closes.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from typing import AsyncIterator, Callable
 
 from cluster.backend import wire
 from cluster.backend.protocol import TokenChunk
-from cluster.backend.wire import ErrorKind, Kind, Prefilled, WorkerDone
+from cluster.backend.pull import PullServer
+from cluster.backend.wire import ErrorKind, Kind, Prefilled, PullPlan, WorkerDone
 from workers.messages import GenerateRequest, WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -40,17 +43,20 @@ CONNECT_TIMEOUT_S = 10.0
 _LOST = object()   # put on every open stream's queue when the connection is gone
 
 Items = AsyncIterator[TokenChunk | Prefilled | WorkerDone]
-Generate = Callable[[GenerateRequest, int, bool, str], Items]
+Generate = Callable[[GenerateRequest, int, bool, str, PullPlan | None], Items]
 
 
 class LinkServer:
-    """The worker side: serves ``generate(request, feed_after, chunks, router_id)`` to
+    """The worker side: serves ``generate(request, feed_after, chunks, router_id, pull)`` to
     authenticated frontends, one task per stream (``router_id``: the calling frontend's
-    router, whose results carry its block events)."""
+    router, whose results carry its block events), and its blocks to authenticated peers
+    (a connection that starts with PULL, ``cluster.backend.pull``)."""
 
-    def __init__(self, generate: Generate, secret: bytes) -> None:
+    def __init__(self, generate: Generate, secret: bytes, pulls: PullServer | None = None
+                 ) -> None:
         self._generate = generate
         self._secret = secret
+        self._pulls = pulls
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()
 
@@ -80,10 +86,14 @@ class LinkServer:
                 return
             while True:
                 kind, sid, body = await wire.read_frame(reader)
+                if kind == Kind.PULL and not streams and self._pulls is not None:
+                    await self._pulls.serve(reader, writer, body,
+                                            writer.get_extra_info("peername"))
+                    return
                 if kind == Kind.GENERATE:
-                    request, feed_after, chunks, router_id = body
+                    request, feed_after, chunks, router_id, pull = body
                     task = asyncio.create_task(self._stream(writer, sid, request, feed_after,
-                                                            chunks, router_id))
+                                                            chunks, router_id, pull))
                     streams[sid] = task
                     task.add_done_callback(lambda _, sid=sid: streams.pop(sid, None))
                 elif kind == Kind.ABORT and sid in streams:
@@ -98,10 +108,11 @@ class LinkServer:
             self._connections.discard(asyncio.current_task())
 
     async def _stream(self, writer: asyncio.StreamWriter, sid: int, request: GenerateRequest,
-                      feed_after: int, chunks: bool, router_id: str) -> None:
+                      feed_after: int, chunks: bool, router_id: str,
+                      pull: PullPlan | None) -> None:
         try:
             async with contextlib.aclosing(self._generate(request, feed_after, chunks,
-                                                          router_id)) as items:
+                                                          router_id, pull)) as items:
                 async for item in items:
                     writer.write(wire.frame(Kind.ITEM, sid, item))
                     await writer.drain()
@@ -141,8 +152,10 @@ class WorkerLink:
         writer.write(wire.answer(secret, nonce))
         return cls(worker_id, reader, writer, router_id)
 
-    async def stream(self, request: GenerateRequest, feed_after: int, chunks: bool) -> Items:
-        """The worker's items for ``request``, its ``WorkerDone`` last. ``ValueError`` when
+    async def stream(self, request: GenerateRequest, feed_after: int, chunks: bool,
+                     pull: PullPlan | None = None) -> Items:
+        """The worker's items for ``request`` (its prefix first pulled from a peer as ``pull``
+        says, when given), its ``WorkerDone`` last. ``ValueError`` when
         the engine refused it, ``WorkerFailed`` when the worker broke or the link is lost.
         Closed before the ``WorkerDone``, the request is aborted on the worker."""
         if self._lost is not None:
@@ -152,7 +165,7 @@ class WorkerLink:
         settled = False
         try:
             self._writer.write(wire.frame(Kind.GENERATE, sid, [request, feed_after, chunks,
-                                                               self.router_id]))
+                                                               self.router_id, pull]))
             while True:
                 kind, body = await queue.get()
                 if kind is _LOST:

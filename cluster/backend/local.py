@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 from cluster.backend.backend import Backend
 from cluster.backend.handle import Items, WorkerHello, engine_items
 from cluster.backend.routing import FrontendRouter
-from cluster.backend.wire import WorkerDone
+from cluster.backend.wire import PullPlan, WorkerDone
 from cluster.config import engine_config
 from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
@@ -48,12 +48,16 @@ class RuntimeSlot:
     """One engine on the runtime, as the backend reaches it (``cluster.backend.handle``)."""
 
     events = None   # no feed: the runtime's callback applies every batch as it is published
+    address = None  # engines on one runtime pull nothing from each other
 
     def __init__(self, runtime: EngineRuntime, worker_id: str) -> None:
         self._runtime = runtime
         self._id = worker_id
 
-    async def stream(self, request: GenerateRequest, feed_after: int, chunks: bool) -> Items:
+    async def stream(self, request: GenerateRequest, feed_after: int, chunks: bool,
+                     pull: PullPlan | None = None) -> Items:
+        if pull is not None:
+            raise RuntimeError(f"worker {self._id} runs in-process: it pulls from no peer")
         async with contextlib.aclosing(engine_items(self._runtime, self._id, request,
                                                     chunks)) as items:
             async for item in items:
@@ -92,6 +96,7 @@ class LocalLauncher:
     prefix = "local-"
     replace_dead = False   # a broken engine leaves; scale up to replace it
     watch = False          # no background checks: batches never go missing in-process
+    pulls = False          # one runtime's engines: no stream between them
 
     def __init__(self, model_dir: Path | str, engine: EngineConfig,
                  clock: Callable[[], float]) -> None:

@@ -22,12 +22,15 @@ Errors: ``NoWorkerAvailable`` (the router's, re-exported here) when no worker ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, AsyncIterator, Protocol, Sequence, runtime_checkable
 
 from router.kv.key import BlockHash, Namespace
 from router.policy import NoWorkerAvailable, RoutingDecision  # the router's, used unchanged
 from workers.messages import (DiskTierStats, GenerateRequest, GenerateResult, ModelFacts,
                               TokenLogprob, WorkerStats)
+
+if TYPE_CHECKING:   # wire imports this module's TokenChunk
+    from cluster.backend.wire import PullOutcome
 
 
 class UnknownWorker(LookupError):
@@ -89,6 +92,9 @@ class GenerateOutcome:
     # The worker actor drew this request's lookup / prefill / decode spans in its own process
     # (``cluster.telemetry.setup``): the frontend does not draw them again.
     worker_traced: bool = False
+    # The prefix pulled from a peer before the request ran there (``cluster.backend.pull``),
+    # when the decision planned one.
+    pulled: PullOutcome | None = None
 
     def worker_time_s(self) -> float:
         t = self.result.timings

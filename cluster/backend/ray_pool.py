@@ -28,6 +28,7 @@ from cluster.backend.bootstrap import NODE_RESOURCE, Placement
 from cluster.backend.handle import Items, WorkerHello
 from cluster.backend.link import WorkerLink
 from cluster.backend.routing import FrontendRouter
+from cluster.backend.wire import PullPlan
 from cluster.backend.worker_actor import WorkerActor
 from cluster.telemetry.setup import TelemetrySettings
 from router.kv.events import EventBatch
@@ -50,14 +51,17 @@ class NoRoom(ValueError):
 class RayWorker:
     """A worker actor as the frontend reaches it (``cluster.backend.handle.WorkerHandle``)."""
 
-    def __init__(self, worker_id: str, actor: ray.actor.ActorHandle, link: WorkerLink) -> None:
+    def __init__(self, worker_id: str, actor: ray.actor.ActorHandle, link: WorkerLink,
+                 address: tuple[str, int]) -> None:
         self._id = worker_id
         self._actor = actor
         self._link = link
+        self.address = address   # its stream, where its peers pull its blocks from
         self._killed = False
 
-    def stream(self, request: GenerateRequest, feed_after: int, chunks: bool) -> Items:
-        return self._link.stream(request, feed_after, chunks)
+    def stream(self, request: GenerateRequest, feed_after: int, chunks: bool,
+               pull: PullPlan | None = None) -> Items:
+        return self._link.stream(request, feed_after, chunks, pull)
 
     async def stats(self) -> WorkerStats | None:
         try:
@@ -111,6 +115,7 @@ class RayLauncher:
 
     prefix = "w"
     watch = True   # pings notice dead idle workers; gaps in event batches are rebuilt
+    pulls = True   # each worker's stream serves its blocks to its peers
 
     def __init__(self, model_dir: str, engine: EngineConfig, placement: Placement,
                  address: str | None, start_timeout_s: float = START_TIMEOUT_S,
@@ -168,7 +173,7 @@ class RayLauncher:
         if not hello.openblas:
             log.warning("worker %s runs MLX without OpenBLAS (slow): install "
                         "libopenblas0-pthread on node %s", worker_id, hello.node_id)
-        return RayWorker(worker_id, actor, link), hello
+        return RayWorker(worker_id, actor, link, (host, port)), hello
 
     async def close(self, handles: Sequence[RayWorker]) -> None:
         await asyncio.gather(*(h.close() for h in handles))

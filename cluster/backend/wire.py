@@ -4,11 +4,19 @@ A frame is a 4-byte big-endian length, then a msgpack array ``[kind, stream_id, 
 
     kind      sent by    body
     GENERATE  frontend   [GenerateRequest, feed_after, chunks,   start stream ``stream_id``
-                          router_id]
+                          router_id, PullPlan | nil]
     ABORT     frontend   nil                                     the caller gave up on it
     ITEM      worker     TokenChunk | Prefilled | WorkerDone     WorkerDone ends the stream
                                                              (both defined here)
     ERROR     worker     [error kind, message]                   ends the stream
+
+A connection whose first frame is PULL is a transfer between two workers
+(``cluster.backend.pull``), the receiver asking, the holder answering::
+
+    PULL      receiver   [Namespace, tokens, start, stop, window]  blocks start..stop
+    BLOCK     holder     a block's bytes (``workers.cache.transfer``; stream_id: its index)
+    NEXT      receiver   nil          the window is stored: send the next one
+    END       holder     blocks sent  no more blocks (fewer than asked: the holder lacks them)
 
 Messages travel as msgpack extension types, not pickle: a dataclass is its position in
 ``_DATACLASSES`` and its fields in order, an enum its position in ``_ENUMS`` and its value, an
@@ -49,6 +57,10 @@ class Kind(IntEnum):
     ABORT = 1
     ITEM = 2
     ERROR = 3
+    PULL = 4
+    BLOCK = 5
+    NEXT = 6
+    END = 7
 
 
 class ErrorKind(IntEnum):
@@ -69,6 +81,31 @@ class Prefilled:
 
 
 @dataclass(frozen=True, slots=True)
+class PullPlan:
+    """The router's decision to fill a request's prefix from a peer before it runs: the
+    receiver pulls the prompt's first ``blocks`` blocks it lacks from ``peer``."""
+
+    peer: str            # the holder's worker id
+    host: str            # the holder's stream (``LinkServer``) address and port
+    port: int
+    blocks: int
+    predicted_s: float   # the router's predicted pull time
+
+
+@dataclass(frozen=True, slots=True)
+class PullOutcome:
+    """What a pull did: the blocks stored from the peer, its wall time and bytes (the link's
+    measurement), and why it ended early ("": every block asked for came)."""
+
+    peer: str
+    blocks: int
+    tokens: int
+    nbytes: int
+    seconds: float
+    refused: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerDone:
     """A finished request and the worker's own wall time on it (cache writes included)."""
 
@@ -78,10 +115,12 @@ class WorkerDone:
     # The worker's block event batches after the caller's ``feed_after``, up to this result:
     # the caller's router learns what the request stored before it routes the next one.
     events: tuple[EventBatch, ...] = ()
+    pulled: PullOutcome | None = None   # the request's pull from a peer, when it had one
 
 
 _DATACLASSES = (GenerateRequest, Namespace, SamplingParams, TokenChunk, Prefilled, WorkerDone,
-                GenerateResult, LookupReport, Timings, ResponseFormat, TokenLogprob)
+                GenerateResult, LookupReport, Timings, ResponseFormat, TokenLogprob, PullPlan,
+                PullOutcome)
 _DATACLASS_CODE = {cls: i for i, cls in enumerate(_DATACLASSES)}
 _ENUMS = (LookupOutcome,)
 _ENUM_CODE = {cls: i for i, cls in enumerate(_ENUMS)}

@@ -46,7 +46,8 @@ from cluster.backend.bootstrap import node_address, node_id
 from cluster.backend.handle import WorkerHello, engine_items
 from cluster.backend.link import LinkServer
 from cluster.backend.protocol import TokenChunk
-from cluster.backend.wire import Prefilled, WorkerDone
+from cluster.backend.pull import EngineBlocks, Pace, PullLog, PullServer, pull as pull_blocks
+from cluster.backend.wire import Prefilled, PullOutcome, PullPlan, WorkerDone
 from cluster.telemetry import attrs as A
 from cluster.telemetry import spans
 from cluster.telemetry.setup import (SERVICE_WORKER, Telemetry, TelemetrySettings,
@@ -73,11 +74,12 @@ class EngineWorker:
     def __init__(self, worker_id: str, model_dir: str, config: EngineConfig,
                  clock: Callable[[], float] = time.monotonic,
                  telemetry: TelemetrySettings | None = None,
-                 runtime: EngineRuntime | None = None) -> None:
+                 runtime: EngineRuntime | None = None, pace: Pace | None = None) -> None:
         """``runtime``: a runtime of the caller's that hosts several workers' engines in one
         process (one engine thread, as MLX wants: ``orchard bench frontends``); its owner
         passes each worker's batches to that worker's ``on_events`` and closes it. Without,
-        the worker runs its engine on a runtime of its own (a Ray actor's process)."""
+        the worker runs its engine on a runtime of its own (a Ray actor's process). ``pace``:
+        the sending side's rate limit on pulls (None: the link's own)."""
         self._id = worker_id
         self._shared = runtime
         self._model_dir = model_dir
@@ -96,6 +98,9 @@ class EngineWorker:
         # frontend's results never make another's feed skip a batch
         self._carried: dict[str, int] = {}
         self._link: LinkServer | None = None      # the frontend's request stream (``listen``)
+        self._secret = b""                        # its secret, which peers' pulls use too
+        self._pace = pace        # the sending side's rate limit on pulls (None: the link's own)
+        self._pull_failures = PullLog()
 
     async def start(self) -> WorkerHello:
         """Load the model on the engine thread; idempotent."""
@@ -118,21 +123,32 @@ class EngineWorker:
     # ---- requests ----------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest, feed_after: int | None = None,
-                       chunks: bool = True, router_id: str = ""
+                       chunks: bool = True, router_id: str = "",
+                       pull: PullPlan | None = None
                        ) -> AsyncIterator[TokenChunk | Prefilled | WorkerDone]:
         """Run ``request``: its ``TokenChunk``s (or one ``Prefilled``), then one ``WorkerDone``.
 
         ``feed_after``: the last event batch the caller's router (``router_id``: one per
-        frontend) applied; the ``WorkerDone`` carries the ones after it. Closed before its
+        frontend) applied; the ``WorkerDone`` carries the ones after it. ``pull``: first fill
+        the prompt's prefix from that peer (``cluster.backend.pull``; whatever it does not
+        bring is computed). Closed before its
         ``WorkerDone``, the request is aborted.
         """
+        pulled = await self._pull(request, pull) if pull is not None else None
         async with contextlib.aclosing(engine_items(self.runtime, self._id, request,
                                                     chunks)) as items:
             async for item in items:
                 if isinstance(item, Finished):
-                    yield self._done(request, item, feed_after, router_id)
+                    yield self._done(request, item, feed_after, router_id, pulled)
                     return
                 yield item
+
+    async def _pull(self, request: GenerateRequest, plan: PullPlan) -> PullOutcome:
+        if not self._secret:
+            raise RuntimeError(f"worker {self._id} pulls only once it listens")
+        blocks = EngineBlocks(self.runtime, self._id, self._hello.model.block_size)
+        return await pull_blocks(plan, request.namespace, request.prompt, self._secret, blocks,
+                                 self._pull_failures)
 
     async def run(self, request: GenerateRequest, feed_after: int | None = None,
                   router_id: str = "") -> WorkerDone:
@@ -154,7 +170,9 @@ class EngineWorker:
             raise RuntimeError(f"worker {self._id} is not started: call start() first")
         host = node_address()
         host = "127.0.0.1" if host == "local" else host   # outside Ray: loopback
-        self._link = LinkServer(self.generate, secret)
+        self._secret = secret
+        blocks = EngineBlocks(self.runtime, self._id, self._hello.model.block_size)
+        self._link = LinkServer(self.generate, secret, PullServer(blocks, self._pace))
         return host, await self._link.start(host)
 
     async def abort(self, request_id: str) -> None:
@@ -244,7 +262,7 @@ class EngineWorker:
         return self._runtime
 
     def _done(self, request: GenerateRequest, item: Finished, feed_after: int | None,
-              router_id: str) -> WorkerDone:
+              router_id: str, pulled: PullOutcome | None) -> WorkerDone:
         events = self._since(feed_after)
         if events:
             self._carried[router_id] = max(self._carried.get(router_id, 0), events[-1].seq)
@@ -252,7 +270,7 @@ class EngineWorker:
         if traced:  # an untraced request draws no orphan trace; spans after the result
             self._loop.call_soon(spans.record_engine, self._tel, request, item.result,
                                  self._decode)
-        return WorkerDone(item.result, item.worker_s, traced, events)
+        return WorkerDone(item.result, item.worker_s, traced, events, pulled)
 
 
 WorkerActor = ray.remote(EngineWorker)

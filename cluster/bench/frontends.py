@@ -101,8 +101,9 @@ class AttachedWorker:
         self._lose_every = lose_every
         self.lost = 0
 
-    def stream(self, request: GenerateRequest, feed_after: int, chunks: bool) -> Items:
-        return self._link.stream(request, feed_after, chunks)
+    def stream(self, request: GenerateRequest, feed_after: int, chunks: bool,
+               pull: None = None) -> Items:
+        return self._link.stream(request, feed_after, chunks)   # no pulls planned here
 
     async def events(self, after: int) -> AsyncIterator[Sequence[EventBatch]]:
         delivered = 0
@@ -138,6 +139,7 @@ class AttachLauncher:
     prefix = "w"
     replace_dead = False
     watch = False   # the bench runs the pool's check itself, once the streams drained
+    pulls = False   # the drift is of the routers' beliefs: no pulls between the workers
 
     def __init__(self, served: dict[str, tuple[EngineWorker, int, WorkerHello]], secret: bytes,
                  engine: EngineConfig, model_dir: str, router_id: str, lose_every: int = 0):

@@ -6,7 +6,8 @@ scheduler's figures from ``workers.lab.bench_sched``) on the embedded default mo
 ``--model DIR``; ``orchard bench vs-mlx-lm`` sets orchard beside ``mlx_lm.server``
 (``cluster.bench.vs_mlx_lm``); ``orchard bench disk [--json]`` runs the disk tier benchmark
 (``workers.lab.disk_bench``): TTFT of a long prefix from disk, memory and recomputed, read/write
-bandwidth, decode TPOT while blocks are written behind.
+bandwidth, decode TPOT while blocks are written behind; ``orchard bench pull [--json]``
+(``cluster.bench.pull``): TTFT with a prefix pulled from a peer over recomputing it.
 """
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_frontends_bench(sub)  # `orchard bench frontends`: two routers' belief drift
     from cluster.bench.overload import register_bench as register_overload_bench
     register_overload_bench(sub)  # `orchard bench overload`: a flood beside a batch job
+    from cluster.bench.pull import register_bench as register_pull_bench
+    register_pull_bench(sub)  # `orchard bench pull`: a prefix pulled from a peer vs recomputed
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 

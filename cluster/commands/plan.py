@@ -2,13 +2,17 @@
 
     orchard plan [--trace FILE | --run-dir RUN] [--ttft-slo-s 5] [--goodput 0.9]
                  [--requests 2000] [--workers 4,8,16] [--memory-tokens 250000,1000000]
-                 [--disk-tokens 0,8000000] [--ttls-s 300,3600] [--json] [--plot FILE.png]
+                 [--disk-tokens 0,8000000] [--ttls-s 300,3600] [--link-gbps 10]
+                 [--json] [--plot FILE.png]
 
 Replays the first ``--requests`` requests of the workload over the grid (``router.sim.planner``)
 and prints the configurations that meet the target, smallest first, each with its hit ratio
 and effective input multiplier M; when none does, the nearest ones and what each misses by,
-and, when even an ideal cluster cannot meet it, the target at which one could. Without a source it plans for the shipped conversation
-trace. This module parses, reads the run's spans, prints and draws.
+and, when even an ideal cluster cannot meet it, the target at which one could. Without a
+source it plans for the shipped conversation trace. ``--link-gbps`` sizes the cluster with
+orchard pulling prefixes between its workers over links of that rate (``router.sim.pulls``);
+run it with and without to compare. This module parses, reads the run's spans, prints and
+draws.
 """
 from __future__ import annotations
 
@@ -66,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="prefill throughput per worker, tokens/s")
     p.add_argument("--decode-tps", type=float, default=30.0, help="decode tokens/s per request")
     p.add_argument("--disk-read-gbps", type=float, default=2.0, help="disk tier read GB/s")
+    p.add_argument("--link-gbps", type=float, default=0.0,
+                   help="pulls between workers over links of this many Gbit/s (0: none)")
     p.add_argument("--kv-bytes-per-token", type=int, default=46_080,
                    help="K/V bytes per cached token (the default model's, float32)")
     p.add_argument("--prices", default=None, help="price table TOML (default: router/prices.toml)")
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     base = SimConfig(block_size=block, trace_block=block, prefill_tps=args.prefill_tps,
                      decode_tps=args.decode_tps, ttft_slo_s=args.ttft_slo_s,
                      disk_read_gbps=args.disk_read_gbps,
-                     kv_bytes_per_token=args.kv_bytes_per_token,
+                     kv_bytes_per_token=args.kv_bytes_per_token, link_gbps=args.link_gbps,
                      capacity_tokens=max(block, min(grid.memory_tokens)))
     started = time.monotonic()
     result = _run_grid(trace, grid, base, rates, args)
@@ -110,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {_plot(result, args.plot)}", file=sys.stderr)
     if args.json:
         print(json.dumps({"source": source, "source_requests": total,
-                          "seconds": round(elapsed, 1), **result.as_json()}))
+                          "seconds": round(elapsed, 1), "link_gbps": args.link_gbps,
+                          **result.as_json()}))
         return 0
     _print(result, source, total, elapsed, args.top)
     return 0

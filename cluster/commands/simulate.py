@@ -4,7 +4,8 @@
                      [--policies LIST] [--eviction lru|reuse] [--ttft-slo-s 2] [--json] ...
     orchard simulate --decision-bench [--bench-workers 32] [--indexed-blocks 1000000] ...
                      [--index-bytes N]                # 18M blocks: --indexed-blocks 18000000
-    orchard simulate --synthesize FILE [--seed S]      # write a differently shaped trace
+    orchard simulate --synthesize FILE [--seed S] [--shape hot-documents]
+                                                       # write a differently shaped trace
 
 Without a mode it replays the conversation trace shipped in ``router/sim/traces/``. The replay
 itself lives in ``router.sim.simulator``; this module parses, validates and prints.
@@ -19,6 +20,7 @@ from dataclasses import asdict
 from router.index import DEFAULT_INDEX_BYTES
 from router.kv.ledger import DEFAULT_EVICTION, EVICTION_POLICIES
 from router.policy import PolicyConfig
+from router.pull_cost import DEFAULT_FIXED_S
 from router.sim.policies import POLICY_NAMES
 
 _DEFAULTS = PolicyConfig()
@@ -36,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="time routing decisions (8k-token prompt, many workers, big index)")
     mode.add_argument("--synthesize", metavar="FILE",
                       help="write a synthetic trace of a different shape to FILE and exit")
+    p.add_argument("--shape", choices=("conversations", "hot-documents"),
+                   default="conversations",
+                   help="with --synthesize: conversations on shared system prompts, or a few "
+                        "long documents with many short questions (router.sim.hot_trace)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--capacity-tokens", type=int, default=1_000_000,
                    help="cache capacity per worker, in tokens")
@@ -68,6 +74,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="disk tier read bandwidth in GB/s (a disk hit costs its load time)")
     p.add_argument("--kv-bytes-per-token", type=int, default=46_080,
                    help="K/V bytes per cached token (the default model's, float32)")
+    p.add_argument("--link-gbps", type=float, default=0.0,
+                   help="orchard pulls prefixes between workers over links of this many "
+                        "Gbit/s when that beats waiting or recomputing (0: no pulls)")
+    p.add_argument("--link-fixed-ms", type=float, default=DEFAULT_FIXED_S * 1e3,
+                   help="each pull's fixed cost, ms")
     p.add_argument("--cache-weight", type=float, default=_DEFAULTS.cache_weight,
                    help="orchard: prefill tokens of queue one cached token is worth")
     p.add_argument("--cold-spill-tokens", type=int, default=_DEFAULTS.cold_spill_tokens,
@@ -120,7 +131,8 @@ def _replay(args: argparse.Namespace) -> int:
                        disk_capacity_tokens=args.disk_capacity_tokens,
                        disk_read_gbps=args.disk_read_gbps,
                        kv_bytes_per_token=args.kv_bytes_per_token,
-                       index_bytes=args.index_bytes, speculation=_speculation(args.spec))
+                       index_bytes=args.index_bytes, speculation=_speculation(args.spec),
+                       link_gbps=args.link_gbps, link_fixed_s=args.link_fixed_ms / 1e3)
     policy = PolicyConfig(cache_weight=args.cache_weight,
                           cold_spill_tokens=args.cold_spill_tokens,
                           balance_weight=args.balance_weight)
@@ -149,6 +161,9 @@ def _print_table(summary: dict) -> None:
               f"{r['ttft_mean_s']:>9.2f}s{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
               f"{r['decision_p50_us']:>8.1f}us{r['decision_p99_us']:>8.1f}us"
               f"{r['decision_cpu_p99_us']:>8.1f}us")
+    if summary["pulls"] is not None:
+        print(f"pulls over {summary['pulls']['link_gbps']:g} Gbit/s links: " + ", ".join(
+            f"{r['name']} {r['pulled_tokens']} tokens pulled" for r in summary["policies"]))
     if summary["service"] == "profile":
         print("service: the measured engine profile; ITL p99 per policy: " + ", ".join(
             f"{r['name']} {r['itl_p99_s'] * 1e3:.1f} ms" for r in summary["policies"]))
@@ -182,7 +197,11 @@ def _decision_bench(args: argparse.Namespace) -> int:
 def _synthesize(args: argparse.Namespace) -> int:
     from router.sim.trace import SynthShape, synthesize, write_trace
 
-    requests = synthesize(SynthShape(), seed=args.seed)
+    if args.shape == "hot-documents":
+        from router.sim.hot_trace import HotShape, hot_documents
+        requests = hot_documents(HotShape(), seed=args.seed)
+    else:
+        requests = synthesize(SynthShape(), seed=args.seed)
     write_trace(requests, args.synthesize)
     print(f"wrote {len(requests)} requests to {args.synthesize}", file=sys.stderr)
     return 0

@@ -90,8 +90,11 @@ class RequestTrace:
             self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
         if not outcome.worker_traced:
             self._observer.worker_done(request, result, self._observer.decode)
+        pulled = outcome.pulled
+        prefix = (spans.PulledPrefix(pulled.peer, pulled.tokens, pulled.refused)
+                  if pulled is not None else None)
         observed = self._observer.finish(self._span, request, block_hashes, result,
-                                         outcome.decision, outcome.attempts)
+                                         outcome.decision, outcome.attempts, prefix)
         self._count(result, outcome.decision, observed)
         return observed
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -117,12 +118,18 @@ class RequestObserver:
         spans.record_engine(self.tel, request, result, decode)
 
     def finish(self, span: Span, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-               result: GenerateResult, decision: Any, attempts: int = 1) -> Observed:
-        """Attribute, price and record one finished request; never raises."""
-        observed = self._conclude(request, block_hashes, result, decision) or Observed(None, None)
+               result: GenerateResult, decision: Any, attempts: int = 1,
+               pulled: spans.PulledPrefix | None = None) -> Observed:
+        """Attribute, price and record one finished request; never raises. ``pulled``: its
+        prefix was pulled from a peer before it ran."""
+        if pulled is not None:   # of what it pulled, what it then read
+            pulled = dataclasses.replace(pulled, tokens=min(pulled.tokens, result.cached_tokens))
+        observed = self._conclude(request, block_hashes, result, decision,
+                                  pulled) or Observed(None, None)
         spans.record_outcome(self.tel, span, spans.OutcomeRecord(
             result=result, block_size=self.block_size, block_hashes=block_hashes,
-            cost=observed.cost, miss=observed.miss, attempts=attempts, model=self.model))
+            cost=observed.cost, miss=observed.miss, attempts=attempts, model=self.model,
+            pulled=pulled))
         return observed
 
     def prefill_s(self) -> float:
@@ -139,14 +146,17 @@ class RequestObserver:
 
     @guarded()
     def _conclude(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-                  result: GenerateResult, decision: Any) -> Observed:
+                  result: GenerateResult, decision: Any,
+                  pulled: spans.PulledPrefix | None = None) -> Observed:
         matches = {c.worker_id: c.matched_tokens for c in decision.candidates} if decision else {}
         seen = RequestSeen(
             namespace=request.namespace, prompt=request.prompt, worker=result.worker_id,
             cached_tokens=result.cached_tokens, written_tokens=result.written_tokens,
             candidate_matches=matches, block_hashes=block_hashes,
             engine_near_miss=result.lookup.outcome is LookupOutcome.NEAR_MISS,
-            sent=self._sent.get(request.request_id), disk_tokens=result.lookup.disk_tokens)
+            sent=self._sent.get(request.request_id), disk_tokens=result.lookup.disk_tokens,
+            pulled_tokens=pulled.tokens if pulled else 0,
+            pulled_from=pulled.peer if pulled else "")
         now = self._clock()
         # What the one-cache model would have read when the request was sent: blocks its
         # concurrent siblings stored later were not there to read, and do not count against

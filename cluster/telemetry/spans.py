@@ -62,6 +62,16 @@ class RequestInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PulledPrefix:
+    """A request's prefix pulled from a peer before it ran (``cluster.backend.wire.
+    PullOutcome``'s figures): ``tokens`` of it, read from the store as cached tokens."""
+
+    peer: str
+    tokens: int
+    refused: str = ""   # why the pull ended early ("": it brought what it was asked for)
+
+
+@dataclass(frozen=True, slots=True)
 class OutcomeRecord:
     """What the frontend knows after the request ran."""
 
@@ -72,6 +82,7 @@ class OutcomeRecord:
     miss: Attribution | None = None
     attempts: int = 1
     model: str = ""       # the model that answered: gen_ai.response.model
+    pulled: PulledPrefix | None = None   # its prefix pulled from a peer first
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +136,10 @@ def record_routing(tel: Telemetry, decision: RoutingDecision, start_ns: int,
         A.ROUTE_WORKER: decision.worker_id, A.ROUTE_REASON: _text(decision.reason),
         A.ROUTE_EXPECTED_CACHED: decision.expected_cached_tokens,
         A.ROUTE_CANDIDATES: len(decision.candidates)})
+    if decision.pull is not None:
+        span.set_attributes({A.ROUTE_PULL_FROM: decision.pull.source,
+                             A.ROUTE_PULL_TOKENS: decision.pull.tokens,
+                             A.ROUTE_PULL_PREDICTED_S: decision.pull.predicted_s})
     for c in decision.candidates:
         span.add_event(A.ROUTE_CANDIDATE_EVENT, {
             A.CANDIDATE_WORKER: c.worker_id, A.CANDIDATE_MATCHED: c.matched_tokens,
@@ -148,9 +163,12 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
         A.SPEC_DRAFTED: r.drafted_tokens, A.SPEC_ACCEPTED: r.accepted_tokens,
         A.ATTEMPTS: record.attempts, A.CACHE_OUTCOME: r.lookup.outcome.value,
         **_tier_attributes(r.cached_tokens, r.lookup.disk_tokens),
+        A.CACHE_PULLED_TOKENS: record.pulled.tokens if record.pulled else 0,
         A.BLOCK_SIZE: record.block_size,
         A.PROMPT_BLOCKS: [f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
                           for h in record.block_hashes[:MAX_PROMPT_BLOCKS]]})
+    if record.pulled is not None and record.pulled.refused:
+        span.set_attribute(A.PULL_REFUSED, record.pulled.refused)
     if record.cost is not None:
         _set_cost(span, record.cost)
     if record.miss is not None:

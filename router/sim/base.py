@@ -55,6 +55,10 @@ class SimPolicy:
     def expected_cached(self, req: SimRequest, worker: str) -> int:
         return 0
 
+    def planned_pull(self):
+        """The pull the last ``choose`` planned (``router.pull_cost.PullChoice``; orchard only)."""
+        return None
+
     def index_dropped(self) -> int | None:
         """Blocks the policy's own index forgot to stay in its budget (orchard only)."""
         return None

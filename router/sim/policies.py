@@ -49,6 +49,7 @@ from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
 from router.kv.key import Namespace
 from router.policy import PolicyConfig, RoutingDecision
+from router.pull_cost import PeerLinks, PullChoice
 from router.router import Router
 from router.sim.base import SimPolicy, SimRequest
 from router.sim.peers import (DynamoKv, PrefixHash, RayPrefixAffinity,
@@ -64,11 +65,11 @@ class OrchardPolicy(SimPolicy):
 
     def __init__(self, workers: Sequence[str], block_size: int, seed: int,
                  config: PolicyConfig = PolicyConfig(),
-                 index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
+                 index_bytes: int = DEFAULT_INDEX_BYTES, links: PeerLinks | None = None) -> None:
         super().__init__(workers, block_size, seed)
         self.now = 0.0
         self.router = Router(block_size, config, clock=lambda: self.now, seed=seed,
-                             index_bytes=index_bytes)
+                             index_bytes=index_bytes, links=links)
         for w in self.workers:
             self.router.add_worker(w)
         self.namespace = Namespace("trace", "trace")
@@ -78,6 +79,9 @@ class OrchardPolicy(SimPolicy):
         self.now = now
         self._decision = self.router.route(self.namespace, req.hashes, req.input_length)
         return self._decision.worker_id
+
+    def planned_pull(self) -> PullChoice | None:
+        return self._decision.pull if self._decision is not None else None
 
     def on_events(self, batch: EventBatch) -> None:
         self.router.apply_events(batch)
@@ -130,10 +134,12 @@ POLICY_NAMES = ("orchard",) + tuple(BASELINES)
 
 def make_policy(name: str, workers: Sequence[str], block_size: int, seed: int,
                 config: PolicyConfig = PolicyConfig(),
-                index_bytes: int = DEFAULT_INDEX_BYTES) -> SimPolicy:
-    """A policy by name; ``config`` and ``index_bytes`` (its index's budget) are orchard's."""
+                index_bytes: int = DEFAULT_INDEX_BYTES,
+                links: PeerLinks | None = None) -> SimPolicy:
+    """A policy by name; ``config``, ``index_bytes`` (its index's budget) and ``links`` (pulls
+    between workers; None: none) are orchard's."""
     if name == "orchard":
-        return OrchardPolicy(workers, block_size, seed, config, index_bytes)
+        return OrchardPolicy(workers, block_size, seed, config, index_bytes, links)
     if name not in BASELINES:
         raise ValueError(f"unknown policy {name!r}: choose from {', '.join(POLICY_NAMES)}")
     return BASELINES[name](workers, block_size, seed)

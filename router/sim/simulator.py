@@ -3,8 +3,8 @@
 Each simulated worker is a ``BlockLedger`` (the same class a worker's prefix store runs, with
 the tensors taken out) plus a service model from ``router.sim.service``:
 
-- **the linear model** (no profile): prefill is one FIFO server per worker; a request starts
-  when the worker's previous prefill ends, looks up its full blocks in the ledger at that
+- **the linear model** (no profile, ``router.sim.linear``): prefill is one FIFO server per
+  worker; a request starts when the worker's previous prefill ends, looks up its full blocks in the ledger at that
   moment (the realised hit), prefills the rest at ``prefill_tps`` (slowed by
   ``decode_share`` per running decode) and stores its full blocks when its prefill ends;
   decode runs beside it at ``decode_tps`` tokens/s per request;
@@ -18,7 +18,11 @@ the tensors taken out) plus a service model from ``router.sim.service``:
   hit costs its load time, ``tokens x kv_bytes_per_token / disk_read_gbps``, before the
   prefill of the rest.
 
-TTFT = queueing + disk load + prefill. The workers' block events reach the policy
+- **pulls** (``link_gbps > 0``, linear model): orchard's router may plan a pull from a peer
+  (``router.sim.pulls``): the receiver stores the blocks the source holds after
+  ``fixed + bytes / link`` seconds, then queues the request.
+
+TTFT = pull + queueing + disk load + prefill. The workers' block events reach the policy
 ``event_delay_s`` after they are stored; the policy also hears when each request started,
 produced its first token and finished, as a real router would. Only full blocks are stored (the partial tail of a
 prompt never is), as in the workers' stores.
@@ -40,15 +44,15 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from router.index import DEFAULT_INDEX_BYTES
-from router.kv.events import EventBatch
 from router.kv.key import BlockHash, Namespace, reusable_tokens
 from router.kv.ledger import DEFAULT_EVICTION, Eviction
 from router.policy import PolicyConfig
+from router.pull_cost import DEFAULT_FIXED_S, LinkRate, PeerLinks
+from router.sim.linear import SimWorker, serve_linear
 from router.sim.service import EngineProfile, LinearService, ProfileService
 from router.sim.policies import SimPolicy, SimRequest, make_policy
 from router.sim.steps import EngineWorker, Speculation
 from router.kv.stats import percentile
-from router.kv.tiers import TieredLedger
 from router.sim.trace import TraceRequest
 
 
@@ -74,6 +78,8 @@ class SimConfig:
     kv_bytes_per_token: int = 46_080  # K/V per token: the default model's (float32)
     index_bytes: int = DEFAULT_INDEX_BYTES  # orchard's prefix index budget ([router])
     speculation: Speculation | None = None  # with a profile: verify passes (router.sim.steps)
+    link_gbps: float = 0.0         # pulls between workers over links of this rate; 0: none
+    link_fixed_s: float = DEFAULT_FIXED_S   # each pull's fixed cost
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -99,6 +105,10 @@ class SimConfig:
                                              or not self.profile.draft_widths):
             raise ValueError("speculation is simulated on a profile with verify passes: "
                              "measure one with `orchard bench profile`")
+        if self.link_gbps < 0 or self.link_fixed_s < 0:
+            raise ValueError("--link-gbps and --link-fixed-ms must be >= 0 (0 Gbit/s: no pulls)")
+        if self.link_gbps and self.profile is not None:
+            raise ValueError("--link-gbps needs the linear service model: drop --profile")
         if self.disk_capacity_tokens < 0 or self.disk_read_gbps <= 0 or self.kv_bytes_per_token <= 0:
             raise ValueError("--disk-capacity-tokens must be >= 0, --disk-read-gbps and "
                              "--kv-bytes-per-token positive")
@@ -106,6 +116,10 @@ class SimConfig:
     def disk_load_s(self, tokens: int) -> float:
         """Seconds to read ``tokens`` tokens of K/V from a worker's disk tier."""
         return tokens * self.kv_bytes_per_token / (self.disk_read_gbps * 1e9)
+
+    def link(self) -> LinkRate | None:
+        """Every pair's link when pulls are on (None: off)."""
+        return LinkRate(self.link_gbps * 1e9 / 8, self.link_fixed_s) if self.link_gbps else None
 
     def service(self) -> LinearService | ProfileService:
         if self.profile is not None:
@@ -131,6 +145,7 @@ class PolicyResult:
     itl_p99_s: float | None = None  # with a profile: decode modelled per step
     index_dropped: int | None = None  # orchard: blocks its index forgot (over index_bytes)
     ttft_at_share_s: float | None = None  # with ``ttft_share``: the TTFT that share of requests met
+    pulled_tokens: int = 0  # tokens pulled from a peer before their requests ran
 
 
 TRACE_BLOCK = 512  # tokens per hash id in Mooncake traces
@@ -190,34 +205,6 @@ def offered_load(trace: Sequence[TraceRequest], config: SimConfig) -> float:
     return work / (span * config.workers) if span > 0 else float("inf")
 
 
-class _Worker:
-    def __init__(self, wid: str, config: SimConfig, root: BlockHash) -> None:
-        self.wid = wid
-        self.now = 0.0
-        # the store's two tiers (``router.kv.tiers``), on this worker's simulated clock
-        self.tiers = TieredLedger(config.capacity_tokens, config.disk_capacity_tokens,
-                                  config.ttl_s, lambda: self.now, config.eviction)
-        self.block_size = config.block_size
-        self.free_at = 0.0
-        self.decodes: list[float] = []  # end times of running decodes
-        self.prefilled_tokens = 0
-        self.seq = 0
-        self.root = root
-
-    def match(self, hashes: Sequence[BlockHash]) -> tuple[int, int]:
-        """Leading blocks held in memory, then how many more on disk (both touched)."""
-        return self.tiers.match(hashes)
-
-    def insert(self, hashes: Sequence[BlockHash]) -> None:
-        self.tiers.insert(hashes, self.block_size, "trace", self.root)
-
-    def written_blocks(self) -> int:
-        return self.tiers.written_blocks()
-
-    def drain_events(self) -> list:
-        return self.tiers.drain_events()
-
-
 def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
            policy_config: PolicyConfig = PolicyConfig(),
            progress: Callable[[str], None] | None = None,
@@ -234,10 +221,12 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
     if on_served is not None and config.profile is not None:
         raise ValueError("on_served needs the linear service model (no profile)")
     ids = [f"w{i}" for i in range(config.workers)]
+    link = config.link()
+    links = PeerLinks(config.kv_bytes_per_token, link) if link is not None else None
     policy = make_policy(name, ids, config.block_size, config.seed, policy_config,
-                         config.index_bytes)
+                         config.index_bytes, links)
     root = Namespace("trace", "trace").root()
-    workers = {w: _Worker(w, config, root) for w in ids}
+    workers = {w: SimWorker(w, config, root) for w in ids}
     timeline: list[tuple[float, int, str, object]] = []  # (time, seq, kind, payload)
     order = itertools.count()
 
@@ -245,7 +234,7 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         heapq.heappush(timeline, (when, next(order), kind, payload))
 
     engines = _engines(workers, config) if config.profile is not None else {}
-    hit = total = 0
+    hit = total = pulled = 0
     ttfts, itls, decisions, decisions_cpu = [], [], [], []
     service = config.service()
     requests = to_requests(trace, config.block_size, config.trace_block)
@@ -258,6 +247,7 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
             _deliver(policy, kind, payload)
         started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
         wid = policy.choose(req, now)
+        pull = policy.planned_pull()
         decisions.append((time.perf_counter_ns() - started) / 1000.0)
         decisions_cpu.append((time.thread_time_ns() - started_cpu) / 1000.0)
         policy.started(req, wid, now)
@@ -266,7 +256,9 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
             engines[wid].submit(req, now)
         else:
             stored_before = workers[wid].written_blocks() if on_served else 0
-            served = _serve(workers[wid], req, now, config, service)
+            source = workers[pull.source] if pull is not None else None
+            served = serve_linear(workers[wid], req, now, config, service, source, pull)
+            pulled += served.pulled
             if on_served is not None:
                 stored = workers[wid].written_blocks() - stored_before
                 on_served(i, wid, served.cached, stored * config.block_size)
@@ -285,15 +277,15 @@ def replay(trace: Sequence[TraceRequest], name: str, config: SimConfig,
         ttfts.extend(o.first - o.arrival for o in engine.outcomes.values())
         itls.extend(engine.gaps)
     result = _result(name, config, workers, policy, hit / total if total else 0.0, ttfts,
-                     itls if engines else None, decisions, decisions_cpu)
+                     itls if engines else None, decisions, decisions_cpu, pulled)
     if ttft_share is None:
         return result
     return replace(result, ttft_at_share_s=percentile(ttfts, ttft_share))
 
 
-def _result(name: str, config: SimConfig, workers: dict[str, "_Worker"], policy: SimPolicy,
+def _result(name: str, config: SimConfig, workers: dict[str, "SimWorker"], policy: SimPolicy,
             hit_ratio: float, ttfts: list[float], itls: list[float] | None,
-            decisions: list[float], decisions_cpu: list[float]) -> PolicyResult:
+            decisions: list[float], decisions_cpu: list[float], pulled: int) -> PolicyResult:
     prefilled = [w.prefilled_tokens for w in workers.values()]
     mean = sum(prefilled) / len(prefilled)
     within = sum(1 for t in ttfts if t <= config.ttft_slo_s)
@@ -310,54 +302,16 @@ def _result(name: str, config: SimConfig, workers: dict[str, "_Worker"], policy:
         decision_cpu_p99_us=percentile(decisions_cpu, 0.99),
         reasons=dict(policy.reasons),
         itl_p99_s=percentile(itls, 0.99) if itls is not None else None,
-        index_dropped=policy.index_dropped())
+        index_dropped=policy.index_dropped(), pulled_tokens=pulled)
 
 
-def _engines(workers: dict[str, "_Worker"], config: SimConfig) -> dict[str, EngineWorker]:
+def _engines(workers: dict[str, "SimWorker"], config: SimConfig) -> dict[str, EngineWorker]:
     """Each worker's engine step loop on the profile (``router.sim.steps``)."""
     service = ProfileService(config.profile)
     return {w: EngineWorker(store, service, config.block_size, config.prefill_budget,
                             config.decode_stall, config.disk_load_s, config.event_delay_s,
                             config.speculation)
             for w, store in workers.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class _Served:
-    cached: int
-    first: float        # first-token time
-    end: float          # last-token time
-    step_s: float       # one decode step of the batch it joined (its inter-token latency)
-    events: EventBatch | None
-
-
-def _serve(worker: _Worker, req: SimRequest, now: float, config: SimConfig,
-           service: LinearService | ProfileService) -> _Served:
-    """Run one request on ``worker`` (the linear model): FIFO prefill, then decode beside."""
-    start = max(now, worker.free_at)
-    decodes = worker.decodes
-    while decodes and decodes[0] <= start:
-        heapq.heappop(decodes)
-    worker.now = start
-    in_memory, on_disk = worker.match(req.hashes)
-    cached = reusable_tokens(req.input_length, in_memory + on_disk, config.block_size)
-    compute = req.input_length - cached
-    load = config.disk_load_s(max(0, cached - in_memory * config.block_size))
-    first = start + load + service.prefill_s(compute, cached, len(decodes), req.input_length)
-    worker.free_at = first
-    worker.prefilled_tokens += compute
-    worker.now = first
-    if req.hashes:
-        worker.insert(req.hashes)
-    step = service.step_s(len(decodes) + 1, req.input_length + req.output_length // 2)
-    end = first + req.output_length * step
-    heapq.heappush(decodes, end)
-    events = worker.drain_events()
-    batch = None
-    if events:
-        batch = EventBatch(worker.wid, worker.seq, tuple(events))
-        worker.seq += 1
-    return _Served(cached, first, end, step, batch)
 
 
 def _deliver(policy: SimPolicy, kind: str, payload: object) -> None:
@@ -390,6 +344,8 @@ def simulate(trace: Sequence[TraceRequest], names: Sequence[str], config: SimCon
         "offered_load": round(offered_load(trace, config), 3),
         "ideal_hit_ratio": round(ideal_hit_ratio(trace, config.trace_block), 4),
         "service": "profile" if config.profile is not None else "linear",
+        "pulls": ({"link_gbps": config.link_gbps, "link_fixed_s": config.link_fixed_s}
+                  if config.link_gbps else None),
         "policies": [_row(r) for r in results],
     }
 
@@ -402,5 +358,6 @@ def _row(r: PolicyResult) -> dict:
             "decision_p99_us": round(r.decision_p99_us, 1),
             "decision_cpu_p50_us": round(r.decision_cpu_p50_us, 1),
             "decision_cpu_p99_us": round(r.decision_cpu_p99_us, 1), "reasons": r.reasons,
+            "pulled_tokens": r.pulled_tokens,
             **({"itl_p99_s": round(r.itl_p99_s, 4)} if r.itl_p99_s is not None else {}),
             **({"index_dropped": r.index_dropped} if r.index_dropped is not None else {})}

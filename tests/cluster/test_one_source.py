@@ -44,7 +44,8 @@ def test_store_ledger_engine_config_forecast_and_simulator_share_one_eviction_de
     from router.kv.ledger import DEFAULT_EVICTION, BlockLedger, Eviction
     from router.sim.simulator import SimConfig
     from workers.cache.disk_tier import DiskTier
-    from workers.cache.store import PrefixStore, open_store
+    from workers.cache.open_store import open_store
+    from workers.cache.store import PrefixStore
 
     def default(fn, name):
         return inspect.signature(fn).parameters[name].default

@@ -143,3 +143,16 @@ def test_a_partial_hit_names_the_tier_its_cached_tokens_came_from(attr):
     assert attr.observe(seen(longer, cached=16, disk_tokens=16), 2.0) is None  # a hit
     with pytest.raises(ValueError, match="disk_tokens must be within"):
         attr.observe(seen(longer, cached=4, disk_tokens=8), 3.0)
+
+
+def test_a_prefix_pulled_from_a_peer_is_its_own_outcome(attr):
+    prompt = SYSTEM + [1, 2]
+    attr.observe(seen(prompt, worker="w0"), 0.0)
+    pulled = attr.observe(seen(prompt, worker="w1", cached=12, written=0, pulled_tokens=12,
+                               pulled_from="w0"), 1.0)
+    assert pulled == Attribution(MissCause.PULLED_FROM_PEER, 2, "w0", ServedTier.MEMORY, 0, 12)
+    # a pull that brought part of it: still pulled_from_peer, the rest computed
+    partial = attr.observe(seen(SYSTEM + [5], worker="w2", cached=4, pulled_tokens=4,
+                                pulled_from="w0"), 2.0)
+    assert (partial.cause, partial.tokens, partial.pulled_tokens) == (
+        MissCause.PULLED_FROM_PEER, 9, 4)

@@ -42,9 +42,7 @@ prompt's next block with the closest stored child block (``common=5919 of 5923``
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import mlx.core as mx
@@ -165,22 +163,25 @@ class PrefixStore:
         want = identities(namespace, hashes, prompt, self.block_size, in_memory, in_memory + run)
         loaded = self.disk.load(chain, want, self.mismatch)
         if loaded:
-            self._promote(namespace, hashes[:in_memory + len(loaded)], loaded)
+            read = {b.record.block: StoredBlock(b.record.identity, b.keys, b.values)
+                    for b in loaded}
+            self._promote(namespace, hashes[:in_memory + len(loaded)], read, self.disk.codec)
         return loaded
 
-    def _promote(self, namespace: Namespace, chain: list[BlockHash], loaded: list[BlockData]
-                 ) -> None:
-        by_hash = {b.record.block: b for b in loaded}
+    def _promote(self, namespace: Namespace, chain: Sequence[BlockHash],
+                 blocks: dict[BlockHash, StoredBlock], codec: KVCodec) -> int:
+        """Store ``blocks`` (held in ``codec``, not computed here) along ``chain``; how many."""
         new = self.ledger.insert(chain, self.block_size, namespace.label(), namespace.root())
         self._promoted += len(new)
         for h in new:
-            b = by_hash[h]
+            b = blocks[h]
             keys, values = b.keys, b.values
-            if self.codec != self.disk.codec:
-                keys = self.codec.encode(self.disk.codec.decode(keys))
-                values = self.codec.encode(self.disk.codec.decode(values))
-            self._put(h, StoredBlock(b.record.identity, keys, values))
+            if self.codec != codec:
+                keys = self.codec.encode(codec.decode(keys))
+                values = self.codec.encode(codec.decode(values))
+            self._put(h, StoredBlock(b.identity, keys, values))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
+        return len(new)
 
     def _verified(self, hashes: Sequence[BlockHash], want: Sequence[BlockIdentity], n: int
                   ) -> int:
@@ -318,6 +319,38 @@ class PrefixStore:
         record = BlockRecord(h, block.identity, disk.model, disk.revision, disk.codec.bits)
         disk.spill(record, keys, values)
 
+    # ---- blocks between workers (``workers.cache.transfer``) ---------------------------------
+
+    def served(self, namespace: Namespace, tokens: Sequence[int], start: int, stop: int
+               ) -> list[tuple[StoredBlock, KVCodec]]:
+        """Blocks ``start`` to ``stop`` of ``tokens``' chain as held here (either tier, each
+        verified), with the codec they are held in; up to the first this store lacks."""
+        hashes = self._hash(tokens[:stop * self.block_size], self.block_size, namespace)
+        want = ChainIdentities(namespace, hashes, tokens, self.block_size)
+        out: list[tuple[StoredBlock, KVCodec]] = []
+        for i in range(start, len(hashes)):
+            held = self._blocks.get(hashes[i])
+            if held is not None and held.identity == want[i]:
+                out.append((held, self.codec))
+                continue
+            loaded = self.disk.load([hashes[i]], [want[i]], self.mismatch) if (
+                self.disk is not None and hashes[i] in self.disk) else []
+            if not loaded:
+                break
+            out.append((StoredBlock(want[i], loaded[0].keys, loaded[0].values), self.disk.codec))
+        return out
+
+    def adopt(self, namespace: Namespace, chain: Sequence[BlockHash], start: int,
+              blocks: Sequence[StoredBlock], codec: KVCodec) -> int:
+        """Store ``blocks`` (verified by the caller, held in ``codec``) as blocks ``start`` on
+        of ``chain``, whose first ``start`` this memory tier must hold; how many were stored
+        (0 when the head of the chain is gone meanwhile, fewer when memory is full)."""
+        self.ledger.expire()
+        if self.ledger.peek(chain[:start]) < start:
+            return 0
+        return self._promote(namespace, chain[:start + len(blocks)],
+                             dict(zip(chain[start:], blocks)), codec)
+
     # ---- management ----------------------------------------------------------------------
 
     def written_blocks(self) -> int:
@@ -381,33 +414,3 @@ class PrefixStore:
             if holding.block not in self.disk:
                 self._spill(holding.block, self._blocks[holding.block])
         self.disk.close()
-
-
-def open_store(shape: KVShape, block_size: int, ttl_s: float, clock: Callable[[], float], *,
-               memory_bytes: int, eviction: Eviction = DEFAULT_EVICTION, kv_bits: int = 0,
-               disk_dir: Path | str | None = None, disk_bytes: int = 0, disk_kv_bits: int = 0,
-               model: str = "", revision: str = "",
-               wall_clock: Callable[[], float] = time.time,
-               hasher: Hasher = hash_blocks) -> PrefixStore:
-    """A store with a memory tier and, when ``disk_bytes > 0``, a disk tier in ``disk_dir``.
-
-    ``model`` and ``revision`` mark the disk's blocks: another model's are never served.
-    """
-    disk = None
-    if disk_bytes < 0:
-        raise ValueError(f"disk_bytes must be >= 0 (0: no disk tier), got {disk_bytes}")
-    if disk_bytes:
-        if not disk_dir:
-            raise ValueError("disk_bytes > 0 needs a disk_dir: set [cache] disk_dir")
-        codec = KVCodec(disk_kv_bits, shape.dtype)
-        codec.check(shape.head_dim)
-        disk = DiskTier(disk_dir, disk_bytes, ttl_s, clock, codec,
-                        shape.tier_bytes_per_token(codec), model, revision, eviction,
-                        wall_clock)
-    try:
-        return PrefixStore(shape, block_size, memory_bytes, ttl_s, clock, eviction,
-                           kv_bits=kv_bits, disk=disk, hasher=hasher)
-    except ValueError:
-        if disk is not None:
-            disk.close()
-        raise

@@ -44,6 +44,7 @@ from router.kv.events import BlockEvent, WorkerRates
 from router.kv.key import Hasher, Namespace, hash_blocks
 from router.kv.ledger import Holding
 from workers.cache.store import KVShape, Lookup, StoreStats
+from workers.cache.transfer import BlockTransfer
 from workers.engine.chat import render_chat
 from workers.engine.config import EngineConfig
 from workers.engine.kept import KeptStats
@@ -336,6 +337,11 @@ class Engine:
     def spec_stats(self) -> SpecStats | None:
         """Speculative decoding's steps, time and drafts so far (None: speculation off)."""
         return self._running.spec_stats()
+
+    @property
+    def transfer(self) -> BlockTransfer:
+        """The store's blocks sent to and taken from peer workers (the engine thread only)."""
+        return self._cache.transfer
 
     def constraint_seconds(self) -> float:
         """Time spent in grammar masks and matcher steps so far (structured outputs)."""

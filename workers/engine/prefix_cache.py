@@ -24,7 +24,9 @@ from mlx_lm.models.cache import KVCache
 from router.kv.events import BlockEvent, WorkerRates
 from router.kv.key import Hasher, Namespace
 from router.kv.ledger import Holding
-from workers.cache.store import KVShape, Lookup, StoreStats, open_store
+from workers.cache.open_store import open_store
+from workers.cache.store import KVShape, Lookup, StoreStats
+from workers.cache.transfer import BlockTransfer
 from workers.engine.config import EngineConfig
 from workers.engine.kept import KeptCaches, KeptStats
 from workers.messages import LookupOutcome, LookupReport
@@ -46,6 +48,8 @@ class PrefixCache:
             model=model_id, revision=revision, hasher=hasher)
         exact = config.use_store and not (config.kv_bits or config.disk_kv_bits)
         self._kept = KeptCaches(config.kept_bytes if exact else 0)
+        # blocks sent to and taken from peer workers (``workers.cache.transfer``)
+        self.transfer = BlockTransfer(self._store, model_id, revision, hasher, config.use_store)
 
     # ---- the request path ----------------------------------------------------------------
 

@@ -16,7 +16,8 @@ cache the previous turn left (``workers.engine.kept``: no join); the log-probabi
 request gets back, from a cached prompt, against a recompute without the cache; speculative
 decoding (prompt-lookup drafts verified in the batch) against plain decoding, prompts that
 copy from themselves batched together (the verify pass's log-probabilities within the
-tolerance of one-token steps', the greedy tokens identical). Then, per store setting
+tolerance of one-token steps', the greedy tokens identical); a prefix pulled from another
+engine's store (the frames a peer sends) and reused. Then, per store setting
 (``workers.lab.verify_tiers``): a prefix read back from the disk tier (exact), and 8-bit and
 4-bit K/V (greedy agreement and largest logit difference, measured).
 """
@@ -142,8 +143,30 @@ def _speculation_case(c: Checker, rng: random.Random) -> CaseResult:
     return result
 
 
+def _pulled_case(c: Checker, rng: random.Random) -> CaseResult:
+    """A prefix pulled from another engine's store (``workers.cache.transfer``: the frames a
+    peer sends, checked and stored as they arrive) and then reused, against a recompute."""
+    ref, cached = c.engines()
+    _, holder = c.engines()
+    vocab = c.loaded.vocab_size
+    base = [rng.randrange(vocab) for _ in range(4 * c.block_size + 2)]
+    blocks = len(base) // c.block_size
+
+    def pull() -> None:
+        run_requests(holder, [c.request(holder, base, 2)])   # the holder computes it
+        ns = cached.namespace("verify")
+        frames = holder.transfer.serve(holder.namespace("verify"), base, 0, blocks)
+        adopted = cached.transfer.adopt(ns, base, 0, frames)
+        if adopted.stored != blocks:
+            raise RuntimeError(f"the pulled case stored {adopted.stored} of {blocks} blocks: "
+                               f"{adopted.refused}")
+    prompts = [base + [rng.randrange(vocab) for _ in range(n)] for n in (1, 9)]
+    return c.compare("a prefix pulled from a peer's store", ref, cached, prompts,
+                     batched=False, before=pull)
+
+
 CASES = (chat_case, random_case, _boundary_case, _batched_case, _eviction_case, _kept_case,
-         _logprobs_case, _speculation_case)
+         _logprobs_case, _speculation_case, _pulled_case)
 
 
 def verify_model(model_dir: Path | str, block_size: int = 16, max_tokens: int = 8,

@@ -22,6 +22,8 @@ from cluster.telemetry.setup import Telemetry, context_of, extract_metadata, inj
 from router.cost import PriceTable
 from router.kv.key import Namespace, hash_blocks
 from router.policy import Reason
+from router.pull_cost import PullChoice
+import dataclasses
 from tests.support.telemetry_factories import T0, decision, in_memory, result
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
 from tests.conftest import Clock
@@ -176,6 +178,37 @@ class TestBehaviour:
         matched = {e.attributes[A.CANDIDATE_WORKER]: e.attributes[A.CANDIDATE_MATCHED]
                    for e in by_name["orchard.route"].events}
         assert matched == {"w0": 0, "w1": 16}
+
+    def test_a_pulled_prefix_in_the_routing_span_and_the_miss_cause(self, setup):
+        tel, exporter, _, observer, clock = setup
+        prompt = SYSTEM + (5,)
+        run(observer, tel, "r1", prompt, decision("w0", Reason.COLD_HASH, 0, 17, {"w0": 0}),
+            result("r1", 17, 0, 16, "w0", LookupOutcome.MISS))
+        planned = dataclasses.replace(
+            decision("w1", Reason.LOAD_SPILL, 16, 17, {"w0": 16, "w1": 0}),
+            pull=PullChoice("w0", 4, 16, 0.25))
+        res = result("r2", 17, 16, 0, "w1", LookupOutcome.HIT)
+        info = spans.RequestInfo("r2", NS.tenant, NS.model, job_id="job-1")
+        with observer.request(info) as span:
+            request = GenerateRequest("r2", NS, prompt, SamplingParams(4),
+                                      trace_context=observer.context())
+            observer.routed(planned, T0, T0 + 1000)
+            spans.record_engine(tel, request, res)
+            observer.finish(span, request, hash_blocks(prompt, BS, NS), res, planned, 1,
+                            spans.PulledPrefix("w0", 32, "block 1: corrupted in transit"))
+        root, by_name = tree(exporter, "r2")
+        route = by_name["orchard.route"].attributes
+        assert (route[A.ROUTE_PULL_FROM], route[A.ROUTE_PULL_TOKENS],
+                route[A.ROUTE_PULL_PREDICTED_S]) == ("w0", 16, 0.25)
+        assert root.attributes[A.MISS_CAUSE] == "pulled_from_peer"
+        assert root.attributes[A.MISS_HOLDER] == "w0"
+        assert root.attributes[A.CACHE_PULLED_TOKENS] == 16   # of 32 pulled, 16 read
+        assert root.attributes[A.PULL_REFUSED] == "block 1: corrupted in transit"
+        assert root.attributes[A.GEN_AI_CACHE_READ] == 16   # priced as cache reads
+        first_root, first = tree(exporter, "r1")
+        assert A.ROUTE_PULL_FROM not in first["orchard.route"].attributes
+        assert first_root.attributes[A.CACHE_PULLED_TOKENS] == 0
+        assert A.PULL_REFUSED not in first_root.attributes
 
     def test_ttl_expiry(self, setup):
         tel, exporter, _, observer, clock = setup
@@ -707,7 +740,7 @@ class _Outcome:
 
     def __init__(self, res):
         self.result, self.decision, self.attempts = res, None, 1
-        self.worker_traced = True
+        self.worker_traced, self.pulled = True, None
 
 def run_genai(tracing, rid, prompt, operation=""):
     ns = Namespace("acme", "default")

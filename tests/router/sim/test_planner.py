@@ -200,3 +200,22 @@ def test_plan_for_the_requests_a_run_recorded(tmp_path, capsys):
     assert [(r["memory_tokens"], r["goodput"], r["hit_ratio"]) for r in out["grid"]] == [
         (64, 0.0, 0.0), (128, 0.75, round(6 * 64 / (8 * 68), 4))]
     assert [r["memory_tokens"] for r in out["smallest"]] == [128]
+
+
+def test_a_plan_with_pulls_against_one_without(tmp_path, capsys):
+    # a 4,096-token document and a question each, 20 a second, on 2 workers: the second
+    # worker pulls the document (0.15 s at 10 Gbit/s) instead of prefilling it (0.68 s)
+    hot = [TraceRequest(i * 0.05, 9 * 512, 4, tuple(range(1, 9)) + (1000 + i,))
+           for i in range(60)]
+    path = tmp_path / "hot.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": int(round(t.arrival_s * 1000)),
+                                        "input_length": t.input_length, "output_length": 4,
+                                        "hash_ids": list(t.hash_ids)}) + "\n" for t in hot))
+    args = ["plan", "--trace", str(path), "--workers", "2", "--memory-tokens", "1000000",
+            "--disk-tokens", "0", "--ttls-s", "3600", "--ttft-slo-s", "0.5", "--json"]
+    runs = {}
+    for link in ("0", "10"):
+        assert main([*args, "--link-gbps", link]) == 0
+        out = json.loads(capsys.readouterr().out)
+        runs[out["link_gbps"]] = out["grid"][0]["goodput"]
+    assert runs == {0.0: 0.1667, 10.0: 0.8833}   # 10 of 60 within 0.5 s, then 53 of 60

@@ -24,7 +24,7 @@ from mlx_lm.models.cache import KVCache
 from router.kv.key import Namespace, hash_blocks
 from workers.cache.disk_files import SUFFIX, TMP_SUFFIX, block_path
 from workers.cache.blocks import KVShape
-from workers.cache.store import open_store
+from workers.cache.open_store import open_store
 
 BS = 16
 SHAPE = KVShape(layers=8, kv_heads=8, head_dim=64, dtype=mx.float32)  # 512 KB per block

@@ -24,11 +24,12 @@ from workers.cache.disk_files import BlockRecord, block_path, encode_block
 from workers.cache.disk_tier import DiskDirError
 from workers.messages import LookupOutcome
 from workers.cache.blocks import KVShape
-from workers.cache.store import PrefixStore, open_store
+from workers.cache.open_store import open_store
+from workers.cache.store import PrefixStore
 from tests.workers.cache.test_store import BS, NS, SHAPE, kv_for
 from tests.conftest import Clock
 from router.kv.events import BlockStored, Tier
-from workers.cache.store import open_store
+from workers.cache.open_store import open_store
 import shutil
 import msgpack
 from router.kv.key import hash_blocks

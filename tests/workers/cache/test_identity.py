@@ -17,7 +17,8 @@ from tests.support.forged_models import tiny_model
 from tests.workers.cache.test_store import BS, SHAPE, kv_for
 from workers.engine.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
-from workers.cache.store import PrefixStore, open_store
+from workers.cache.open_store import open_store
+from workers.cache.store import PrefixStore
 
 A_NS = Namespace("tenant-a", "m", "r1")
 B_NS = Namespace("tenant-b", "m", "r1")

@@ -12,7 +12,8 @@ from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier, decode
 from router.kv.key import BlockHash, Namespace
 from workers.cache.kv_quant import KVCodec
 from workers.cache.blocks import KVShape
-from workers.cache.store import PrefixStore, open_store
+from workers.cache.open_store import open_store
+from workers.cache.store import PrefixStore
 
 BS = 16
 SHAPE = KVShape(layers=2, kv_heads=2, head_dim=64, dtype=mx.float32)

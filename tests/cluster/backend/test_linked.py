@@ -1,0 +1,73 @@
+"""The backend over in-process workers reached by their streams (``cluster.backend.linked``):
+a request whose prefix's holder is busy decoding goes to an idle worker with a pull from the
+holder, its outputs equal the holder's, and the pull's bytes and time become the pair's
+measured link."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+from cluster.backend.backend import Backend
+from cluster.backend.linked import LinkedLauncher
+from cluster.backend.protocol import GenerateOutcome
+from router.kv.key import hash_blocks
+from router.policy import Reason
+from tests.support.forged_models import tiny_model
+from workers.engine.engine import EngineConfig
+from workers.messages import GenerateRequest, SamplingParams
+
+BLOCK = 16
+PROMPT = tuple(random.Random(5).randrange(1, 250) for _ in range(200))   # 12 full blocks
+
+
+def test_a_busy_holders_prefix_is_pulled_by_an_idle_worker():
+    async def scenario():
+        backend = Backend(LinkedLauncher(tiny_model(), EngineConfig(block_size=BLOCK)),
+                          workers=2)
+        await backend.start()
+        try:
+            ns = backend.model_info().namespace("t")
+
+            def request(rid: str, prompt, max_tokens: int) -> GenerateRequest:
+                return GenerateRequest(rid, ns, prompt, SamplingParams(max_tokens=max_tokens))
+
+            def hashes(prompt):
+                return hash_blocks(prompt, BLOCK, ns)
+            async with contextlib.aclosing(backend.stream(request("long", PROMPT, 300),
+                                                          hashes(PROMPT))) as decoding:
+                chunk = await anext(decoding)   # its prompt is stored: now it decodes
+                again = await backend.generate(request("again", PROMPT, 8), hashes(PROMPT))
+                items = [chunk] + [item async for item in decoding]
+            long = items[-1]
+            holder = long.worker_id
+            assert again.worker_id != holder
+            assert again.decision.reason is Reason.LOAD_SPILL
+            assert (again.decision.pull.source, again.decision.pull.blocks) == (holder, 12)
+            assert (again.pulled.peer, again.pulled.blocks, again.pulled.refused) == (
+                holder, 12, "")
+            assert again.result.cached_tokens == 192
+            assert again.result.output_tokens == long.result.output_tokens[:8]
+            links = backend.pool.routes.router.links.links()
+            assert list(links) == [(holder, again.worker_id)]
+        finally:
+            await backend.close()
+    asyncio.run(scenario())
+
+
+def test_an_in_process_backend_plans_no_pulls():
+    from cluster.backend.local import LocalBackend
+
+    async def scenario():
+        backend = LocalBackend(tiny_model(), workers=2, engine=EngineConfig(block_size=BLOCK))
+        await backend.start()
+        try:
+            assert backend.pool.routes.router.links is None
+            ns = backend.model_info().namespace("t")
+            out = await backend.generate(GenerateRequest("r", ns, PROMPT,
+                                                         SamplingParams(max_tokens=2)),
+                                         hash_blocks(PROMPT, BLOCK, ns))
+            assert isinstance(out, GenerateOutcome) and out.pulled is None
+        finally:
+            await backend.close()
+    asyncio.run(scenario())
