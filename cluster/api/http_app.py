@@ -96,7 +96,8 @@ class HttpApi:
         body = await json_body(request)
         shapes.check_model(body, self._model_id)
         mode = shapes.streaming(body)
-        orchard_request = shapes.request_of(body, endpoint, self._encode)
+        orchard_request = shapes.request_of(body, endpoint, self._encode,
+                                            headers=dict(request.headers.items()))
         outputs = shapes.Outputs(self._work.token_bytes, orchard_request.tools,
                                  self._work.tool_format)
         items = self._work.stream_one(tenant, orchard_request, "body",

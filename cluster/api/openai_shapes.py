@@ -117,15 +117,17 @@ def streaming(body: dict) -> Streaming:
     return Streaming(stream, include_usage)
 
 
-def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "") -> RequestIn:
-    """The request a chat or completion body asks for (unchecked beyond its JSON shape)."""
+def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "",
+               headers: dict[str, str] | None = None) -> RequestIn:
+    """The request a chat or completion body asks for (unchecked beyond its JSON shape);
+    ``headers`` (lower-case names) may name the client's session."""
     if not isinstance(body, dict):
         raise FieldError("body", "must be a JSON object")
     openai_fields.check_fields(body, endpoint)
     params = sampling_params(body, endpoint)
     logprobs, top = openai_fields.logprobs_of(body, endpoint)
     outputs = {"response_format": body.get("response_format"), "logprobs": logprobs,
-               "top_logprobs": top}
+               "top_logprobs": top, "cache": openai_fields.cache_of(body, headers)}
     if endpoint == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import math
 import secrets
+from dataclasses import replace
 from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, TokenChunk
@@ -66,10 +67,10 @@ class DirectRequests:
             with self._tracing.request(tenant, request_id, "", request.custom_id,
                                        request.sampling, metadata,
                                        prompt=request.prompt) as trace:
-                generate = GenerateRequest(request_id=request_id,
-                                           namespace=self._namespace(tenant),
+                namespace = replace(self._namespace(tenant), salt=request.cache_salt)
+                generate = GenerateRequest(request_id=request_id, namespace=namespace,
                                            prompt=request.prompt, sampling=request.sampling,
-                                           trace_context=trace.context)
+                                           trace_context=trace.context, cache=request.cache)
                 timeout_s = min(self._timeout_s, math.inf if remaining_s is None
                                 else max(remaining_s, MIN_TIMEOUT_S))
                 hashes = hash_blocks(request.prompt, self._block_size, generate.namespace)

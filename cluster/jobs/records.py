@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 from enum import Enum
 
-from workers.messages import SamplingParams, TokenLogprob
+from workers.messages import CacheControls, SamplingParams, TokenLogprob
 
 
 class JobState(str, Enum):
@@ -64,6 +64,8 @@ class NewRequest:
     custom_id: str
     prompt: tuple[int, ...]
     sampling: SamplingParams
+    cache: CacheControls = CacheControls()
+    cache_salt: str = ""  # enters the namespace's root (router.kv.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,8 @@ class PendingRequest:
     custom_id: str
     prompt: tuple[int, ...]
     sampling: SamplingParams
+    cache: CacheControls = CacheControls()
+    cache_salt: str = ""
 
     @property
     def request_id(self) -> str:

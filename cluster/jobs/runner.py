@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from cluster.backend.protocol import Backend, NoWorkerAvailable
@@ -243,7 +243,8 @@ class JobRunner:
         else:
             try:
                 result = await self._execute(tenant, PendingRequest(
-                    stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
+                    stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling,
+                    ready.cache, ready.cache_salt))
             except Exception as exc:  # a bug past the backend call: recorded, so the job ends
                 log.exception("request %s: no result could be built", stored.request_id)
                 result = error_of(stored, "INTERNAL", f"{type(exc).__name__}: {exc}")
@@ -254,10 +255,11 @@ class JobRunner:
     async def _execute(self, tenant: str, pending: PendingRequest) -> StoredResult:
         with self._tracing.request(tenant, pending.request_id, pending.job_id, pending.custom_id,
                                    pending.sampling, prompt=pending.prompt) as trace:
-            request = GenerateRequest(request_id=pending.request_id,
-                                      namespace=self._namespace(tenant), prompt=pending.prompt,
-                                      sampling=pending.sampling, trace_context=trace.context,
-                                      batch=True)
+            namespace = replace(self._namespace(tenant), salt=pending.cache_salt)
+            request = GenerateRequest(request_id=pending.request_id, namespace=namespace,
+                                      prompt=pending.prompt, sampling=pending.sampling,
+                                      trace_context=trace.context, batch=True,
+                                      cache=pending.cache)
             result = await self._dispatch(request, pending, trace)
             if not result.ok:
                 trace.failed(result.error_code, result.error_message)
