@@ -128,3 +128,111 @@ class TestRefused:
     def test_a_key_over_256_bytes(self, tokenizer):
         message = self.refusal(tokenizer, chat(system(), USER, cache=CacheIn(key="k" * 300)))
         assert message == "body.prompt_cache_key: 300 bytes; a key has at most 256"
+
+
+# ---- over the wire: a real frontend over one real engine, the openai SDK and gRPC -----------
+
+import json  # noqa: E402
+
+import openai  # noqa: E402
+
+from cluster.api.client import OrchardError, token_request  # noqa: E402
+from tests.support.frontend_harness import ACME_CONFIG, running_frontend  # noqa: E402
+from workers.engine.config import EngineConfig  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(ACME_CONFIG)
+    # one worker, no kept caches: every cached token counted is the store's
+    engine = EngineConfig(block_size=16, max_batch=4, kept_bytes=0)
+    with running_frontend(run_dir, tiny_model(), workers=1, engine=engine) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def acme(api) -> openai.OpenAI:
+    address = json.loads((api.config.run_dir / "frontend.json").read_text())["http_address"]
+    return openai.OpenAI(base_url=f"{address}/v1", api_key="key-acme", max_retries=0)
+
+
+def ask(acme, user: str, system: str = SYSTEM, **extra) -> int:
+    """The cached tokens of one chat request with ``extra`` body fields."""
+    reply = acme.chat.completions.create(
+        model="llama", max_tokens=2, temperature=0, extra_body=extra or None,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
+    return reply.usage.prompt_tokens_details.cached_tokens
+
+
+class TestOverHttp:
+    def test_requests_with_different_salts_share_no_block(self, acme):
+        assert ask(acme, "salted one", cache_salt="alice") == 0
+        held = ask(acme, "salted one", cache_salt="alice")
+        assert held > 0
+        assert ask(acme, "salted one", cache_salt="bob") == 0
+        assert ask(acme, "salted one") == 0  # no salt is a salt of its own
+        assert ask(acme, "salted one", cache_salt="alice") == held
+
+    def test_write_false_stores_nothing_and_read_false_reuses_nothing(self, acme):
+        system = "Bypass. " + SYSTEM  # a prompt no other test stores
+        assert ask(acme, "bypassed", system, cache={"write": False}) == 0
+        assert ask(acme, "bypassed", system) == 0
+        assert ask(acme, "bypassed", system, cache={"read": False}) == 0
+        assert ask(acme, "bypassed", system) > 0
+
+    def test_a_breakpoint_after_the_system_message_writes_the_blocks_before_it(self, acme,
+                                                                               tokenizer):
+        system = {"role": "system", "content": "Breakpoint. " + SYSTEM,
+                  "cache_control": {"type": "ephemeral"}}
+        first = acme.chat.completions.create(
+            model="llama", max_tokens=2, messages=[system, {"role": "user", "content": "a"}])
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        limit = checked(tokenizer, chat(MessageIn("system", system["content"],
+                                                  cache_control=system["cache_control"]),
+                                        MessageIn("user", "b"))).cache.write_limit
+        second = acme.chat.completions.create(
+            model="llama", max_tokens=2, messages=[
+                {"role": "system", "content": system["content"]},
+                {"role": "user", "content": "b"}])
+        assert second.usage.prompt_tokens_details.cached_tokens == limit // 16 * 16
+
+    @pytest.mark.parametrize("extra, param, message", [
+        ({"cache_control": {"type": "ephemeral", "ttl": "2h"}}, "cache_control.ttl",
+         "body.cache_control.ttl: '2h' is not offered; use one of 5m, 1h"),
+        ({"cache_salt": "s" * 257}, "cache_salt",
+         "body.cache_salt: 257 bytes; a salt has at most 256"),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention",
+         "prompt_cache_retention: '24h' is not offered: orchard keeps a cache entry at most 1 "
+         'hour; use in_memory (the store\'s TTL) or cache_control {"type": "ephemeral", '
+         '"ttl": "1h"}'),
+        ({"cache": {"reed": False}}, "cache.reed", "cache.reed: not a cache option; use read "
+         "or write"),
+    ])
+    def test_bad_values_are_refused_400_naming_the_field(self, acme, extra, param, message):
+        with pytest.raises(openai.BadRequestError) as caught:
+            ask(acme, "refused", **extra)
+        assert (caught.value.body["param"], caught.value.body["message"]) == (param, message)
+
+
+class TestOverGrpc:
+    def test_a_breakpoint_past_the_prompt_is_invalid_argument(self, api):
+        request = token_request("g", list(range(30)), 2)
+        request.cache_breakpoints.add(tokens=31)
+        with api.client("acme") as client, pytest.raises(OrchardError) as caught:
+            list(client.generate(request))
+        assert caught.value.code == "INVALID_ARGUMENT"
+        assert caught.value.message == ("request.cache_breakpoints[0].tokens: token offset 31 "
+                                        "is past the 30-token prompt; use 1 to 30")
+
+    def test_a_token_breakpoint_writes_the_blocks_before_it(self, api):
+        tokens = list(range(1000, 1070))
+        request = token_request("g", tokens, 2)
+        request.cache_breakpoints.add(tokens=40, ttl="1h")
+        with api.client("acme") as client:
+            (done,) = [e.result for e in client.generate(request) if e.HasField("result")]
+            assert done.usage.written_tokens == 32
+            (again,) = [e.result for e in client.generate(token_request("h", tokens, 2))
+                        if e.HasField("result")]
+        assert again.usage.cached_tokens == 32
+
