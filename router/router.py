@@ -27,11 +27,17 @@ SHARED_ENTRY_BYTES`` branch points and as many shared marks, at 131 and 89 bytes
 ``SHARED_MIN_ENTRIES`` (65,536: 14 MB), so that a small index budget (the simulator's, to
 measure what the index's eviction costs) does not also forget which prefixes are shared.
 
+Session keys (``route(..., session=)``: a request's ``prompt_cache_key`` or session header):
+the router remembers, per namespace, the worker each key was last routed to, for the
+policy's tie-break (``router.policy``, step 5); at most ``MAX_SESSIONS`` keys (65,536, about
+10 MB), the least recently routed forgotten first.
+
 The clock is injected (seconds, monotonic); randomness is the seeded rendezvous hash only.
 """
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -44,6 +50,7 @@ from router.sharing import SharedPrefixes
 
 SHARED_ENTRY_BYTES = 131 + 89  # a branch point and a shared mark (Python dicts of hashes)
 SHARED_MIN_ENTRIES = 1 << 16
+MAX_SESSIONS = 1 << 16  # session keys remembered for the tie-break
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +107,8 @@ class Router:
         self._tickets: dict[str, _Ticket] = {}
         self._epoch = clock()
         self._views: dict[str, WorkerLoad] = {}  # eligible (not draining) workers' loads
+        # (namespace label, session key) -> the worker it was routed to last; oldest first
+        self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.unknown_tickets = 0
 
     # ---- workers -------------------------------------------------------------------------
@@ -163,9 +172,10 @@ class Router:
     # ---- routing -------------------------------------------------------------------------
 
     def route(self, namespace: Namespace, block_hashes: Sequence[BlockHash],
-              prompt_tokens: int) -> RoutingDecision:
+              prompt_tokens: int, session: str = "") -> RoutingDecision:
         """Choose a worker for a prompt of ``prompt_tokens`` whose full blocks hash to
-        ``block_hashes``. Raises ``NoWorkerAvailable`` when no worker takes requests."""
+        ``block_hashes``; ``session``: its session key ("": none), a tie-break. Raises
+        ``NoWorkerAvailable`` when no worker takes requests."""
         if prompt_tokens <= 0:
             raise ValueError(f"prompt_tokens must be positive, got {prompt_tokens}")
         if len(block_hashes) * self.block_size > prompt_tokens:
@@ -185,9 +195,16 @@ class Router:
         self._shared.note(block_hashes, deepest)
         stored = self._index.holders(block_hashes[shared - 1]) if shared else ()
         chain = block_hashes if block_hashes else (namespace.root(),)
-        query = RouteQuery(chain, prompt_tokens, matched, shared, stored, found.disk_blocks)
+        key = (namespace.label(), session)
+        query = RouteQuery(chain, prompt_tokens, matched, shared, stored, found.disk_blocks,
+                           self._sessions.get(key, "") if session else "")
         decision = decide(self.config, query, loads, block_size=self.block_size, seed=self.seed,
                           recent_scale=recent_scale)
+        if session:
+            self._sessions[key] = decision.worker_id
+            self._sessions.move_to_end(key)
+            if len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision
