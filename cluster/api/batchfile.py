@@ -208,6 +208,9 @@ def output_line(result: pb.Result, created_s: int) -> str:
                 "completion_tokens": usage.completion_tokens,
                 "total_tokens": usage.prompt_tokens + usage.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+                "cache_creation_input_tokens": usage.written_input_tokens,
+                "cache_creation": cache_fields.cache_creation(usage.written_input_tokens,
+                                                              usage.write_ttl_s),
             },
         },
     }

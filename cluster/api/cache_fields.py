@@ -35,12 +35,21 @@ from typing import Any, Sequence
 
 from cluster.api.incoming import Json, MessageIn, Messages, RequestIn
 from cluster.api.validate import FieldError, Render, messages_to_dicts, quoted
+from router.cost import FIVE_MINUTES_S
 from router.kv.key import MAX_SALT_BYTES
 from workers.messages import CACHE_TTLS, CacheControls
 
 MAX_BREAKPOINTS = 4
 MAX_KEY_BYTES = 256
 DEFAULT_CONTROL_TTL = "5m"  # a cache_control without a ttl (Anthropic's default)
+
+
+def cache_creation(written_input_tokens: int, ttl_s: float) -> dict[str, int]:
+    """Prompt tokens a request stored, by TTL as they are priced (Anthropic's usage names):
+    a TTL up to 5 minutes, or above it (``router.cost.Rates.write_rate``)."""
+    long = ttl_s > FIVE_MINUTES_S
+    return {"ephemeral_5m_input_tokens": 0 if long else written_input_tokens,
+            "ephemeral_1h_input_tokens": written_input_tokens if long else 0}
 
 
 def salt_of(request: RequestIn, field: str) -> str:

@@ -68,7 +68,8 @@ def result_to_pb(r: StoredResult, model: str, token_bytes: TokenBytes | None = N
         output_tokens=r.output_tokens, finish_reason=r.finish_reason,
         usage=pb.Usage(prompt_tokens=r.prompt_tokens, completion_tokens=len(r.output_tokens),
                        cached_tokens=r.cached_tokens, computed_tokens=r.computed_tokens,
-                       written_tokens=r.written_tokens),
+                       written_tokens=r.written_tokens,
+                       written_input_tokens=r.written_input_tokens, write_ttl_s=r.write_ttl_s),
         worker_id=r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s, attempts=r.attempts,
         model=model, worker_s=r.worker_s, logprobs=logprobs)
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from cluster.api import incoming, json_input, openai_fields, tool_calls
+from cluster.api import cache_fields, incoming, json_input, openai_fields, tool_calls
 from cluster.api.batchfile import INT32_MAX, SEED_LIMIT
 from cluster.api.incoming import RequestIn, SamplingIn, Tokens
 from cluster.api.openai_fields import CHAT, COMPLETIONS
@@ -160,10 +160,15 @@ def _prompt_ids(prompt: Any, encode: Encode) -> list[int]:
 # ------------------------------------------------------------------ responses
 
 def usage(r: StoredResult) -> dict:
+    """OpenAI's usage, with the prompt tokens this request stored in Anthropic's names (by
+    the TTL they keep: ``cache_creation``)."""
     completion = len(r.output_tokens)
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": completion,
             "total_tokens": r.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": r.cached_tokens},
+            "cache_creation_input_tokens": r.written_input_tokens,
+            "cache_creation": cache_fields.cache_creation(r.written_input_tokens,
+                                                          r.write_ttl_s)}
 
 
 def completion_id(endpoint: str, request_id: str) -> str:

@@ -77,7 +77,8 @@ class DirectRequests:
                 async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
                     if isinstance(item, GenerateOutcome):
                         try:  # the caller gets its result first; the trace finishes after
-                            yield result_of(0, request.custom_id, item)
+                            yield result_of(0, request.custom_id, item, generate,
+                                            self._block_size)
                             await asyncio.sleep(0)
                         finally:
                             trace.done(generate, hashes, item)

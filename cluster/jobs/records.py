@@ -129,6 +129,10 @@ class StoredResult:
     miss_cause: str = ""
     # one per output token when the request asked (stored as [token, logprob, [[t, v], ...]])
     logprobs: tuple[TokenLogprob, ...] = ()
+    # of written_tokens, the prompt's (router.cost.measured_usage), kept write_ttl_s seconds
+    # idle: the request's TTL, or the store's when it asked none (0.0: not written / failed)
+    written_input_tokens: int = 0
+    write_ttl_s: float = 0.0
 
     def to_json(self) -> str:
         body = asdict(self)

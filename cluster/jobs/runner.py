@@ -280,7 +280,8 @@ class JobRunner:
         except Exception as exc:  # a backend bug: recorded on the result and logged, not lost
             log.exception("request %s failed", pending.request_id)
             return error_of(pending, "INTERNAL", f"{type(exc).__name__}: {exc}")
-        return with_cost(result_of(pending.index, pending.custom_id, outcome),
+        return with_cost(result_of(pending.index, pending.custom_id, outcome, request,
+                                   self._block_size),
                          trace.done(request, hashes, outcome))
 
     def _notify(self) -> None:

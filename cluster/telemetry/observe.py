@@ -168,11 +168,16 @@ class RequestObserver:
             return Observed(None, miss, served)
         expected = decision.expected_cached_tokens if decision else 0
         expected = min(expected, max(0, result.input_tokens - 1))
+        controls = request.cache  # what the request let the store read and write
+        expected = expected if controls.read else 0
         forecast = forecast_request(result.input_tokens, expected, self.block_size,
-                                    request.sampling.max_tokens)
+                                    request.sampling.max_tokens,
+                                    controls.writable(result.input_tokens
+                                                      + request.sampling.max_tokens))
         measured = measured_usage(result.input_tokens, result.cached_tokens,
                                   result.written_tokens, self.block_size)
-        cost = compare(forecast, measured, self.prices, self.model, self.ttl_s)
+        ttl_s = self.ttl_s if controls.ttl_s is None else controls.ttl_s
+        cost = compare(forecast, measured, self.prices, self.model, ttl_s)
         return Observed(cost, miss, served)
 
     def plan_job(self, chains: Sequence[Sequence[BlockHash]], input_tokens: Sequence[int],

@@ -26,7 +26,7 @@ from router.kv.events import EventBatch
 from router.kv.key import hash_blocks
 from router.router import Router
 from workers.engine.engine import Engine, EngineConfig
-from workers.messages import GenerateRequest, GenerateResult, SamplingParams
+from workers.messages import CacheControls, GenerateRequest, GenerateResult, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,7 @@ class Turn:
     job_id: str = ""
     conversation: str = ""
     turn: int = 0
+    cache: CacheControls = CacheControls()  # what it asks of the store
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,8 @@ class TracedCluster:
             work = time.perf_counter() - work   # routing and generation: not telemetry
             self.observer.routed(decision, route_ns, routed_ns)
             request = GenerateRequest(turn.request_id, namespace, turn.prompt,
-                                      SamplingParams(turn.max_tokens), trace_context=context)
+                                      SamplingParams(turn.max_tokens), trace_context=context,
+                                      cache=turn.cache)
             decode = self.engines[decision.worker_id].tokenizer.decode
             self.observer.worker_done(request, result, decode)
             observed = self.observer.finish(span, request, hashes, result, decision)
@@ -130,7 +132,8 @@ class TracedCluster:
         worker = decision.worker_id
         engine = self.engines[worker]
         request = GenerateRequest(turn.request_id, namespace, turn.prompt,
-                                  SamplingParams(turn.max_tokens), trace_context=context)
+                                  SamplingParams(turn.max_tokens), trace_context=context,
+                                  cache=turn.cache)
         self.router.started(turn.request_id, decision)
         try:
             (result,) = engine.generate([request])

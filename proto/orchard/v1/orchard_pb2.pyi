@@ -128,18 +128,22 @@ class Request(_message.Message):
     def __init__(self, custom_id: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., cache_control: _Optional[_Union[CacheControl, _Mapping]] = ..., cache_salt: _Optional[str] = ..., prompt_cache_key: _Optional[str] = ..., cache: _Optional[_Union[CacheUse, _Mapping]] = ..., cache_breakpoints: _Optional[_Iterable[_Union[CacheBreakpoint, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "computed_tokens", "written_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "computed_tokens", "written_tokens", "written_input_tokens", "write_ttl_s")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     computed_tokens: int
     written_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., written_tokens: _Optional[int] = ...) -> None: ...
+    written_input_tokens: int
+    write_ttl_s: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., written_tokens: _Optional[int] = ..., written_input_tokens: _Optional[int] = ..., write_ttl_s: _Optional[float] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "bytes", "top_logprobs")
