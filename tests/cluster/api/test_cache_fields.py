@@ -197,6 +197,21 @@ class TestOverHttp:
                 {"role": "user", "content": "b"}])
         assert second.usage.prompt_tokens_details.cached_tokens == limit // 16 * 16
 
+    @pytest.mark.parametrize("control, ttl", [({"type": "ephemeral", "ttl": "1h"}, "1h"),
+                                              ({"type": "ephemeral"}, "5m"), (None, "5m")])
+    def test_usage_reports_the_prompt_tokens_written_by_ttl(self, acme, control, ttl):
+        reply = acme.chat.completions.create(
+            model="llama", max_tokens=2, extra_body={"cache_control": control} if control else None,
+            messages=[{"role": "user", "content": f"A fresh prompt for the {ttl} usage, "
+                       f"{control is None}. " + SYSTEM}])
+        prompt = reply.usage.prompt_tokens
+        written = min((prompt + 1) // 16 * 16, prompt)  # the full blocks of prompt + 1 output
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0
+        assert reply.usage.cache_creation_input_tokens == written > 0
+        assert reply.usage.cache_creation == {
+            "ephemeral_5m_input_tokens": written if ttl == "5m" else 0,
+            "ephemeral_1h_input_tokens": written if ttl == "1h" else 0}
+
     @pytest.mark.parametrize("extra, param, message", [
         ({"cache_control": {"type": "ephemeral", "ttl": "2h"}}, "cache_control.ttl",
          "body.cache_control.ttl: '2h' is not offered; use one of 5m, 1h"),
