@@ -4,6 +4,7 @@
     POST /v1/chat/completions              chat, streamed (server-sent events) or not
     POST /v1/completions                   text or token-id prompt, streamed or not
     /v1/files, /v1/batches                 the Batch API (cluster.api.http_batches)
+    POST /v1/messages                      Anthropic's Messages API (cluster.api.http_messages)
 
 It is a second edge beside gRPC over the same objects: the same ``Authenticator`` (keys and
 tenants, ``Authorization: Bearer``), the same ``Work`` (validation, admission and
@@ -33,6 +34,8 @@ from cluster.api import openai_shapes as shapes
 from cluster.api.openai_stream import StreamedAnswer
 from cluster.api.edge import Authenticator
 from cluster.api.http_batches import Batches
+from cluster.api.http_feed import Feed
+from cluster.api.http_messages import MessagesApi
 from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, json_body,
                                      openai_errors, tenant_of)
 from cluster.api.http_guard import (App, BodyCap, ConnectionGuard, GuardedH11Protocol,
@@ -65,7 +68,7 @@ class HttpApi:
                         methods=["GET"]),
                   Route(shapes.CHAT, openai_errors(self.chat), methods=["POST"]),
                   Route(shapes.COMPLETIONS, openai_errors(self.completions), methods=["POST"]),
-                  *self._batches.routes()]
+                  *self._batches.routes(), *MessagesApi(self._auth, self._work).routes()]
         json_cap = BodyCap(limits.max_body_bytes, "[http] max_body_bytes",
                            "send a smaller request")
         return RequestGuard(Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS),
@@ -103,7 +106,7 @@ class HttpApi:
         items = self._work.stream_one(tenant, orchard_request, "body",
                                       list(request.headers.items()))
         created = int(self._clock_s())
-        feed = _Feed(items)
+        feed = Feed(items)
         if not mode.stream:  # answered at the result; the request's trace finishes after
             try:
                 result = await feed.next()
@@ -128,7 +131,7 @@ class HttpApi:
                                  media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
 
-    async def _events(self, answer: StreamedAnswer, first, feed: _Feed
+    async def _events(self, answer: StreamedAnswer, first, feed: Feed
                       ) -> AsyncIterator[bytes]:
         finished = False
         try:
@@ -148,42 +151,6 @@ class HttpApi:
         finally:
             if not finished:
                 feed.cancel()  # a client that went away stops its request
-
-
-class _Feed:
-    """One streamed request run in a task of its own, its items handed over through a queue.
-
-    The request's trace context is attached and detached inside that task: Starlette sends
-    a streamed body from another task than the endpoint's, and a context opened in one task
-    cannot be closed in another.
-    """
-
-    _END = object()
-
-    def __init__(self, items: AsyncIterator):
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._task = asyncio.get_running_loop().create_task(self._run(items))
-
-    async def _run(self, items: AsyncIterator) -> None:
-        try:
-            async for item in items:
-                self._queue.put_nowait(item)
-        except Exception as exc:
-            self._queue.put_nowait(exc)
-        finally:
-            self._queue.put_nowait(self._END)
-            await items.aclose()  # cancelled mid-stream: the request's own cleanup runs
-
-    async def next(self):
-        item = await self._queue.get()
-        if item is self._END:
-            raise StopAsyncIteration
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def cancel(self) -> None:
-        self._task.cancel()
 
 
 # ------------------------------------------------------------------ the server
