@@ -20,9 +20,13 @@ strictly later (a longer TTL, a use no earlier).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Mapping, Protocol, Sequence
 
 from router.kv.key import BlockHash
+
+
+class _Entry(Protocol):
+    ttl_s: float
 
 
 class ExpiryOrder:
@@ -41,6 +45,17 @@ class ExpiryOrder:
         """``h``'s TTL was raised; it joins its new class last (it is touched next)."""
         self.remove(h, old_ttl_s)
         self.used(h, new_ttl_s)
+
+    def raise_chain(self, chain: Sequence[BlockHash], entries: Mapping[BlockHash, _Entry],
+                    ttl_s: float) -> bool:
+        """Raise the TTL of ``chain``'s blocks (all held) to ``ttl_s``; whether any rose."""
+        raised = False
+        for h in reversed(chain):  # deepest first, as a touch
+            entry = entries[h]
+            if entry.ttl_s < ttl_s:
+                self.moved(h, entry.ttl_s, ttl_s)
+                entry.ttl_s, raised = ttl_s, True
+        return raised
 
     def remove(self, h: BlockHash, ttl_s: float) -> None:
         order = self._classes[ttl_s]

@@ -16,15 +16,12 @@ Rules, stated once:
   block last, so in the recency order a block always comes after all of its descendants. The
   least recently used entry is therefore always a leaf, and eviction pops it without scanning:
   a parent never goes before its children.
-- **TTL from last use.** An entry expires its TTL after it was last used (created or hit),
-  not after it was created: a system prompt in constant use stays; one left idle goes.
-- **A block's TTL is the longest any writer asked for.** ``insert(..., ttl_s=)`` (a request's
-  5 minutes or 1 hour; None: the ledger's ``ttl_s``) raises the TTL of every block of the
-  chain it writes or finds, never lowers one; a read (``match``) leaves TTLs alone. So a
-  parent's TTL is at least its child's and, touched whenever a child is, a parent never
-  expires before its children (``router.kv.expiry`` keeps the order). Expired entries are
-  dropped lazily at the start of every ``match``/``insert`` and on ``expire()``; ``peek``
-  treats them as absent without removing them.
+- **TTL from last use**, not from creation: a system prompt in constant use stays.
+- **A block's TTL is the longest any writer asked for.** ``insert(..., ttl_s=)`` (None: the
+  ledger's ``ttl_s``) raises every block of the chain it writes or finds, never lowers one;
+  a read leaves TTLs alone. So a parent's TTL is at least its child's and, touched whenever a
+  child is, a parent never expires before its children (``router.kv.expiry``). Expired
+  entries go lazily at every ``match``/``insert`` and ``expire()``; ``peek`` skips them.
 - **Capacity is a value.** ``insert`` stores what fits, evicting LRU leaves outside the chain
   being inserted; when nothing more can be evicted it returns the blocks it did store.
 - **Eviction policy** (``Eviction``; ``DEFAULT_EVICTION`` is ``"reuse"``). ``"lru"`` (above)
@@ -223,8 +220,7 @@ class BlockLedger:
     ) -> list[BlockHash]:
         """Store the chain ``hashes`` (first block's parent is ``root``); return new blocks.
 
-        ``ttl_s``: how long the writer asks its blocks kept (None: the ledger's ``ttl_s``);
-        every block of the chain held or stored keeps the longest TTL asked of it.
+        ``ttl_s``: the writer's TTL (None: the ledger's); see the rules above.
 
         Blocks already held are touched, not stored twice. ``token_counts`` is one count per
         block or a single block size. Room is made by evicting LRU leaves outside this chain;
@@ -254,7 +250,7 @@ class BlockLedger:
             protected.add(h)
             stored.append(h)
             parent = h
-        if self._raise_ttl(hashes[:present], ttl_s) or stored:
+        if self._expiry.raise_chain(hashes[:present], self._entries, ttl_s) or stored:
             self._touch(hashes[: present + len(stored)])
         return stored
 
@@ -366,16 +362,6 @@ class BlockLedger:
             remove=lambda h: self._remove(h, LedgerEventKind.EVICTED), now=self._clock,
             entries=len(self._entries))
 
-    def _raise_ttl(self, chain: Sequence[BlockHash], ttl_s: float) -> bool:
-        """Raise the TTL of ``chain``'s held blocks to ``ttl_s``; whether any rose."""
-        raised = False
-        for h in reversed(chain):  # deepest first, as a touch
-            entry = self._entries[h]
-            if entry.ttl_s < ttl_s:
-                self._expiry.moved(h, entry.ttl_s, ttl_s)
-                entry.ttl_s, raised = ttl_s, True
-        return raised
-
     def _add(self, h: BlockHash, parent: BlockHash, tokens: int, ns: str, now: float,
              ttl_s: float) -> None:
         self._entries[h] = _Entry(parent, tokens, ns, now, now, ttl_s, priority=now)
@@ -428,12 +414,9 @@ class BlockLedger:
 
 
 def _counts_for(hashes: Sequence[BlockHash], token_counts: Sequence[int] | int) -> list[int]:
-    if isinstance(token_counts, int):
-        counts = [token_counts] * len(hashes)
-    else:
-        counts = list(token_counts)
+    counts = [token_counts] * len(hashes) if isinstance(token_counts, int) else list(
+        token_counts)
     if len(counts) != len(hashes) or any(c <= 0 for c in counts):
-        raise ValueError(
-            "token_counts must be one positive count per block (or one block size); "
-            f"got {len(counts)} counts for {len(hashes)} blocks")
+        raise ValueError("token_counts must be one positive count per block (or one block "
+                         f"size); got {len(counts)} counts for {len(hashes)} blocks")
     return counts
