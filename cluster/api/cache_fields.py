@@ -61,10 +61,18 @@ def salt_of(request: RequestIn, field: str) -> str:
     return salt
 
 
-def cache_controls(request: RequestIn, field: str, prompt: Sequence[int], render: Render
-                   ) -> CacheControls:
+def check_shape(request: RequestIn, field: str, prompt: Sequence[int] | None) -> None:
+    """Every check that needs no tokenizer, for a job's intake (``cluster.api.intake``):
+    ``prompt`` is a token prompt's ids, None for messages (whose length is known at
+    dispatch, where ``cache_controls`` checks the rest)."""
+    salt_of(request, field)
+    cache_controls(request, field, prompt, None)
+
+
+def cache_controls(request: RequestIn, field: str, prompt: Sequence[int] | None,
+                   render: Render | None) -> CacheControls:
     """The controls ``request`` asks for, its ``prompt`` already tokenized (``render``: the
-    chat template, to place a message's breakpoint)."""
+    chat template, to place a message's breakpoint; None with ``check_shape``)."""
     cache = request.cache
     key_size = len(cache.key.encode("utf-8"))
     if key_size > MAX_KEY_BYTES:
@@ -77,7 +85,7 @@ def cache_controls(request: RequestIn, field: str, prompt: Sequence[int], render
     marks += _message_marks(request, field, prompt, render)
     for k, mark in enumerate(cache.breakpoints):
         path = f"{field}.cache_breakpoints[{k}]"
-        if not 1 <= mark.tokens <= len(prompt):
+        if prompt is not None and not 1 <= mark.tokens <= len(prompt):
             raise FieldError(f"{path}.tokens", f"token offset {mark.tokens} is past the "
                              f"{len(prompt)}-token prompt; use 1 to {len(prompt)}")
         ttl = mark.ttl or DEFAULT_CONTROL_TTL
@@ -117,8 +125,8 @@ def control_ttl(value: Json, field: str) -> str:
     return ttl
 
 
-def _message_marks(request: RequestIn, field: str, prompt: Sequence[int], render: Render
-                   ) -> list[tuple[str, str, int | None]]:
+def _message_marks(request: RequestIn, field: str, prompt: Sequence[int] | None,
+                   render: Render | None) -> list[tuple[str, str, int | None]]:
     if not isinstance(request.prompt, Messages):
         return []
     items = request.prompt.items
@@ -140,9 +148,12 @@ def _message_marks(request: RequestIn, field: str, prompt: Sequence[int], render
     return marks
 
 
-def _offset(request: RequestIn, head: Sequence[MessageIn], prompt: Sequence[int],
-            render: Render) -> int:
-    """Where the prompt rendered up to a breakpoint stops agreeing with the whole prompt."""
+def _offset(request: RequestIn, head: Sequence[MessageIn], prompt: Sequence[int] | None,
+            render: Render | None) -> int:
+    """Where the prompt rendered up to a breakpoint stops agreeing with the whole prompt
+    (1, a stand-in, when only the shape is checked)."""
+    if render is None or prompt is None:
+        return 1
     messages: list[dict[str, Any]] = messages_to_dicts(head, "messages")
     rendered = (render(messages) if request.tools is None
                 else render(messages, tools=list(request.tools.tools)))

@@ -132,7 +132,9 @@ class TestRefused:
 
 # ---- over the wire: a real frontend over one real engine, the openai SDK and gRPC -----------
 
+import io  # noqa: E402
 import json  # noqa: E402
+import time  # noqa: E402
 
 import openai  # noqa: E402
 
@@ -228,6 +230,51 @@ class TestOverHttp:
         with pytest.raises(openai.BadRequestError) as caught:
             ask(acme, "refused", **extra)
         assert (caught.value.body["param"], caught.value.body["message"]) == (param, message)
+
+
+class TestBatchLines:
+    def test_a_batch_line_carries_its_cache_controls_to_its_result(self, acme):
+        def line(i: int, **extra) -> str:
+            body = {"model": "llama", "max_tokens": 2, "temperature": 0, **extra,
+                    "messages": [{"role": "system", "content": f"Batch line {i}. " + SYSTEM},
+                                 {"role": "user", "content": "Hi"}]}
+            return json.dumps({"custom_id": f"line-{i}", "method": "POST",
+                               "url": "/v1/chat/completions", "body": body}) + "\n"
+        text = (line(0, cache_control={"type": "ephemeral", "ttl": "1h"}, cache_salt="x")
+                + line(1, cache={"write": False}) + line(2))
+        uploaded = acme.files.create(file=("in.jsonl", io.BytesIO(text.encode())),
+                                     purpose="batch")
+        batch = acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                    completion_window="24h")
+        deadline = time.monotonic() + 120
+        while batch.status != "completed" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            batch = acme.batches.retrieve(batch.id)
+        assert batch.request_counts.completed == 3
+        usage = {json.loads(x)["custom_id"]: json.loads(x)["response"]["body"]["usage"]
+                 for x in acme.files.content(batch.output_file_id).text.splitlines()}
+        hour, bypass, plain = usage["line-0"], usage["line-1"], usage["line-2"]
+        assert hour["cache_creation_input_tokens"] == min(
+            (hour["prompt_tokens"] + 1) // 16 * 16, hour["prompt_tokens"]) > 0
+        assert hour["cache_creation"] == {"ephemeral_5m_input_tokens": 0,
+                                          "ephemeral_1h_input_tokens":
+                                          hour["cache_creation_input_tokens"]}
+        assert bypass["cache_creation_input_tokens"] == 0
+        assert plain["cache_creation"]["ephemeral_5m_input_tokens"] == plain[
+            "cache_creation_input_tokens"] > 0
+
+    def test_a_bad_cache_control_in_a_line_is_refused_naming_its_line(self, acme):
+        body = {"model": "llama", "messages": [{"role": "user", "content": "Hi"}],
+                "cache_control": {"type": "ephemeral", "ttl": "1d"}}
+        text = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
+                           "body": body}) + "\n"
+        uploaded = acme.files.create(file=("in.jsonl", io.BytesIO(text.encode())),
+                                     purpose="batch")
+        with pytest.raises(openai.BadRequestError) as caught:
+            acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                completion_window="24h")
+        assert caught.value.body["message"] == ("line 1.cache_control.ttl: '1d' is not "
+                                                "offered; use one of 5m, 1h")
 
 
 class TestOverGrpc:
