@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from cluster.api import cache_fields, incoming
+from cluster.api import cache_fields, incoming, openai_fields
 from cluster.api.incoming import CacheIn, MessageIn, Messages, RequestIn
 from cluster.api.validate import FieldError
 from cluster.jobs.store import StoredResult
 
 PATH = "/v1/messages"
 READ = frozenset(("model", "max_tokens", "messages", "system", "stop_sequences", "temperature",
-                  "top_p", "stream", "metadata", "cache_control"))
+                  "top_p", "stream", "metadata", "cache_control", "cache_diagnostics"))
 MESSAGE_KEYS = ("role", "content")
 DEFAULT_TEMPERATURE = 1.0  # Anthropic's default (orchard's own APIs default to greedy)
 ROLES = ("user", "assistant")
@@ -61,7 +61,8 @@ def request_of(body: dict) -> RequestIn:
         "temperature"]
     sampling = incoming.sampling(max_tokens, temperature, numbers["top_p"], stop=stops)
     return RequestIn("", Messages(_system(body.get("system")) + _turns(body.get("messages"))),
-                     sampling, cache=CacheIn(control=body.get("cache_control")))
+                     sampling, cache=CacheIn(control=body.get("cache_control"),
+                                             diagnostics=openai_fields.diagnostics_of(body)))
 
 
 def _system(system: Any) -> tuple[MessageIn, ...]:
@@ -125,11 +126,15 @@ def usage(r: StoredResult) -> dict:
             "cache_creation": cache_fields.cache_creation(written, r.write_ttl_s)}
 
 
-def message_body(r: StoredResult, model: str, stops: Sequence[str], decode: Decode) -> dict:
+def message_body(r: StoredResult, model: str, stops: Sequence[str], decode: Decode,
+                 token_bytes: Callable[[list[int]], list[bytes]]) -> dict:
     reason, sequence = stop_of(r, stops, decode)
-    return {"id": message_id(r.request_id), "type": "message", "role": "assistant",
+    body = {"id": message_id(r.request_id), "type": "message", "role": "assistant",
             "model": model, "content": [{"type": "text", "text": r.text}],
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage(r)}
+    if r.diagnosis is not None:
+        body["cache_diagnostics"] = cache_fields.diagnosis_body(r.diagnosis, token_bytes)
+    return body
 
 
 def start_events(request_id: str, model: str) -> list[tuple[str, dict]]:

@@ -14,6 +14,9 @@ What a request may ask (every edge alike; ``docs/api.md`` has the wire)::
                                    nothing is stored
     cache_salt                     enters the namespace root (``router.kv.key``)
     prompt_cache_key               (or a session header) the router's tie-break
+    cache_diagnostics              (HTTP single requests, unstreamed) the answer says how
+                                   much was cached, why not the rest, and where the prompt
+                                   left the nearest sequence its worker held
 
 Rules, stated once:
 
@@ -31,10 +34,11 @@ Rules, stated once:
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from cluster.api.incoming import Json, MessageIn, Messages, RequestIn
 from cluster.api.validate import FieldError, Render, messages_to_dicts, quoted
+from cluster.jobs.records import CacheDiagnosis
 from router.cost import FIVE_MINUTES_S
 from router.kv.key import MAX_SALT_BYTES
 from workers.messages import CACHE_TTLS, CacheControls
@@ -52,6 +56,17 @@ def cache_creation(written_input_tokens: int, ttl_s: float) -> dict[str, int]:
             "ephemeral_1h_input_tokens": written_input_tokens if long else 0}
 
 
+def diagnosis_body(d: CacheDiagnosis, token_bytes: Callable[[list[int]], list[bytes]]
+                   ) -> dict[str, Any]:
+    """A ``CacheDiagnosis`` as the HTTP answers carry it (``cache_diagnostics``), its
+    excerpts the prompt's own text (``token_bytes``: each token's bytes)."""
+    def text(ids: tuple[int, ...]) -> str:
+        return b"".join(token_bytes(list(ids))).decode("utf-8", "replace")
+    return {"cached_tokens": d.cached_tokens, "prompt_tokens": d.prompt_tokens,
+            "outcome": d.outcome, "reason": d.reason, "diverged_at": d.diverged_at,
+            "message_index": d.message_index, "before": text(d.before), "after": text(d.after)}
+
+
 def salt_of(request: RequestIn, field: str) -> str:
     salt = request.cache.salt
     size = len(salt.encode("utf-8"))
@@ -66,7 +81,20 @@ def check_shape(request: RequestIn, field: str, prompt: Sequence[int] | None) ->
     ``prompt`` is a token prompt's ids, None for messages (whose length is known at
     dispatch, where ``cache_controls`` checks the rest)."""
     salt_of(request, field)
+    if request.cache.diagnostics:
+        raise FieldError(f"{field}.cache_diagnostics", "answered on single requests only; "
+                         "leave it out of a job")
     cache_controls(request, field, prompt, None)
+
+
+def message_ends(request: RequestIn, prompt: Sequence[int], render: Render
+                 ) -> tuple[int, ...]:
+    """Where each message of a chat prompt ends in ``prompt``, as its breakpoint would be
+    placed (a diagnosis names the message a divergence falls in); () for token prompts."""
+    if not isinstance(request.prompt, Messages):
+        return ()
+    items = request.prompt.items
+    return tuple(_offset(request, items[:i + 1], prompt, render) for i in range(len(items)))
 
 
 def cache_controls(request: RequestIn, field: str, prompt: Sequence[int] | None,

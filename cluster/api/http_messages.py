@@ -85,7 +85,8 @@ class MessagesApi:
             feed.cancel()
             raise
         if not stream:
-            return JSONResponse(shapes.message_body(first, self._model_id, stops, self._decode))
+            return JSONResponse(shapes.message_body(first, self._model_id, stops, self._decode,
+                                                    self._work.token_bytes))
         return StreamingResponse(self._events(first, feed, stops),
                                  media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})

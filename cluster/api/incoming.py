@@ -107,6 +107,7 @@ class CacheIn:
     read: bool = True              # cache.read
     write: bool = True             # cache.write
     breakpoints: tuple[TokenBreakpoint, ...] = ()  # cache_breakpoints
+    diagnostics: bool = False      # cache_diagnostics (HTTP, unstreamed, single requests)
 
 
 @dataclass(frozen=True, slots=True)

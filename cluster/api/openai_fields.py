@@ -41,7 +41,7 @@ COMPLETIONS = "/v1/completions"
 
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
            "stream_options", "response_format", "logprobs", "cache_control", "cache_salt",
-           "prompt_cache_key", "prompt_cache_retention", "cache")
+           "prompt_cache_key", "prompt_cache_retention", "cache", "cache_diagnostics")
 READ = {
     CHAT: frozenset(_COMMON + ("messages", "max_completion_tokens", "top_logprobs", "tools",
                                "tool_choice", "parallel_tool_calls")),
@@ -113,6 +113,9 @@ def check_batch_body(body: dict) -> None:
         raise FieldError("stream", "a batch line is answered in the output file; leave it out")
     if body.get("stream_options") is not None:
         raise FieldError("stream_options", "a batch line is not streamed; leave it out")
+    if body.get("cache_diagnostics"):
+        raise FieldError("cache_diagnostics", "answered on single requests only; leave it "
+                         "out of a batch")
     for key in ("tools", "tool_choice"):
         if body.get(key) is not None:
             raise FieldError(key, "not supported in a batch (its output lines carry text); "
@@ -158,7 +161,19 @@ def cache_of(body: dict, headers: dict[str, str] | None = None) -> CacheIn:
     if not key and headers:
         key = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), "")
     return CacheIn(control=body.get("cache_control"), salt=salt or "", key=key or "",
-                   read=use.get("read", True), write=use.get("write", True))
+                   read=use.get("read", True), write=use.get("write", True),
+                   diagnostics=diagnostics_of(body))
+
+
+def diagnostics_of(body: dict) -> bool:
+    """``cache_diagnostics``: true or false, on an unstreamed answer only."""
+    value = body.get("cache_diagnostics")
+    if value is not None and not isinstance(value, bool):
+        raise FieldError("cache_diagnostics", f"must be true or false, got {_shown(value)}")
+    if value and body.get("stream"):
+        raise FieldError("cache_diagnostics", "answered on unstreamed requests only; leave "
+                         "it out or set stream false")
+    return bool(value)
 
 
 def logprobs_of(body: dict, endpoint: str) -> tuple[bool, int]:

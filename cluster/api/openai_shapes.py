@@ -221,9 +221,13 @@ def response_body(endpoint: str, r: StoredResult, model: str, created_s: int,
                                                                      r.finish_reason)
     else:
         choice["text"] = r.text
-    return {"id": completion_id(endpoint, r.request_id),
+    body = {"id": completion_id(endpoint, r.request_id),
             "object": "chat.completion" if endpoint == CHAT else "text_completion",
             "created": created_s, "model": model, "choices": [choice], "usage": usage(r)}
+    if r.diagnosis is not None:
+        body["cache_diagnostics"] = cache_fields.diagnosis_body(r.diagnosis,
+                                                                outputs.token_bytes)
+    return body
 
 
 def batch_output_line(endpoint: str, r: StoredResult, model: str, created_s: int,

@@ -28,8 +28,10 @@ from cluster.backend.protocol import Backend, GenerateOutcome, TokenChunk
 from cluster.jobs.admission import Admission
 from cluster.jobs.dispatch import dispatch_stream, result_of
 from cluster.jobs.slots import SlotPool
+from cluster.jobs.records import EXCERPT_TOKENS, CacheDiagnosis
 from cluster.jobs.store import NewRequest, StoredResult
 from cluster.telemetry.job_tracing import JobTracing
+from cluster.telemetry.observe import Observed
 from router.kv.key import Namespace, hash_blocks
 from workers.messages import GenerateRequest
 
@@ -75,7 +77,13 @@ class DirectRequests:
                                 else max(remaining_s, MIN_TIMEOUT_S))
                 hashes = hash_blocks(request.prompt, self._block_size, generate.namespace)
                 async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
-                    if isinstance(item, GenerateOutcome):
+                    if isinstance(item, GenerateOutcome) and request.diagnose:
+                        # the diagnosis names the observer's miss cause: traced first
+                        observed = trace.done(generate, hashes, item)
+                        yield replace(result_of(0, request.custom_id, item, generate,
+                                                self._block_size),
+                                      diagnosis=diagnosis_of(request, item, observed))
+                    elif isinstance(item, GenerateOutcome):
                         try:  # the caller gets its result first; the trace finishes after
                             yield result_of(0, request.custom_id, item, generate,
                                             self._block_size)
@@ -84,3 +92,18 @@ class DirectRequests:
                             trace.done(generate, hashes, item)
                     else:
                         yield item
+
+
+def diagnosis_of(request: NewRequest, outcome: GenerateOutcome, observed: Observed | None
+                 ) -> CacheDiagnosis:
+    """Where ``request``'s prompt left the nearest sequence its worker held, and why."""
+    r = outcome.result
+    at = min(r.lookup.common_prefix, len(request.prompt))
+    index = next((i for i, end in enumerate(request.message_ends) if at < end), None)
+    miss = observed.miss if observed is not None else None
+    return CacheDiagnosis(
+        cached_tokens=r.cached_tokens, prompt_tokens=r.input_tokens,
+        outcome=r.lookup.outcome.value, reason=miss.cause.value if miss else "",
+        diverged_at=at, message_index=index,
+        before=tuple(request.prompt[max(0, at - EXCERPT_TOKENS):at]),
+        after=tuple(request.prompt[at:at + EXCERPT_TOKENS]))

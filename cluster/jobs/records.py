@@ -58,6 +58,31 @@ class StoredRequest:
         return f"{self.job_id}-{self.index}"
 
 
+EXCERPT_TOKENS = 8  # a diagnosis quotes this many prompt tokens on each side of a divergence
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDiagnosis:
+    """Why a request's prompt was not all read from cache (``cache_diagnostics: true``).
+
+    ``outcome``: the worker's lookup (hit, partial, near_miss, miss); ``reason``: the miss
+    cause the observer attributes (``router.attribution``: first_sight, evicted,
+    ttl_expired, near_miss, ...; "" on a hit, or untraced); ``diverged_at``: the prompt's
+    first token past its longest common prefix with the nearest sequence the worker holds,
+    ``message_index`` the message it falls in (None: a token prompt, or past every
+    message), ``before`` and ``after`` the prompt's own tokens on each side of it.
+    """
+
+    cached_tokens: int
+    prompt_tokens: int
+    outcome: str
+    reason: str
+    diverged_at: int
+    message_index: int | None
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class NewRequest:
     """A request templated, tokenized and checked: what runs."""
@@ -66,6 +91,8 @@ class NewRequest:
     sampling: SamplingParams
     cache: CacheControls = CacheControls()
     cache_salt: str = ""  # enters the namespace's root (router.kv.key)
+    diagnose: bool = False  # cache_diagnostics: the result carries a CacheDiagnosis
+    message_ends: tuple[int, ...] = ()  # with diagnose: where each message's tokens end
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +160,7 @@ class StoredResult:
     # idle: the request's TTL, or the store's when it asked none (0.0: not written / failed)
     written_input_tokens: int = 0
     write_ttl_s: float = 0.0
+    diagnosis: CacheDiagnosis | None = None  # asked by single requests only: never stored
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -141,6 +169,7 @@ class StoredResult:
             body["logprobs"] = [[t.token, t.logprob, t.top] for t in self.logprobs]
         else:  # results without them read as they always have
             del body["logprobs"]
+        del body["diagnosis"]
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod

@@ -232,6 +232,51 @@ class TestOverHttp:
         assert (caught.value.body["param"], caught.value.body["message"]) == (param, message)
 
 
+class TestDiagnosis:
+    PAD = " Then say it again, slowly, in other words, for a listener far away." * 4
+
+    def diverging(self, tokenizer, first: str, second: str) -> tuple[list[int], int]:
+        a = tokenizer.render([{"role": "user", "content": first}])
+        b = tokenizer.render([{"role": "user", "content": second}])
+        return b, next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+
+    def test_a_near_miss_names_the_exact_divergence_token_and_message(self, acme, tokenizer):
+        first, second = "Alpha question." + self.PAD, "Beta question." + self.PAD
+        acme.chat.completions.create(model="llama", max_tokens=2,
+                                     messages=[{"role": "user", "content": first}])
+        reply = acme.chat.completions.create(
+            model="llama", max_tokens=2, extra_body={"cache_diagnostics": True},
+            messages=[{"role": "user", "content": second}])
+        prompt, at = self.diverging(tokenizer, first, second)
+        text = lambda ids: b"".join(tokenizer.token_bytes(ids)).decode()  # noqa: E731
+        assert reply.model_extra["cache_diagnostics"] == {
+            "cached_tokens": at // 16 * 16, "prompt_tokens": len(prompt),
+            "outcome": "near_miss", "reason": "near_miss", "diverged_at": at,
+            "message_index": 0, "before": text(prompt[max(0, at - 8):at]),
+            "after": text(prompt[at:at + 8])}
+
+    def test_a_first_sight_is_a_miss_at_token_zero(self, acme):
+        # a salt of its own: a root no prompt has continued (a first block under the
+        # tenant's root, which other prompts continue, is a near miss)
+        reply = acme.completions.create(model="llama", max_tokens=2, prompt=[7] * 40 + [9],
+                                        extra_body={"cache_diagnostics": True,
+                                                    "cache_salt": "first-sight"})
+        diagnosis = reply.model_extra["cache_diagnostics"]
+        assert (diagnosis["outcome"], diagnosis["reason"], diagnosis["diverged_at"],
+                diagnosis["message_index"], diagnosis["before"]) == (
+                    "miss", "first_sight", 0, None, "")
+
+    @pytest.mark.parametrize("extra, message", [
+        ({"cache_diagnostics": True, "stream": True}, "cache_diagnostics: answered on "
+         "unstreamed requests only; leave it out or set stream false"),
+        ({"cache_diagnostics": "yes"}, "cache_diagnostics: must be true or false, got 'yes'"),
+    ])
+    def test_bad_asks_are_refused(self, acme, extra, message):
+        with pytest.raises(openai.BadRequestError) as caught:
+            ask(acme, "diagnosis refused", **extra)
+        assert caught.value.body["message"] == message
+
+
 class TestBatchLines:
     def test_a_batch_line_carries_its_cache_controls_to_its_result(self, acme):
         def line(i: int, **extra) -> str:
