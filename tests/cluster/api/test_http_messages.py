@@ -149,3 +149,20 @@ class TestRefusals:
             stranger.messages.create(model=MODEL, max_tokens=3,
                                      messages=[{"role": "user", "content": "Hi"}])
         assert caught.value.body["error"]["type"] == "authentication_error"
+
+
+class TestDiagnosis:
+    def test_a_message_may_carry_its_cache_diagnosis(self, claude):
+        system = "Diagnosed. " + SYSTEM
+        claude.messages.create(model=MODEL, max_tokens=2, extra_body=GREEDY, system=system,
+                               messages=[{"role": "user", "content": "First turn here."}])
+        message = claude.messages.create(
+            model=MODEL, max_tokens=2, system=system,
+            extra_body={**GREEDY, "cache_diagnostics": True},
+            messages=[{"role": "user", "content": "Second turn there."}])
+        diagnosis = message.model_extra["cache_diagnostics"]
+        assert diagnosis["cached_tokens"] == message.usage.cache_read_input_tokens > 0
+        assert (diagnosis["outcome"], diagnosis["reason"], diagnosis["message_index"]) == (
+            "near_miss", "near_miss", 1)  # the system prompt agrees; the user turn does not
+        assert diagnosis["cached_tokens"] <= diagnosis["diverged_at"] < diagnosis[
+            "cached_tokens"] + 16
