@@ -228,7 +228,8 @@ class JobRunner:
         async with self._forecasting:
             stored = self._store.next_requests(job.job_id, limit=FORECAST_REQUESTS)
             prepared = await asyncio.to_thread(lambda: [self._prepare_one(r) for r in stored])
-            pending = [PendingRequest(job.job_id, s.index, s.custom_id, p.prompt, p.sampling)
+            pending = [PendingRequest(job.job_id, s.index, s.custom_id, p.prompt, p.sampling,
+                                      p.cache, p.cache_salt)
                        for s, p in zip(stored, prepared) if isinstance(p, NewRequest)]
             self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant),
                                        pending)

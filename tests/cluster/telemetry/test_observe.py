@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from router.kv.key import hash_blocks
 from tests.conftest import Clock
 from tests.support.forged_models import tiny_model
 from tests.support.telemetry_factories import in_memory
@@ -64,3 +65,19 @@ class TestPrices:
         _, cold = priced(cluster, "c", CacheControls(read=False))
         assert (cold.forecast.cached_tokens, cold.measured.cached_tokens) == (0, 0)
         assert cold.measured_multiplier == 1.0  # every block was held: nothing written
+
+
+class TestJobForecast:
+    def test_each_request_s_breakpoint_and_bypass_shape_the_job_forecast(self, cluster):
+        observer = cluster.observer
+        hashes = hash_blocks(PROMPT, BS, cluster.engine().namespace("t"))
+        plans, held = observer.plan_job(
+            [hashes] * 3, [70] * 3, [4] * 3, 1, 1.0,
+            [CacheControls(write_limit=40), CacheControls(), CacheControls(read=False)])
+        assert [(p.read, p.write_limit, p.ttl_s) for p in plans] == [
+            (True, 40, None), (True, None, None), (False, None, None)]
+        usages = observer.forecast_job(plans, held)
+        assert [(u.cached_tokens, u.written_tokens) for u in usages] == [
+            (0, 32),   # two blocks before its breakpoint
+            (32, 32),  # reads them; writes the other two (4 outputs do not complete a 5th)
+            (0, 0)]    # reads nothing; every block is held already: writes nothing
