@@ -122,7 +122,8 @@ class RequestObserver:
         observed = self._conclude(request, block_hashes, result, decision) or Observed(None, None)
         spans.record_outcome(self.tel, span, spans.OutcomeRecord(
             result=result, block_size=self.block_size, block_hashes=block_hashes,
-            cost=observed.cost, miss=observed.miss, attempts=attempts, model=self.model))
+            cost=observed.cost, miss=observed.miss, attempts=attempts, model=self.model,
+            cache=request.cache, salted=bool(request.namespace.salt)))
         return observed
 
     def prefill_s(self) -> float:

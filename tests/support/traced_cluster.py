@@ -13,6 +13,7 @@ test can step past a TTL. With ``disk_bytes`` each worker's store has a disk tie
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ class Turn:
     conversation: str = ""
     turn: int = 0
     cache: CacheControls = CacheControls()  # what it asks of the store
+    salt: str = ""                          # its cache_salt
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,7 @@ class TracedCluster:
     def run(self, turn: Turn, traced: bool = True) -> Ran:
         """Route, generate and observe one request (``traced=False``: no telemetry at all)."""
         engine0 = self.engine()
-        namespace = engine0.namespace(turn.tenant)
+        namespace = dataclasses.replace(engine0.namespace(turn.tenant), salt=turn.salt)
         hashes = hash_blocks(turn.prompt, self.block_size, namespace)
         if not traced:
             decision = self.router.route(namespace, hashes, len(turn.prompt))
