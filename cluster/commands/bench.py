@@ -64,6 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_profile_bench(sub)  # `orchard bench profile`: the engine's service profile
     from cluster.bench.batch import register_bench as register_batch_bench
     register_batch_bench(sub)  # `orchard bench batch`: a 50,000-request file end to end
+    from cluster.bench.cache_controls import register_bench as register_cache_bench
+    register_cache_bench(sub)  # `orchard bench cache-controls`: read/write false, diagnosis
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
