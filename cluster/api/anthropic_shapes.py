@@ -134,6 +134,8 @@ def message_body(r: StoredResult, model: str, stops: Sequence[str], decode: Deco
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage(r)}
     if r.diagnosis is not None:
         body["cache_diagnostics"] = cache_fields.diagnosis_body(r.diagnosis, token_bytes)
+    if r.verification is not None:
+        body["cache_verify"] = cache_fields.verification_body(r.verification)
     return body
 
 

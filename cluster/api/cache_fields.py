@@ -10,8 +10,10 @@ What a request may ask (every edge alike; ``docs/api.md`` has the wire)::
       .cache_control
     cache_breakpoints              [{tokens, ttl}] (gRPC, batch lines): a breakpoint after
                                    the first ``tokens`` tokens of the prompt
-    cache: {read, write}           read false: the whole prompt is computed; write false:
-                                   nothing is stored
+    cache: {read, write, verify}   read false: the whole prompt is computed; write false:
+                                   nothing is stored; verify (with read false, single
+                                   unstreamed requests): the cached path is run too and its
+                                   tokens compared
     cache_salt                     enters the namespace root (``router.kv.key``)
     prompt_cache_key               (or a session header) the router's tie-break
     cache_diagnostics              (HTTP single requests, unstreamed) the answer says how
@@ -38,7 +40,7 @@ from typing import Any, Callable, Sequence
 
 from cluster.api.incoming import Json, MessageIn, Messages, RequestIn
 from cluster.api.validate import FieldError, Render, messages_to_dicts, quoted
-from cluster.jobs.records import CacheDiagnosis
+from cluster.jobs.records import CacheDiagnosis, CacheVerification
 from router.cost import FIVE_MINUTES_S
 from router.kv.key import MAX_SALT_BYTES
 from workers.messages import CACHE_TTLS, CacheControls
@@ -54,6 +56,11 @@ def cache_creation(written_input_tokens: int, ttl_s: float) -> dict[str, int]:
     long = ttl_s > FIVE_MINUTES_S
     return {"ephemeral_5m_input_tokens": 0 if long else written_input_tokens,
             "ephemeral_1h_input_tokens": written_input_tokens if long else 0}
+
+
+def verification_body(v: CacheVerification) -> dict[str, Any]:
+    return {"same_tokens": v.same_tokens, "cached_tokens": v.cached_tokens,
+            "first_difference": v.first_difference}
 
 
 def diagnosis_body(d: CacheDiagnosis, token_bytes: Callable[[list[int]], list[bytes]]
@@ -84,6 +91,9 @@ def check_shape(request: RequestIn, field: str, prompt: Sequence[int] | None) ->
     if request.cache.diagnostics:
         raise FieldError(f"{field}.cache_diagnostics", "answered on single requests only; "
                          "leave it out of a job")
+    if request.cache.verify:
+        raise FieldError(f"{field}.cache.verify", "answered on single requests only; leave "
+                         "it out of a job")
     cache_controls(request, field, prompt, None)
 
 
@@ -102,6 +112,9 @@ def cache_controls(request: RequestIn, field: str, prompt: Sequence[int] | None,
     """The controls ``request`` asks for, its ``prompt`` already tokenized (``render``: the
     chat template, to place a message's breakpoint; None with ``check_shape``)."""
     cache = request.cache
+    if cache.verify and cache.read:
+        raise FieldError(f"{field}.cache.verify", "compares a recompute with the cached path: "
+                         "it needs read false")
     key_size = len(cache.key.encode("utf-8"))
     if key_size > MAX_KEY_BYTES:
         raise FieldError(f"{field}.prompt_cache_key", f"{key_size} bytes; a key has at most "

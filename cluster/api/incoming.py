@@ -108,6 +108,7 @@ class CacheIn:
     write: bool = True             # cache.write
     breakpoints: tuple[TokenBreakpoint, ...] = ()  # cache_breakpoints
     diagnostics: bool = False      # cache_diagnostics (HTTP, unstreamed, single requests)
+    verify: bool = False           # cache.verify: with read false, run the cached path too
 
 
 @dataclass(frozen=True, slots=True)

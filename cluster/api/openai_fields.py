@@ -53,7 +53,7 @@ NEUTRAL: dict[str, Any] = {"n": 1, "best_of": 1, "presence_penalty": 0, "frequen
                            "logit_bias": {}, "echo": False, "suffix": "", "modalities": ["text"]}
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "cache_control")
 RETENTIONS = ("in_memory",)  # OpenAI's 24h is not offered: orchard keeps 5m, 1h or its TTL
-CACHE_USE_KEYS = ("read", "write")
+CACHE_USE_KEYS = ("read", "write", "verify")
 # The headers that name a client's session, first found wins (prompt_cache_key first of all):
 # orchard's own, then those agent clients send.
 SESSION_HEADERS = ("x-session-id", "session_id", "x-claude-code-session-id")
@@ -116,6 +116,9 @@ def check_batch_body(body: dict) -> None:
     if body.get("cache_diagnostics"):
         raise FieldError("cache_diagnostics", "answered on single requests only; leave it "
                          "out of a batch")
+    if isinstance(body.get("cache"), dict) and body["cache"].get("verify"):
+        raise FieldError("cache.verify", "answered on single requests only; leave it out of "
+                         "a batch")
     for key in ("tools", "tool_choice"):
         if body.get(key) is not None:
             raise FieldError(key, "not supported in a batch (its output lines carry text); "
@@ -155,14 +158,14 @@ def cache_of(body: dict, headers: dict[str, str] | None = None) -> CacheIn:
         raise FieldError("cache", 'must be an object such as {"read": false}')
     for name, value in use.items():
         if name not in CACHE_USE_KEYS:
-            raise FieldError(f"cache.{name}", "not a cache option; use read or write")
+            raise FieldError(f"cache.{name}", "not a cache option; use read, write or verify")
         if not isinstance(value, bool):
             raise FieldError(f"cache.{name}", f"must be true or false, got {_shown(value)}")
     if not key and headers:
         key = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), "")
     return CacheIn(control=body.get("cache_control"), salt=salt or "", key=key or "",
                    read=use.get("read", True), write=use.get("write", True),
-                   diagnostics=diagnostics_of(body))
+                   diagnostics=diagnostics_of(body), verify=use.get("verify", False))
 
 
 def diagnostics_of(body: dict) -> bool:
@@ -173,6 +176,10 @@ def diagnostics_of(body: dict) -> bool:
     if value and body.get("stream"):
         raise FieldError("cache_diagnostics", "answered on unstreamed requests only; leave "
                          "it out or set stream false")
+    use = body.get("cache")
+    if isinstance(use, dict) and use.get("verify") and body.get("stream"):
+        raise FieldError("cache.verify", "answered on unstreamed requests only; leave it out "
+                         "or set stream false")
     return bool(value)
 
 

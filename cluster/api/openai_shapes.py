@@ -227,6 +227,8 @@ def response_body(endpoint: str, r: StoredResult, model: str, created_s: int,
     if r.diagnosis is not None:
         body["cache_diagnostics"] = cache_fields.diagnosis_body(r.diagnosis,
                                                                 outputs.token_bytes)
+    if r.verification is not None:
+        body["cache_verify"] = cache_fields.verification_body(r.verification)
     return body
 
 

@@ -340,7 +340,7 @@ def new_request(request: RequestIn, field: str, model: ModelInfo, render: Render
                       cache=cache_fields.cache_controls(request, field, prompt, render),
                       cache_salt=cache_fields.salt_of(request, field), diagnose=diagnose,
                       message_ends=cache_fields.message_ends(request, prompt, render)
-                      if diagnose else ())
+                      if diagnose else (), verify=request.cache.verify)
 
 
 def idempotency_key(key: str) -> str:

@@ -26,13 +26,13 @@ from typing import AsyncIterator, Callable, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, TokenChunk
 from cluster.jobs.admission import Admission
-from cluster.jobs.dispatch import dispatch_stream, result_of
+from cluster.jobs.dispatch import dispatch, dispatch_stream, result_of
 from cluster.jobs.slots import SlotPool
-from cluster.jobs.records import EXCERPT_TOKENS, CacheDiagnosis
+from cluster.jobs.records import EXCERPT_TOKENS, CacheDiagnosis, CacheVerification
 from cluster.jobs.store import NewRequest, StoredResult
 from cluster.telemetry.job_tracing import JobTracing
 from cluster.telemetry.observe import Observed
-from router.kv.key import Namespace, hash_blocks
+from router.kv.key import BlockHash, Namespace, hash_blocks
 from workers.messages import GenerateRequest
 
 Metadata = Sequence[tuple[str, str]]  # the caller's (gRPC or HTTP) headers: its trace context
@@ -77,12 +77,19 @@ class DirectRequests:
                                 else max(remaining_s, MIN_TIMEOUT_S))
                 hashes = hash_blocks(request.prompt, self._block_size, generate.namespace)
                 async for item in dispatch_stream(self._backend, generate, hashes, timeout_s):
-                    if isinstance(item, GenerateOutcome) and request.diagnose:
+                    if isinstance(item, GenerateOutcome) and (request.diagnose
+                                                              or request.verify):
                         # the diagnosis names the observer's miss cause: traced first
                         observed = trace.done(generate, hashes, item)
-                        yield replace(result_of(0, request.custom_id, item, generate,
-                                                self._block_size),
-                                      diagnosis=diagnosis_of(request, item, observed))
+                        result = result_of(0, request.custom_id, item, generate,
+                                           self._block_size)
+                        if request.diagnose:
+                            result = replace(result,
+                                             diagnosis=diagnosis_of(request, item, observed))
+                        if request.verify:
+                            result = replace(result, verification=await _verify_pass(
+                                self._backend, generate, hashes, item, timeout_s))
+                        yield result
                     elif isinstance(item, GenerateOutcome):
                         try:  # the caller gets its result first; the trace finishes after
                             yield result_of(0, request.custom_id, item, generate,
@@ -92,6 +99,19 @@ class DirectRequests:
                             trace.done(generate, hashes, item)
                     else:
                         yield item
+
+
+async def _verify_pass(backend: Backend, request: GenerateRequest, hashes: Sequence[BlockHash],
+                       first: GenerateOutcome, timeout_s: float) -> CacheVerification:
+    """Run ``request`` again on the cached path (reading the store, writing nothing) and
+    compare its output with ``first``'s, the recompute's."""
+    cached = replace(request, request_id=f"{request.request_id}-verify",
+                     cache=replace(request.cache, read=True, write=False))
+    again = (await dispatch(backend, cached, hashes, timeout_s)).result
+    ours, theirs = first.result.output_tokens, again.output_tokens
+    differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                  None if len(ours) == len(theirs) else min(len(ours), len(theirs)))
+    return CacheVerification(differ is None, again.cached_tokens, differ)
 
 
 def diagnosis_of(request: NewRequest, outcome: GenerateOutcome, observed: Observed | None

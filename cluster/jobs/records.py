@@ -84,6 +84,16 @@ class CacheDiagnosis:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheVerification:
+    """A ``read: false`` request's answer beside the cached path's (``cache.verify``): the
+    same prompt and sampling run again reading the store (writing nothing)."""
+
+    same_tokens: bool
+    cached_tokens: int                 # what the cached pass read
+    first_difference: int | None       # the first output index where they differ
+
+
+@dataclass(frozen=True, slots=True)
 class NewRequest:
     """A request templated, tokenized and checked: what runs."""
     custom_id: str
@@ -93,6 +103,7 @@ class NewRequest:
     cache_salt: str = ""  # enters the namespace's root (router.kv.key)
     diagnose: bool = False  # cache_diagnostics: the result carries a CacheDiagnosis
     message_ends: tuple[int, ...] = ()  # with diagnose: where each message's tokens end
+    verify: bool = False  # cache.verify: the result carries a CacheVerification
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +172,7 @@ class StoredResult:
     written_input_tokens: int = 0
     write_ttl_s: float = 0.0
     diagnosis: CacheDiagnosis | None = None  # asked by single requests only: never stored
+    verification: CacheVerification | None = None  # likewise
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -169,7 +181,7 @@ class StoredResult:
             body["logprobs"] = [[t.token, t.logprob, t.top] for t in self.logprobs]
         else:  # results without them read as they always have
             del body["logprobs"]
-        del body["diagnosis"]
+        del body["diagnosis"], body["verification"]
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod

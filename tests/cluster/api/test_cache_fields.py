@@ -223,8 +223,8 @@ class TestOverHttp:
          "prompt_cache_retention: '24h' is not offered: orchard keeps a cache entry at most 1 "
          'hour; use in_memory (the store\'s TTL) or cache_control {"type": "ephemeral", '
          '"ttl": "1h"}'),
-        ({"cache": {"reed": False}}, "cache.reed", "cache.reed: not a cache option; use read "
-         "or write"),
+        ({"cache": {"reed": False}}, "cache.reed", "cache.reed: not a cache option; use read, "
+         "write or verify"),
     ])
     def test_bad_values_are_refused_400_naming_the_field(self, acme, extra, param, message):
         with pytest.raises(openai.BadRequestError) as caught:
@@ -275,6 +275,34 @@ class TestDiagnosis:
         with pytest.raises(openai.BadRequestError) as caught:
             ask(acme, "diagnosis refused", **extra)
         assert caught.value.body["message"] == message
+
+
+class TestVerify:
+    def test_read_false_with_verify_runs_the_cached_path_and_compares(self, acme):
+        system = "Verified. " + SYSTEM
+        ask(acme, "verify me", system)  # stores the prompt
+        reply = acme.chat.completions.create(
+            model="llama", max_tokens=4, temperature=0,
+            extra_body={"cache": {"read": False, "verify": True}},
+            messages=[{"role": "system", "content": system},
+                      {"role": "user", "content": "verify me"}])
+        prompt = reply.usage.prompt_tokens
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0
+        assert reply.model_extra["cache_verify"] == {
+            "same_tokens": True, "cached_tokens": min(prompt // 16 * 16, prompt - 1),
+            "first_difference": None}
+
+    @pytest.mark.parametrize("extra, param, message", [
+        ({"cache": {"verify": True}}, "cache.verify", "body.cache.verify: compares a "
+         "recompute with the cached path: it needs read false"),
+        ({"cache": {"read": False, "verify": True}, "stream": True}, "cache.verify",
+         "cache.verify: answered on unstreamed requests only; leave it out or set stream "
+         "false"),
+    ])
+    def test_bad_asks_are_refused(self, acme, extra, param, message):
+        with pytest.raises(openai.BadRequestError) as caught:
+            ask(acme, "verify refused", **extra)
+        assert (caught.value.body["param"], caught.value.body["message"]) == (param, message)
 
 
 class TestBatchLines:
