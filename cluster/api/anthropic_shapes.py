@@ -5,7 +5,10 @@ and a result as Anthropic's message, its stream events and its errors.
               string or text blocks), system (a string or text blocks), stop_sequences,
               temperature (default 1.0, as Anthropic's), top_p, stream, metadata ({user_id}: informational), and
               cache_control at the top level, on a system or message text block (writing
-              stops at the last breakpoint; ``cluster.api.cache_fields``); any other field,
+              stops at the last breakpoint; ``cluster.api.cache_fields``), orchard's
+              cache_diagnostics (unstreamed: the message carries ``cache_diagnostics``;
+              Anthropic's own ``diagnostics``, against a previous message id, is refused as
+              not implemented); any other field,
               a message key or a block type other than text is refused naming it (400)
     message   {id, type: message, role: assistant, model, content: [{type: text, text}],
               stop_reason: end_turn | max_tokens | stop_sequence, stop_sequence, usage}

@@ -13,7 +13,8 @@ refusal naming every other, so that nothing is accepted and then dropped.
                typo is refused, not ignored)
 
 The cache controls (``cache_control``, ``cache_salt``, ``prompt_cache_key``,
-``prompt_cache_retention``, orchard's ``cache: {read, write}``) are read into a ``CacheIn``
+``prompt_cache_retention``, orchard's ``cache: {read, write, verify}`` and
+``cache_diagnostics``; the last two on unstreamed single requests only) are read into a ``CacheIn``
 here (``cache_of``: their JSON types, and ``prompt_cache_retention``, which only says
 ``in_memory``: orchard keeps nothing 24 hours), checked in ``cluster.api.cache_fields``; a
 session header names the session when the body gives no ``prompt_cache_key``
