@@ -6,7 +6,9 @@ and a result as Anthropic's message, its stream events and its errors.
               temperature (default 1.0, as Anthropic's), top_p, stream, metadata ({user_id}: informational), and
               cache_control at the top level, on a system or message text block (writing
               stops at the last breakpoint; ``cluster.api.cache_fields``), orchard's
-              cache_diagnostics (unstreamed: the message carries ``cache_diagnostics``;
+              a session header (``x-session-id``, ``x-claude-code-session-id``, ...: the
+              router's tie-break), cache_diagnostics (unstreamed: the message carries
+              ``cache_diagnostics``;
               Anthropic's own ``diagnostics``, against a previous message id, is refused as
               not implemented); any other field,
               a message key or a block type other than text is refused naming it (400)
@@ -44,8 +46,9 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 Decode = Callable[[Sequence[int]], str]
 
 
-def request_of(body: dict) -> RequestIn:
-    """The request a Messages body asks for (unchecked beyond its JSON shape)."""
+def request_of(body: dict, headers: dict[str, str] | None = None) -> RequestIn:
+    """The request a Messages body asks for (unchecked beyond its JSON shape); a session
+    header (``openai_fields.SESSION_HEADERS``, lower-case names) names its session."""
     for key, value in body.items():
         if value is not None and key not in READ:
             raise FieldError(key, "not supported by orchard's Messages API; leave it out")
@@ -65,7 +68,12 @@ def request_of(body: dict) -> RequestIn:
     sampling = incoming.sampling(max_tokens, temperature, numbers["top_p"], stop=stops)
     return RequestIn("", Messages(_system(body.get("system")) + _turns(body.get("messages"))),
                      sampling, cache=CacheIn(control=body.get("cache_control"),
+                                             key=_session(headers or {}),
                                              diagnostics=openai_fields.diagnostics_of(body)))
+
+
+def _session(headers: dict[str, str]) -> str:
+    return next((headers[h] for h in openai_fields.SESSION_HEADERS if headers.get(h)), "")
 
 
 def _system(system: Any) -> tuple[MessageIn, ...]:

@@ -70,7 +70,7 @@ class MessagesApi:
         stream = body.get("stream") or False
         if not isinstance(stream, bool):
             raise FieldError("stream", "must be true or false")
-        orchard_request = shapes.request_of(body)
+        orchard_request = shapes.request_of(body, dict(request.headers.items()))
         stops = orchard_request.sampling.stop
         feed = Feed(self._work.stream_one(tenant, orchard_request, "body",
                                           list(request.headers.items())))
