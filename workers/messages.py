@@ -175,7 +175,7 @@ class GenerateResult:
     lookup: LookupReport
     timings: Timings
     worker_id: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)  # "stop": the stop string that ended it
     logprobs: tuple[TokenLogprob, ...] = ()  # one per output token, when the request asked
 
 

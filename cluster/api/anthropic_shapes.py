@@ -27,7 +27,7 @@ and a result as Anthropic's message, its stream events and its errors.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from cluster.api import cache_fields, incoming, openai_fields
 from cluster.api.incoming import CacheIn, MessageIn, Messages, RequestIn
@@ -43,7 +43,6 @@ ROLES = ("user", "assistant")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 503: "overloaded_error", 504: "api_error"}
-Decode = Callable[[Sequence[int]], str]
 
 
 def request_of(body: dict, headers: dict[str, str] | None = None) -> RequestIn:
@@ -113,18 +112,13 @@ def message_id(request_id: str) -> str:
     return f"msg_{request_id}"
 
 
-def stop_of(r: StoredResult, stops: Sequence[str], decode: Decode) -> tuple[str, str | None]:
-    """Anthropic's (stop_reason, stop_sequence): which stop string ended the text, found in
-    the decoded output where the text stops."""
+def stop_of(r: StoredResult) -> tuple[str, str | None]:
+    """Anthropic's (stop_reason, stop_sequence): the stop string the engine cut the text at
+    (``StoredResult.stop_sequence``), the model's end of turn, or ``max_tokens``."""
     if r.finish_reason == "length":
         return "max_tokens", None
-    # the decoded tokens may begin with the space a detokenizer drops before the first word
-    full = decode(r.output_tokens) if stops else ""
-    at = full.find(r.text)
-    after = full[at + len(r.text):] if at >= 0 else ""
-    for stop in stops:
-        if after.startswith(stop) or (not r.text and after.lstrip().startswith(stop)):
-            return "stop_sequence", stop
+    if r.stop_sequence:
+        return "stop_sequence", r.stop_sequence
     return "end_turn", None
 
 
@@ -137,9 +131,9 @@ def usage(r: StoredResult) -> dict:
             "cache_creation": cache_fields.cache_creation(written, r.write_ttl_s)}
 
 
-def message_body(r: StoredResult, model: str, stops: Sequence[str], decode: Decode,
+def message_body(r: StoredResult, model: str,
                  token_bytes: Callable[[list[int]], list[bytes]]) -> dict:
-    reason, sequence = stop_of(r, stops, decode)
+    reason, sequence = stop_of(r)
     body = {"id": message_id(r.request_id), "type": "message", "role": "assistant",
             "model": model, "content": [{"type": "text", "text": r.text}],
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage(r)}
@@ -166,9 +160,8 @@ def text_event(text: str) -> tuple[str, dict]:
                                     "delta": {"type": "text_delta", "text": text}})
 
 
-def end_events(r: StoredResult, stops: Sequence[str], decode: Decode
-               ) -> list[tuple[str, dict]]:
-    reason, sequence = stop_of(r, stops, decode)
+def end_events(r: StoredResult) -> list[tuple[str, dict]]:
+    reason, sequence = stop_of(r)
     totals = {k: v for k, v in usage(r).items() if k != "cache_creation"}
     return [("content_block_stop", {"type": "content_block_stop", "index": 0}),
             ("message_delta", {"type": "message_delta",

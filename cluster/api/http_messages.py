@@ -58,9 +58,6 @@ class MessagesApi:
         key = request.headers.get("x-api-key")
         return self._auth.tenant_of(key) if key else tenant_of(self._auth, request)
 
-    def _decode(self, token_ids) -> str:
-        return b"".join(self._work.token_bytes(list(token_ids))).decode("utf-8", "replace")
-
     async def create(self, request: Request) -> Response:
         tenant = self._tenant(request)
         body = await json_body(request)
@@ -71,7 +68,6 @@ class MessagesApi:
         if not isinstance(stream, bool):
             raise FieldError("stream", "must be true or false")
         orchard_request = shapes.request_of(body, dict(request.headers.items()))
-        stops = orchard_request.sampling.stop
         feed = Feed(self._work.stream_one(tenant, orchard_request, "body",
                                           list(request.headers.items())))
         try:  # a request refused before its first item gets a status, not a broken stream
@@ -85,13 +81,13 @@ class MessagesApi:
             feed.cancel()
             raise
         if not stream:
-            return JSONResponse(shapes.message_body(first, self._model_id, stops, self._decode,
+            return JSONResponse(shapes.message_body(first, self._model_id,
                                                     self._work.token_bytes))
-        return StreamingResponse(self._events(first, feed, stops),
+        return StreamingResponse(self._events(first, feed),
                                  media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
 
-    async def _events(self, first, feed: Feed, stops) -> AsyncIterator[bytes]:
+    async def _events(self, first, feed: Feed) -> AsyncIterator[bytes]:
         finished = False
         try:
             item = first
@@ -102,7 +98,7 @@ class MessagesApi:
                     yield _event(*shapes.text_event(item.text))
                 item = await feed.next()
             finished = True
-            for name, data in shapes.end_events(item, stops, self._decode):
+            for name, data in shapes.end_events(item):
                 yield _event(name, data)
         except StopAsyncIteration:
             yield _event("error", shapes.error_body(500, "the stream ended without a result"))

@@ -68,7 +68,7 @@ def result_of(index: int, custom_id: str, outcome: GenerateOutcome, request: Gen
         worker_id=outcome.worker_id or r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s,
         attempts=outcome.attempts,
         worker_s=outcome.worker_time_s(), logprobs=tuple(r.logprobs),
-        written_input_tokens=written_input,
+        written_input_tokens=written_input, stop_sequence=r.extra.get("stop", ""),
         write_ttl_s=r.lookup.ttl_s if ttl_s is None else ttl_s)
 
 

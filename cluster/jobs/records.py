@@ -171,6 +171,7 @@ class StoredResult:
     # idle: the request's TTL, or the store's when it asked none (0.0: not written / failed)
     written_input_tokens: int = 0
     write_ttl_s: float = 0.0
+    stop_sequence: str = ""  # the stop string that ended the text ("": EOS, length, none)
     diagnosis: CacheDiagnosis | None = None  # asked by single requests only: never stored
     verification: CacheVerification | None = None  # likewise
 

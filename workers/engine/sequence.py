@@ -94,6 +94,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asks
     hook: Any = None  # its grammar's logits processor in the decode batch (``constrained``)
     _stopped_by_string: bool = False
+    _stop_string: str = ""  # the stop string that ended the text (the result's extra "stop")
 
     def delta(self, token: int, now_ns: int, eos: set[int], row: mx.array) -> TokenDelta:
         """``add`` the token; the delta that streams it (with its recorded log-probability)."""
@@ -138,10 +139,11 @@ class Sequence:
         self.text += segment
         longest = max((len(s) for s in self.request.sampling.stop), default=0)
         window = max(0, before - longest + 1)  # a stop string may straddle two segments
-        hits = [at for at in (self.text.find(s, window) for s in self.request.sampling.stop)
-                if at >= 0]
+        hits = [(at, s) for s in self.request.sampling.stop
+                if (at := self.text.find(s, window)) >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
+            at, self._stop_string = min(hits)  # the first in the text (ties: by the string)
+            self.text = self.text[:at]
             self.finish_reason = "stop"
             self._stopped_by_string = True
         return self.text[before:]
@@ -157,5 +159,6 @@ class Sequence:
             input_tokens=r.prompt_tokens, cached_tokens=r.reused_tokens,
             computed_tokens=r.prompt_tokens - r.reused_tokens, written_tokens=self.written,
             lookup=r, worker_id=worker_id, logprobs=tuple(self.logprobs),
+            extra={"stop": self._stop_string} if self._stop_string else {},
             timings=Timings(self.received_ns, self.lookup_start_ns, self.lookup_end_ns,
                             self.prefill_start_ns, self.first_token_ns, self.last_token_ns))

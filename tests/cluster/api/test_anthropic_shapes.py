@@ -46,12 +46,10 @@ def test_bad_bodies_are_refused_naming_the_field(body, message):
     assert str(caught.value) == message
 
 
-def test_the_stop_reason_names_the_stop_sequence_found_after_the_text():
-    def result(finish: str, text: str) -> StoredResult:
-        return StoredResult(0, "", "r", True, text=text, output_tokens=(1, 2, 3),
-                            finish_reason=finish)
-    decode = lambda ids: " Hello END more"  # noqa: E731  the detokenizer's leading space
-    assert stop_of(result("stop", "Hello "), ["STOP", "END"], decode) == ("stop_sequence",
-                                                                            "END")
-    assert stop_of(result("stop", "Hello END more"), ["END"], decode) == ("end_turn", None)
-    assert stop_of(result("length", "Hello"), ["END"], decode) == ("max_tokens", None)
+def test_the_stop_reason_names_the_stop_sequence_the_engine_cut_at():
+    def result(finish: str, stop: str = "") -> StoredResult:
+        return StoredResult(0, "", "r", True, text="Hello ", finish_reason=finish,
+                            stop_sequence=stop)
+    assert stop_of(result("stop", "END")) == ("stop_sequence", "END")
+    assert stop_of(result("stop")) == ("end_turn", None)  # the model's end of turn
+    assert stop_of(result("length")) == ("max_tokens", None)
