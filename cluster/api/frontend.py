@@ -51,6 +51,7 @@ from cluster.api.servicer import GenerateServicer, JobsServicer
 from cluster.api.batch_store import BatchStore
 from cluster.api.http_app import HttpApi, HttpServer, start_http
 from cluster.api.http_batches import Batches
+from cluster.api.http_message_batches import MessageBatches
 from cluster.api.http_guard import HttpLimits
 from cluster.api.servicer_admin import AdminServicer
 from cluster.api.tool_calls import ToolFormat
@@ -199,7 +200,7 @@ async def _serve_http(config: Config, auth: Authenticator, work: Work, store: Jo
     """The OpenAI-compatible HTTP API on its own port, held to ``[http]``'s limits."""
     batches = BatchStore(config.run_dir, lambda: clock_ms() // 1000)
     api = HttpApi(auth, work, encode, Batches(auth, work, store, runner, batches, encode),
-                  lambda: clock_ms() / 1000)
+                  lambda: clock_ms() / 1000, MessageBatches(auth, work, store, runner))
     settings = config.http
     limits = HttpLimits(settings.max_body_bytes, settings.header_timeout_s,
                         settings.body_timeout_s, settings.max_connections_per_client)

@@ -5,6 +5,7 @@
     POST /v1/completions                   text or token-id prompt, streamed or not
     /v1/files, /v1/batches                 the Batch API (cluster.api.http_batches)
     POST /v1/messages                      Anthropic's Messages API (cluster.api.http_messages)
+    /v1/messages/batches                   its Message Batches (cluster.api.http_message_batches)
 
 It is a second edge beside gRPC over the same objects: the same ``Authenticator`` (keys and
 tenants, ``Authorization: Bearer``), the same ``Work`` (validation, admission and
@@ -35,6 +36,7 @@ from cluster.api.openai_stream import StreamedAnswer
 from cluster.api.edge import Authenticator
 from cluster.api.http_batches import Batches
 from cluster.api.http_feed import Feed
+from cluster.api.http_message_batches import MessageBatches
 from cluster.api.http_messages import MessagesApi
 from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, json_body,
                                      openai_errors, tenant_of)
@@ -53,11 +55,13 @@ def _sse(data: dict | str) -> bytes:
 
 class HttpApi:
     def __init__(self, auth: Authenticator, work: Work, encode: shapes.Encode,
-                 batches: Batches, clock_s: Callable[[], float] = time.time):
+                 batches: Batches, clock_s: Callable[[], float] = time.time,
+                 message_batches: MessageBatches | None = None):
         self._auth = auth
         self._work = work
         self._encode = encode
         self._batches = batches
+        self._message_batches = message_batches
         self._clock_s = clock_s
         self._model_id = work.model.model_id
 
@@ -68,7 +72,8 @@ class HttpApi:
                         methods=["GET"]),
                   Route(shapes.CHAT, openai_errors(self.chat), methods=["POST"]),
                   Route(shapes.COMPLETIONS, openai_errors(self.completions), methods=["POST"]),
-                  *self._batches.routes(), *MessagesApi(self._auth, self._work).routes()]
+                  *self._batches.routes(), *MessagesApi(self._auth, self._work).routes(),
+                  *(self._message_batches.routes() if self._message_batches else ())]
         json_cap = BodyCap(limits.max_body_bytes, "[http] max_body_bytes",
                            "send a smaller request")
         return RequestGuard(Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS),

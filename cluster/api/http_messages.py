@@ -41,6 +41,12 @@ def anthropic_errors(endpoint):
     return wrapped
 
 
+def api_key_tenant(auth: Authenticator, request: Request) -> str:
+    """The tenant of Anthropic's ``x-api-key`` header, or of ``Authorization: Bearer``."""
+    key = request.headers.get("x-api-key")
+    return auth.tenant_of(key) if key else tenant_of(auth, request)
+
+
 def _event(name: str, data: dict) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
@@ -54,12 +60,8 @@ class MessagesApi:
     def routes(self) -> list[Route]:
         return [Route(shapes.PATH, anthropic_errors(self.create), methods=["POST"])]
 
-    def _tenant(self, request: Request) -> str:
-        key = request.headers.get("x-api-key")
-        return self._auth.tenant_of(key) if key else tenant_of(self._auth, request)
-
     async def create(self, request: Request) -> Response:
-        tenant = self._tenant(request)
+        tenant = api_key_tenant(self._auth, request)
         body = await json_body(request)
         if body.get("model") != self._model_id:
             raise FieldError("model", f"unknown model {body.get('model')!r}; this cluster "

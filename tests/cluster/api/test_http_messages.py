@@ -7,6 +7,7 @@ reference for the text and the prompt's size.
 from __future__ import annotations
 
 import json
+import time
 
 import anthropic
 import openai
@@ -166,3 +167,44 @@ class TestDiagnosis:
             "near_miss", "near_miss", 1)  # the system prompt agrees; the user turn does not
         assert diagnosis["cached_tokens"] <= diagnosis["diverged_at"] < diagnosis[
             "cached_tokens"] + 16
+
+
+class TestMessageBatches:
+    def test_a_batch_runs_as_a_job_and_its_results_are_the_messages(self, claude):
+        system = [{"type": "text", "text": "Batched. " + SYSTEM,
+                   "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+
+        def params(user: str) -> dict:
+            return {"model": MODEL, "max_tokens": 3, "temperature": 0, "system": system,
+                    "messages": [{"role": "user", "content": user}]}
+        batch = claude.messages.batches.create(requests=[
+            {"custom_id": "q1", "params": params("First batched question?")},
+            {"custom_id": "q2", "params": params("Second batched question?")}])
+        assert (batch.type, batch.processing_status) == ("message_batch", "in_progress")
+        deadline = time.monotonic() + 120
+        while batch.processing_status != "ended" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            batch = claude.messages.batches.retrieve(batch.id)
+        assert batch.processing_status == "ended"
+        assert (batch.request_counts.succeeded, batch.request_counts.errored,
+                batch.request_counts.processing) == (2, 0, 0)
+        results = {r.custom_id: r.result for r in claude.messages.batches.results(batch.id)}
+        assert sorted(results) == ["q1", "q2"]
+        plain = claude.messages.create(**{k: v for k, v in params("First batched question?")
+                                          .items() if k != "temperature"}, extra_body=GREEDY)
+        first = results["q1"]
+        assert first.type == "succeeded"
+        assert first.message.content[0].text == plain.content[0].text
+        written = [r.message.usage.cache_creation.ephemeral_1h_input_tokens
+                   for r in results.values()]
+        assert sum(written) == plain.usage.cache_read_input_tokens > 0  # one wrote the system
+
+    def test_a_bad_request_in_a_batch_is_refused_naming_it(self, claude):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.batches.create(requests=[
+                {"custom_id": "ok", "params": {"model": MODEL, "max_tokens": 2, "messages": [
+                    {"role": "user", "content": "Hi"}]}},
+                {"custom_id": "bad", "params": {"model": MODEL, "max_tokens": 2, "top_k": 3,
+                                                "messages": [{"role": "user", "content": "Hi"}]}}])
+        assert caught.value.body["error"]["message"] == (
+            "requests[1].params.top_k: not supported by orchard's Messages API; leave it out")
