@@ -184,8 +184,11 @@ def measured_usage(input_tokens: int, cached_tokens: int, written_tokens: int,
 
 
 def forecast_request(input_tokens: int, expected_cached: int, block_size: int,
-                     output_tokens: int = 1) -> TokenUsage:
+                     output_tokens: int = 1, write_limit: int | None = None) -> TokenUsage:
     """The usage a request is expected to have, from the router's expected cached tokens.
+
+    ``write_limit``: the request's last cache breakpoint (0: it writes nothing; None: no
+    breakpoint): only the full blocks before it are written.
 
     The worker stores every full block of the prompt it does not hold and, when the request
     finishes, the block its output completes: after ``n`` output tokens it holds the K/V of
@@ -198,6 +201,8 @@ def forecast_request(input_tokens: int, expected_cached: int, block_size: int,
         raise ValueError(f"expected_cached {expected_cached} must be in [0, input_tokens - 1] "
                          f"for a prompt of {input_tokens} tokens")
     held_end = (input_tokens + max(1, output_tokens) - 1) // block_size * block_size
+    if write_limit is not None:
+        held_end = min(held_end, write_limit // block_size * block_size)
     return TokenUsage(input_tokens, expected_cached,
                       _input_written(input_tokens, expected_cached, held_end, block_size))
 

@@ -23,6 +23,12 @@ Events are processed in time order; at equal times writes come before lookups::
     t=s  A's and B's blocks are stored
     t=s  C looks up [a0 a1 a2 c3]: reads 3 blocks, writes c3
 
+A request's cache controls change what it reads and writes (``PlannedRequest``): ``read``
+off, it reads nothing (and touches nothing); ``write_limit`` (its last breakpoint; 0 when it
+writes nothing), only the full blocks before it are stored, so only those can later requests
+read; ``ttl_s``, its blocks stay that long idle (a block's TTL is the longest any writer
+asked for, as in the stores' ledger).
+
 The output is a ``TokenUsage`` per request (``router.cost``), priced like the measured ones.
 
 What the cluster holds when a job is submitted comes from ``ClusterHoldings``: one
@@ -61,6 +67,9 @@ class PlannedRequest:
     arrival_s: float   # seconds after submission when its lookup happens
     service_s: float   # seconds from its lookup until its new blocks are stored
     output_tokens: int = 1  # expected; the block the output completes holds the prompt's tail
+    read: bool = True                # False: reads nothing from cache
+    write_limit: int | None = None   # tokens: only full blocks before it are written
+    ttl_s: float | None = None       # its writes' TTL (None: the model's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +215,17 @@ class _Cache:
         self.now = now
         return self._ledger.peek([block]) == 1
 
-    def store(self, chain: Sequence[BlockHash], now: float) -> None:
-        self.now = now
-        self._ledger.insert(chain, self._block_size, self._NS.label(), self._root)
+    def store(self, chain: Sequence[BlockHash], now: float, ttl_s: float | None = None) -> None:
+        if chain:
+            self.now = now
+            self._ledger.insert(chain, self._block_size, self._NS.label(), self._root, ttl_s)
+
+
+def _writable(req: PlannedRequest, block_size: int) -> int:
+    """Leading blocks of ``req``'s chain it may write (all, without a breakpoint)."""
+    if req.write_limit is None:
+        return len(req.block_hashes)
+    return min(len(req.block_hashes), req.write_limit // block_size)
 
 
 def _tail_written(req: PlannedRequest, block_size: int) -> int:
@@ -243,8 +260,9 @@ def forecast_job(
     usages: list[TokenUsage | None] = [None] * len(plan)
     while events:
         now, kind, order, index = heapq.heappop(events)
-        if kind == 0:
-            cache.store(plan[index].block_hashes, now)  # the whole chain, as a worker does
+        if kind == 0:  # the whole chain it may write, as a worker does
+            done = plan[index]
+            cache.store(done.block_hashes[:_writable(done, model.block_size)], now, done.ttl_s)
             pending.difference_update(to_write.pop(index))
             continue
         req = plan[index]
@@ -252,15 +270,20 @@ def forecast_job(
             raise RuntimeError(f"planned request {index} was looked up twice")
         if req.input_tokens <= 0:
             raise ValueError(f"planned request {index} has no input tokens; drop empty prompts")
-        matched = cache.match(req.block_hashes, now)
-        new = [b for b in req.block_hashes[matched:]
+        matched = cache.match(req.block_hashes, now) if req.read else 0
+        writable = _writable(req, model.block_size)
+        new = [b for b in req.block_hashes[matched:writable]
                if b not in pending and not cache.holds(b, now)]
         pending.update(new)
         to_write[index] = new
         heapq.heappush(events, (now + req.service_s, 0, order, index))
         modelled = reusable_tokens(req.input_tokens, matched, model.block_size)
         cached = round(modelled * realisation)
-        written = min(len(new) * model.block_size + _tail_written(req, model.block_size)
-                      + modelled - cached, req.input_tokens - cached)
+        if req.write_limit is None:
+            written = min(len(new) * model.block_size + _tail_written(req, model.block_size)
+                          + modelled - cached, req.input_tokens - cached)
+        else:  # nothing past its breakpoint: no tail, no output block
+            written = max(0, min(len(new) * model.block_size + modelled - cached,
+                                 writable * model.block_size - cached))
         usages[index] = TokenUsage(req.input_tokens, cached, written)
     return [u for u in usages if u is not None]

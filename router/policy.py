@@ -38,6 +38,16 @@ Algorithm:
    cold prompt waits at its home for at most its own new prefill, which is all a sibling
    arriving there later could reuse of it. Rendezvous (highest random weight) moves only
    the keys of a worker that joins or leaves.
+5. **Session keys break ties, never a longer match.** A request may name a session
+   (``prompt_cache_key``, or a session header: ``session_worker`` is the worker that
+   served that key last, in the same namespace). In step 3 it is a tie-break only: equal
+   score and equal match, the session's worker before the worker id. In step 4, where no
+   worker holds more than the shared prefix, the session's worker takes the place of the
+   rendezvous home when it matches as much as the best-matching worker (so it never
+   overrides a longer cached match elsewhere), and the cold spill still applies. Why:
+   agent clients put a per-message line near the top of the system prompt; each request
+   then looks cold, and its hash home moves with that line, while its session's worker
+   holds the conversation's kept cache and, behind a breakpoint, its stable prefix.
 
 Defaults, chosen by replaying the Mooncake conversation trace and a synthetic trace of a
 different shape (figures in ``docs/benchmarks.md``, ``## Router``):
@@ -277,6 +287,7 @@ class RouteQuery:
     shared_blocks: int = 0
     shared_stored_on: Collection[str] = ()
     disk_blocks: Mapping[str, int] | None = None
+    session_worker: str = ""  # the worker that served the request's session key last
 
 
 def decide(config: PolicyConfig, query: RouteQuery, loads: Sequence[WorkerLoad], *,
@@ -285,7 +296,7 @@ def decide(config: PolicyConfig, query: RouteQuery, loads: Sequence[WorkerLoad],
     ``block_size`` and ``seed`` are the router's, ``recent_scale`` scales the balance term."""
     hashes, prompt_tokens, matched_blocks = query.hashes, query.prompt_tokens, query.matched_blocks
     shared_blocks, shared_stored_on = query.shared_blocks, query.shared_stored_on
-    disk_blocks = query.disk_blocks
+    disk_blocks, session = query.disk_blocks, query.session_worker
     if not loads:
         raise NoWorkerAvailable("no worker is accepting requests: add a worker or retry")
     weight, cache_weight = config.decode_weight_tokens, config.cache_weight - 1.0
@@ -321,7 +332,8 @@ def decide(config: PolicyConfig, query: RouteQuery, loads: Sequence[WorkerLoad],
             score += cost * min(m, disk_blocks[load.worker_id] * block_size)
         row = (load.worker_id, m, load_tokens, score)
         rows.append(row)
-        key = (score, -m, load.worker_id)  # lowest score; then more matched; then by id
+        # lowest score; then more matched; then the session's worker; then by id
+        key = (score, -m, load.worker_id != session, load.worker_id)
         if cheapest_key is None or key < cheapest_key:
             cheapest, cheapest_key = row, key
     if best_match > shared:
@@ -331,7 +343,9 @@ def decide(config: PolicyConfig, query: RouteQuery, loads: Sequence[WorkerLoad],
         key = hashes[min(-(-shared // block_size), len(hashes) - 1)]
         ids = [load.worker_id for load in loads]
         chosen = None
-        for home in rendezvous(key, ids, seed, HOME_CHOICES):
+        homes = ([session] if session in ids and rows[ids.index(session)][1] == best_match
+                 else rendezvous(key, ids, seed, HOME_CHOICES))
+        for home in homes:
             row = rows[ids.index(home)]
             if chosen is None or row[3] < chosen[3]:  # a tie keeps the first (highest weight)
                 chosen = row

@@ -31,11 +31,17 @@ Given ``PeerLinks`` (a cluster whose workers can pull blocks from each other), a
 carry a pull (``router.policy.with_pull``, ``router.pull_cost``); each pull's measured bytes
 and time (``observe_pull``) are that pair's link rate from then on.
 
+Session keys (``route(..., session=)``: a request's ``prompt_cache_key`` or session header):
+the router remembers, per namespace, the worker each key was last routed to, for the
+policy's tie-break (``router.policy``, step 5); at most ``MAX_SESSIONS`` keys (65,536, about
+10 MB), the least recently routed forgotten first.
+
 The clock is injected (seconds, monotonic); randomness is the seeded rendezvous hash only.
 """
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -49,6 +55,7 @@ from router.sharing import SharedPrefixes
 
 SHARED_ENTRY_BYTES = 131 + 89  # a branch point and a shared mark (Python dicts of hashes)
 SHARED_MIN_ENTRIES = 1 << 16
+MAX_SESSIONS = 1 << 16  # session keys remembered for the tie-break
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,8 @@ class Router:
         # None: the cluster cannot move blocks between workers, so no pull is planned
         self.links = links
         self._prefill_rates: dict[str, float] = {}  # measured, from the workers' batches
+        # (namespace label, session key) -> the worker it was routed to last; oldest first
+        self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.unknown_tickets = 0
 
     # ---- workers -------------------------------------------------------------------------
@@ -186,9 +195,10 @@ class Router:
     # ---- routing -------------------------------------------------------------------------
 
     def route(self, namespace: Namespace, block_hashes: Sequence[BlockHash],
-              prompt_tokens: int) -> RoutingDecision:
+              prompt_tokens: int, session: str = "") -> RoutingDecision:
         """Choose a worker for a prompt of ``prompt_tokens`` whose full blocks hash to
-        ``block_hashes``. Raises ``NoWorkerAvailable`` when no worker takes requests."""
+        ``block_hashes``; ``session``: its session key ("": none), a tie-break. Raises
+        ``NoWorkerAvailable`` when no worker takes requests."""
         if prompt_tokens <= 0:
             raise ValueError(f"prompt_tokens must be positive, got {prompt_tokens}")
         if len(block_hashes) * self.block_size > prompt_tokens:
@@ -208,12 +218,19 @@ class Router:
         self._shared.note(block_hashes, deepest)
         stored = self._index.holders(block_hashes[shared - 1]) if shared else ()
         chain = block_hashes if block_hashes else (namespace.root(),)
-        query = RouteQuery(chain, prompt_tokens, matched, shared, stored, found.disk_blocks)
+        key = (namespace.label(), session)
+        query = RouteQuery(chain, prompt_tokens, matched, shared, stored, found.disk_blocks,
+                           self._sessions.get(key, "") if session else "")
         decision = decide(self.config, query, loads, block_size=self.block_size, seed=self.seed,
                           recent_scale=recent_scale)
         if self.links is not None and len(loads) > 1:
             decision = with_pull(self.config, decision, loads, self.links, self._prefill_rates,
                                  self.block_size)
+        if session:
+            self._sessions[key] = decision.worker_id
+            self._sessions.move_to_end(key)
+            if len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
         self._index.note_routed(decision.worker_id, block_hashes, now,
                                 matched.get(decision.worker_id, 0))
         return decision

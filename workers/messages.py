@@ -66,6 +66,45 @@ class Priority(StrEnum):
 
     INTERACTIVE = "interactive"
     BATCH = "batch"
+CACHE_TTLS = {"5m": 300.0, "1h": 3600.0}  # the TTLs a request may ask for (Anthropic's)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheControls:
+    """What a request asks of the prefix store (the cluster's ``cluster.api.cache_fields``
+    checks them): everything is computed whatever these say; only reuse and storing change.
+
+    ``read``: reuse cached K/V (False: the whole prompt is computed). ``write``: store new
+    blocks (False: nothing is stored, nor kept for the next turn). ``write_limit``: store
+    only the full blocks of the first ``write_limit`` tokens (the last breakpoint; None: every
+    full block, the output's included). ``ttl_s``: how long written blocks are kept idle
+    (None: the store's own TTL). ``session``: the client's session or prompt cache key, which
+    the router uses as a tie-break only (``router.policy``).
+    """
+
+    read: bool = True
+    write: bool = True
+    write_limit: int | None = None
+    ttl_s: float | None = None
+    session: str = ""
+
+    def __post_init__(self) -> None:
+        if self.write_limit is not None and self.write_limit < 0:
+            raise ValueError(f"write_limit must be >= 0 tokens, got {self.write_limit}")
+        if self.ttl_s is not None and self.ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive seconds, got {self.ttl_s}")
+
+    def writable(self, tokens: int) -> int:
+        """How many of a sequence's first ``tokens`` tokens may be stored."""
+        if not self.write:
+            return 0
+        return tokens if self.write_limit is None else min(tokens, self.write_limit)
+
+    @property
+    def keeps(self) -> bool:
+        """Whether a finished request's whole cache may be kept for the next turn: only when
+        nothing stops writing (a kept cache holds every token, past any breakpoint)."""
+        return self.write and self.write_limit is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +118,7 @@ class GenerateRequest:
     # A batch job's request: throughput first. The step budget's decode-stall bound protects
     # only the decodes of interactive requests (``workers.engine.scheduler``).
     batch: bool = False
+    cache: CacheControls = CacheControls()
 
     @property
     def priority(self) -> Priority:
@@ -148,7 +188,7 @@ class GenerateResult:
     lookup: LookupReport
     timings: Timings
     worker_id: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)  # "stop": the stop string that ended it
     logprobs: tuple[TokenLogprob, ...] = ()  # one per output token, when the request asked
     drafted_tokens: int = 0   # speculative decoding: tokens drafted for this request
     accepted_tokens: int = 0  # of those, accepted into its output

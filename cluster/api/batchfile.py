@@ -35,7 +35,7 @@ from typing import Iterable
 
 from google.protobuf import json_format
 
-from cluster.api import incoming, json_input, openai_fields, validate
+from cluster.api import cache_fields, incoming, json_input, openai_fields, validate
 from cluster.api.convert import request_to_pb
 from cluster.api.openai_logprobs import TokenScore, chat_logprobs
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -127,9 +127,20 @@ def line_shape(text: str | bytes, name: str, lineno: int) -> dict:
         openai_fields.check_message_keys(messages)
         openai_fields.logprobs_of(body, URL)
         validate.format_of(body.get("response_format"), "response_format")  # compiled later
+        _cache_shape(body, messages)
     except validate.FieldError as exc:
         raise _bad(name, lineno, f"body.{exc}") from None
     return line
+
+
+def _cache_shape(body: dict, messages: list[dict]) -> None:
+    """The cache controls' shape: what protobuf must carry (the rest is checked at dispatch)."""
+    openai_fields.cache_of(body)
+    if body.get("cache_control") is not None:
+        cache_fields.control_ttl(body["cache_control"], "cache_control")
+    for i, message in enumerate(messages):
+        if message.get("cache_control") is not None:
+            cache_fields.control_ttl(message["cache_control"], f"messages[{i}].cache_control")
 
 
 def request_of(line: dict, name: str = "input", lineno: int = 0) -> incoming.RequestIn:
@@ -140,7 +151,8 @@ def request_of(line: dict, name: str = "input", lineno: int = 0) -> incoming.Req
         return incoming.RequestIn(line["custom_id"], incoming.messages_of(body["messages"]),
                                   incoming.sampling(**_sampling(body, name, lineno)),
                                   response_format=body.get("response_format"),
-                                  logprobs=logprobs, top_logprobs=top)
+                                  logprobs=logprobs, top_logprobs=top,
+                                  cache=openai_fields.cache_of(body))
     except (TypeError, ValueError, OverflowError) as exc:
         # a value the request's fields cannot hold (line_shape names the common ones)
         raise _bad(name, lineno, f"body: {exc}") from None
@@ -196,6 +208,9 @@ def output_line(result: pb.Result, created_s: int) -> str:
                 "completion_tokens": usage.completion_tokens,
                 "total_tokens": usage.prompt_tokens + usage.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+                "cache_creation_input_tokens": usage.written_input_tokens,
+                "cache_creation": cache_fields.cache_creation(usage.written_input_tokens,
+                                                              usage.write_ttl_s),
             },
         },
     }

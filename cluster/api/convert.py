@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence, overload
 
 from google.protobuf import json_format, struct_pb2
 
-from cluster.api.incoming import (ABSENT, Absent, Json, MessageIn, Messages, RequestIn,
-                                  SamplingIn, Tokens)
+from cluster.api.incoming import (ABSENT, Absent, CacheIn, Json, MessageIn, Messages,
+                                  RequestIn, SamplingIn, TokenBreakpoint, Tokens)
 from cluster.api.validate import FieldError
 from cluster.backend.protocol import CacheStats, WorkerInfo
 from workers.messages import DiskTierStats, TokenLogprob
@@ -68,7 +68,8 @@ def result_to_pb(r: StoredResult, model: str, token_bytes: TokenBytes | None = N
         output_tokens=r.output_tokens, finish_reason=r.finish_reason,
         usage=pb.Usage(prompt_tokens=r.prompt_tokens, completion_tokens=len(r.output_tokens),
                        cached_tokens=r.cached_tokens, computed_tokens=r.computed_tokens,
-                       written_tokens=r.written_tokens),
+                       written_tokens=r.written_tokens,
+                       written_input_tokens=r.written_input_tokens, write_ttl_s=r.write_ttl_s),
         worker_id=r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s, attempts=r.attempts,
         model=model, worker_s=r.worker_s, logprobs=logprobs)
 
@@ -158,7 +159,49 @@ def content_value(content: Any) -> struct_pb2.Value:
 
 
 def messages_from_pb(messages: Sequence[pb.ChatMessage]) -> tuple[MessageIn, ...]:
-    return tuple(MessageIn(m.role, json_of(m.content)) for m in messages)
+    return tuple(MessageIn(m.role, json_of(m.content),
+                           cache_control=control_from_pb(m.cache_control)
+                           if m.HasField("cache_control") else None) for m in messages)
+
+
+def control_from_pb(control: pb.CacheControl) -> dict[str, Json]:
+    """A ``CacheControl`` message as the JSON object the HTTP API takes."""
+    out: dict[str, Json] = {"type": control.type}
+    if control.HasField("ttl"):
+        out["ttl"] = control.ttl
+    return out
+
+
+def control_to_pb(control: Json) -> pb.CacheControl:
+    if not isinstance(control, dict) or not all(isinstance(v, str) for v in control.values()):
+        raise FieldError("cache_control", 'must be {"type": "ephemeral", "ttl": "5m" or "1h"}')
+    out = pb.CacheControl(type=control.get("type", ""))
+    if "ttl" in control:
+        out.ttl = control["ttl"]
+    return out
+
+
+def cache_from_pb(request: pb.Request) -> CacheIn:
+    use = request.cache
+    return CacheIn(
+        control=control_from_pb(request.cache_control)
+        if request.HasField("cache_control") else None,
+        salt=request.cache_salt, key=request.prompt_cache_key,
+        read=use.read if use.HasField("read") else True,
+        write=use.write if use.HasField("write") else True,
+        breakpoints=tuple(TokenBreakpoint(b.tokens, b.ttl) for b in request.cache_breakpoints))
+
+
+def cache_to_pb(cache: CacheIn, out: pb.Request) -> None:
+    if cache.control is not None:
+        out.cache_control.CopyFrom(control_to_pb(cache.control))
+    out.cache_salt, out.prompt_cache_key = cache.salt, cache.key
+    if not cache.read:
+        out.cache.read = False
+    if not cache.write:
+        out.cache.write = False
+    for mark in cache.breakpoints:
+        out.cache_breakpoints.add(tokens=mark.tokens, ttl=mark.ttl)
 
 
 def request_from_pb(request: pb.Request) -> RequestIn:
@@ -171,7 +214,8 @@ def request_from_pb(request: pb.Request) -> RequestIn:
     return RequestIn(request.custom_id, prompt, SamplingIn(
         max_tokens=s.max_tokens, temperature=s.temperature,
         top_p=s.top_p if s.HasField("top_p") else None, seed=s.seed, stop=tuple(s.stop)),
-        response_format=fmt, logprobs=request.logprobs, top_logprobs=request.top_logprobs)
+        response_format=fmt, logprobs=request.logprobs, top_logprobs=request.top_logprobs,
+        cache=cache_from_pb(request))
 
 
 def format_from_pb(fmt: pb.ResponseFormat) -> dict[str, Json]:
@@ -238,6 +282,8 @@ def request_to_pb(request: RequestIn) -> pb.Request:
             message = out.messages.messages.add(role=m.role)
             if m.content is not ABSENT:
                 message.content.CopyFrom(content_value(m.content))
+            if m.cache_control is not None:
+                message.cache_control.CopyFrom(control_to_pb(m.cache_control))
     elif isinstance(request.prompt, Tokens):
         out.tokens.SetInParent()
         out.tokens.ids.extend(request.prompt.ids)
@@ -258,4 +304,5 @@ def request_to_pb(request: RequestIn) -> pb.Request:
     elif request.response_format is not None:  # validation refuses it before it is stored
         raise RuntimeError("response_format: not an object; check the request first")
     out.logprobs, out.top_logprobs = request.logprobs, request.top_logprobs
+    cache_to_pb(request.cache, out)
     return out

@@ -63,6 +63,7 @@ from cluster.api.servicer import GenerateServicer, JobsServicer
 from cluster.api.batch_store import BatchStore
 from cluster.api.http_app import HttpApi, HttpServer, start_http
 from cluster.api.http_batches import Batches
+from cluster.api.http_message_batches import MessageBatches
 from cluster.api.http_guard import HttpLimits
 from cluster.api.http_metrics import MetricsEndpoint, dedicated_app
 from cluster.api.servicer_admin import AdminServicer
@@ -280,7 +281,7 @@ async def _serve_http(config: Config, auth: Authenticator, work: Work, store: Jo
     """The OpenAI-compatible HTTP API on its own port, held to ``[http]``'s limits."""
     batches = BatchStore(config.run_dir, lambda: clock_ms() // 1000)
     api = HttpApi(auth, work, encode, Batches(auth, work, store, runner, batches, encode),
-                  lambda: clock_ms() / 1000, metrics)
+                  lambda: clock_ms() / 1000, metrics, MessageBatches(auth, work, store, runner))
     limits = _http_limits(config)
     try:
         http = await start_http(api.app(limits), config.host, config.http.port,

@@ -5,6 +5,8 @@
     POST /v1/completions                   text or token-id prompt, streamed or not
     /v1/files, /v1/batches                 the Batch API (cluster.api.http_batches)
     GET  /metrics                          Prometheus, an admin key (cluster.api.http_metrics)
+    POST /v1/messages                      Anthropic's Messages API (cluster.api.http_messages)
+    /v1/messages/batches                   its Message Batches (cluster.api.http_message_batches)
 
 It is a second edge beside gRPC over the same objects: the same ``Authenticator`` (keys and
 tenants, ``Authorization: Bearer``), the same ``Work`` (validation, admission and
@@ -35,6 +37,9 @@ from cluster.api.openai_stream import StreamedAnswer
 from cluster.api.priority import http_priority
 from cluster.api.edge import Authenticator
 from cluster.api.http_batches import Batches
+from cluster.api.http_feed import Feed
+from cluster.api.http_message_batches import MessageBatches
+from cluster.api.http_messages import MessagesApi
 from cluster.api.http_errors import (EXCEPTION_HANDLERS, describe, error_body, json_body,
                                      openai_errors, tenant_of)
 from cluster.api.http_guard import (App, BodyCap, ConnectionGuard, GuardedH11Protocol,
@@ -54,12 +59,14 @@ def _sse(data: dict | str) -> bytes:
 class HttpApi:
     def __init__(self, auth: Authenticator, work: Work, encode: shapes.Encode,
                  batches: Batches, clock_s: Callable[[], float] = time.time,
-                 metrics: MetricsEndpoint | None = None):
+                 metrics: MetricsEndpoint | None = None,
+                 message_batches: MessageBatches | None = None):
         self._auth = auth
         self._metrics = metrics  # GET /metrics, asking for an admin key; None: not served
         self._work = work
         self._encode = encode
         self._batches = batches
+        self._message_batches = message_batches
         self._clock_s = clock_s
         self._model_id = work.model.model_id
 
@@ -70,7 +77,8 @@ class HttpApi:
                         methods=["GET"]),
                   Route(shapes.CHAT, openai_errors(self.chat), methods=["POST"]),
                   Route(shapes.COMPLETIONS, openai_errors(self.completions), methods=["POST"]),
-                  *self._batches.routes()]
+                  *self._batches.routes(), *MessagesApi(self._auth, self._work).routes(),
+                  *(self._message_batches.routes() if self._message_batches else ())]
         if self._metrics is not None:
             routes.append(self._metrics.route(self._auth))
         json_cap = BodyCap(limits.max_body_bytes, "[http] max_body_bytes",
@@ -103,14 +111,15 @@ class HttpApi:
         body = await json_body(request)
         shapes.check_model(body, self._model_id)
         mode = shapes.streaming(body)
-        orchard_request = shapes.request_of(body, endpoint, self._encode)
+        orchard_request = shapes.request_of(body, endpoint, self._encode,
+                                            headers=dict(request.headers.items()))
         outputs = shapes.Outputs(self._work.token_bytes, orchard_request.tools,
                                  self._work.tool_format)
         priority = http_priority(body, request.headers)
         items = self._work.stream_one(tenant, orchard_request, "body",
                                       list(request.headers.items()), priority=priority)
         created = int(self._clock_s())
-        feed = _Feed(items)
+        feed = Feed(items)
         if not mode.stream:  # answered at the result; the request's trace finishes after
             try:
                 result = await feed.next()
@@ -135,7 +144,7 @@ class HttpApi:
                                  media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
 
-    async def _events(self, answer: StreamedAnswer, first, feed: _Feed
+    async def _events(self, answer: StreamedAnswer, first, feed: Feed
                       ) -> AsyncIterator[bytes]:
         finished = False
         try:
@@ -155,42 +164,6 @@ class HttpApi:
         finally:
             if not finished:
                 feed.cancel()  # a client that went away stops its request
-
-
-class _Feed:
-    """One streamed request run in a task of its own, its items handed over through a queue.
-
-    The request's trace context is attached and detached inside that task: Starlette sends
-    a streamed body from another task than the endpoint's, and a context opened in one task
-    cannot be closed in another.
-    """
-
-    _END = object()
-
-    def __init__(self, items: AsyncIterator):
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._task = asyncio.get_running_loop().create_task(self._run(items))
-
-    async def _run(self, items: AsyncIterator) -> None:
-        try:
-            async for item in items:
-                self._queue.put_nowait(item)
-        except Exception as exc:
-            self._queue.put_nowait(exc)
-        finally:
-            self._queue.put_nowait(self._END)
-            await items.aclose()  # cancelled mid-stream: the request's own cleanup runs
-
-    async def next(self):
-        item = await self._queue.get()
-        if item is self._END:
-            raise StopAsyncIteration
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def cancel(self) -> None:
-        self._task.cancel()
 
 
 # ------------------------------------------------------------------ the server

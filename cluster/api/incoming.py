@@ -29,6 +29,12 @@ protobuf's decoding. So the value is faithful to what was sent, as far as valida
   ``tool_choice`` and ``parallel_tool_calls`` (checked there: the edge needs the same value to
   parse the answer); a message's ``tool_calls`` and ``tool_call_id`` are the JSON values as
   sent (``None``: absent). Only the HTTP chat endpoint carries them.
+- ``cache`` (``CacheIn``) is what the request asks of the prefix cache: the top-level
+  ``cache_control`` and a message's ``cache_control`` as the JSON values sent (Anthropic's
+  ``{"type": "ephemeral", "ttl": "5m" | "1h"}``; a content part's stays inside the content),
+  ``cache_salt``, ``prompt_cache_key`` (or a session header), ``cache: {read, write}`` and
+  ``cache_breakpoints`` (token offsets: gRPC and batch lines only). Checked in
+  ``cluster.api.cache_fields``.
 """
 from __future__ import annotations
 
@@ -61,6 +67,7 @@ class MessageIn:
     content: Json | Absent
     tool_calls: Json = None     # an assistant's calls, as sent (None: none)
     tool_call_id: Json = None   # the call a tool message answers, as sent (None: none)
+    cache_control: Json = None  # a breakpoint after this message, as sent (None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,26 @@ class SamplingIn:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenBreakpoint:
+    """A breakpoint at a token offset of the prompt (gRPC, batch lines), unchecked."""
+    tokens: int
+    ttl: str = ""  # "5m" or "1h" ("": 5m, as a cache_control without one)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheIn:
+    """What a request asks of the prefix cache, unchecked (see the module doc)."""
+    control: Json = None           # the top-level cache_control, as sent (None: none)
+    salt: str = ""                 # cache_salt
+    key: str = ""                  # prompt_cache_key, or the client's session header
+    read: bool = True              # cache.read
+    write: bool = True             # cache.write
+    breakpoints: tuple[TokenBreakpoint, ...] = ()  # cache_breakpoints
+    diagnostics: bool = False      # cache_diagnostics (HTTP, unstreamed, single requests)
+    verify: bool = False           # cache.verify: with read false, run the cached path too
+
+
+@dataclass(frozen=True, slots=True)
 class RequestIn:
     custom_id: str
     prompt: Messages | Tokens | None
@@ -93,6 +120,7 @@ class RequestIn:
     logprobs: bool = False
     top_logprobs: int = 0
     tools: ToolRequest | None = None
+    cache: CacheIn = CacheIn()
 
 
 def single(value: float) -> float:
@@ -118,5 +146,6 @@ def messages_of(messages: Sequence[dict[str, Json]]) -> Messages:
     where given); a role that is not a string is read as its text (and refused by validation as
     an unknown role)."""
     return Messages(tuple(MessageIn(str(m.get("role", "")), m.get("content"),
-                                    m.get("tool_calls"), m.get("tool_call_id"))
+                                    m.get("tool_calls"), m.get("tool_call_id"),
+                                    m.get("cache_control"))
                           for m in messages))

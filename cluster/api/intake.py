@@ -35,7 +35,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import AsyncIterable, Awaitable, Callable, Sequence
 
-from cluster.api import validate
+from cluster.api import cache_fields, validate
 from cluster.api.batchfile import line_shape, request_of
 from cluster.api.convert import request_from_pb, request_to_pb
 from cluster.api.incoming import Messages, RequestIn, Tokens
@@ -103,12 +103,14 @@ def _request_parts(request: RequestIn, where: str, model: ModelInfo,
         messages = validate.messages_to_dicts(prompt.items, f"{where}.messages")
         validate.check_prompt_bytes(messages, f"{where}.messages", max_prompt_bytes)
         validate.sampling_params(request, where, 1, model)  # the length is known at dispatch
+        cache_fields.check_shape(request, where, None)
         return _message_parts(messages)
     if isinstance(prompt, Tokens):
         ids = validate.check_token_ids(
             validate.check_context(prompt.ids, where, model.max_context),
             f"{where}.tokens.ids", model.vocab_size)
         validate.sampling_params(request, where, len(ids), model)
+        cache_fields.check_shape(request, where, ids)
         return _token_parts(ids)
     raise validate.FieldError(f"{where}.prompt", "missing: set messages or tokens")
 

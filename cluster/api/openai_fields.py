@@ -12,7 +12,16 @@ refusal naming every other, so that nothing is accepted and then dropped.
                not implement, a neutral field with another value, and a name no API has (a
                typo is refused, not ignored)
 
-A message may have ``role``, ``content``, ``tool_calls`` and ``tool_call_id``; any other key
+The cache controls (``cache_control``, ``cache_salt``, ``prompt_cache_key``,
+``prompt_cache_retention``, orchard's ``cache: {read, write, verify}`` and
+``cache_diagnostics``; the last two on unstreamed single requests only) are read into a ``CacheIn``
+here (``cache_of``: their JSON types, and ``prompt_cache_retention``, which only says
+``in_memory``: orchard keeps nothing 24 hours), checked in ``cluster.api.cache_fields``; a
+session header names the session when the body gives no ``prompt_cache_key``
+(``SESSION_HEADERS``).
+
+A message may have ``role``, ``content``, ``tool_calls``, ``tool_call_id`` and
+``cache_control``; any other key
 (``name``, ``audio``, ``refusal`` ...) is refused naming it. A batch line (the Batch API's, an
 ``orchard submit`` file's) cannot stream or offer tools: its answer is a line of text in a file
 (``check_batch_body``).
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster.api.incoming import CacheIn
 from cluster.api.validate import FieldError
 from workers.messages import MAX_TOP_LOGPROBS
 
@@ -31,7 +41,8 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-           "stream_options", "response_format", "logprobs",
+           "stream_options", "response_format", "logprobs", "cache_control", "cache_salt",
+           "prompt_cache_key", "prompt_cache_retention", "cache", "cache_diagnostics",
            "service_tier")  # the request's priority (``cluster.api.priority``)
 READ = {
     CHAT: frozenset(_COMMON + ("messages", "max_completion_tokens", "top_logprobs", "tools",
@@ -42,7 +53,12 @@ HARMLESS = ("user", "metadata", "store")
 BATCH_TIERS = ("auto", "flex")  # a batch line runs as batch work: flex
 NEUTRAL: dict[str, Any] = {"n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0,
                            "logit_bias": {}, "echo": False, "suffix": "", "modalities": ["text"]}
-MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id")
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "cache_control")
+RETENTIONS = ("in_memory",)  # OpenAI's 24h is not offered: orchard keeps 5m, 1h or its TTL
+CACHE_USE_KEYS = ("read", "write", "verify")
+# The headers that name a client's session, first found wins (prompt_cache_key first of all):
+# orchard's own, then those agent clients send.
+SESSION_HEADERS = ("x-session-id", "session_id", "x-claude-code-session-id")
 STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on metadata
 MAX_METADATA_KEY = 64
@@ -101,6 +117,12 @@ def check_batch_body(body: dict) -> None:
     if body.get("service_tier") not in (None, *BATCH_TIERS):
         raise FieldError("service_tier", "a batch line runs as batch work: only "
                          f"{' or '.join(BATCH_TIERS)}; leave it out")
+    if body.get("cache_diagnostics"):
+        raise FieldError("cache_diagnostics", "answered on single requests only; leave it "
+                         "out of a batch")
+    if isinstance(body.get("cache"), dict) and body["cache"].get("verify"):
+        raise FieldError("cache.verify", "answered on single requests only; leave it out of "
+                         "a batch")
     for key in ("tools", "tool_choice"):
         if body.get(key) is not None:
             raise FieldError(key, "not supported in a batch (its output lines carry text); "
@@ -119,6 +141,50 @@ def check_message_keys(messages: list) -> None:
                 if key not in MESSAGE_KEYS and message[key] is not None:
                     raise FieldError(f"messages[{i}].{key}", "not supported by orchard; a "
                                      f"message has {', '.join(MESSAGE_KEYS)}")
+
+
+def cache_of(body: dict, headers: dict[str, str] | None = None) -> CacheIn:
+    """The cache controls of a body (their JSON types checked), the session from ``headers``
+    (lower-case names) where the body names no ``prompt_cache_key``."""
+    salt, key = body.get("cache_salt"), body.get("prompt_cache_key")
+    for name, value in (("cache_salt", salt), ("prompt_cache_key", key)):
+        if value is not None and not isinstance(value, str):
+            raise FieldError(name, f"must be a string, got {_shown(value)}")
+    retention = body.get("prompt_cache_retention")
+    if retention is not None and retention not in RETENTIONS:
+        raise FieldError("prompt_cache_retention", f"{_shown(retention)} is not offered: "
+                         "orchard keeps a cache entry at most 1 hour; use in_memory (the "
+                         'store\'s TTL) or cache_control {"type": "ephemeral", "ttl": "1h"}')
+    use = body.get("cache")
+    if use is None:
+        use = {}
+    if not isinstance(use, dict):
+        raise FieldError("cache", 'must be an object such as {"read": false}')
+    for name, value in use.items():
+        if name not in CACHE_USE_KEYS:
+            raise FieldError(f"cache.{name}", "not a cache option; use read, write or verify")
+        if not isinstance(value, bool):
+            raise FieldError(f"cache.{name}", f"must be true or false, got {_shown(value)}")
+    if not key and headers:
+        key = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), "")
+    return CacheIn(control=body.get("cache_control"), salt=salt or "", key=key or "",
+                   read=use.get("read", True), write=use.get("write", True),
+                   diagnostics=diagnostics_of(body), verify=use.get("verify", False))
+
+
+def diagnostics_of(body: dict) -> bool:
+    """``cache_diagnostics``: true or false, on an unstreamed answer only."""
+    value = body.get("cache_diagnostics")
+    if value is not None and not isinstance(value, bool):
+        raise FieldError("cache_diagnostics", f"must be true or false, got {_shown(value)}")
+    if value and body.get("stream"):
+        raise FieldError("cache_diagnostics", "answered on unstreamed requests only; leave "
+                         "it out or set stream false")
+    use = body.get("cache")
+    if isinstance(use, dict) and use.get("verify") and body.get("stream"):
+        raise FieldError("cache.verify", "answered on unstreamed requests only; leave it out "
+                         "or set stream false")
+    return bool(value)
 
 
 def logprobs_of(body: dict, endpoint: str) -> tuple[bool, int]:

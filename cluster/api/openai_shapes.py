@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from cluster.api import incoming, json_input, openai_fields, tool_calls
+from cluster.api import cache_fields, incoming, json_input, openai_fields, tool_calls
 from cluster.api.batchfile import INT32_MAX, SEED_LIMIT
 from cluster.api.incoming import RequestIn, SamplingIn, Tokens
 from cluster.api.openai_fields import CHAT, COMPLETIONS
@@ -117,15 +117,17 @@ def streaming(body: dict) -> Streaming:
     return Streaming(stream, include_usage)
 
 
-def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "") -> RequestIn:
-    """The request a chat or completion body asks for (unchecked beyond its JSON shape)."""
+def request_of(body: Any, endpoint: str, encode: Encode, custom_id: str = "",
+               headers: dict[str, str] | None = None) -> RequestIn:
+    """The request a chat or completion body asks for (unchecked beyond its JSON shape);
+    ``headers`` (lower-case names) may name the client's session."""
     if not isinstance(body, dict):
         raise FieldError("body", "must be a JSON object")
     openai_fields.check_fields(body, endpoint)
     params = sampling_params(body, endpoint)
     logprobs, top = openai_fields.logprobs_of(body, endpoint)
     outputs = {"response_format": body.get("response_format"), "logprobs": logprobs,
-               "top_logprobs": top}
+               "top_logprobs": top, "cache": openai_fields.cache_of(body, headers)}
     if endpoint == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -158,10 +160,15 @@ def _prompt_ids(prompt: Any, encode: Encode) -> list[int]:
 # ------------------------------------------------------------------ responses
 
 def usage(r: StoredResult) -> dict:
+    """OpenAI's usage, with the prompt tokens this request stored in Anthropic's names (by
+    the TTL they keep: ``cache_creation``)."""
     completion = len(r.output_tokens)
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": completion,
             "total_tokens": r.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": r.cached_tokens},
+            "cache_creation_input_tokens": r.written_input_tokens,
+            "cache_creation": cache_fields.cache_creation(r.written_input_tokens,
+                                                          r.write_ttl_s)}
 
 
 def completion_id(endpoint: str, request_id: str) -> str:
@@ -214,9 +221,15 @@ def response_body(endpoint: str, r: StoredResult, model: str, created_s: int,
                                                                      r.finish_reason)
     else:
         choice["text"] = r.text
-    return {"id": completion_id(endpoint, r.request_id),
+    body = {"id": completion_id(endpoint, r.request_id),
             "object": "chat.completion" if endpoint == CHAT else "text_completion",
             "created": created_s, "model": model, "choices": [choice], "usage": usage(r)}
+    if r.diagnosis is not None:
+        body["cache_diagnostics"] = cache_fields.diagnosis_body(r.diagnosis,
+                                                                outputs.token_bytes)
+    if r.verification is not None:
+        body["cache_verify"] = cache_fields.verification_body(r.verification)
+    return body
 
 
 def batch_output_line(endpoint: str, r: StoredResult, model: str, created_s: int,

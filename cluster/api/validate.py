@@ -333,7 +333,14 @@ def new_request(request: RequestIn, field: str, model: ModelInfo, render: Render
     sampling = sampling_params(request, field, len(prompt), model)
     if grammar is not None:
         sampling = replace(sampling, response_format=grammar)
-    return NewRequest(custom_id=request.custom_id, prompt=prompt, sampling=sampling)
+    from cluster.api import cache_fields  # it reads this module's checks
+
+    diagnose = request.cache.diagnostics
+    return NewRequest(custom_id=request.custom_id, prompt=prompt, sampling=sampling,
+                      cache=cache_fields.cache_controls(request, field, prompt, render),
+                      cache_salt=cache_fields.salt_of(request, field), diagnose=diagnose,
+                      message_ends=cache_fields.message_ends(request, prompt, render)
+                      if diagnose else (), verify=request.cache.verify)
 
 
 def idempotency_key(key: str) -> str:

@@ -186,7 +186,7 @@ class Backend:
                 raise NoWorkerAvailable("no ready worker: scale up or wait for a restart")
             return None, ready[next(self._rr) % len(ready)]
         decision = pool.routes.router.route(request.namespace, block_hashes,
-                                            len(request.prompt))
+                                            len(request.prompt), request.cache.session)
         worker = pool.get(decision.worker_id)
         if worker is None or worker.state != "ready":  # the pool removes both at once
             raise RuntimeError(f"router chose {decision.worker_id}, which the pool does not "

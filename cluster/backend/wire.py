@@ -43,8 +43,9 @@ import msgpack
 from cluster.backend.protocol import TokenChunk
 from router.kv.events import EventBatch, decode_batch, encode_batch
 from router.kv.key import Namespace
-from workers.messages import (GenerateRequest, GenerateResult, LookupOutcome, LookupReport,
-                              ResponseFormat, SamplingParams, Timings, TokenLogprob)
+from workers.messages import (CacheControls, GenerateRequest, GenerateResult, LookupOutcome,
+                              LookupReport, ResponseFormat, SamplingParams, Timings,
+                              TokenLogprob)
 
 MAX_FRAME = 64 << 20        # a frame longer than this is a broken (or hostile) peer
 NONCE_BYTES = 32
@@ -120,7 +121,7 @@ class WorkerDone:
 
 _DATACLASSES = (GenerateRequest, Namespace, SamplingParams, TokenChunk, Prefilled, WorkerDone,
                 GenerateResult, LookupReport, Timings, ResponseFormat, TokenLogprob, PullPlan,
-                PullOutcome)
+                PullOutcome, CacheControls)
 _DATACLASS_CODE = {cls: i for i, cls in enumerate(_DATACLASSES)}
 _ENUMS = (LookupOutcome,)
 _ENUM_CODE = {cls: i for i, cls in enumerate(_ENUMS)}

@@ -75,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_overload_bench(sub)  # `orchard bench overload`: a flood beside a batch job
     from cluster.bench.pull import register_bench as register_pull_bench
     register_pull_bench(sub)  # `orchard bench pull`: a prefix pulled from a peer vs recomputed
+    from cluster.bench.cache_controls import register_bench as register_cache_bench
+    register_cache_bench(sub)  # `orchard bench cache-controls`: read/write false, diagnosis
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 

@@ -30,18 +30,20 @@ import asyncio
 import contextlib
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable, Iterator, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, TokenChunk
 from cluster.jobs.admission import Admission, Overloaded
-from cluster.jobs.dispatch import dispatch_stream, result_of
+from cluster.jobs.dispatch import dispatch, dispatch_stream, result_of
 from cluster.jobs.quotas import QuotaExceeded, Quotas
 from cluster.jobs.shedding import LoadShedder, QueueState, Shed
 from cluster.jobs.slots import SlotPool
+from cluster.jobs.records import EXCERPT_TOKENS, CacheDiagnosis, CacheVerification
 from cluster.jobs.store import NewRequest, StoredResult
 from cluster.telemetry.job_tracing import JobTracing
-from router.kv.key import Namespace, hash_blocks
+from cluster.telemetry.observe import Observed
+from router.kv.key import BlockHash, Namespace, hash_blocks
 from workers.messages import GenerateRequest, Priority
 
 Metadata = Sequence[tuple[str, str]]  # the caller's (gRPC or HTTP) headers: its trace context
@@ -144,11 +146,11 @@ class DirectRequests:
         request_id = f"gen-{secrets.token_hex(8)}"
         with self._tracing.request(tenant, request_id, "", request.custom_id,
                                    request.sampling, metadata, prompt=request.prompt) as trace:
-            generate = GenerateRequest(request_id=request_id,
-                                       namespace=self._namespace(tenant),
+            namespace = replace(self._namespace(tenant), salt=request.cache_salt)
+            generate = GenerateRequest(request_id=request_id, namespace=namespace,
                                        prompt=request.prompt, sampling=request.sampling,
                                        trace_context=trace.context,
-                                       batch=priority is Priority.BATCH)
+                                       batch=priority is Priority.BATCH, cache=request.cache)
             timeout_s = min(self._timeout_s, math.inf if remaining_s is None
                             else max(remaining_s, MIN_TIMEOUT_S))
             hashes = hash_blocks(request.prompt, self._block_size, generate.namespace)
@@ -159,8 +161,23 @@ class DirectRequests:
                         concluded = True
                         if priority is Priority.INTERACTIVE:
                             self._overload.shedder.observe_ttft(item.result.ttft_s)
+                    if isinstance(item, GenerateOutcome) and (request.diagnose
+                                                              or request.verify):
+                        # the diagnosis names the observer's miss cause: traced first
+                        observed = trace.done(generate, hashes, item)
+                        result = result_of(0, request.custom_id, item, generate,
+                                           self._block_size)
+                        if request.diagnose:
+                            result = replace(result,
+                                             diagnosis=diagnosis_of(request, item, observed))
+                        if request.verify:
+                            result = replace(result, verification=await _verify_pass(
+                                self._backend, generate, hashes, item, timeout_s))
+                        yield result
+                    elif isinstance(item, GenerateOutcome):
                         try:  # the caller gets its result first; the trace finishes after
-                            yield result_of(0, request.custom_id, item)
+                            yield result_of(0, request.custom_id, item, generate,
+                                            self._block_size)
                             await asyncio.sleep(0)
                         finally:
                             trace.done(generate, hashes, item)
@@ -170,3 +187,31 @@ class DirectRequests:
                 if not concluded:  # the caller left: what it asked for still ran
                     trace.disconnected(len(request.prompt))
                 raise
+
+
+async def _verify_pass(backend: Backend, request: GenerateRequest, hashes: Sequence[BlockHash],
+                       first: GenerateOutcome, timeout_s: float) -> CacheVerification:
+    """Run ``request`` again on the cached path (reading the store, writing nothing) and
+    compare its output with ``first``'s, the recompute's."""
+    cached = replace(request, request_id=f"{request.request_id}-verify",
+                     cache=replace(request.cache, read=True, write=False))
+    again = (await dispatch(backend, cached, hashes, timeout_s)).result
+    ours, theirs = first.result.output_tokens, again.output_tokens
+    differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                  None if len(ours) == len(theirs) else min(len(ours), len(theirs)))
+    return CacheVerification(differ is None, again.cached_tokens, differ)
+
+
+def diagnosis_of(request: NewRequest, outcome: GenerateOutcome, observed: Observed | None
+                 ) -> CacheDiagnosis:
+    """Where ``request``'s prompt left the nearest sequence its worker held, and why."""
+    r = outcome.result
+    at = min(r.lookup.common_prefix, len(request.prompt))
+    index = next((i for i, end in enumerate(request.message_ends) if at < end), None)
+    miss = observed.miss if observed is not None else None
+    return CacheDiagnosis(
+        cached_tokens=r.cached_tokens, prompt_tokens=r.input_tokens,
+        outcome=r.lookup.outcome.value, reason=miss.cause.value if miss else "",
+        diverged_at=at, message_index=index,
+        before=tuple(request.prompt[max(0, at - EXCERPT_TOKENS):at]),
+        after=tuple(request.prompt[at:at + EXCERPT_TOKENS]))

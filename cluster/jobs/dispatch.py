@@ -3,7 +3,7 @@
     dispatch(backend, request, hashes, timeout)         ─► GenerateOutcome (retried while
                                                             no worker can take it)
     dispatch_stream(backend, request, hashes, timeout)  ─► TokenChunk ... GenerateOutcome
-    result_of(index, custom_id, outcome)                ─► StoredResult (ok)
+    result_of(index, custom_id, outcome, request, bs)   ─► StoredResult (ok)
     error_of(request, code, message)                    ─► StoredResult (failed)
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import AsyncIterator, Protocol, Sequence
 from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkerAvailable, TokenChunk
 from cluster.backend.retry import NO_WORKER_BACKOFF_S
 from cluster.jobs.store import PendingRequest, StoredRequest, StoredResult
+from router.cost import measured_usage
 from router.kv.key import BlockHash
 from workers.messages import GenerateRequest
 
@@ -66,8 +67,14 @@ async def dispatch_stream(backend: Backend, request: GenerateRequest,
             yield item
 
 
-def result_of(index: int, custom_id: str, outcome: GenerateOutcome) -> StoredResult:
+def result_of(index: int, custom_id: str, outcome: GenerateOutcome, request: GenerateRequest,
+              block_size: int) -> StoredResult:
+    """The result of ``request``: what it wrote of its prompt, and the TTL that was for (its
+    own, or the store's when it asked none: ``LookupReport.ttl_s``)."""
     r = outcome.result
+    written_input = measured_usage(r.input_tokens, r.cached_tokens, r.written_tokens,
+                                   block_size).written_tokens if r.input_tokens else 0
+    ttl_s = request.cache.ttl_s
     return StoredResult(
         index=index, custom_id=custom_id, request_id=r.request_id, ok=True,
         text=r.text, output_tokens=tuple(r.output_tokens), finish_reason=r.finish_reason,
@@ -75,7 +82,9 @@ def result_of(index: int, custom_id: str, outcome: GenerateOutcome) -> StoredRes
         computed_tokens=r.computed_tokens, written_tokens=r.written_tokens,
         worker_id=outcome.worker_id or r.worker_id, ttft_s=r.ttft_s, tpot_s=r.tpot_s,
         attempts=outcome.attempts,
-        worker_s=outcome.worker_time_s(), logprobs=tuple(r.logprobs))
+        worker_s=outcome.worker_time_s(), logprobs=tuple(r.logprobs),
+        written_input_tokens=written_input, stop_sequence=r.extra.get("stop", ""),
+        write_ttl_s=r.lookup.ttl_s if ttl_s is None else ttl_s)
 
 
 def error_of(pending: PendingRequest | StoredRequest, code: str, message: str) -> StoredResult:

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 from enum import Enum
 
-from workers.messages import SamplingParams, TokenLogprob
+from workers.messages import CacheControls, SamplingParams, TokenLogprob
 
 
 class JobState(str, Enum):
@@ -58,12 +58,52 @@ class StoredRequest:
         return f"{self.job_id}-{self.index}"
 
 
+EXCERPT_TOKENS = 8  # a diagnosis quotes this many prompt tokens on each side of a divergence
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDiagnosis:
+    """Why a request's prompt was not all read from cache (``cache_diagnostics: true``).
+
+    ``outcome``: the worker's lookup (hit, partial, near_miss, miss); ``reason``: the miss
+    cause the observer attributes (``router.attribution``: first_sight, evicted,
+    ttl_expired, near_miss, ...; "" on a hit, or untraced); ``diverged_at``: the prompt's
+    first token past its longest common prefix with the nearest sequence the worker holds,
+    ``message_index`` the message it falls in (None: a token prompt, or past every
+    message), ``before`` and ``after`` the prompt's own tokens on each side of it.
+    """
+
+    cached_tokens: int
+    prompt_tokens: int
+    outcome: str
+    reason: str
+    diverged_at: int
+    message_index: int | None
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheVerification:
+    """A ``read: false`` request's answer beside the cached path's (``cache.verify``): the
+    same prompt and sampling run again reading the store (writing nothing)."""
+
+    same_tokens: bool
+    cached_tokens: int                 # what the cached pass read
+    first_difference: int | None       # the first output index where they differ
+
+
 @dataclass(frozen=True, slots=True)
 class NewRequest:
     """A request templated, tokenized and checked: what runs."""
     custom_id: str
     prompt: tuple[int, ...]
     sampling: SamplingParams
+    cache: CacheControls = CacheControls()
+    cache_salt: str = ""  # enters the namespace's root (router.kv.key)
+    diagnose: bool = False  # cache_diagnostics: the result carries a CacheDiagnosis
+    message_ends: tuple[int, ...] = ()  # with diagnose: where each message's tokens end
+    verify: bool = False  # cache.verify: the result carries a CacheVerification
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +113,8 @@ class PendingRequest:
     custom_id: str
     prompt: tuple[int, ...]
     sampling: SamplingParams
+    cache: CacheControls = CacheControls()
+    cache_salt: str = ""
 
     @property
     def request_id(self) -> str:
@@ -126,6 +168,13 @@ class StoredResult:
     miss_cause: str = ""
     # one per output token when the request asked (stored as [token, logprob, [[t, v], ...]])
     logprobs: tuple[TokenLogprob, ...] = ()
+    # of written_tokens, the prompt's (router.cost.measured_usage), kept write_ttl_s seconds
+    # idle: the request's TTL, or the store's when it asked none (0.0: not written / failed)
+    written_input_tokens: int = 0
+    write_ttl_s: float = 0.0
+    stop_sequence: str = ""  # the stop string that ended the text ("": EOS, length, none)
+    diagnosis: CacheDiagnosis | None = None  # asked by single requests only: never stored
+    verification: CacheVerification | None = None  # likewise
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -134,6 +183,7 @@ class StoredResult:
             body["logprobs"] = [[t.token, t.logprob, t.top] for t in self.logprobs]
         else:  # results without them read as they always have
             del body["logprobs"]
+        del body["diagnosis"], body["verification"]
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod

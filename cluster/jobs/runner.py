@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from cluster.backend.protocol import Backend, NoWorkerAvailable
@@ -277,7 +277,8 @@ class JobRunner:
         async with self._forecasting:
             stored = self._store.next_requests(job.job_id, limit=FORECAST_REQUESTS)
             prepared = await asyncio.to_thread(lambda: [self._prepare_one(r) for r in stored])
-            pending = [PendingRequest(job.job_id, s.index, s.custom_id, p.prompt, p.sampling)
+            pending = [PendingRequest(job.job_id, s.index, s.custom_id, p.prompt, p.sampling,
+                                      p.cache, p.cache_salt)
                        for s, p in zip(stored, prepared) if isinstance(p, NewRequest)]
             self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant),
                                        pending)
@@ -299,7 +300,8 @@ class JobRunner:
         else:
             try:
                 result = await self._execute(tenant, PendingRequest(
-                    stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling))
+                    stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling,
+                    ready.cache, ready.cache_salt))
             except Exception as exc:  # a bug past the backend call: recorded, so the job ends
                 log.exception("request %s: no result could be built", stored.request_id)
                 result = error_of(stored, "INTERNAL", f"{type(exc).__name__}: {exc}")
@@ -310,10 +312,11 @@ class JobRunner:
     async def _execute(self, tenant: str, pending: PendingRequest) -> StoredResult:
         with self._tracing.request(tenant, pending.request_id, pending.job_id, pending.custom_id,
                                    pending.sampling, prompt=pending.prompt) as trace:
-            request = GenerateRequest(request_id=pending.request_id,
-                                      namespace=self._namespace(tenant), prompt=pending.prompt,
-                                      sampling=pending.sampling, trace_context=trace.context,
-                                      batch=True)
+            namespace = replace(self._namespace(tenant), salt=pending.cache_salt)
+            request = GenerateRequest(request_id=pending.request_id, namespace=namespace,
+                                      prompt=pending.prompt, sampling=pending.sampling,
+                                      trace_context=trace.context, batch=True,
+                                      cache=pending.cache)
             result = await self._dispatch(request, pending, trace)
             if not result.ok:
                 trace.failed(result.error_code, result.error_message)
@@ -334,7 +337,8 @@ class JobRunner:
         except Exception as exc:  # a backend bug: recorded on the result and logged, not lost
             log.exception("request %s failed", pending.request_id)
             return error_of(pending, "INTERNAL", f"{type(exc).__name__}: {exc}")
-        return with_cost(result_of(pending.index, pending.custom_id, outcome),
+        return with_cost(result_of(pending.index, pending.custom_id, outcome, request,
+                                   self._block_size),
                          trace.done(request, hashes, outcome))
 
     def _notify(self) -> None:

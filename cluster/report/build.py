@@ -38,6 +38,7 @@ from typing import Any, Iterable, Sequence
 from cluster.telemetry import attrs as A
 from cluster.telemetry.otlp_json import SpanRecord
 from router.attribution import TIMING_DEPENDENT
+from router.cost import FIVE_MINUTES_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,9 @@ class RequestRow:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     disconnected: bool = False  # the caller left before the result (see the module doc)
+    write_ttl_s: float = 0.0          # the TTL its writes keep (0: not recorded)
+    bypass: tuple[str, ...] = ()      # "read", "write": what it asked the store not to do
+    salted: bool = False
 
 
 def _request_row(span: SpanRecord, lookup: dict[str, Any]) -> RequestRow:
@@ -84,7 +88,9 @@ def _request_row(span: SpanRecord, lookup: dict[str, Any]) -> RequestRow:
         block_size=int(a.get(A.BLOCK_SIZE, 0)),
         drafted_tokens=int(a.get(A.SPEC_DRAFTED, 0)),
         accepted_tokens=int(a.get(A.SPEC_ACCEPTED, 0)),
-        disconnected=bool(a.get(A.CLIENT_DISCONNECTED, False)))
+        disconnected=bool(a.get(A.CLIENT_DISCONNECTED, False)),
+        write_ttl_s=float(a.get(A.CACHE_WRITE_TTL_S, 0.0)),
+        bypass=tuple(a.get(A.CACHE_BYPASS, ()) or ()), salted=bool(a.get(A.CACHE_SALTED)))
 
 
 def request_rows(spans: Iterable[SpanRecord]) -> list[RequestRow]:
@@ -152,7 +158,21 @@ def summarize(key: str, rows: Sequence[RequestRow], forecast: float | None = Non
         "miss_causes": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
         "drafted_tokens": drafted, "accepted_tokens": accepted,
         "acceptance": accepted / drafted if drafted else None,
+        **cache_controls(rows),
     }
+
+
+def cache_controls(rows: Sequence[RequestRow]) -> dict:
+    """What a group's requests asked of the cache: prompt tokens written by the TTL they
+    keep, as priced (``router.cost``: up to 300 s is the 5-minute rate), the requests that
+    bypassed reads or writes, and how many were salted (counted; a salt is never recorded)."""
+    by_ttl = {"5m": 0, "1h": 0}
+    for r in rows:
+        if r.written_tokens:
+            by_ttl["1h" if r.write_ttl_s > FIVE_MINUTES_S else "5m"] += r.written_tokens
+    return {"written_by_ttl": by_ttl,
+            "bypassed": {k: sum(k in r.bypass for r in rows) for k in ("read", "write")},
+            "salted_requests": sum(r.salted for r in rows)}
 
 
 def near_misses(rows: Sequence[RequestRow], limit: int = 5) -> list[dict]:

@@ -86,6 +86,13 @@ def render_text(report: dict) -> str:
     if timing:
         lines += [f"* timing-dependent: the split between {' and '.join(sorted(timing))} follows "
                   f"the order in which concurrent requests were routed; their sum does not.", ""]
+    total = report["total"]
+    lines += ["Cache controls (all requests)",
+              f"  prompt tokens written: {total['written_by_ttl']['5m']} at 5 minutes, "
+              f"{total['written_by_ttl']['1h']} at 1 hour",
+              f"  bypassed: {total['bypassed']['read']} read nothing, "
+              f"{total['bypassed']['write']} wrote nothing; salted: "
+              f"{total['salted_requests']} requests", ""]
     lines.append("Worst near misses")
     if not report["near_misses"]:
         lines.append("  none")

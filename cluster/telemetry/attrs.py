@@ -75,6 +75,11 @@ CACHE_NEXT_PROMPT_TOKEN = "orchard.cache.next_prompt_token"
 CACHE_NEXT_STORED_TOKEN = "orchard.cache.next_stored_token"
 CACHE_ENTRY_AGE_S = "orchard.cache.entry_age_s"
 CACHE_TTL_S = "orchard.cache.ttl_s"
+# A request's cache controls (cluster.api.cache_fields) on its span: the TTL its writes keep,
+# what it bypassed ("read", "write", both or none), whether it was salted (never the salt).
+CACHE_WRITE_TTL_S = "orchard.cache.write_ttl_s"
+CACHE_BYPASS = "orchard.cache.bypass"
+CACHE_SALTED = "orchard.cache.salted"
 CACHE_LINE = "orchard.cache.line"                   # "common=5919 of 5923"
 DIVERGENCE_BEFORE = "orchard.cache.divergence.before"  # decoded text before the divergence
 DIVERGENCE_PROMPT = "orchard.cache.divergence.prompt_next"

@@ -253,9 +253,11 @@ class JobTracing:
         if self.observer is None or not pending:
             return
         obs = self.observer
-        chains = [hash_blocks(p.prompt, obs.block_size, namespace) for p in pending]
+        chains = [hash_blocks(p.prompt, obs.block_size, dataclasses.replace(
+            namespace, salt=p.cache_salt)) for p in pending]
         plans, held = obs.plan_job(chains, [len(p.prompt) for p in pending],
-                                   [p.sampling.max_tokens for p in pending], 1, obs.prefill_s())
+                                   [p.sampling.max_tokens for p in pending], 1, obs.prefill_s(),
+                                   [p.cache for p in pending])
         self._job_context[job_id] = obs.submit_job(job_id, tenant, plans, held)
         while len(self._job_context) > MAX_JOB_CONTEXTS:
             self._job_context.popitem(last=False)

@@ -43,7 +43,7 @@ from router.cost import (CostComparison, PriceTable, TokenUsage, compare, foreca
 from router.forecast import (CacheModel, ClusterHoldings, PlannedRequest, batch_arrivals,
                              forecast_job)
 from router.kv.key import BlockHash, reusable_tokens
-from workers.messages import GenerateRequest, GenerateResult, LookupOutcome
+from workers.messages import CacheControls, GenerateRequest, GenerateResult, LookupOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ class RequestObserver:
         spans.record_outcome(self.tel, span, spans.OutcomeRecord(
             result=result, block_size=self.block_size, block_hashes=block_hashes,
             cost=observed.cost, miss=observed.miss, attempts=attempts, model=self.model,
-            pulled=pulled))
+            pulled=pulled, cache=request.cache, salted=bool(request.namespace.salt)))
         return observed
 
     def prefill_s(self) -> float:
@@ -178,21 +178,31 @@ class RequestObserver:
             return Observed(None, miss, served)
         expected = decision.expected_cached_tokens if decision else 0
         expected = min(expected, max(0, result.input_tokens - 1))
+        controls = request.cache  # what the request let the store read and write
+        expected = expected if controls.read else 0
         forecast = forecast_request(result.input_tokens, expected, self.block_size,
-                                    request.sampling.max_tokens)
+                                    request.sampling.max_tokens,
+                                    controls.writable(result.input_tokens
+                                                      + request.sampling.max_tokens))
         measured = measured_usage(result.input_tokens, result.cached_tokens,
                                   result.written_tokens, self.block_size)
-        cost = compare(forecast, measured, self.prices, self.model, self.ttl_s)
+        ttl_s = self.ttl_s if controls.ttl_s is None else controls.ttl_s
+        cost = compare(forecast, measured, self.prices, self.model, ttl_s)
         return Observed(cost, miss, served)
 
     def plan_job(self, chains: Sequence[Sequence[BlockHash]], input_tokens: Sequence[int],
-                 output_tokens: Sequence[int], concurrency: int,
-                 request_s: float) -> tuple[list[PlannedRequest], dict[BlockHash, float]]:
-        """A batch job's plan (run ``concurrency`` at a time, ``request_s`` each) and what the
-        cluster holds of its chains now, by the observer's history of block use."""
+                 output_tokens: Sequence[int], concurrency: int, request_s: float,
+                 caches: Sequence[CacheControls] | None = None
+                 ) -> tuple[list[PlannedRequest], dict[BlockHash, float]]:
+        """A batch job's plan (run ``concurrency`` at a time, ``request_s`` each; ``caches``:
+        each request's cache controls) and what the cluster holds of its chains now, by the
+        observer's history of block use."""
         arrivals = batch_arrivals(len(chains), concurrency, request_s)
-        plans = [PlannedRequest(tuple(c), n, t, request_s, out)
-                 for c, n, out, t in zip(chains, input_tokens, output_tokens, arrivals)]
+        controls = caches or [CacheControls()] * len(chains)
+        plans = [PlannedRequest(tuple(c), n, t, request_s, out, read=k.read,
+                                write_limit=None if k.keeps else k.writable(n), ttl_s=k.ttl_s)
+                 for c, n, out, t, k in zip(chains, input_tokens, output_tokens, arrivals,
+                                            controls)]
         held: dict[BlockHash, float] = {}
         for chain in chains:
             held.update(self.holdings.held(chain))
@@ -207,8 +217,11 @@ class RequestObserver:
     def submit_job(self, job_id: str, tenant: str, plans: Sequence[PlannedRequest],
                    held: Mapping[BlockHash, float]) -> tuple[tuple[str, str], ...]:
         """Forecast the job, record its span; returns the span's context to store with it."""
-        usage = total_usage(self.forecast_job(plans, held))
-        rates = self.prices.rates(self.model)
-        m = usage.multiplier(rates, self.ttl_s) if usage.input_tokens else None
+        usages = self.forecast_job(plans, held)
+        usage, rates = total_usage(usages), self.prices.rates(self.model)
+        # each request's writes at its own TTL's rate
+        cost = sum(u.cost(rates, self.ttl_s if p.ttl_s is None else p.ttl_s)
+                   for u, p in zip(usages, plans))
+        m = cost / usage.input_tokens if usage.input_tokens else None
         return spans.record_job(self.tel, spans.JobInfo(
             job_id, tenant, self.model, len(plans), self.prices.version, usage, m))

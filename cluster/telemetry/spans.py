@@ -36,7 +36,7 @@ from cluster.telemetry.setup import (Telemetry, context_of, guarded, request_con
                                span_context_link, start_span)
 from router.attribution import Attribution, served_from
 from router.cost import CostComparison, TokenUsage
-from workers.messages import GenerateRequest, GenerateResult, LookupReport
+from workers.messages import CacheControls, GenerateRequest, GenerateResult, LookupReport
 
 if TYPE_CHECKING:
     from router.policy import RoutingDecision
@@ -83,6 +83,8 @@ class OutcomeRecord:
     attempts: int = 1
     model: str = ""       # the model that answered: gen_ai.response.model
     pulled: PulledPrefix | None = None   # its prefix pulled from a peer first
+    cache: CacheControls = CacheControls()  # what the request asked of the store
+    salted: bool = False  # its namespace had a cache_salt (the salt itself is never recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,12 @@ def record_outcome(tel: Telemetry, span: Span, record: OutcomeRecord) -> None:
         A.CACHE_PULLED_TOKENS: record.pulled.tokens if record.pulled else 0,
         A.BLOCK_SIZE: record.block_size,
         A.PROMPT_BLOCKS: [f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
-                          for h in record.block_hashes[:MAX_PROMPT_BLOCKS]]})
+                          for h in record.block_hashes[:MAX_PROMPT_BLOCKS]],
+        A.CACHE_WRITE_TTL_S: r.lookup.ttl_s if record.cache.ttl_s is None
+        else record.cache.ttl_s,
+        A.CACHE_BYPASS: [k for k, on in (("read", record.cache.read),
+                                         ("write", record.cache.write)) if not on],
+        A.CACHE_SALTED: record.salted})
     if record.pulled is not None and record.pulled.refused:
         span.set_attribute(A.PULL_REFUSED, record.pulled.refused)
     if record.cost is not None:

@@ -55,6 +55,7 @@ import xxhash
 BlockHash = NewType("BlockHash", int)
 
 SECRET_BYTES = 32
+MAX_SALT_BYTES = 256
 HASH_BYTES = 16
 _NATIVE_U32 = ("I", "L", "=I", "<I", "@I")  # buffer formats read as uint32
 _LITTLE_ENDIAN = sys.byteorder == "little"
@@ -67,6 +68,11 @@ class Namespace:
 
     ``secret`` is the cluster's cache-key secret (empty: unkeyed, for tools that hash their
     own traces); it enters the root and never a label, a log line or a repr.
+
+    ``salt`` is a request's ``cache_salt`` (vLLM's name): it enters the root beside the tenant,
+    so requests of one tenant with different salts never share a block (users behind one key
+    with different document permissions). Like the secret it is never in a label or a repr;
+    an empty salt leaves the root as it was.
     """
 
     tenant: str
@@ -74,6 +80,7 @@ class Namespace:
     revision: str = ""
     adapter: str = ""
     secret: bytes = field(default=b"", repr=False)
+    salt: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         # The root joins the fields with NUL: a NUL inside a field would let two namespaces
@@ -84,6 +91,9 @@ class Namespace:
             if "\x00" in value:
                 raise ValueError(f"namespace {name} {value!r} contains a NUL character; "
                                  "remove it")
+        if len(self.salt.encode("utf-8")) > MAX_SALT_BYTES:
+            raise ValueError(f"a cache salt is at most {MAX_SALT_BYTES} bytes, got "
+                             f"{len(self.salt.encode('utf-8'))}")
         if len(self.secret) > 64:
             raise ValueError(f"a cache secret is at most 64 bytes, got {len(self.secret)}")
 
@@ -91,6 +101,8 @@ class Namespace:
         """The parent hash of a prompt's first block."""
         fields = (self.tenant, self.model, self.revision, self.adapter)
         encoded = b"\x00".join(f.encode("utf-8") for f in fields)
+        if self.salt:  # last, behind its own tag: no field can end where a salt begins
+            encoded += b"\x00salt\x00" + self.salt.encode("utf-8")
         digest = hashlib.blake2b(b"orchard-ns\x00" + encoded, key=self.secret,
                                  digest_size=HASH_BYTES).digest()
         return BlockHash(int.from_bytes(digest, "little"))

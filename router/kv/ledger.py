@@ -16,11 +16,12 @@ Rules, stated once:
   block last, so in the recency order a block always comes after all of its descendants. The
   least recently used entry is therefore always a leaf, and eviction pops it without scanning:
   a parent never goes before its children.
-- **TTL from last use.** An entry expires ``ttl_s`` seconds after it was last used (created or
-  hit), not after it was created: a system prompt in constant use stays; one left idle goes.
-  Because a parent is touched whenever a child is, a parent never expires before its children.
-  Expired entries are dropped lazily at the start of every ``match``/``insert`` and on
-  ``expire()``; ``peek`` treats them as absent without removing them.
+- **TTL from last use**, not from creation: a system prompt in constant use stays.
+- **A block's TTL is the longest any writer asked for.** ``insert(..., ttl_s=)`` (None: the
+  ledger's ``ttl_s``) raises every block of the chain it writes or finds, never lowers one;
+  a read leaves TTLs alone. So a parent's TTL is at least its child's and, touched whenever a
+  child is, a parent never expires before its children (``router.kv.expiry``). Expired
+  entries go lazily at every ``match``/``insert`` and ``expire()``; ``peek`` skips them.
 - **Capacity is a value.** ``insert`` stores what fits, evicting LRU leaves outside the chain
   being inserted; when nothing more can be evicted it returns the blocks it did store.
 - **Eviction policy** (``Eviction``; ``DEFAULT_EVICTION`` is ``"reuse"``). ``"lru"`` (above)
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from router.kv.events import BlockEvent, BlockRemoved, BlockStored, Tier
+from router.kv.expiry import ExpiryOrder
 from router.kv.key import BlockHash
 from router.kv.ledger_records import (DEFAULT_EVICTION, EVICTION_POLICIES, Eviction, Holding,
                                       LedgerEvent, LedgerEventKind, LedgerStats, RemovalReason)
@@ -65,6 +67,7 @@ class _Entry:
     namespace: str
     created: float
     last_used: float
+    ttl_s: float
     hits: int = 0
     priority: float = 0.0
 
@@ -100,6 +103,7 @@ class BlockLedger:
         self._clock = clock
         self._on_remove = on_remove
         self._reuse = ReuseOrder()  # the "reuse" policy's priorities (unused under "lru")
+        self._expiry = ExpiryOrder()
         self._entries: dict[BlockHash, _Entry] = {}
         self._children: dict[BlockHash, set[BlockHash]] = {}  # parent -> stored children
         self._lru: OrderedDict[BlockHash, None] = OrderedDict()  # oldest first
@@ -128,7 +132,7 @@ class BlockLedger:
         n = 0
         for h in hashes:
             entry = self._entries.get(h)
-            if entry is None or now - entry.last_used >= self.ttl_s:
+            if entry is None or now - entry.last_used >= entry.ttl_s:
                 break
             n += 1
         return n
@@ -136,7 +140,11 @@ class BlockLedger:
     def ttl_left(self, block: BlockHash) -> float:
         """Seconds ``block`` stays held unless used again (0.0 when not held)."""
         entry = self._entries.get(block)
-        return max(0.0, self.ttl_s - (self._clock() - entry.last_used)) if entry else 0.0
+        return max(0.0, entry.ttl_s - (self._clock() - entry.last_used)) if entry else 0.0
+
+    def ttl_of(self, block: BlockHash) -> float:
+        """The idle seconds after which ``block`` expires: the longest any writer asked for."""
+        return self._entries[block].ttl_s
 
     def children(self, parent: BlockHash) -> list[BlockHash]:
         """Stored blocks whose parent is ``parent`` (a block or a namespace root)."""
@@ -208,14 +216,20 @@ class BlockLedger:
         token_counts: Sequence[int] | int,
         namespace: str,
         root: BlockHash,
+        ttl_s: float | None = None,
     ) -> list[BlockHash]:
         """Store the chain ``hashes`` (first block's parent is ``root``); return new blocks.
+
+        ``ttl_s``: the writer's TTL (None: the ledger's); see the rules above.
 
         Blocks already held are touched, not stored twice. ``token_counts`` is one count per
         block or a single block size. Room is made by evicting LRU leaves outside this chain;
         when that is not enough, the blocks that fit are stored and the rest are not.
         """
         counts = _counts_for(hashes, token_counts)
+        ttl_s = self.ttl_s if ttl_s is None else float(ttl_s)
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive seconds, got {ttl_s}")
         self.expire()
         present = self._held_prefix(hashes, root, namespace)
         if present:
@@ -232,11 +246,11 @@ class BlockLedger:
                 break
             if not self._make_room(tokens * self.bytes_per_token, protected):
                 break
-            self._add(h, parent, tokens, namespace, now)
+            self._add(h, parent, tokens, namespace, now, ttl_s)
             protected.add(h)
             stored.append(h)
             parent = h
-        if stored:
+        if self._expiry.raise_chain(hashes[:present], self._entries, ttl_s) or stored:
             self._touch(hashes[: present + len(stored)])
         return stored
 
@@ -253,21 +267,19 @@ class BlockLedger:
         """
         if h in self._entries or self.used_bytes + tokens * self.bytes_per_token > self.capacity_bytes:
             return False
-        self._add(h, parent, tokens, namespace, last_used)
+        self._add(h, parent, tokens, namespace, last_used, self.ttl_s)
         if self.policy is Eviction.REUSE:
             self._reuse.restored(h, self._entries[h], last_used)
         return True
 
     def expire(self) -> list[BlockHash]:
-        """Drop every entry unused for ``ttl_s`` seconds or more; return them."""
+        """Drop every entry unused for its TTL or more; return them."""
         now = self._clock()
         gone = []
-        while self._lru:
-            oldest = next(iter(self._lru))
-            if now - self._entries[oldest].last_used < self.ttl_s:
-                break
-            self._remove(oldest, LedgerEventKind.EXPIRED)
-            gone.append(oldest)
+        last_used = lambda h: self._entries[h].last_used  # noqa: E731
+        while (due := self._expiry.due(now, last_used)) is not None:
+            self._remove(due, LedgerEventKind.EXPIRED)
+            gone.append(due)
         return gone
 
     def invalidate_namespace(self, label: str) -> int:
@@ -323,6 +335,7 @@ class BlockLedger:
             entry = self._entries[h]
             entry.last_used = now
             self._lru.move_to_end(h)
+            self._expiry.used(h, entry.ttl_s)
             if self.policy is Eviction.REUSE:
                 deeper = self._reuse.touched(h, entry, now, deeper)
 
@@ -349,10 +362,12 @@ class BlockLedger:
             remove=lambda h: self._remove(h, LedgerEventKind.EVICTED), now=self._clock,
             entries=len(self._entries))
 
-    def _add(self, h: BlockHash, parent: BlockHash, tokens: int, ns: str, now: float) -> None:
-        self._entries[h] = _Entry(parent, tokens, ns, now, now, priority=now)
+    def _add(self, h: BlockHash, parent: BlockHash, tokens: int, ns: str, now: float,
+             ttl_s: float) -> None:
+        self._entries[h] = _Entry(parent, tokens, ns, now, now, ttl_s, priority=now)
         self._children.setdefault(parent, set()).add(h)
         self._lru[h] = None
+        self._expiry.used(h, ttl_s)
         self._namespaces[ns] = self._namespaces.get(ns, 0) + 1
         self._tokens += tokens
         self._counts["stored_blocks"] += 1
@@ -382,6 +397,7 @@ class BlockLedger:
             if not siblings:
                 del self._children[entry.parent]
         del self._lru[h]
+        self._expiry.remove(h, entry.ttl_s)
         self._tokens -= entry.tokens
         left = self._namespaces[entry.namespace] - 1
         if left:
@@ -398,12 +414,9 @@ class BlockLedger:
 
 
 def _counts_for(hashes: Sequence[BlockHash], token_counts: Sequence[int] | int) -> list[int]:
-    if isinstance(token_counts, int):
-        counts = [token_counts] * len(hashes)
-    else:
-        counts = list(token_counts)
+    counts = [token_counts] * len(hashes) if isinstance(token_counts, int) else list(
+        token_counts)
     if len(counts) != len(hashes) or any(c <= 0 for c in counts):
-        raise ValueError(
-            "token_counts must be one positive count per block (or one block size); "
-            f"got {len(counts)} counts for {len(hashes)} blocks")
+        raise ValueError("token_counts must be one positive count per block (or one block "
+                         f"size); got {len(counts)} counts for {len(hashes)} blocks")
     return counts

@@ -302,3 +302,22 @@ class TestExact:
         assert forecast_request(0, 0, 16) == TokenUsage(0, 0, 0)
         with pytest.raises(ValueError, match=r"^expected_cached 1 must be in"):
             forecast_request(1, 1, 16)
+
+
+class TestCacheControls:
+    """A request's breakpoint and TTL in the price: the blocks before the breakpoint are
+    written, at the rate of the TTL the request asked for."""
+
+    def test_a_breakpoint_writes_only_the_full_blocks_before_it(self):
+        assert forecast_request(100, 0, 16, 4, write_limit=40) == TokenUsage(100, 0, 32)
+        assert forecast_request(100, 32, 16, 4, write_limit=40) == TokenUsage(100, 32, 0)
+        assert forecast_request(100, 16, 16, 4, write_limit=48) == TokenUsage(100, 16, 32)
+        assert forecast_request(100, 0, 16, 4, write_limit=0) == TokenUsage(100, 0, 0)
+        assert forecast_request(100, 0, 16, 4) == TokenUsage(100, 0, 96)  # no breakpoint
+
+    def test_a_write_is_priced_at_the_ttl_the_request_asked_for(self):
+        usage = TokenUsage(100, 0, 32)
+        rates = Rates()
+        assert usage.cost(rates, 300.0) == 68 + 1.25 * 32  # 5 minutes: 108.0
+        assert usage.cost(rates, 3600.0) == 68 + 2.0 * 32  # 1 hour: 132.0
+        assert usage.multiplier(rates, 3600.0) == 1.32

@@ -50,3 +50,36 @@ def test_a_block_with_half_a_second_left_is_still_read():
 def test_a_one_token_prompt_is_forecast():
     model = CacheModel(block_size=4, capacity_tokens=100, ttl_s=300.0)
     assert forecast_job([planned_request([], 1, 0.0)], {}, model) == [TokenUsage(1, 0, 0)]
+
+
+class TestCacheControls:
+    """Each request's breakpoint, TTL and bypass in the job forecast, exactly."""
+
+    MODEL = CacheModel(block_size=4, capacity_tokens=1000, ttl_s=300.0)
+
+    def plan(self, first: dict, second: dict | None = None, at: float = 10.0):
+        blocks = [1, 2, 3, 4]
+        return [PlannedRequest(tuple(map(BlockHash, blocks)), 18, 0.0, 1.0, 4, **first),
+                PlannedRequest(tuple(map(BlockHash, blocks)), 18, at, 1.0, 4,
+                               **(second or {}))]
+
+    def test_a_breakpoint_writes_the_blocks_before_it_and_so_limits_later_reads(self):
+        assert forecast_job(self.plan({"write_limit": 9}), {}, self.MODEL) == [
+            TokenUsage(18, 0, 8), TokenUsage(18, 8, 10)]  # 2 blocks written; then the rest
+        assert forecast_job(self.plan({}), {}, self.MODEL) == [
+            TokenUsage(18, 0, 18), TokenUsage(18, 16, 2)]  # without: all; each its own tail
+
+    def test_write_nothing_leaves_nothing_to_read(self):
+        assert forecast_job(self.plan({"write_limit": 0}), {}, self.MODEL) == [
+            TokenUsage(18, 0, 0), TokenUsage(18, 0, 18)]
+
+    def test_read_false_reads_nothing_and_writes_only_what_is_not_held(self):
+        assert forecast_job(self.plan({}, {"read": False}), {}, self.MODEL) == [
+            TokenUsage(18, 0, 18), TokenUsage(18, 0, 2)]  # its tail's block only is new
+
+    def test_an_hour_ttl_keeps_blocks_past_the_model_ttl(self):
+        late = 1000.0  # past the model's 300 s, within an hour
+        assert forecast_job(self.plan({"ttl_s": 3600.0}, at=late), {}, self.MODEL)[1] == \
+            TokenUsage(18, 16, 2)
+        assert forecast_job(self.plan({}, at=late), {}, self.MODEL)[1] == \
+            TokenUsage(18, 0, 18)

@@ -141,3 +141,43 @@ def test_a_cold_home_keeps_the_prompt_up_to_its_own_new_prefill_of_extra_load():
 
     assert routed(16) == (first, Reason.COLD_HASH)
     assert routed(17) == (other, Reason.COLD_SPILL)
+
+
+class TestSessionTieBreak:
+    """Step 5: a session's worker breaks ties only, never beating a longer cached match."""
+
+    def test_equal_scores_and_matches_go_to_the_session_worker(self):
+        query = RouteQuery(chain(3, 8), 8, {"a": 4, "b": 4, "c": 6})
+        loads = [WorkerLoad("a", 2, 0), WorkerLoad("b", 2, 0), WorkerLoad("c", 500, 0)]
+        without = decide(DEFAULT, query, loads, block_size=1, seed=0)
+        assert (without.worker_id, scores(without)["a"], scores(without)["b"]) == ("a", 6.0, 6.0)
+        with_key = decide(DEFAULT, RouteQuery(chain(3, 8), 8, {"a": 4, "b": 4, "c": 6},
+                                              session_worker="b"), loads, block_size=1, seed=0)
+        assert (with_key.worker_id, with_key.reason) == ("b", Reason.LOAD_SPILL)
+
+    def test_a_longer_match_elsewhere_wins_over_the_session_worker(self):
+        query = RouteQuery(chain(4, 8), 8, {"a": 6, "b": 2}, session_worker="b")
+        decision = decide(DEFAULT, query, idle("a", "b"), block_size=1, seed=0)
+        assert (decision.worker_id, decision.reason) == ("a", Reason.PREFIX_MATCH)
+
+    def test_a_cold_prompt_goes_to_the_session_worker_not_its_hash_home(self):
+        ids = ("a", "b", "c", "d")
+        hashes = chain(5, 8)
+        home = decide(DEFAULT, RouteQuery(hashes, 8, {}), idle(*ids), block_size=1, seed=0)
+        other = next(w for w in ids if w != home.worker_id)
+        sticky = decide(DEFAULT, RouteQuery(hashes, 8, {}, session_worker=other), idle(*ids),
+                        block_size=1, seed=0)
+        assert (sticky.worker_id, sticky.reason) == (other, Reason.COLD_HASH)
+
+    def test_a_cold_session_worker_still_spills_past_the_tolerance(self):
+        query = RouteQuery(chain(6, 8), 8, {}, session_worker="a")
+        loads = [WorkerLoad("a", 100, 0), WorkerLoad("b", 0, 0)]
+        decision = decide(DEFAULT, query, loads, block_size=1, seed=0)
+        assert (decision.worker_id, decision.reason) == ("b", Reason.COLD_SPILL)
+
+    def test_a_session_worker_that_is_not_a_candidate_changes_nothing(self):
+        hashes = chain(7, 8)
+        plain = decide(DEFAULT, RouteQuery(hashes, 8, {}), idle("a", "b"), block_size=1, seed=0)
+        gone = decide(DEFAULT, RouteQuery(hashes, 8, {}, session_worker="z"), idle("a", "b"),
+                      block_size=1, seed=0)
+        assert gone.worker_id == plain.worker_id

@@ -487,3 +487,37 @@ class TestTierRouting:
         assert after.score == 67 - 64 - 63.0 * 64 + disk_token_cost(rates) * 64
         assert disk_token_cost(rates) == (info.disk_kv_bytes_per_token / rates.disk_read_bytes_s
                                           * rates.prefill_tokens_s)
+
+
+class TestSessions:
+    """A session key follows the worker it was routed to last, as the policy's tie-break."""
+
+    def test_cold_prompts_of_one_session_stay_on_its_first_worker(self):
+        router, _ = make_router("w0", "w1", "w2", "w3")
+        prompts = [prompt(conv, 2) for conv in range(40, 48)]  # each cold, each its own home
+        homes = {route(router, p).worker_id for p in prompts}
+        assert len(homes) > 1  # without a session they spread
+        router, _ = make_router("w0", "w1", "w2", "w3")
+        first = router.route(NS, hash_blocks(prompts[0], BS, NS), len(prompts[0]), "s1")
+        placed = {router.route(NS, hash_blocks(p, BS, NS), len(p), "s1").worker_id
+                  for p in prompts[1:]}
+        assert placed == {first.worker_id}
+
+    def test_a_session_is_the_namespace_own(self):
+        other = Namespace("beta", "tiny")
+        for conv in range(50, 58):  # whichever worker acme's s1 went to, beta's s1 is new
+            router, _ = make_router("w0", "w1", "w2", "w3")
+            a, b = prompt(conv, 2), prompt(conv + 100, 2)
+            router.route(NS, hash_blocks(a, BS, NS), len(a), "s1")
+            fresh, _ = make_router("w0", "w1", "w2", "w3")
+            assert (router.route(other, hash_blocks(b, BS, other), len(b), "s1").worker_id
+                    == fresh.route(other, hash_blocks(b, BS, other), len(b)).worker_id)
+
+    def test_a_longer_match_elsewhere_beats_the_session(self):
+        router, _ = make_router("w0", "w1")
+        held = prompt(60, 4)
+        store_on(router, "w1", held)
+        cold = prompt(61, 2)
+        assert router.route(NS, hash_blocks(cold, BS, NS), len(cold), "s2").worker_id
+        sticky = router.route(NS, hash_blocks(held, BS, NS), len(held), "s2")
+        assert (sticky.worker_id, sticky.reason) == ("w1", Reason.PREFIX_MATCH)

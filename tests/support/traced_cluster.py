@@ -13,6 +13,7 @@ test can step past a TTL. With ``disk_bytes`` each worker's store has a disk tie
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from router.kv.events import EventBatch
 from router.kv.key import hash_blocks
 from router.router import Router
 from workers.engine.engine import Engine, EngineConfig
-from workers.messages import GenerateRequest, GenerateResult, SamplingParams
+from workers.messages import CacheControls, GenerateRequest, GenerateResult, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,8 @@ class Turn:
     job_id: str = ""
     conversation: str = ""
     turn: int = 0
+    cache: CacheControls = CacheControls()  # what it asks of the store
+    salt: str = ""                          # its cache_salt
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +106,7 @@ class TracedCluster:
     def run(self, turn: Turn, traced: bool = True) -> Ran:
         """Route, generate and observe one request (``traced=False``: no telemetry at all)."""
         engine0 = self.engine()
-        namespace = engine0.namespace(turn.tenant)
+        namespace = dataclasses.replace(engine0.namespace(turn.tenant), salt=turn.salt)
         hashes = hash_blocks(turn.prompt, self.block_size, namespace)
         if not traced:
             decision = self.router.route(namespace, hashes, len(turn.prompt))
@@ -120,7 +123,8 @@ class TracedCluster:
             work = time.perf_counter() - work   # routing and generation: not telemetry
             self.observer.routed(decision, route_ns, routed_ns)
             request = GenerateRequest(turn.request_id, namespace, turn.prompt,
-                                      SamplingParams(turn.max_tokens), trace_context=context)
+                                      SamplingParams(turn.max_tokens), trace_context=context,
+                                      cache=turn.cache)
             decode = self.engines[decision.worker_id].tokenizer.decode
             self.observer.worker_done(request, result, decode)
             observed = self.observer.finish(span, request, hashes, result, decision)
@@ -130,7 +134,8 @@ class TracedCluster:
         worker = decision.worker_id
         engine = self.engines[worker]
         request = GenerateRequest(turn.request_id, namespace, turn.prompt,
-                                  SamplingParams(turn.max_tokens), trace_context=context)
+                                  SamplingParams(turn.max_tokens), trace_context=context,
+                                  cache=turn.cache)
         self.router.started(turn.request_id, decision)
         try:
             (result,) = engine.generate([request])

@@ -242,8 +242,12 @@ class PrefixStore:
 
     # ---- write ---------------------------------------------------------------------------
 
-    def write(self, namespace: Namespace, tokens: Sequence[int], cache: Sequence[KVCache]) -> int:
+    def write(self, namespace: Namespace, tokens: Sequence[int], cache: Sequence[KVCache],
+              ttl_s: float | None = None) -> int:
         """Store the full blocks of ``tokens`` whose K/V ``cache`` holds; return tokens written.
+
+        ``ttl_s``: the writer's TTL (None: the store's); the memory ledger keeps each block of
+        the chain for the longest TTL any writer asked (the disk tier keeps its own).
 
         ``cache`` holds (at least) the K/V of ``tokens`` in order, one KVCache per layer. Blocks
         already stored are touched, not copied again. When the memory budget is spent the
@@ -257,7 +261,7 @@ class PrefixStore:
         usable = min(len(tokens), held) // bs * bs
         hashes = self._hash(tokens[:usable], bs, namespace)
         want = ChainIdentities(namespace, hashes, tokens, bs)
-        new = self.ledger.insert(hashes, bs, namespace.label(), namespace.root())
+        new = self.ledger.insert(hashes, bs, namespace.label(), namespace.root(), ttl_s)
         first = hashes.index(new[0]) if new else self._chain_in_memory(hashes, want)
         slices = BlockSlices(cache, bs)
         for i, h in enumerate(new, start=first):

@@ -184,7 +184,7 @@ class Engine:
     def submit(self, req: GenerateRequest) -> None:
         """Validate and queue ``req``; it starts on a later ``step``."""
         self.validate(req)
-        self._cache.prefetch(req.namespace, req.prompt)  # read while earlier requests run
+        self._cache.prefetch(req)  # read while earlier requests run
         self._admission.push(req.namespace.tenant, req.request_id, (req, self._now_ns()),
                              req.priority)
 
@@ -241,8 +241,9 @@ class Engine:
 
     def _queued(self, req: GenerateRequest, received_ns: int) -> PrefillJob:
         bs = self.config.block_size
-        share = (req.namespace, req.prompt[:bs]) if self.config.use_store and len(
-            req.prompt) > bs else None
+        # a job that reads and writes waits for an older one sharing its first block
+        share = (req.namespace, req.prompt[:bs]) if self.config.use_store and req.cache.read \
+            and req.cache.write and len(req.prompt) > bs else None
         fmt = req.sampling.response_format
         if fmt is not None and self._grammars is None:
             tok = self._m.tokenizer
@@ -253,7 +254,7 @@ class Engine:
     def _look_up(self, job: PrefillJob) -> None:
         """Find the job's prompt in the store; its cache starts from the reused K/V."""
         lookup_start = self._now_ns()
-        report, job.cache = self._cache.look_up(job.request.namespace, job.prompt)
+        report, job.cache = self._cache.look_up(job.request, job.prompt)
         job.done = report.reused_tokens
         lookup_end = self._now_ns()
         job.seq = Sequence(job.request, report, job.received_ns, lookup_start, lookup_end,
@@ -268,8 +269,8 @@ class Engine:
                         f"request {seq.request.request_id}: batch cache holds "
                         f"{done.cache[0].offset} tokens but {len(done.tokens)} token ids "
                         "were tracked")
-                seq.written += self._cache.write(seq.request.namespace, done.tokens, done.cache)
-                self._cache.keep(seq.request.namespace, done.tokens, done.cache)
+                seq.written += self._cache.write(seq.request, done.tokens, done.cache)
+                self._cache.keep(seq.request, done.tokens, done.cache)
             finished.append(seq.result(self.config.worker_id))
 
     def _prefill(self, bounded: bool, deltas: list[TokenDelta], finished: list[GenerateResult]
@@ -298,7 +299,7 @@ class Engine:
             elif job.done // bs > (job.done - n) // bs:
                 # the chunk completed blocks: store them now, so other prompts can reuse them
                 job.seq.written += self._cache.write(
-                    job.request.namespace, job.prompt[:job.done], job.cache)
+                    job.request, job.prompt[:job.done], job.cache)
 
     def _this_step(self, budget: int) -> list[PrefillJob]:
         """The jobs that get budget this step (``workers.engine.scheduler.this_step``), interactive
@@ -320,9 +321,9 @@ class Engine:
         first, raw = first_token(logits[:, -1, :], job.sampler, job.constraint)
         deltas.append(seq.delta(first, self._now_ns(), self._eos, raw))
         # after the first token: storing never delays it
-        seq.written += self._cache.write(req.namespace, job.prompt, job.cache)
+        seq.written += self._cache.write(req, job.prompt, job.cache)
         if seq.finish_reason:
-            self._cache.keep(req.namespace, job.prompt, job.cache)
+            self._cache.keep(req, job.prompt, job.cache)
             finished.append(seq.result(self.config.worker_id))
             return
         # a grammar has seen the prompt and the first token
@@ -394,4 +395,4 @@ class Engine:
 
     def store_kv(self, namespace: Namespace, tokens: Seq[int], cache: list[KVCache]) -> int:
         """Write ``cache`` (K/V of ``tokens``) to the store as a request would; blocks written."""
-        return self._cache.write(namespace, tokens, cache)
+        return self._cache.store_kv(namespace, tokens, cache)

@@ -10,6 +10,12 @@ through it; nobody else does (the engine's own methods say what they read)::
     a chunk completes blocks, the first token, a finished request ─► write (then keep)
 
 With ``use_store`` off nothing is read or written: every request computes its whole prompt.
+A request's ``CacheControls`` narrow this for that request alone: ``read`` off, its whole
+prompt is computed (nothing looked up, nothing prefetched); ``write`` off, nothing stored or
+kept; a ``write_limit`` (its last breakpoint), only the full blocks before it are stored and
+nothing is kept (a kept cache would hold the tokens past it); its ``ttl_s`` goes to the
+ledger with what it writes. A salted namespace's caches are never kept either: kept caches
+are found by the namespace's label, which holds no salt.
 Kept caches are used only where the store holds K/V in the model's dtype (a quantized tier's
 blocks differ from the exact K/V a kept cache holds).
 """
@@ -29,7 +35,7 @@ from workers.cache.store import KVShape, Lookup, StoreStats
 from workers.cache.transfer import BlockTransfer
 from workers.engine.config import EngineConfig
 from workers.engine.kept import KeptCaches, KeptStats
-from workers.messages import LookupOutcome, LookupReport
+from workers.messages import CacheControls, GenerateRequest, LookupOutcome, LookupReport
 
 
 class PrefixCache:
@@ -53,14 +59,15 @@ class PrefixCache:
 
     # ---- the request path ----------------------------------------------------------------
 
-    def prefetch(self, namespace: Namespace, prompt: Sequence[int]) -> None:
-        if self.enabled:
-            self._store.prefetch(namespace, prompt)
+    def prefetch(self, request: GenerateRequest) -> None:
+        if self.enabled and request.cache.read:
+            self._store.prefetch(request.namespace, request.prompt)
 
-    def look_up(self, namespace: Namespace, prompt: Sequence[int]
+    def look_up(self, request: GenerateRequest, prompt: Sequence[int]
                 ) -> tuple[LookupReport, list[KVCache]]:
         """What ``prompt`` reuses and the cache to extend (fresh when nothing is reused)."""
-        if not self.enabled:
+        namespace = request.namespace
+        if not (self.enabled and request.cache.read):
             report = LookupReport(LookupOutcome.MISS, len(prompt), 0, 0, None, None, None,
                                   self._config.ttl_s)
             return report, self._fresh()
@@ -68,21 +75,33 @@ class PrefixCache:
         report, cache = found.report, found.cache
         # a kept cache holding the matched tokens replaces the join (left lazy: never run),
         # and may hold the partial block after them too
-        kept = self._kept.take(namespace.label(), prompt, report.matched_tokens,
-                               self._config.block_size)
+        kept = None if namespace.salt else self._kept.take(
+            namespace.label(), prompt, report.matched_tokens, self._config.block_size)
         if kept is not None:
             cache, held = kept
             report = dataclasses.replace(report, kept_tokens=held - report.matched_tokens)
         return report, cache or self._fresh()
 
-    def write(self, namespace: Namespace, tokens: Sequence[int], cache: Sequence[KVCache]
-              ) -> int:
-        """Store the full blocks of ``tokens`` not stored yet; how many were written."""
+    def write(self, request: GenerateRequest, tokens: Sequence[int],
+              cache: Sequence[KVCache]) -> int:
+        """Store the full blocks of ``tokens`` not stored yet that the request's controls
+        allow; how many tokens were written."""
+        controls: CacheControls = request.cache
+        allowed = controls.writable(len(tokens))
+        if not self.enabled or allowed < self._config.block_size:
+            return 0
+        return self._store.write(request.namespace, tokens[:allowed], cache, controls.ttl_s)
+
+    def store_kv(self, namespace: Namespace, tokens: Sequence[int], cache: Sequence[KVCache]
+                 ) -> int:
+        """Write ``cache`` as a request asking nothing of the store would (the lab's benches)."""
         return self._store.write(namespace, tokens, cache) if self.enabled else 0
 
-    def keep(self, namespace: Namespace, tokens: Sequence[int], cache: list[KVCache]) -> None:
+    def keep(self, request: GenerateRequest, tokens: Sequence[int], cache: list[KVCache]
+             ) -> None:
         """A finished request's whole cache, for the next turn to extend."""
-        self._kept.keep(namespace.label(), tokens, cache)
+        if request.cache.keeps and not request.namespace.salt:
+            self._kept.keep(request.namespace.label(), tokens, cache)
 
     def _fresh(self) -> list[KVCache]:
         return [KVCache() for _ in range(self._shape.layers)]

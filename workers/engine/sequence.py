@@ -116,6 +116,7 @@ class Sequence:
     drafted: int = 0   # tokens drafted for it (speculative decoding)
     accepted: int = 0  # of those, accepted and taken
     _stopped_by_string: bool = False
+    _stop_string: str = ""  # the stop string that ended the text (the result's extra "stop")
 
     def delta(self, token: int, now_ns: int, eos: set[int], row: mx.array) -> TokenDelta:
         """``add`` the token; the delta that streams it (with its recorded log-probability)."""
@@ -160,10 +161,11 @@ class Sequence:
         self.text += segment
         longest = max((len(s) for s in self.request.sampling.stop), default=0)
         window = max(0, before - longest + 1)  # a stop string may straddle two segments
-        hits = [at for at in (self.text.find(s, window) for s in self.request.sampling.stop)
-                if at >= 0]
+        hits = [(at, s) for s in self.request.sampling.stop
+                if (at := self.text.find(s, window)) >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
+            at, self._stop_string = min(hits)  # the first in the text (ties: by the string)
+            self.text = self.text[:at]
             self.finish_reason = "stop"
             self._stopped_by_string = True
         return self.text[before:]
@@ -180,5 +182,6 @@ class Sequence:
             computed_tokens=r.prompt_tokens - r.reused_tokens, written_tokens=self.written,
             lookup=r, worker_id=worker_id, logprobs=tuple(self.logprobs),
             drafted_tokens=self.drafted, accepted_tokens=self.accepted,
+            extra={"stop": self._stop_string} if self._stop_string else {},
             timings=Timings(self.received_ns, self.lookup_start_ns, self.lookup_end_ns,
                             self.prefill_start_ns, self.first_token_ns, self.last_token_ns))

@@ -31,12 +31,38 @@ PRIORITY_INTERACTIVE: Priority
 PRIORITY_BATCH: Priority
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "cache_control")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_CONTROL_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: _struct_pb2.Value
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    cache_control: CacheControl
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., cache_control: _Optional[_Union[CacheControl, _Mapping]] = ...) -> None: ...
+
+class CacheControl(_message.Message):
+    __slots__ = ("type", "ttl")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    ttl: str
+    def __init__(self, type: _Optional[str] = ..., ttl: _Optional[str] = ...) -> None: ...
+
+class CacheBreakpoint(_message.Message):
+    __slots__ = ("tokens", "ttl")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    ttl: str
+    def __init__(self, tokens: _Optional[int] = ..., ttl: _Optional[str] = ...) -> None: ...
+
+class CacheUse(_message.Message):
+    __slots__ = ("read", "write")
+    READ_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    read: bool
+    write: bool
+    def __init__(self, read: _Optional[bool] = ..., write: _Optional[bool] = ...) -> None: ...
 
 class Messages(_message.Message):
     __slots__ = ("messages",)
@@ -83,7 +109,7 @@ class JsonSchema(_message.Message):
     def __init__(self, name: _Optional[str] = ..., schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("custom_id", "messages", "tokens", "sampling", "response_format", "logprobs", "top_logprobs")
+    __slots__ = ("custom_id", "messages", "tokens", "sampling", "response_format", "logprobs", "top_logprobs", "cache_control", "cache_salt", "prompt_cache_key", "cache", "cache_breakpoints")
     CUSTOM_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +117,11 @@ class Request(_message.Message):
     RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BREAKPOINTS_FIELD_NUMBER: _ClassVar[int]
     custom_id: str
     messages: Messages
     tokens: TokenIds
@@ -98,21 +129,30 @@ class Request(_message.Message):
     response_format: ResponseFormat
     logprobs: bool
     top_logprobs: int
-    def __init__(self, custom_id: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    cache_control: CacheControl
+    cache_salt: str
+    prompt_cache_key: str
+    cache: CacheUse
+    cache_breakpoints: _containers.RepeatedCompositeFieldContainer[CacheBreakpoint]
+    def __init__(self, custom_id: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., cache_control: _Optional[_Union[CacheControl, _Mapping]] = ..., cache_salt: _Optional[str] = ..., prompt_cache_key: _Optional[str] = ..., cache: _Optional[_Union[CacheUse, _Mapping]] = ..., cache_breakpoints: _Optional[_Iterable[_Union[CacheBreakpoint, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "computed_tokens", "written_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "computed_tokens", "written_tokens", "written_input_tokens", "write_ttl_s")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     computed_tokens: int
     written_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., written_tokens: _Optional[int] = ...) -> None: ...
+    written_input_tokens: int
+    write_ttl_s: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., written_tokens: _Optional[int] = ..., written_input_tokens: _Optional[int] = ..., write_ttl_s: _Optional[float] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "bytes", "top_logprobs")

@@ -36,7 +36,7 @@ SAMPLES = {"n": 2, "best_of": 2, "echo": True, "suffix": " the end", "presence_p
            "audio": {"voice": "alloy", "format": "mp3"}, "functions": [{"name": "f"}],
            "function_call": "auto", "reasoning_effort": "low", "verbosity": "low",
            "prediction": {"type": "content", "content": "x"}, "web_search_options": {},
-           "prompt_cache_key": "k", "safety_identifier": "u1", "store": True,
+           "safety_identifier": "u1", "store": True,
            "service_tier": "flex"}
 GENERIC = {"orchard-test": 1}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -223,7 +223,11 @@ IMPLEMENTED = {
            "parallel_tool_calls": _tools,
            "metadata": _harmless("metadata", {"team": "a"}, {"team": 5}),
            "store": _harmless("store", False, True),
-           "service_tier": _service_tier},
+           "service_tier": _service_tier,
+           # read by the router as a tie-break (tests/router/test_policy.py) and by the store
+           # (tests/cluster/api/test_cache_fields.py): the answer is the same
+           "prompt_cache_key": _harmless("prompt_cache_key", "k", 5),
+           "prompt_cache_retention": _harmless("prompt_cache_retention", "in_memory", "24h")},
     COMPLETIONS: {**COMMON, "prompt": _prompt},
 }
 

@@ -54,7 +54,7 @@ from router.kv.key import Namespace, hash_blocks
 from tests.support.bounded import run_bounded, wait_until, within
 from tests.support.runner_bodies import job_task_ended, prepare_body, staged_requests
 from tests.support.telemetry_factories import in_memory
-from workers.messages import GenerateRequest, SamplingParams
+from workers.messages import CacheControls, GenerateRequest, SamplingParams
 from cluster.backend.protocol import GenerateOutcome
 from cluster.jobs.dispatch import error_of, result_of
 from cluster.jobs.store import PendingRequest, StoredResult
@@ -328,16 +328,17 @@ class TestPaths:
         async def scenario() -> None:
             backend = await _backend_paths()
             prompt = tuple(range(40, 40 + 2 * BLOCK + 3))
-            outcome = await dispatch(backend, generate_request("x", prompt, 3, ns=NS),
-                                     hash_blocks(prompt, BLOCK, NS), 10.0)
+            request = generate_request("x", prompt, 3, ns=NS)
+            outcome = await dispatch(backend, request, hash_blocks(prompt, BLOCK, NS), 10.0)
             r = outcome.result
-            stored = result_of(7, "conv-7", outcome)
+            stored = result_of(7, "conv-7", outcome, request, BLOCK)
             assert stored == type(stored)(
                 index=7, custom_id="conv-7", request_id="x", ok=True, text=r.text,
                 output_tokens=r.output_tokens, finish_reason="length", prompt_tokens=35,
                 cached_tokens=r.cached_tokens, computed_tokens=r.computed_tokens,
                 written_tokens=r.written_tokens, worker_id="local-0", ttft_s=r.ttft_s,
-                tpot_s=r.tpot_s, attempts=1, worker_s=outcome.worker_time_s())
+                tpot_s=r.tpot_s, attempts=1, worker_s=outcome.worker_time_s(),
+                written_input_tokens=32, write_ttl_s=r.lookup.ttl_s)
             assert (r.cached_tokens, r.computed_tokens, r.written_tokens) == (0, 35, 32)
             assert r.ttft_s > 0 and r.tpot_s > 0 and r.text != "" and outcome.worker_s > 0
             await backend.close()
@@ -596,18 +597,26 @@ class TestResults:
     def test_a_finished_request_is_stored_with_every_field_of_its_result(self):
         r = result("job-1-4", 40, 16, 16, "", LookupOutcome.PARTIAL, outputs=3)
         outcome = GenerateOutcome(r, None, attempts=2, worker_id="w3", worker_s=0.25)
-        assert result_of(4, "conv-4", outcome) == StoredResult(
+        assert result_of(4, "conv-4", outcome, ASKED_NOTHING, 16) == StoredResult(
             index=4, custom_id="conv-4", request_id="job-1-4", ok=True, text="abcd",
             output_tokens=(0, 1, 2), finish_reason="length", prompt_tokens=40, cached_tokens=16,
             computed_tokens=24, written_tokens=16, worker_id="w3", ttft_s=0.02, tpot_s=0.005,
-            attempts=2, worker_s=0.25)
+            attempts=2, worker_s=0.25, written_input_tokens=16, write_ttl_s=300.0)
+
+    def test_a_result_keeps_the_ttl_its_request_asked_for(self):
+        r = result("r", 40, 0, 32, "w", LookupOutcome.MISS)  # the store's TTL: 300 s
+        hour = dataclasses.replace(ASKED_NOTHING, cache=CacheControls(ttl_s=3600.0))
+        stored = result_of(0, "", GenerateOutcome(r, None, 1, ""), hour, 16)
+        assert (stored.written_input_tokens, stored.write_ttl_s) == (32, 3600.0)
 
     def test_the_worker_is_the_backend_s_or_else_the_engine_s_and_its_time_the_engine_s_span(self):
         r = result("r", 20, 0, 16, "engine-w", LookupOutcome.MISS)
-        assert result_of(0, "", GenerateOutcome(r, None, 1, "")).worker_id == "engine-w"
-        assert result_of(0, "", GenerateOutcome(r, None, 1, "backend-w")).worker_id == "backend-w"
+        def of(outcome):
+            return result_of(0, "", outcome, ASKED_NOTHING, 16)
+        assert of(GenerateOutcome(r, None, 1, "")).worker_id == "engine-w"
+        assert of(GenerateOutcome(r, None, 1, "backend-w")).worker_id == "backend-w"
         # no worker time from the backend: the engine's received -> finished, 40 ms here
-        assert result_of(0, "", GenerateOutcome(r, None, 1, "")).worker_s == 0.04
+        assert of(GenerateOutcome(r, None, 1, "")).worker_s == 0.04
         assert r.timings.received_ns == T0
 
     def test_an_error_is_stored_with_its_request_s_names_and_nothing_else(self):
@@ -616,6 +625,8 @@ class TestResults:
             index=7, custom_id="conv-7", request_id="job-2-7", ok=False, error_code="UNAVAILABLE",
             error_message="no worker")
 
+
+ASKED_NOTHING = GenerateRequest("r", Namespace("acme", "tiny"), (), SamplingParams(4))
 
 UNWIND_S = 0.05   # a cancelled call's unwinding takes this long per place in its job
 

@@ -133,3 +133,33 @@ def test_bad_arguments_get_clear_errors(recorded, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["report", "--run-dir", str(recorded.run_dir), "--plot", str(tmp_path / "x.svg")]) == 2
     assert "PNG" in capsys.readouterr().err
+
+
+def test_the_report_counts_writes_by_ttl_bypasses_and_salts(tmp_path, capsys):
+    from workers.messages import CacheControls
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tel = setup_telemetry(TelemetrySettings("orchard-frontend", run_dir))
+    tc = TracedCluster(tiny_model("llama"), 1, tel, block_size=16, ttl_s=300.0, clock=Clock())
+    prompt = lambda i: tuple(range(1000 * i, 1000 * i + 40))  # noqa: E731  2 full blocks
+    turns = [Turn("hour", "acme", prompt(1), 4, cache=CacheControls(ttl_s=3600.0)),
+             Turn("store", "acme", prompt(2), 4),
+             Turn("cold", "acme", prompt(2), 4, cache=CacheControls(read=False)),
+             Turn("bypass", "acme", prompt(3), 4, cache=CacheControls(write=False)),
+             Turn("salted", "acme", prompt(4), 4, salt="team-secret")]
+    for turn in turns:
+        tc.run(turn)
+    tc.close()
+    tel.shutdown()
+    assert main(["report", "--run-dir", str(run_dir), "--json"]) == 0
+    total = json.loads(capsys.readouterr().out)["total"]
+    assert total["written_by_ttl"] == {"5m": 64, "1h": 32}  # store and salted; hour
+    assert total["bypassed"] == {"read": 1, "write": 1}
+    assert total["salted_requests"] == 1
+    assert main(["report", "--run-dir", str(run_dir)]) == 0
+    text = capsys.readouterr().out
+    assert ("  prompt tokens written: 64 at 5 minutes, 32 at 1 hour\n"
+            "  bypassed: 1 read nothing, 1 wrote nothing; salted: 1 requests\n") in text
+    assert "team-secret" not in text
+    assert not any("team-secret" in p.read_text() for p in run_dir.rglob("*") if p.is_file())

@@ -220,3 +220,38 @@ class TestExact:
         a = hash_blocks(tokens, 16, Namespace("a", "m"))
         b = hash_blocks(tokens, 16, Namespace("b", "m"))
         assert all(x != y for x, y in zip(a, b)) and len(a) == 64
+
+
+class TestSalt:
+    """``cache_salt`` enters the root beside the tenant: different salts never share a block."""
+
+    def test_the_salted_root_is_the_keyed_blake2b_of_the_fields_and_the_salt(self):
+        import hashlib
+
+        secret = bytes(range(32))
+        salted = Namespace("acme", "tiny-llama", "r1", secret=secret, salt="team-7")
+        data = (b"orchard-ns\x00" + b"\x00".join([b"acme", b"tiny-llama", b"r1", b""])
+                + b"\x00salt\x00team-7")
+        digest = hashlib.blake2b(data, key=secret, digest_size=16).digest()
+        assert salted.root() == int.from_bytes(digest, "little")
+
+    def test_an_empty_salt_leaves_the_root_pinned(self):
+        assert Namespace("acme", "tiny-llama", "r1", salt="").root() == ROOT_ACME
+
+    def test_different_salts_share_no_block_hash(self):
+        tokens = list(range(64))
+        chains = [hash_blocks(tokens, 16, Namespace("acme", "tiny-llama", "r1", salt=s))
+                  for s in ("", "alice", "bob")]
+        assert len({h for c in chains for h in c}) == 12  # 3 salts x 4 blocks, none shared
+        assert chains[1] == hash_blocks(tokens, 16, Namespace("acme", "tiny-llama", "r1",
+                                                              salt="alice"))
+
+    def test_a_salt_never_shows_in_a_label_or_a_repr(self):
+        ns = Namespace("acme", "tiny-llama", salt="private-salt")
+        assert ns.label() == "acme/tiny-llama"
+        assert "private-salt" not in repr(ns)
+
+    def test_a_salt_over_256_bytes_is_a_value_error(self):
+        Namespace("acme", "m", salt="é" * 128)  # 256 bytes: the limit
+        with pytest.raises(ValueError, match="a cache salt is at most 256 bytes, got 258"):
+            Namespace("acme", "m", salt="é" * 129)

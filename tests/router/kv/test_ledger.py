@@ -564,3 +564,49 @@ class TestRouterEviction:
         clock.now += 100.0  # past the TTL: everything expires, whatever the policy
         led.expire()
         assert len(led) == 0
+
+
+class TestWriterTtl:
+    """A block's TTL is the longest any writer of a chain through it asked for."""
+
+    def test_a_writer_ttl_is_each_new_block_ttl(self, eviction):
+        clock = Clock()
+        ledger = make_ledger(eviction, ttl=60.0, clock=clock)
+        ledger.insert(A, BS, NS.label(), ROOT, ttl_s=3600.0)
+        assert [ledger.ttl_of(h) for h in A] == [3600.0, 3600.0, 3600.0]
+        clock.now = 3599.0
+        assert ledger.peek(A) == 3
+        assert ledger.ttl_left(A[2]) == 1.0
+        clock.now = 3600.0
+        assert ledger.expire() == [A[2], A[1], A[0]]  # leaves first
+
+    def test_a_longer_writer_raises_the_shared_prefix_and_a_shorter_lowers_nothing(
+            self, eviction):
+        clock = Clock()
+        ledger = make_ledger(eviction, ttl=60.0, clock=clock)
+        ledger.insert(A, BS, NS.label(), ROOT, ttl_s=300.0)
+        ledger.insert(B, BS, NS.label(), ROOT, ttl_s=3600.0)  # shares a0 a1
+        assert [ledger.ttl_of(h) for h in A] == [3600.0, 3600.0, 300.0]
+        assert ledger.ttl_of(B[2]) == 3600.0
+        ledger.insert(B, BS, NS.label(), ROOT, ttl_s=300.0)
+        assert [ledger.ttl_of(h) for h in B] == [3600.0, 3600.0, 3600.0]
+        ledger.insert(A, BS, NS.label(), ROOT)  # the default (60 s) lowers nothing either
+        assert [ledger.ttl_of(h) for h in A] == [3600.0, 3600.0, 300.0]
+
+    def test_blocks_expire_in_order_of_their_own_deadlines(self, eviction):
+        clock = Clock()
+        ledger = make_ledger(eviction, ttl=60.0, clock=clock)
+        short = chain(*range(200, 204))
+        ledger.insert(A, BS, NS.label(), ROOT, ttl_s=3600.0)
+        ledger.insert(short, BS, NS.label(), ROOT)  # the default 60 s
+        clock.now = 60.0
+        assert ledger.expire() == [short[0]]
+        assert ledger.peek(A) == 3
+        clock.now = 3600.0
+        assert ledger.expire() == [A[2], A[1], A[0]]
+        assert len(ledger) == 0
+
+    def test_a_ttl_that_is_not_positive_is_refused(self, eviction):
+        ledger = make_ledger(eviction)
+        with pytest.raises(ValueError, match="ttl_s must be positive seconds, got 0"):
+            ledger.insert(A, BS, NS.label(), ROOT, ttl_s=0)

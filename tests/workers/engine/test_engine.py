@@ -124,10 +124,13 @@ class TestBehaviour:
         full = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=1))
         stop = full.text[len(full.text) // 2:][:3]
         assert stop.strip(), full.text
-        cut = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=1, stop=(stop,)))
+        cut = run_one(engine, req(engine, prompt, 12, temperature=1.0, seed=1,
+                                  stop=("never in it", stop)))
         assert cut.finish_reason == "stop"
         assert stop not in cut.text and full.text.startswith(cut.text)
         assert len(cut.output_tokens) < 12
+        assert cut.extra == {"stop": stop}  # the stop string that cut it
+        assert full.extra == {}
 
     def test_chat_turns_reuse_the_previous_turn(self, engine):
         messages = [{"role": "system", "content": "orchard apple cache " * 30},

@@ -1,0 +1,210 @@
+"""``POST /v1/messages`` end to end with the real ``anthropic`` SDK: plain, streamed, with
+cache_control breakpoints and their usage fields, stop sequences, and refusals in
+Anthropic's error shape. A real frontend over one real engine (no kept caches, so every
+cached token counted is the store's); the OpenAI endpoint over the same prompt is the
+reference for the text and the prompt's size.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import anthropic
+import openai
+import pytest
+
+from tests.support.forged_models import tiny_model
+from tests.support.frontend_harness import ACME_CONFIG, running_frontend
+from workers.engine.config import EngineConfig
+
+SYSTEM = "You are a careful assistant who answers briefly and never rambles on. " * 3
+MODEL = "llama"
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(ACME_CONFIG)
+    engine = EngineConfig(block_size=16, max_batch=4, kept_bytes=0)
+    with running_frontend(run_dir, tiny_model(), workers=1, engine=engine) as harness:
+        yield harness
+
+
+def address(api) -> str:
+    return json.loads((api.config.run_dir / "frontend.json").read_text())["http_address"]
+
+
+@pytest.fixture(scope="module")
+def claude(api) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=address(api), api_key="key-acme", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def gpt(api) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{address(api)}/v1", api_key="key-acme", max_retries=0)
+
+
+GREEDY = {"temperature": 0}  # the SDK has no temperature argument: sent as an extra field
+
+
+def reference(gpt, system: str, user: str, max_tokens: int):
+    return gpt.chat.completions.create(
+        model=MODEL, max_tokens=max_tokens, temperature=0,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
+
+
+class TestMessages:
+    def test_a_plain_message_answers_as_the_chat_endpoint_does(self, claude, gpt):
+        system, user = "Plain. " + SYSTEM, "Name a river."
+        ref = reference(gpt, system, user, 5)
+        message = claude.messages.create(model=MODEL, max_tokens=5, extra_body=GREEDY,
+                                         system=system,
+                                         messages=[{"role": "user", "content": user}])
+        assert (message.type, message.role, message.model) == ("message", "assistant", MODEL)
+        assert [b.type for b in message.content] == ["text"]
+        assert message.content[0].text == ref.choices[0].message.content
+        assert (message.stop_reason, message.stop_sequence) == ("max_tokens", None)
+        u = message.usage
+        assert u.output_tokens == 5
+        assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == \
+            ref.usage.prompt_tokens
+        assert u.cache_read_input_tokens == ref.usage.prompt_tokens // 16 * 16  # ref stored it
+
+    def test_a_streamed_message_is_the_plain_message(self, claude):
+        system, user = "Streamed. " + SYSTEM, "Name a mountain."
+        plain = claude.messages.create(model=MODEL, max_tokens=6, extra_body=GREEDY, system=system,
+                                       messages=[{"role": "user", "content": user}])
+        with claude.messages.stream(model=MODEL, max_tokens=6, extra_body=GREEDY, system=system,
+                                    messages=[{"role": "user", "content": user}]) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert text == final.content[0].text == plain.content[0].text
+        assert (final.stop_reason, final.usage.output_tokens) == ("max_tokens", 6)
+        assert final.usage.cache_read_input_tokens == plain.usage.cache_read_input_tokens + \
+            plain.usage.cache_creation_input_tokens  # the plain one stored what it computed
+        assert final.usage.input_tokens + final.usage.cache_read_input_tokens == \
+            plain.usage.input_tokens + plain.usage.cache_read_input_tokens + \
+            plain.usage.cache_creation_input_tokens
+
+    def test_a_cache_control_breakpoint_writes_the_system_prompt_for_an_hour(self, claude):
+        system = [{"type": "text", "text": "Breakpoint. " + SYSTEM,
+                   "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+        first = claude.messages.create(model=MODEL, max_tokens=3, extra_body=GREEDY, system=system,
+                                       messages=[{"role": "user", "content": "First question?"}])
+        written = first.usage.cache_creation_input_tokens
+        assert written > 0 and written % 16 == 0
+        assert first.usage.cache_read_input_tokens == 0
+        assert first.usage.cache_creation.ephemeral_1h_input_tokens == written
+        assert first.usage.cache_creation.ephemeral_5m_input_tokens == 0
+        second = claude.messages.create(
+            model=MODEL, max_tokens=3, extra_body=GREEDY, system=system,
+            messages=[{"role": "user", "content": "A second, different question?"}])
+        # exactly the blocks before the breakpoint were written, and the next turn reads them
+        assert second.usage.cache_read_input_tokens == written
+        assert first.usage.input_tokens > 0  # the user's turn: computed, not stored
+
+    def test_a_stop_sequence_is_named(self, claude):
+        system, user = "Stops. " + SYSTEM, "Tell me about rivers and mountains."
+        whole = claude.messages.create(model=MODEL, max_tokens=12, extra_body=GREEDY, system=system,
+                                       messages=[{"role": "user", "content": user}])
+        text = whole.content[0].text
+        cut = text[len(text) // 2:len(text) // 2 + 3]
+        stopped = claude.messages.create(model=MODEL, max_tokens=12, extra_body=GREEDY,
+                                         system=system, stop_sequences=[cut],
+                                         messages=[{"role": "user", "content": user}])
+        assert stopped.content[0].text == text[:text.index(cut)]
+        assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", cut)
+
+
+class TestRefusals:
+    def test_a_ttl_not_offered_is_refused_400_naming_the_field(self, claude):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=MODEL, max_tokens=3, messages=[{
+                "role": "user", "content": [{"type": "text", "text": "Hi",
+                                             "cache_control": {"type": "ephemeral",
+                                                               "ttl": "2h"}}]}])
+        assert caught.value.body == {"type": "error", "error": {
+            "type": "invalid_request_error",
+            "message": "body.messages[0].content[0].cache_control.ttl: '2h' is not offered; "
+                       "use one of 5m, 1h"}}
+
+    def test_a_field_orchard_does_not_implement_is_refused(self, claude):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=MODEL, max_tokens=3, extra_body={"top_k": 5},
+                                   messages=[{"role": "user", "content": "Hi"}])
+        assert caught.value.body["error"]["message"] == (
+            "top_k: not supported by orchard's Messages API; leave it out")
+
+    def test_an_image_block_is_refused(self, claude):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=MODEL, max_tokens=3, messages=[{
+                "role": "user", "content": [{"type": "image", "source": {
+                    "type": "url", "url": "http://127.0.0.1/x.png"}}]}])
+        assert caught.value.body["error"]["message"].startswith(
+            "body.messages[0].content[0]: a content part must be")
+
+    def test_an_unknown_key_is_refused_401(self, api):
+        stranger = anthropic.Anthropic(base_url=address(api), api_key="no-such-key",
+                                       max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError) as caught:
+            stranger.messages.create(model=MODEL, max_tokens=3,
+                                     messages=[{"role": "user", "content": "Hi"}])
+        assert caught.value.body["error"]["type"] == "authentication_error"
+
+
+class TestDiagnosis:
+    def test_a_message_may_carry_its_cache_diagnosis(self, claude):
+        system = "Diagnosed. " + SYSTEM
+        claude.messages.create(model=MODEL, max_tokens=2, extra_body=GREEDY, system=system,
+                               messages=[{"role": "user", "content": "First turn here."}])
+        message = claude.messages.create(
+            model=MODEL, max_tokens=2, system=system,
+            extra_body={**GREEDY, "cache_diagnostics": True},
+            messages=[{"role": "user", "content": "Second turn there."}])
+        diagnosis = message.model_extra["cache_diagnostics"]
+        assert diagnosis["cached_tokens"] == message.usage.cache_read_input_tokens > 0
+        assert (diagnosis["outcome"], diagnosis["reason"], diagnosis["message_index"]) == (
+            "near_miss", "near_miss", 1)  # the system prompt agrees; the user turn does not
+        assert diagnosis["cached_tokens"] <= diagnosis["diverged_at"] < diagnosis[
+            "cached_tokens"] + 16
+
+
+class TestMessageBatches:
+    def test_a_batch_runs_as_a_job_and_its_results_are_the_messages(self, claude):
+        system = [{"type": "text", "text": "Batched. " + SYSTEM,
+                   "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+
+        def params(user: str) -> dict:
+            return {"model": MODEL, "max_tokens": 3, "temperature": 0, "system": system,
+                    "messages": [{"role": "user", "content": user}]}
+        batch = claude.messages.batches.create(requests=[
+            {"custom_id": "q1", "params": params("First batched question?")},
+            {"custom_id": "q2", "params": params("Second batched question?")}])
+        assert (batch.type, batch.processing_status) == ("message_batch", "in_progress")
+        deadline = time.monotonic() + 120
+        while batch.processing_status != "ended" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            batch = claude.messages.batches.retrieve(batch.id)
+        assert batch.processing_status == "ended"
+        assert (batch.request_counts.succeeded, batch.request_counts.errored,
+                batch.request_counts.processing) == (2, 0, 0)
+        results = {r.custom_id: r.result for r in claude.messages.batches.results(batch.id)}
+        assert sorted(results) == ["q1", "q2"]
+        plain = claude.messages.create(**{k: v for k, v in params("First batched question?")
+                                          .items() if k != "temperature"}, extra_body=GREEDY)
+        first = results["q1"]
+        assert first.type == "succeeded"
+        assert first.message.content[0].text == plain.content[0].text
+        written = [r.message.usage.cache_creation.ephemeral_1h_input_tokens
+                   for r in results.values()]
+        assert sum(written) == plain.usage.cache_read_input_tokens > 0  # one wrote the system
+
+    def test_a_bad_request_in_a_batch_is_refused_naming_it(self, claude):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.batches.create(requests=[
+                {"custom_id": "ok", "params": {"model": MODEL, "max_tokens": 2, "messages": [
+                    {"role": "user", "content": "Hi"}]}},
+                {"custom_id": "bad", "params": {"model": MODEL, "max_tokens": 2, "top_k": 3,
+                                                "messages": [{"role": "user", "content": "Hi"}]}}])
+        assert caught.value.body["error"]["message"] == (
+            "requests[1].params.top_k: not supported by orchard's Messages API; leave it out")
