@@ -85,8 +85,10 @@ async def _timed(worker: EngineWorker, request: GenerateRequest, pull: PullPlan 
     raise RuntimeError(f"{request.request_id} ended without a result")
 
 
-async def _one_link(model: str, link: str, prefix_tokens: int, suffix_tokens: int,
-                    trials: int, seed: int) -> LinkResult:
+async def _two_workers(model: str, link: str
+                       ) -> tuple[EngineWorker, EngineWorker, int, Namespace]:
+    """A holder (w0, serving pulls at ``link``'s rate) and a receiver (w1), both listening:
+    the two workers, the holder's port and the bench's namespace."""
     rate, delay = LINKS[link]
     config = EngineConfig(block_size=BLOCK, kept_bytes=0)
     w0 = EngineWorker("w0", model, config, pace=RateLimit(rate, delay))
@@ -95,8 +97,13 @@ async def _one_link(model: str, link: str, prefix_tokens: int, suffix_tokens: in
     await w1.start()
     _, port = await w0.listen(SECRET)
     await w1.listen(SECRET)
+    return w0, w1, port, Namespace("bench", hello.model.model_id, hello.model.revision)
+
+
+async def _one_link(model: str, link: str, prefix_tokens: int, suffix_tokens: int,
+                    trials: int, seed: int) -> LinkResult:
+    w0, w1, port, ns = await _two_workers(model, link)
     try:
-        ns = Namespace("bench", hello.model.model_id, hello.model.revision)
         rng = random.Random(seed)
         prompt = tuple(rng.randrange(100, 20_000) for _ in range(prefix_tokens + suffix_tokens))
         sampling = SamplingParams(max_tokens=8)
@@ -138,16 +145,8 @@ async def _holder_slowdown(model: str, prefix_tokens: int, decode_tokens: int, s
     """The holder's decode TPOT while it serves pulls back to back (at 10 Gbit/s), over its
     TPOT alone. Both workers share this machine, so the receiver's checks and store writes
     compete with the holder's decodes too: an upper bound of what serving costs it."""
-    rate, delay = LINKS["10gbit"]
-    config = EngineConfig(block_size=BLOCK, kept_bytes=0)
-    w0 = EngineWorker("w0", model, config, pace=RateLimit(rate, delay))
-    w1 = EngineWorker("w1", model, config)
-    hello = await w0.start()
-    await w1.start()
-    _, port = await w0.listen(SECRET)
-    await w1.listen(SECRET)
+    w0, w1, port, ns = await _two_workers(model, "10gbit")
     try:
-        ns = Namespace("bench", hello.model.model_id, hello.model.revision)
         rng = random.Random(seed + 1)
         prefix = tuple(rng.randrange(100, 20_000) for _ in range(prefix_tokens + 1))
         await _timed(w0, GenerateRequest("held", ns, prefix, SamplingParams(max_tokens=1)), None)

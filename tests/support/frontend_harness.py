@@ -102,3 +102,24 @@ def running_frontend(run_dir: Path, model_dir: Path, workers: int = 2, block_siz
     finally:
         harness.loop.call_soon_threadsafe(box["stop"].set)
         thread.join(30)
+
+
+def write_process_config(run_dir: Path, extra: str = "") -> None:
+    """``orchard.toml`` for a frontend process on the tiny model: tenant acme (key-acme), an
+    admin key, two slots; ``extra`` appended (more sections)."""
+    from tests.support.forged_models import tiny_model
+
+    (run_dir / "orchard.toml").write_text(f"""
+[[tenants]]
+name = "acme"
+api_keys = ["key-acme"]
+
+[admin]
+api_keys = ["key-admin"]
+
+[limits]
+max_concurrent = 2
+
+[model]
+dir = "{tiny_model()}"
+""" + extra)

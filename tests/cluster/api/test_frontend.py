@@ -13,6 +13,7 @@ from cluster.jobs.store import JobStore
 from cluster.jobs.admission import Overloaded
 from cluster.jobs.runner import JobRunner, RunnerLimits
 from router.kv.key import Namespace
+from tests.support.frontend_harness import write_process_config
 from tests.support.paths import REPO
 import asyncio
 import subprocess
@@ -123,20 +124,7 @@ ORCHARD = [sys.executable, "-m", "cluster.cli"]
 REQUESTS = 16
 
 def write_config(run_dir: Path) -> None:
-    (run_dir / "orchard.toml").write_text(f"""
-[[tenants]]
-name = "acme"
-api_keys = ["key-acme"]
-
-[admin]
-api_keys = ["key-admin"]
-
-[limits]
-max_concurrent = 2
-
-[model]
-dir = "{tiny_model()}"
-""")
+    write_process_config(run_dir)
 
 def write_batch(path: Path) -> None:
     with path.open("w") as f:

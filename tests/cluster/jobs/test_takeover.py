@@ -27,6 +27,7 @@ from cluster.jobs.takeover import LeaseKeeper
 from router.kv.key import Namespace
 from tests.support.bounded import run_bounded, wait_until
 from tests.support.forged_models import tiny_model
+from tests.support.frontend_harness import write_process_config
 from tests.support.paths import REPO
 from tests.support.runner_bodies import prepare_body, staged_requests
 from workers.engine.engine import EngineConfig
@@ -162,23 +163,7 @@ REQUESTS = 12
 
 
 def _config(run_dir: Path) -> None:
-    (run_dir / "orchard.toml").write_text(f"""
-[[tenants]]
-name = "acme"
-api_keys = ["key-acme"]
-
-[admin]
-api_keys = ["key-admin"]
-
-[limits]
-max_concurrent = 2
-
-[model]
-dir = "{tiny_model()}"
-
-[frontend]
-lease_s = 1.0
-""")
+    write_process_config(run_dir, "\n[frontend]\nlease_s = 1.0\n")
 
 
 def _batch(path: Path) -> None:
