@@ -23,10 +23,8 @@ from workers.cache.kv_quant import KVCodec
 
 def spill(disk: DiskTier, h: BlockHash, block: StoredBlock, codec: KVCodec) -> None:
     """Hand ``block`` (held in ``codec``) to ``disk``."""
-    keys, values = block.keys, block.values
-    if disk.codec != codec:
-        keys = disk.codec.encode(codec.decode(keys))
-        values = disk.codec.encode(codec.decode(values))
+    keys, values = disk.codec.recode(block.keys, codec), disk.codec.recode(block.values, codec)
+    if disk.codec != codec:  # re-encoded: computed here, not on the writer thread
         mx.eval(keys, values)
     record = BlockRecord(h, block.identity, disk.model, disk.revision, disk.codec.bits)
     disk.spill(record, keys, values)

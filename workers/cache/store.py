@@ -152,10 +152,7 @@ class PrefixStore:
         self._promoted += len(new)
         for h in new:
             b = blocks[h]
-            keys, values = b.keys, b.values
-            if self.codec != codec:
-                keys = self.codec.encode(codec.decode(keys))
-                values = self.codec.encode(codec.decode(values))
+            keys, values = self.codec.recode(b.keys, codec), self.codec.recode(b.values, codec)
             self._put(h, StoredBlock(b.identity, keys, values))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
         return len(new)
