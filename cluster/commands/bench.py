@@ -79,6 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_cache_bench(sub)  # `orchard bench cache-controls`: read/write false, diagnosis
     from cluster.bench.agent_loop import register_bench as register_agent_bench
     register_agent_bench(sub)  # `orchard bench agent-loop`: a volatile line, its fixes
+    from cluster.bench.ttl_forecast import register_bench as register_ttl_bench
+    register_ttl_bench(sub)  # `orchard bench ttl-forecast`: forecast error, TTLs mixed
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
