@@ -199,6 +199,43 @@ class TestMessageBatches:
                    for r in results.values()]
         assert sum(written) == plain.usage.cache_read_input_tokens > 0  # one wrote the system
 
+    def test_batches_are_listed_newest_first_and_paged_both_ways(self, claude, api):
+        def batch(n: int):
+            return claude.messages.batches.create(requests=[{"custom_id": f"l{n}", "params": {
+                "model": MODEL, "max_tokens": 1, "messages": [
+                    {"role": "user", "content": f"Listed {n}"}]}}])
+        made = [batch(n).id for n in range(3)]
+        newest = made[::-1]
+        page = claude.messages.batches.list(limit=2)
+        assert [b.id for b in page.data] == newest[:2]
+        assert (page.has_more, page.first_id, page.last_id) == (True, newest[0], newest[1])
+        assert all(b.type == "message_batch" for b in page.data)
+        older = claude.messages.batches.list(limit=2, after_id=newest[1])
+        assert [b.id for b in older.data][:1] == [newest[2]]
+        newer = claude.messages.batches.list(limit=1, before_id=newest[2])
+        assert [b.id for b in newer.data] == [newest[1]] and newer.has_more
+        assert [b.id for b in claude.messages.batches.list(before_id=newest[0]).data] == []
+        # the SDK's own paging walks every batch once, newest first
+        walked = [b.id for b in claude.messages.batches.list(limit=1)]
+        assert walked[:3] == newest and len(walked) == len(set(walked))
+
+    @pytest.mark.parametrize("query, field", [
+        ({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"order": "asc"}, "order"),
+        ({"after_id": "", "before_id": ""}, "before_id")])
+    def test_a_bad_list_query_is_refused_naming_it(self, claude, query, field):
+        if "after_id" in query:  # both cursors, each a batch that exists
+            made = claude.messages.batches.create(requests=[{"custom_id": "c", "params": {
+                "model": MODEL, "max_tokens": 1, "messages": [
+                    {"role": "user", "content": "Cursor"}]}}])
+            query = {"after_id": made.id, "before_id": made.id}
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.batches.list(extra_query=query)
+        assert caught.value.body["error"]["message"].startswith(f"{field}: ")
+
+    def test_an_unknown_cursor_is_not_found(self, claude):
+        with pytest.raises(anthropic.NotFoundError):
+            claude.messages.batches.list(after_id="msgbatch_nope")
+
     def test_a_bad_request_in_a_batch_is_refused_naming_it(self, claude):
         with pytest.raises(anthropic.BadRequestError) as caught:
             claude.messages.batches.create(requests=[
