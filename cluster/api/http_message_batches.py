@@ -83,6 +83,9 @@ class MessageBatches:
                 raise FieldError(f"requests[{i}].params.model", f"unknown model "
                                  f"{params.get('model')!r}; this cluster serves "
                                  f"{self._model_id!r}")
+            if params.get("diagnostics") is not None:
+                raise FieldError(f"requests[{i}].params.diagnostics", "a batch's requests "
+                                 "have no previous message to compare; leave it out")
             if params.get("stream"):
                 raise FieldError(f"requests[{i}].params.stream", "a batch is not streamed; "
                                  "leave it out")
