@@ -77,6 +77,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_pull_bench(sub)  # `orchard bench pull`: a prefix pulled from a peer vs recomputed
     from cluster.bench.cache_controls import register_bench as register_cache_bench
     register_cache_bench(sub)  # `orchard bench cache-controls`: read/write false, diagnosis
+    from cluster.bench.agent_loop import register_bench as register_agent_bench
+    register_agent_bench(sub)  # `orchard bench agent-loop`: a volatile line, its fixes
+    from cluster.bench.ttl_forecast import register_bench as register_ttl_bench
+    register_ttl_bench(sub)  # `orchard bench ttl-forecast`: forecast error, TTLs mixed
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 

@@ -4,7 +4,7 @@
                      [--policies LIST] [--eviction lru|reuse] [--ttft-slo-s 2] [--json] ...
     orchard simulate --decision-bench [--bench-workers 32] [--indexed-blocks 1000000] ...
                      [--index-bytes N]                # 18M blocks: --indexed-blocks 18000000
-    orchard simulate --synthesize FILE [--seed S] [--shape hot-documents]
+    orchard simulate --synthesize FILE [--seed S] [--shape hot-documents|agent-loop]
                                                        # write a differently shaped trace
 
 Without a mode it replays the conversation trace shipped in ``router/sim/traces/``. The replay
@@ -38,10 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="time routing decisions (8k-token prompt, many workers, big index)")
     mode.add_argument("--synthesize", metavar="FILE",
                       help="write a synthetic trace of a different shape to FILE and exit")
-    p.add_argument("--shape", choices=("conversations", "hot-documents"),
+    p.add_argument("--shape", choices=("conversations", "hot-documents", "agent-loop"),
                    default="conversations",
-                   help="with --synthesize: conversations on shared system prompts, or a few "
-                        "long documents with many short questions (router.sim.hot_trace)")
+                   help="with --synthesize: conversations on shared system prompts, a few "
+                        "long documents with many short questions (router.sim.hot_trace), or "
+                        "agents' tool loops with session keys, half with a volatile system "
+                        "prompt line (router.sim.agent_trace)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--capacity-tokens", type=int, default=1_000_000,
                    help="cache capacity per worker, in tokens")
@@ -200,6 +202,9 @@ def _synthesize(args: argparse.Namespace) -> int:
     if args.shape == "hot-documents":
         from router.sim.hot_trace import HotShape, hot_documents
         requests = hot_documents(HotShape(), seed=args.seed)
+    elif args.shape == "agent-loop":
+        from router.sim.agent_trace import AgentShape, agent_loop
+        requests = agent_loop(AgentShape(), seed=args.seed)
     else:
         requests = synthesize(SynthShape(), seed=args.seed)
     write_trace(requests, args.synthesize)
