@@ -10,10 +10,20 @@ candidate worker ``w``, its time to first token in tokens of prefill on ``w``::
     pull_s(h -> w, n) = fixed_s(h, w) + n x bytes_per_token / bytes_s(h, w)
 
 where ``queue(w)`` is the prefill ahead of a new request there (queued prefill and running
-decodes, as ``router.policy`` weighs them) and ``h``, the source, is the candidate holding the
-longest match (ties: the shorter queue, then by id). The request goes to the ``w`` with the lowest ``ttft_pull(w)`` with a pull when
-that is lower than the policy's own choice's ``ttft``; otherwise nothing changes. A pull of
-less than ``MIN_PULL_BLOCKS`` is never planned (its fixed cost is all it would carry).
+decodes, as ``router.policy`` weighs them) and ``h``, the source, is the candidate with spare
+capacity (below) holding the longest match (ties: the shorter queue, then by id). The request
+goes to the ``w`` with the lowest ``ttft_pull(w)`` with a pull when that is lower than the
+policy's own choice's ``ttft``; otherwise nothing changes. A pull of less than
+``MIN_PULL_BLOCKS`` is never planned (its fixed cost is all it would carry).
+
+Spare capacity. A holder serves a pull between its engine steps, one window's encoding at a
+time, so each pull it serves slows its own decodes: by ``PULL_TPOT_COST = 0.06`` of their
+TPOT, measured (``orchard bench pull``'s ``holder_tpot_during_pull_over_alone``, 1.06 with
+pulls served back to back, both workers on one machine: an upper bound). A pull may slow the
+holder's decodes by at most ``HOLDER_SLOWDOWN_BOUND = 1.10``, so a holder serves at most
+``MAX_PULLS_PER_SOURCE = floor((1.10 - 1) / 0.06) = 1`` pull at a time: a holder already
+serving that many (planned pulls from it whose requests have not produced their first token,
+``Row.pulls_served``) is no source, and the longest match among the others is.
 
 Links. Each (holder, receiver) pair's rate starts at the defaults below and follows what
 the pulls between them measured (a worker's ``PullOutcome``: bytes over wall time):
@@ -29,6 +39,8 @@ Defaults (until measured):
 - ``DEFAULT_PREFILL_TOKENS_S = 6000``: the simulator's prefill rate; a worker that reports its
   own (``WorkerRates.prefill_tokens_s``) is costed at that.
 - ``MIN_PULL_BLOCKS = 1``, ``SMOOTHING = 0.3``, ``BANDWIDTH_PULL_BYTES = 1 MiB``.
+- ``MAX_PULLS_PER_SOURCE = 1`` (from ``PULL_TPOT_COST = 0.06`` and ``HOLDER_SLOWDOWN_BOUND =
+  1.10``, under Spare capacity).
 """
 from __future__ import annotations
 
@@ -39,6 +51,9 @@ DEFAULT_BYTES_S = 1.1e9
 DEFAULT_FIXED_S = 0.002
 DEFAULT_PREFILL_TOKENS_S = 6000.0
 MIN_PULL_BLOCKS = 1
+PULL_TPOT_COST = 0.06          # a holder's decode TPOT grows by this while it serves a pull
+HOLDER_SLOWDOWN_BOUND = 1.10   # the most a holder's pulls may slow its decodes
+MAX_PULLS_PER_SOURCE = int((HOLDER_SLOWDOWN_BOUND - 1) / PULL_TPOT_COST + 1e-9)
 SMOOTHING = 0.3
 BANDWIDTH_PULL_BYTES = 1 << 20
 
@@ -79,6 +94,7 @@ class Row:
     worker_id: str
     matched_tokens: int
     load_tokens: int   # its queue: the prefill ahead of a new request there
+    pulls_served: int = 0   # pulls it serves now (planned from it, not yet prefilled)
 
 
 class PeerLinks:
@@ -122,7 +138,10 @@ def best_pull(rows: Sequence[Row], chosen: str, prompt_tokens: int, block_size: 
               ) -> tuple[str, PullChoice] | None:
     """The worker and the pull that beat the policy's choice ``chosen``, if any (the rule in
     the module's header)."""
-    source = min(rows, key=lambda r: (-r.matched_tokens, r.load_tokens, r.worker_id))
+    spare = [r for r in rows if r.pulls_served < MAX_PULLS_PER_SOURCE]
+    if not spare:
+        return None
+    source = min(spare, key=lambda r: (-r.matched_tokens, r.load_tokens, r.worker_id))
     held = source.matched_tokens
     by_id = {r.worker_id: r for r in rows}
     mine = by_id[chosen]

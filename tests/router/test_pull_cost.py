@@ -9,7 +9,8 @@ from router.kv.events import EventBatch, WorkerRates
 from router.kv.key import Namespace, hash_blocks
 from router.kv.ledger import BlockLedger
 from router.policy import Reason, RoutingDecision
-from router.pull_cost import LinkRate, PeerLinks, PullChoice, Row, best_pull
+from router.pull_cost import (HOLDER_SLOWDOWN_BOUND, MAX_PULLS_PER_SOURCE, PULL_TPOT_COST,
+                               LinkRate, PeerLinks, PullChoice, Row, best_pull)
 from router.router import Router
 from tests.conftest import Clock
 
@@ -129,3 +130,54 @@ def test_a_link_refuses_impossible_rates():
         LinkRate(0, 0.1)
     with pytest.raises(ValueError, match="bytes_per_token must be positive"):
         PeerLinks(0)
+
+
+def test_the_bound_on_a_holders_slowdown_allows_one_pull_at_a_time():
+    # floor((1.10 - 1) / 0.06): a second pull would slow its decodes by 1.12
+    assert (PULL_TPOT_COST, HOLDER_SLOWDOWN_BOUND, MAX_PULLS_PER_SOURCE) == (0.06, 1.10, 1)
+
+
+def test_a_holder_serving_a_pull_is_no_source_until_that_request_prefills():
+    router = _router(LinkRate(1e8, 0.001), "a", "b", "c")
+    _hold(router, "a", PROMPT)
+    _busy(router, "a", 5000)
+    first = _route(router)
+    # 0.001 + 160 x 1000 / 1e8 = 0.0026 s
+    assert (first.worker_id, first.pull) == ("b", PullChoice("a", 10, 160,
+                                                             pytest.approx(0.0026)))
+    router.started("r1", first)
+    assert router.pulls_served() == {"a": 1}
+    _busy(router, "b", 5000)   # b now holds the prefix (routed there) behind a queue too
+    # a and b match 160 each; a's queue is the shorter (5000 against 5005), but a serves a
+    # pull already: the source is b. On c: 5 + 0.0026 x 6000 = 20.6, against 165 recomputed
+    second = _route(router)
+    assert (second.worker_id, second.pull) == ("c", PullChoice("b", 10, 160,
+                                                               pytest.approx(0.0026)))
+    router.prefilled("r1")
+    assert router.pulls_served() == {}   # its pull is over: a may serve another
+
+
+def test_no_pull_is_planned_when_every_holder_serves_one_already():
+    router = _router(LinkRate(1e6, 0.01), "a", "b", "c")
+    _hold(router, "a", PROMPT)
+    _busy(router, "a", 5000)
+    router.started("r1", RoutingDecision("c", Reason.LOAD_SPILL, 160, len(PROMPT), (),
+                                         PullChoice("a", 10, 160, 0.17)))
+    decision = _route(router)
+    assert (decision.worker_id, decision.pull) == ("a", None)   # waits at its holder
+    router.finished("r1")                                        # ended before its first token
+    assert _route(router).pull == PullChoice("a", 10, 160, pytest.approx(0.17))
+
+
+def test_a_receiver_that_leaves_frees_its_sources_pull():
+    router = _router(LinkRate(1e6, 0.01), "a", "b")
+    _hold(router, "a", PROMPT)
+    _busy(router, "a", 5000)
+    router.started("r1", _route(router))
+    assert router.pulls_served() == {"a": 1}
+    router.remove_worker("b")
+    assert router.pulls_served() == {}
+    router.finished("r1")   # its ticket went with b
+    assert router.unknown_tickets == 1
+    assert best_pull([Row("a", 160, 0, pulls_served=1), Row("b", 0, 0)], "a", 165, BS,
+                     PeerLinks(BYTES_PER_TOKEN), {}) is None
