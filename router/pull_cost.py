@@ -26,7 +26,9 @@ serving that many (planned pulls from it whose requests have not produced their 
 ``Row.pulls_served``) is no source, and the longest match among the others is.
 
 Links. Each (holder, receiver) pair's rate starts at the defaults below and follows what
-the pulls between them measured (a worker's ``PullOutcome``: bytes over wall time):
+the pulls between them measured: the receiver measures each of its pulls (its
+``PullOutcome``: bytes over wall time, ``cluster.backend.link_meter``) and reports the pair's
+figures with its block events (``LinkMeasure``), which the router takes as they come:
 a pull of at least ``BANDWIDTH_PULL_BYTES`` updates the bandwidth (its bytes over its time
 less the fixed cost), a smaller one the fixed cost (its time less its bytes at the
 bandwidth), each a moving average with weight ``SMOOTHING`` for the new figure.
@@ -110,19 +112,9 @@ class PeerLinks:
     def rate(self, holder: str, receiver: str) -> LinkRate:
         return self._links.get((holder, receiver), self.default)
 
-    def observe(self, holder: str, receiver: str, nbytes: int, seconds: float) -> None:
-        """A pull from ``holder`` to ``receiver`` moved ``nbytes`` in ``seconds``."""
-        if nbytes <= 0 or seconds <= 0:
-            return
-        now = self.rate(holder, receiver)
-        if nbytes >= BANDWIDTH_PULL_BYTES:
-            moving = max(seconds - now.fixed_s, seconds / 2)   # never a negative time
-            bandwidth = (1 - SMOOTHING) * now.bytes_s + SMOOTHING * nbytes / moving
-            self._links[(holder, receiver)] = LinkRate(bandwidth, now.fixed_s)
-        else:
-            fixed = max(0.0, seconds - nbytes / now.bytes_s)
-            self._links[(holder, receiver)] = LinkRate(
-                now.bytes_s, (1 - SMOOTHING) * now.fixed_s + SMOOTHING * fixed)
+    def set(self, holder: str, receiver: str, rate: LinkRate) -> None:
+        """The pair's rate as the receiver measured it (its ``LinkMeasure``)."""
+        self._links[(holder, receiver)] = rate
 
     def forget(self, worker_id: str) -> None:
         """A worker left: its links go with it."""
@@ -131,6 +123,18 @@ class PeerLinks:
 
     def links(self) -> Mapping[tuple[str, str], LinkRate]:
         return dict(self._links)
+
+
+def observed(now: LinkRate, nbytes: int, seconds: float) -> LinkRate:
+    """``now`` after a pull that moved ``nbytes`` in ``seconds`` (the rule under Links, in the
+    module's header); a pull that moved nothing, or took no time, leaves it as it was."""
+    if nbytes <= 0 or seconds <= 0:
+        return now
+    if nbytes >= BANDWIDTH_PULL_BYTES:
+        moving = max(seconds - now.fixed_s, seconds / 2)   # never a negative time
+        return LinkRate((1 - SMOOTHING) * now.bytes_s + SMOOTHING * nbytes / moving, now.fixed_s)
+    fixed = max(0.0, seconds - nbytes / now.bytes_s)
+    return LinkRate(now.bytes_s, (1 - SMOOTHING) * now.fixed_s + SMOOTHING * fixed)
 
 
 def best_pull(rows: Sequence[Row], chosen: str, prompt_tokens: int, block_size: int,

@@ -28,10 +28,11 @@ SHARED_ENTRY_BYTES`` branch points and as many shared marks, at 131 and 89 bytes
 measure what the index's eviction costs) does not also forget which prefixes are shared.
 
 Given ``PeerLinks`` (a cluster whose workers can pull blocks from each other), a decision may
-carry a pull (``router.policy.with_pull``, ``router.pull_cost``); each pull's measured bytes
-and time (``observe_pull``) are that pair's link rate from then on. The router counts the
-pulls each worker serves (planned from it, from ``started`` until the request's ``prefilled``
-or ``finished``): a holder serving ``MAX_PULLS_PER_SOURCE`` is no pull source.
+carry a pull (``router.policy.with_pull``, ``router.pull_cost``); a batch's ``LinkMeasure``s
+(the worker's links from its peers, as its pulls measured them) are those pairs' rates from
+then on. The router counts the pulls each worker serves (planned from it, from ``started``
+until the request's ``prefilled`` or ``finished``): a holder serving ``MAX_PULLS_PER_SOURCE``
+is no pull source.
 
 Session keys (``route(..., session=)``: a request's ``prompt_cache_key`` or session header):
 the router remembers, per namespace, the worker each key was last routed to, for the
@@ -52,7 +53,7 @@ from router.index import DEFAULT_INDEX_BYTES, DEFAULT_PENDING_TTL_S, IndexCounte
 from router.kv.key import BlockHash, Namespace
 from router.policy import (NoWorkerAvailable, PolicyConfig, RouteQuery, RoutingDecision, WorkerLoad,
                            decide, disk_token_cost, with_pull)
-from router.pull_cost import PeerLinks
+from router.pull_cost import LinkRate, PeerLinks
 from router.sharing import SharedPrefixes
 
 SHARED_ENTRY_BYTES = 131 + 89  # a branch point and a shared mark (Python dicts of hashes)
@@ -180,16 +181,16 @@ class Router:
         load = self._loads.get(batch.worker_id)
         if batch.rates is not None and load is not None and batch.rates.prefill_tokens_s:
             self._prefill_rates[batch.worker_id] = batch.rates.prefill_tokens_s
+        if self.links is not None and load is not None:
+            for measured in batch.links:   # the worker's links from its peers
+                if measured.peer in self._loads:
+                    self.links.set(measured.peer, batch.worker_id,
+                                   LinkRate(measured.bytes_s, measured.fixed_s))
         if batch.rates is not None and load is not None:
             cost = disk_token_cost(batch.rates)
             if cost is not None and cost != load.disk_token_cost:
                 load.disk_token_cost = cost
                 self._refresh(batch.worker_id)
-
-    def observe_pull(self, holder: str, receiver: str, nbytes: int, seconds: float) -> None:
-        """A pull between two workers moved ``nbytes`` in ``seconds``: their link's rate."""
-        if self.links is not None:
-            self.links.observe(holder, receiver, nbytes, seconds)
 
     def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
                 disk_holdings: Iterable[BlockHash] = ()) -> None:

@@ -15,7 +15,9 @@ from cluster.backend.link import WorkerLink
 from cluster.backend.pull import WINDOW, PullLog
 from cluster.backend.wire import Kind, PullPlan, WorkerDone
 from cluster.backend.worker_actor import EngineWorker
+from router.kv.events import LinkMeasure
 from router.kv.key import Namespace
+from router.pull_cost import DEFAULT_LINK, observed
 from tests.support.forged_models import tiny_model
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
@@ -245,3 +247,23 @@ def test_each_kind_of_failure_is_logged_once_per_peer(caplog):
         "pull from w0", "pull from w0", "pull from w1"]
     assert "block 3: corrupted" in caplog.records[0].getMessage()
     assert "truncated" in caplog.records[1].getMessage()
+
+
+def test_the_receivers_batches_after_a_pull_carry_its_measured_link_from_the_holder():
+    async def fed(worker: EngineWorker, request: GenerateRequest, pull: PullPlan | None = None
+                  ) -> WorkerDone:   # with every batch since the first
+        async with contextlib.aclosing(worker.generate(request, 0, False, pull=pull)) as items:
+            return [item async for item in items][-1]
+
+    async def scenario():
+        async with _worker("w0") as (w0, port, ns), _worker("w1") as (w1, _, _):
+            await _run(w0, _request(ns, "warm"))
+            other = tuple(range(300, 340))
+            assert [b.links for b in (await fed(w1, _request(ns, "own", other))).events] == [()]
+            done = await fed(w1, _request(ns, "pulled"), _plan(port))
+            # the pull's own bytes and time, folded into the default link by the rule
+            expected = observed(DEFAULT_LINK, done.pulled.nbytes, done.pulled.seconds)
+            assert done.events[-1].links == (LinkMeasure("w0", expected.bytes_s,
+                                                         expected.fixed_s),)
+            assert [b.links for b in done.events[:-1]] == [()] * (len(done.events) - 1)
+    asyncio.run(scenario())
