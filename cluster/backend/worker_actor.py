@@ -167,15 +167,17 @@ class EngineWorker:
         raise WorkerFailed(f"worker {self._id}: {request.request_id} ended without a result "
                            "(aborted)")
 
-    async def listen(self, secret: bytes) -> tuple[str, int]:
+    async def listen(self, secret: bytes, host: str = "") -> tuple[str, int]:
         """Serve ``generate`` to frontends that know ``secret`` on a stream of their own
-        (``cluster.backend.link``), on this node's address; returns (address, port)."""
+        (``cluster.backend.link``), on ``host`` ("": this node's address, loopback outside
+        Ray); returns (address, port)."""
         if self._link is not None:
             raise RuntimeError(f"worker {self._id} already listens")
         if self._hello is None:
             raise RuntimeError(f"worker {self._id} is not started: call start() first")
-        host = node_address()
-        host = "127.0.0.1" if host == "local" else host   # outside Ray: loopback
+        if not host:
+            host = node_address()
+            host = "127.0.0.1" if host == "local" else host   # outside Ray: loopback
         self._secret = secret
         blocks = EngineBlocks(self.runtime, self._id, self._hello.model.block_size)
         self._link = LinkServer(self.generate, secret, PullServer(blocks, self._pace))
