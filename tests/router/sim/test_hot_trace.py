@@ -56,3 +56,15 @@ def test_the_default_rate_is_twice_what_one_holder_of_the_hottest_document_serve
     assert rate == pytest.approx(18.52, abs=0.01)
     assert HOLDER_LOAD == 2.0
     assert shape.rate_per_s == round(HOLDER_LOAD * rate / hottest_share(shape)) == 77
+
+
+def test_the_cli_writes_a_smaller_one_and_refuses_a_count_it_cannot_use(tmp_path, capsys):
+    path = tmp_path / "hot.jsonl"
+    assert main(["simulate", "--synthesize", str(path), "--shape", "hot-documents",
+                 "--requests", "50"]) == 0
+    assert load_trace(path) == hot_documents(HotShape(requests=50), seed=0)
+    capsys.readouterr()
+    assert main(["simulate", "--synthesize", str(path), "--requests", "0"]) == 2
+    assert "orchard: error: --requests must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(path), "--requests", "50"]) == 2
+    assert "--requests is for --synthesize" in capsys.readouterr().err
