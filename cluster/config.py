@@ -42,6 +42,8 @@ running cluster owns: this config, the job store, the frontend's address file, t
     [engine]
     speculate = false            # prompt-lookup drafts verified in the decode batch
     speculate_max_k = 4          # the most drafts a request proposes per step (1 to 8)
+    draft_model = ""             # a draft model directory (the model's tokenizer; needs
+                                 # speculate); "": drafts by prompt lookup
 
     [frontend]
     host = "127.0.0.1"           # loopback; any other address needs TLS (cluster.tls)
@@ -129,6 +131,7 @@ class CacheConfig:
 class EngineSettings:
     speculate: bool = False  # off by default: see docs/design-notes.md, "Speculative decoding"
     speculate_max_k: int = 4
+    draft_model: str = ""  # a model directory whose drafts replace prompt lookup's
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +340,8 @@ def _check(config: Config, path: Path) -> None:
     _check_http(config.http, path)
     if not 1 <= config.engine.speculate_max_k <= 8:
         raise ValueError(f"{path}: [engine] speculate_max_k must be 1 to 8")
+    if config.engine.draft_model and not config.engine.speculate:
+        raise ValueError(f"{path}: [engine] draft_model needs speculate = true")
     _check_metrics(config.metrics, path)
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
@@ -475,4 +480,5 @@ def engine_config(config: Config):
                         kv_bits=cache.kv_bits, disk_bytes=cache.disk_bytes,
                         disk_dir=str(config.run_dir / cache.disk_dir),
                         disk_kv_bits=cache.disk_kv_bits, speculate=config.engine.speculate,
-                        speculate_max_k=config.engine.speculate_max_k)
+                        speculate_max_k=config.engine.speculate_max_k,
+                        draft_model=config.engine.draft_model)
