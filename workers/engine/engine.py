@@ -5,7 +5,7 @@ recently finished requests, which a hit extends in place of the store's joined b
 admission queue and step budget (``workers.engine.scheduler``), the requests in prefill
 (``workers.engine.prefill``) and the running requests (``workers.engine.running``: orchard's
 own decode batch, ``workers.engine.decode``, which also verifies each running request's
-prompt-lookup draft, ``workers.engine.draft``, when speculation is on). Nobody else reaches
+draft (``workers.engine.draft``: prompt lookup, or ``draft_model``'s passes). Nobody reaches
 the store: the engine's methods say what they read of it. A request goes through::
 
     submit ─► validate ─► admission (per-tenant round robin)

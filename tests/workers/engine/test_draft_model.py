@@ -17,10 +17,13 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from tests.support.bounded import run_bounded
+from tests.support.engine_waits import answer, closed
 from tests.support.forged_models import near_draft, tiny_draft, tiny_model
 from tests.support.spec_runs import drive, engine, flat, prompt_of, requests
 from workers.engine.draft_model import DraftModel
 from workers.engine.engine import Engine, EngineConfig
+from workers.engine.runtime import EngineRuntime
 from workers.model.model_dir import open_model_dir
 
 DRAFTS = {"itself": lambda: tiny_model("llama"), "near": near_draft, "smaller": tiny_draft}
@@ -189,3 +192,16 @@ class TestRefused:
     def test_a_draft_model_needs_speculation_on(self):
         with pytest.raises(ValueError, match="needs speculate = true"):
             Engine.open(tiny_model("llama"), EngineConfig(draft_model=str(tiny_draft())))
+
+    def test_a_worker_with_a_refused_draft_fails_to_start_and_the_runtime_goes_on(self):
+        async def scenario():
+            runtime = EngineRuntime(lambda batch: None)
+            target = str(tiny_model("llama"))
+            bad = EngineConfig(speculate=True, draft_model=str(tiny_draft(vocab_size=32064)))
+            with pytest.raises(ValueError, match="different vocabulary sizes"):
+                await answer(runtime, runtime.open("w0", target, bad), "open w0")
+            good = EngineConfig(speculate=True, draft_model=str(tiny_draft()))
+            engine = await answer(runtime, runtime.open("w1", target, good), "open w1")
+            assert engine.spec_stats() is not None
+            await closed(runtime)
+        run_bounded(scenario(), 60, "a refused draft at start-up")
