@@ -88,6 +88,23 @@ class TestGreedyExact:
             assert done[f"a{i}"].output_tokens == plain[f"p{i}"].output_tokens
 
 
+    def test_a_constrained_row_never_drafts_and_its_neighbours_stay_exact(self, plain_run):
+        from workers.messages import GenerateRequest, ResponseFormat, SamplingParams
+
+        schema = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
+                  "required": ["kind"], "additionalProperties": False}
+        eng = engine(True, max_batch=4, draft_model=str(tiny_model("llama")))
+        fmt = ResponseFormat("json_schema", json.dumps(schema), strict=True)
+        constrained = GenerateRequest("json", eng.namespace("t"), tuple(prompt_of(30, seed=9)),
+                                      SamplingParams(max_tokens=40, response_format=fmt))
+        _, done = drive(eng, [constrained, *requests(eng, "f")[:3]])
+        assert done["json"].drafted_tokens == 0 and done["json"].finish_reason == "stop"
+        assert json.loads(done["json"].text)["kind"] in ("cat", "dog")
+        for i in range(3):
+            assert done[f"f{i}"].output_tokens == plain_run[1][f"p{i}"].output_tokens
+            assert done[f"f{i}"].accepted_tokens == done[f"f{i}"].drafted_tokens > 0
+
+
 class TestSampled:
     def test_sampled_requests_repeat_for_a_seed(self):
         runs = []
