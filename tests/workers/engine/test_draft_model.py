@@ -17,6 +17,7 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from tests.conftest import Clock
 from tests.support.bounded import run_bounded
 from tests.support.engine_waits import answer, closed
 from tests.support.forged_models import near_draft, tiny_draft, tiny_model
@@ -24,6 +25,7 @@ from tests.support.spec_runs import drive, engine, flat, prompt_of, requests
 from workers.engine.draft_model import DraftModel
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.runtime import EngineRuntime
+from workers.messages import GenerateRequest, SamplingParams
 from workers.model.model_dir import open_model_dir
 
 DRAFTS = {"itself": lambda: tiny_model("llama"), "near": near_draft, "smaller": tiny_draft}
@@ -89,7 +91,7 @@ class TestGreedyExact:
 
 
     def test_a_constrained_row_never_drafts_and_its_neighbours_stay_exact(self, plain_run):
-        from workers.messages import GenerateRequest, ResponseFormat, SamplingParams
+        from workers.messages import ResponseFormat
 
         schema = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
                   "required": ["kind"], "additionalProperties": False}
@@ -222,3 +224,24 @@ class TestRefused:
             assert engine.spec_stats() is not None
             await closed(runtime)
         run_bounded(scenario(), 60, "a refused draft at start-up")
+
+
+@pytest.mark.slow
+def test_the_default_model_as_its_own_draft_has_every_draft_accepted():
+    from workers.model.default_model import ensure_default_model
+
+    model_dir = ensure_default_model()
+    asks = ["Name three fruits that grow in an orchard.",
+            "Repeat this exactly: the router sends each prompt to the worker that holds it."]
+    results = {}
+    for draft in ("", str(model_dir)):
+        eng = Engine.open(model_dir, EngineConfig(speculate=bool(draft), draft_model=draft),
+                          clock=Clock(), now_ns=lambda: 0)
+        reqs = [GenerateRequest(f"d{i}", eng.namespace("t"),
+                                tuple(eng.render_chat([{"role": "user", "content": ask}])),
+                                SamplingParams(max_tokens=32))
+                for i, ask in enumerate(asks)]
+        results[draft] = eng.generate(reqs)
+    for plain, spec in zip(results[""], results[str(model_dir)]):
+        assert spec.output_tokens == plain.output_tokens and spec.text == plain.text
+        assert spec.accepted_tokens == spec.drafted_tokens > 0
