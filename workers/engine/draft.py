@@ -22,7 +22,8 @@ forecast from each row's acceptance rate; until both are measured, a step drafts
 first verify passes measure ``X``. A step that would not pay drafts nothing. With a draft
 model (``workers.engine.draft_model``) ``X`` also counts drafting, measured per draft
 position (one draft pass for the whole batch), and the rows' paces plan the passes before any
-runs: a step that would not pay runs no draft pass.
+runs: a step that would not pay runs no draft pass. A draft model always proposes, so after
+``PLAIN_EVERY`` (32) verify passes in a row a step is plain, which measures ``T``.
 """
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ FIRST_PAUSE = 16        # steps
 LONGEST_PAUSE = 256
 MAX_K = 8
 FIRST_RATE = 0.5       # a new request's forecast acceptance rate, before its first pass
+# With a draft model, at most this many verify passes in a row before a plain step: a draft
+# model always proposes, so without it a plain step (``T``) might never be measured and the
+# cost rule never asked. One step in 33 plain costs speculation at most 3%.
+PLAIN_EVERY = 32
 
 
 @dataclass(slots=True)
@@ -128,12 +133,16 @@ class SpecCost:
     _plain_s: float = 0.0           # moving average of a plain step
     _extra_s: float = 0.0           # moving average of a verify pass's cost per extra position
     _draft_s: float = 0.0           # moving average of drafting's cost per draft position
+    plain_every: int = 0            # verify passes in a row before a plain step; 0: no limit
+    _passes: int = 0                # verify passes since the last plain step
 
     def pays(self, rows: int, width: int, expected_accepted: float) -> bool:
         """A pass of ``rows`` rows, ``width`` drafts each, that forecasts
         ``expected_accepted`` accepted drafts: does it beat ``rows`` plain tokens?"""
         if width <= 0:
             return False
+        if self.plain_every and self._passes >= self.plain_every:
+            return False  # a plain step now, to measure one
         if not (self._plain_s and self._extra_s):
             return True  # not measured yet: the pass itself measures it
         extra = rows * width * self._extra_s + width * self._draft_s
@@ -141,6 +150,7 @@ class SpecCost:
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A step of ``rows`` rows and ``width`` drafts each took ``seconds``."""
+        self._passes = self._passes + 1 if width else 0
         if width == 0:
             self._plain_s = moving_average(self._plain_s, seconds)
         elif self._plain_s:
@@ -177,7 +187,7 @@ class Speculation:
         if not 1 <= max_k <= MAX_K:
             raise ValueError(f"speculate_max_k must be 1 to {MAX_K}, got {max_k}")
         self.max_k = max_k
-        self.cost = SpecCost()
+        self.cost = SpecCost(plain_every=PLAIN_EVERY if model is not None else 0)
         self._model = model
         self._paces: dict[int, Pace] = {}
         self._lookups: dict[int, PromptLookup] = {}  # without a draft model

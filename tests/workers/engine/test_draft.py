@@ -80,6 +80,16 @@ class TestCost:
         spec.cost.observe(rows=2, width=2, seconds=1.0)  # a verify pass far dearer
         assert spec.drafts({0: 10, 1: 10}) == {}
 
+    def test_with_plain_every_a_plain_step_follows_that_many_verify_passes(self):
+        cost = SpecCost(plain_every=3)
+        for _ in range(3):
+            assert cost.pays(rows=2, width=2, expected_accepted=4.0)  # not measured: drafts
+            cost.observe(rows=2, width=2, seconds=0.0)
+        assert not cost.pays(rows=2, width=2, expected_accepted=4.0)
+        cost.observe(rows=2, width=0, seconds=0.0)  # the plain step
+        assert cost.pays(rows=2, width=2, expected_accepted=4.0)
+        assert SpecCost().plain_every == Speculation(4).cost.plain_every == 0  # prompt lookup
+
     def test_max_k_is_checked(self):
         with pytest.raises(ValueError, match="speculate_max_k must be 1 to 8, got 9"):
             Speculation(9)
