@@ -16,7 +16,7 @@ from tests.support.forged_models import tiny_model
 from tests.support.spec_runs import copying_prompt, drive, engine, flat, prompt_of, requests
 from workers.engine.decode import DecodeBatch
 from workers.engine.engine import Engine, EngineConfig
-from workers.messages import GenerateRequest, GenerateResult, SamplingParams
+from workers.messages import GenerateRequest, SamplingParams
 from workers.model.model_dir import open_model_dir
 
 
