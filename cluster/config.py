@@ -43,6 +43,8 @@ running cluster owns: this config, the job store, the frontend's address file, t
     speculate = false            # prompt-lookup drafts verified in the decode batch
     speculate_max_k = 4          # the most drafts a request proposes per step (1 to 8)
     max_batch = 32               # requests in prefill or decoding at once, per worker
+    draft_model = ""             # a draft model directory (the model's tokenizer; needs
+                                 # speculate); "": drafts by prompt lookup
 
     [frontend]
     host = "127.0.0.1"           # loopback; any other address needs TLS (cluster.tls)
@@ -131,6 +133,7 @@ class EngineSettings:
     speculate: bool = False  # off by default: see docs/design-notes.md, "Speculative decoding"
     speculate_max_k: int = 4
     max_batch: int = 32  # mlx_lm.server's decode batch; why in docs/design-notes.md
+    draft_model: str = ""  # a model directory whose drafts replace prompt lookup's
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +344,8 @@ def _check(config: Config, path: Path) -> None:
         raise ValueError(f"{path}: [engine] speculate_max_k must be 1 to 8")
     if not 1 <= config.engine.max_batch <= 256:
         raise ValueError(f"{path}: [engine] max_batch must be 1 to 256")
+    if config.engine.draft_model and not config.engine.speculate:
+        raise ValueError(f"{path}: [engine] draft_model needs speculate = true")
     _check_metrics(config.metrics, path)
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
@@ -480,4 +485,5 @@ def engine_config(config: Config):
                         disk_dir=str(config.run_dir / cache.disk_dir),
                         disk_kv_bits=cache.disk_kv_bits, speculate=config.engine.speculate,
                         speculate_max_k=config.engine.speculate_max_k,
-                        max_batch=config.engine.max_batch)
+                        max_batch=config.engine.max_batch,
+                        draft_model=config.engine.draft_model)

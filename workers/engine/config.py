@@ -25,6 +25,7 @@ class EngineConfig:
     decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
     speculate: bool = False    # prompt-lookup drafts verified in the decode batch
     speculate_max_k: int = 4   # the most drafts a request proposes per step (1 to 8)
+    draft_model: str = ""      # a draft model directory (workers.engine.draft_model); "": lookup
     worker_id: str = ""
     # The cluster's cache-key secret (router.kv.key.CacheSecret): it enters every namespace's
     # root, so only the cluster computes block hashes. Empty: unkeyed (a lone engine, tools).
