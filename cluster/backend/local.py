@@ -32,7 +32,7 @@ from cluster.backend.backend import Backend
 from cluster.backend.handle import Items, WorkerHello, engine_items
 from cluster.backend.routing import FrontendRouter
 from cluster.backend.wire import PullPlan, WorkerDone
-from cluster.config import engine_config
+from cluster.backend.engine_config import engine_config
 from router.index import DEFAULT_INDEX_BYTES
 from router.kv.events import EventBatch
 from router.kv.key import Namespace

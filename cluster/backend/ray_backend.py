@@ -34,7 +34,7 @@ from pathlib import Path
 from cluster.backend.backend import POLICIES, Backend
 from cluster.backend.bootstrap import Placement
 from cluster.backend.ray_pool import RayLauncher
-from cluster.config import engine_config
+from cluster.backend.engine_config import engine_config
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
 from router.index import DEFAULT_INDEX_BYTES
 from workers.engine.config import EngineConfig

@@ -1,7 +1,8 @@
 """The run directory's config: defaults with fresh keys, and errors that name the key."""
 import pytest
 
-from cluster.config import engine_config, load_config, write_default_config
+from cluster.backend.engine_config import engine_config
+from cluster.config import load_config, write_default_config
 from router.kv.ledger import Eviction
 
 

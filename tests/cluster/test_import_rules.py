@@ -22,10 +22,11 @@ from pathlib import Path
 ROOT = REPO
 TOOLS = ("router.sim", "workers.lab", "cluster.bench")
 ENTRY = ("cluster.commands", "cluster.cli")
-CLUSTER_ORDER = ("cluster.config", "cluster.rundir", "cluster.tls", "cluster.telemetry",
+CLUSTER_ORDER = ("cluster.config", "cluster.config_checks", "cluster.rundir", "cluster.tls",
+                 "cluster.telemetry",
                  "cluster.backend", "cluster.jobs", "cluster.api", "cluster.report",
                  "cluster.daemon")
-BASE_ROOMS = 3  # config, rundir and tls import one another freely
+BASE_ROOMS = 4  # config (with its checks), rundir and tls import one another freely
 
 
 def _modules() -> dict[str, Path]:

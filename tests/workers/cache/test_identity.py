@@ -194,7 +194,8 @@ class TestTheClusterSecret:
             CacheSecret.load_or_create(tmp_path)
 
     def test_the_cluster_config_hands_the_workers_its_run_directorys_secret(self, tmp_path):
-        from cluster.config import engine_config, load_config
+        from cluster.backend.engine_config import engine_config
+        from cluster.config import load_config
         from router.kv.key import CacheSecret
 
         run_dir = tmp_path / "run"
