@@ -1,10 +1,12 @@
 """A request's priority at each edge: gRPC's enum, the x-orchard-priority header and OpenAI's
-service_tier, every other value refused naming the field."""
+service_tier; a job's: gRPC's enum (unset: batch) and a batch's header; every other value
+refused naming the field."""
 from __future__ import annotations
 
 import pytest
 
-from cluster.api.priority import check_batch_header, http_priority, priority_from_pb
+from cluster.api.priority import (batch_priority, http_priority, job_priority_from_pb,
+                                   priority_from_pb)
 from cluster.api.validate import FieldError
 from proto.orchard.v1 import orchard_pb2 as pb
 from workers.messages import Priority
@@ -49,10 +51,29 @@ def test_http_refusals_name_the_field(body, headers, field, words):
     assert caught.value.field == field and words in str(caught.value)
 
 
-def test_a_batch_may_only_ask_for_batch_work():
-    check_batch_header({})
-    check_batch_header({"x-orchard-priority": "Batch"})
+@pytest.mark.parametrize("value, priority", [
+    (pb.PRIORITY_UNSPECIFIED, B), (pb.PRIORITY_BATCH, B), (pb.PRIORITY_INTERACTIVE, I)])
+def test_a_jobs_grpc_values_default_to_batch(value, priority):
+    assert job_priority_from_pb(value) is priority
+
+
+def test_an_unknown_job_priority_is_refused_naming_the_field():
     with pytest.raises(FieldError) as caught:
-        check_batch_header({"x-orchard-priority": "interactive"})
+        job_priority_from_pb(9, "priority")
+    assert caught.value.field == "priority"
+    assert str(caught.value) == ("priority: unknown value 9; use PRIORITY_BATCH or "
+                                 "PRIORITY_INTERACTIVE (or leave it unset: batch)")
+
+
+@pytest.mark.parametrize("headers, priority", [
+    ({}, B), ({"x-orchard-priority": "Batch"}, B), ({"x-orchard-priority": " interactive"}, I)])
+def test_a_batchs_header_names_its_priority(headers, priority):
+    assert batch_priority(headers) is priority
+
+
+def test_a_batchs_unknown_header_is_refused_naming_it():
+    with pytest.raises(FieldError) as caught:
+        batch_priority({"x-orchard-priority": "urgent"})
     assert caught.value.field == "x-orchard-priority"
-    assert "a batch runs as batch work: only 'batch', got 'interactive'" in str(caught.value)
+    assert "must be 'batch' (the default) or 'interactive'" in str(caught.value)
+    assert "got 'urgent'" in str(caught.value)
