@@ -284,6 +284,31 @@ def test_an_interactive_request_behind_a_queue_is_shed_with_the_exact_retry_afte
     run_bounded(scenario(), 30, "shed with the exact retry-after")
 
 
+def test_an_interactive_jobs_requests_in_their_slots_hide_no_direct_request_from_the_shedder(
+        tmp_path):
+    """Both slots held by an interactive job's requests; 3 interactive Generate calls wait
+    behind them: a new one finds those 3 ahead of it, as it would behind any holder."""
+    async def scenario() -> None:
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+        runner = JobRunner(store, HeldStreams(), prepare_body,
+                           RunnerLimits(2, 1000, 1000, 60.0),
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
+        runner.admit("acme", 3)
+        runner.launch(store.create_job("acme", "tiny", staged_requests(
+            ([1, 2], 1), ([3, 4], 1), ([5, 6], 1)), Priority.INTERACTIVE))
+        await _settle(lambda: runner.direct.queue() == QueueState(2, 2, 0), "the job's 2")
+        waiting = [asyncio.create_task(_run_direct(runner)) for _ in range(3)]
+        await _settle(lambda: runner.direct.queue() == QueueState(2, 2, 3), "3 waiting")
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert runner.direct.queue() == QueueState(2, 2, 0)
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "an interactive job's slots and the shedder's queue")
+
+
 def test_quota_refusals_are_counted_by_reason(tmp_path):
     async def scenario() -> None:
         tel, _, reader = in_memory(tmp_path)
