@@ -22,7 +22,8 @@ Every batch has a per-worker sequence number, so each frontend's router applies 
 order, and notices a gap (then rebuilds from ``holdings``, which say up to which batch they
 reach). A gap shows when a later batch arrives; a router that lost the very last one (a result
 that carried it never applied: its caller went away) learns of it from the heartbeat every
-feed sends once no batch was published for ``HEARTBEAT_S``. The frontend reaches the actor through its handle (``cluster.backend.ray_pool``).
+feed sends once no batch was published for ``HEARTBEAT_S``. The frontend reaches the actor
+through its handle (``cluster.backend.ray_pool``).
 
 Given ``TelemetrySettings`` the worker sets up its process's telemetry on ``start`` (service
 ``orchard-worker``, its id and node as resource attributes) and draws each finished request's
@@ -74,6 +75,19 @@ FEED_QUIET_S = 0.25
 # (``FeedHeartbeat``): a router that lost that batch rebuilds within about this long plus the
 # pool's check (``CHECK_EVERY_S``, 2 s), while a busy worker's next batch shows a gap anyway.
 HEARTBEAT_S = 2.0
+
+
+class QuietWatch:
+    """Whether a worker published no batch between one look and the next (its heartbeat
+    timer looks every ``HEARTBEAT_S``)."""
+
+    def __init__(self, seq: int = 0) -> None:
+        self._seen = seq
+
+    def quiet(self, seq: int) -> bool:
+        """``seq``: the last batch published now; True when it was already the last before."""
+        was, self._seen = self._seen, seq
+        return seq == was
 
 
 class EngineWorker:
@@ -244,12 +258,11 @@ class EngineWorker:
 
     async def _beat(self, every_s: float) -> None:
         """A heartbeat whenever no batch was published for ``every_s``."""
-        seen = self._last_seq
+        watch = QuietWatch(self._last_seq)
         while True:
             await asyncio.sleep(every_s)
-            if self._last_seq == seen:
+            if watch.quiet(self._last_seq):
                 self.heartbeat()
-            seen = self._last_seq
 
     def _since(self, after: int | None) -> tuple[EventBatch, ...]:
         if after is None:

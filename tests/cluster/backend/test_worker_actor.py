@@ -10,7 +10,7 @@ import pytest
 
 from cluster.backend.protocol import TokenChunk
 from cluster.backend.routing import FeedHeartbeat, FrontendRouter
-from cluster.backend.worker_actor import EngineWorker, WorkerDone
+from cluster.backend.worker_actor import EngineWorker, QuietWatch, WorkerDone
 from router.kv.key import Namespace, hash_blocks
 from tests.support.forged_models import tiny_model
 from tests.support.requests import generate_request
@@ -199,3 +199,9 @@ def test_a_router_that_lost_the_last_batch_learns_it_from_the_heartbeat_and_rebu
     assert beats == (FeedHeartbeat(1), FeedHeartbeat(1))
     assert stale == (["w0"], 1, [])
     assert after == ([], last, 64)
+
+
+def test_the_heartbeat_timer_beats_only_after_a_look_with_no_new_batch():
+    watch = QuietWatch(3)
+    assert [watch.quiet(seq) for seq in (3, 4, 4, 4, 9, 9)] == [
+        True, False, True, True, False, True]
