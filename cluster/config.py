@@ -14,7 +14,7 @@ running cluster owns: this config, the job store, the frontend's address file, t
     max_requests_per_job = 50000 # a bigger job is refused (RESOURCE_EXHAUSTED): split it
     max_pending_per_tenant = 100000 # requests accepted but not finished, per tenant
     max_pending_total = 200000      # ... over all tenants (beyond either: RESOURCE_EXHAUSTED)
-    max_concurrent = 8           # requests in flight to the backend at once
+    max_concurrent = 32          # requests in flight to the backend at once
     request_timeout_s = 600.0    # a job request running longer fails with DEADLINE_EXCEEDED
     max_ttft_s = 0.0             # an interactive request predicted to wait longer for its
                                  # first token is refused at once (429, Retry-After); 0: only
@@ -42,6 +42,9 @@ running cluster owns: this config, the job store, the frontend's address file, t
     [engine]
     speculate = false            # prompt-lookup drafts verified in the decode batch
     speculate_max_k = 4          # the most drafts a request proposes per step (1 to 8)
+    max_batch = 32               # requests in prefill or decoding at once, per worker
+    draft_model = ""             # a draft model directory (the model's tokenizer; needs
+                                 # speculate); "": drafts by prompt lookup
 
     [frontend]
     host = "127.0.0.1"           # loopback; any other address needs TLS (cluster.tls)
@@ -107,7 +110,7 @@ class Limits:
     max_requests_per_job: int = 50_000    # OpenAI's Batch API limit (a 200 MB file at most)
     max_pending_per_tenant: int = 100_000  # queued requests live in the job store, not memory
     max_pending_total: int = 200_000
-    max_concurrent: int = 8
+    max_concurrent: int = 32  # one worker's decode batch (``[engine] max_batch``)
     request_timeout_s: float = 600.0
     max_prompt_bytes: int = 1 << 20
     max_ttft_s: float = 0.0  # 0: shed only past the caller's own deadline
@@ -129,6 +132,8 @@ class CacheConfig:
 class EngineSettings:
     speculate: bool = False  # off by default: see docs/design-notes.md, "Speculative decoding"
     speculate_max_k: int = 4
+    max_batch: int = 32  # mlx_lm.server's decode batch; why in docs/design-notes.md
+    draft_model: str = ""  # a model directory whose drafts replace prompt lookup's
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +342,10 @@ def _check(config: Config, path: Path) -> None:
     _check_http(config.http, path)
     if not 1 <= config.engine.speculate_max_k <= 8:
         raise ValueError(f"{path}: [engine] speculate_max_k must be 1 to 8")
+    if not 1 <= config.engine.max_batch <= 256:
+        raise ValueError(f"{path}: [engine] max_batch must be 1 to 256")
+    if config.engine.draft_model and not config.engine.speculate:
+        raise ValueError(f"{path}: [engine] draft_model needs speculate = true")
     _check_metrics(config.metrics, path)
     if config.cache.block_size < 1:
         raise ValueError(f"{path}: [cache] block_size must be >= 1")
@@ -475,4 +484,6 @@ def engine_config(config: Config):
                         kv_bits=cache.kv_bits, disk_bytes=cache.disk_bytes,
                         disk_dir=str(config.run_dir / cache.disk_dir),
                         disk_kv_bits=cache.disk_kv_bits, speculate=config.engine.speculate,
-                        speculate_max_k=config.engine.speculate_max_k)
+                        speculate_max_k=config.engine.speculate_max_k,
+                        max_batch=config.engine.max_batch,
+                        draft_model=config.engine.draft_model)

@@ -12,11 +12,7 @@ slots, one row per slot::
     stamps   per slot: uint8, the generation of the block's last use (eviction, below)
     passed   per bucket: uint8, keys stored past it because it was full (255 saturates)
 
-- Keys: ``(hash(block) x GOLDEN) mod 2**64``, 0 taken as 1. Python's int hash (the value
-  modulo 2**61 - 1, the same in every process) folds a 128-bit block hash in C; the odd
-  multiplier spreads small ids (tests, trace ids) over the table. Blocks that share a key
-  share a belief, which can only cost a miss: a worker verifies every block's identity. At
-  18M blocks the chance that any two collide is about 1e-4.
+- Keys: a block's 64-bit key, and the two buckets it may live in (``router.block_keys``).
 - Two choices: a key may live in either of two buckets, ``first = ((key >> 32) x buckets) >>
   32`` and ``second``, the same over its low 32 bits; it is stored in the one with more room.
   With one choice (linear probing over buckets) at 0.8 of the slots used, 30% of the buckets
@@ -33,12 +29,9 @@ slots, one row per slot::
 - Memory: arrays of ``MAP_BYTES`` (1 MiB) or more live in anonymous memory maps of their
   own, given back to the system when freed. Left to the C allocator, the arrays that growth
   frees stayed resident in its heap: 68 bytes a block at 1M blocks against the table's 22.
-- Least recently used: every stored key and every ``touch`` is one tick of the clock;
-  ``step = max_entries // GENERATIONS`` ticks make a generation (64 generations to a budget's
-  worth of stores), and a slot's stamp is the generation of its last use. ``oldest(n)``
-  picks the ``n`` highest ages, ties in slot order. Ages stay below 256: once every 64
-  generations every age above ``MAX_AGE = 128`` is clamped to 128, so entries unused for
-  more than 128 generations tie.
+- Least recently used: every stored key and every ``touch`` is one tick of the clock, and a
+  slot's stamp is the generation of its last use; ``oldest(n)`` picks the ``n`` highest ages
+  (generations and ages: ``router.block_ages``).
 
 A worker's batch of events is looked up and stored at once (``find``, ``add``: vectorised,
 ``PLACE_BATCH`` keys at a time so that each choice sees the ones before it, and a growth
@@ -50,10 +43,12 @@ from __future__ import annotations
 
 import math
 import mmap
-import sys
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
+
+from router.block_ages import GENERATIONS, MAX_AGE, clamp, oldest
+from router.block_keys import homes_of
 
 BUCKET = 8
 MAX_LOAD = 0.8
@@ -61,26 +56,8 @@ GROWTH = 1.5
 INITIAL_BUCKETS = 16
 CHUNK = 1 << 16  # slots a whole-table pass takes at a time (its temporaries stay small)
 MAP_BYTES = 1 << 20
-GENERATIONS = 64
-MAX_AGE = 128
 CHOICE_ROUNDS = 4  # rounds of placement by two choices before probing on from the first
 PLACE_BATCH = 1024  # keys placed at once: their choices see the table as it was before them
-GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / the golden ratio, odd
-_GOLDEN = np.uint64(GOLDEN)
-_M64 = (1 << 64) - 1
-_SHIFT = np.uint64(32)
-_LITTLE_ENDIAN = sys.byteorder == "little"
-
-
-def keys_of(blocks: Sequence[int]) -> np.ndarray:
-    """The table keys of ``blocks`` (uint64), in order."""
-    keys = np.fromiter(map(hash, blocks), np.uint64, len(blocks))
-    keys *= _GOLDEN  # wraps modulo 2**64
-    return np.maximum(keys, 1, out=keys)
-
-
-def key_of(block: int) -> int:
-    return (hash(block) * GOLDEN) & _M64 or 1
 
 
 def entry_bytes(columns: int, words: int) -> int:
@@ -178,19 +155,9 @@ class BlockTable:
 
     # ---- lookups -------------------------------------------------------------------------
 
-    def _homes(self, keys: np.ndarray) -> np.ndarray:
-        """Each key's two buckets, ``(keys, 2)``: column 1 its first (from the high 32 bits),
-        column 0 its second (the low 32 bits), each ``half x buckets >> 32``."""
-        halves = keys.view(np.uint32).reshape(-1, 2)
-        if not _LITTLE_ENDIAN:
-            halves = halves[:, ::-1]
-        homes = halves * np.uint64(self.buckets)
-        homes >>= _SHIFT
-        return homes.view(np.int64)  # < buckets
-
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The slot of each key (intp), -1 where absent."""
-        homes = self._homes(keys)
+        homes = homes_of(keys, self.buckets)
         both = homes.reshape(-1)  # per key: its second bucket, then its first
         rows = self.keys.take(both, axis=0).reshape(len(keys), 2 * BUCKET)
         key, at = np.nonzero(rows == keys[:, None])
@@ -278,7 +245,7 @@ class BlockTable:
         """Empty ``slots`` (distinct, occupied)."""
         if not len(slots):
             return
-        homes = self._homes(self._flat[slots])
+        homes = homes_of(self._flat[slots], self.buckets)
         first, second = homes[:, 1], homes[:, 0]
         bucket = slots // BUCKET
         skipped = np.where(bucket == second, 0, (bucket - first) % self.buckets)
@@ -304,21 +271,7 @@ class BlockTable:
 
     def oldest(self, n: int) -> np.ndarray:
         """The ``n`` least recently used slots (fewer if the table holds fewer)."""
-        n = min(n, self.count)
-        now = np.uint8(self._generation() & 0xFF)
-        ages = np.zeros(256, np.int64)
-        for live in self.chunks():
-            ages += np.bincount(now - self.stamps[live], minlength=256)  # uint8: wraps to ages
-        cut = 255 - int(np.searchsorted(np.cumsum(ages[::-1]), n))  # the age the n-th has
-        wanted_at_cut = n - int(ages[cut + 1:].sum())
-        older, at_cut = [np.zeros(0, np.intp)], []
-        for live in self.chunks():
-            age = now - self.stamps[live]
-            older.append(live[age > cut])
-            if wanted_at_cut > 0:
-                at_cut.append(live[age == cut][:wanted_at_cut])
-                wanted_at_cut -= len(at_cut[-1])
-        return np.concatenate(older + at_cut)
+        return oldest(self.stamps, self.chunks, self._generation(), min(n, self.count))
 
     def _generation(self) -> int:
         return self._ticks // self._step
@@ -330,15 +283,8 @@ class BlockTable:
         before = self._generation()
         self._ticks += ticks
         now = self._generation()
-        if before // GENERATIONS == now // GENERATIONS:
-            return
-        jump, clamped = now - before, np.uint8((now - MAX_AGE) & 0xFF)
-        for lo in range(0, len(self.stamps), CHUNK):
-            stamps = self.stamps[lo:lo + CHUNK]  # a view: written in place
-            if jump >= MAX_AGE:
-                stamps[:] = clamped
-            else:  # ages before the jump are below 192, so uint8 arithmetic holds them
-                stamps[np.uint8(before & 0xFF) - stamps > MAX_AGE - jump] = clamped
+        if before // GENERATIONS != now // GENERATIONS:
+            clamp(self.stamps, before, now, CHUNK)
 
     def _place(self, keys: np.ndarray) -> np.ndarray:
         """Put absent, distinct ``keys`` in their buckets; their slots."""
@@ -346,7 +292,7 @@ class BlockTable:
             return np.concatenate([self._place(keys[lo:lo + PLACE_BATCH])
                                    for lo in range(0, len(keys), PLACE_BATCH)])
         slots = np.empty(len(keys), np.intp)
-        homes = self._homes(keys)
+        homes = homes_of(keys, self.buckets)
         first, second = homes[:, 1], homes[:, 0]
         todo = np.arange(len(keys))
         for _ in range(CHOICE_ROUNDS):

@@ -18,7 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from router.block_table import BlockTable, key_of, keys_of
+from router.block_keys import key_of, keys_of
+from router.block_table import BlockTable
 from router.kv.events import BlockStored
 from router.kv.key import BlockHash
 

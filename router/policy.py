@@ -107,9 +107,15 @@ lacks pulled from the source ``h`` (the longest match; ties: the shorter queue, 
 or a worker is measured (each worker's pulls measure the pair's bandwidth and fixed cost;
 its prefill rate comes with its block events): ``bytes_s = 1.1e9`` (10 GbE), ``fixed_s =
 0.002`` (a connect, the authentication and the first window on a LAN), ``prefill_tokens_s =
-6000`` (the simulator's), at least ``MIN_PULL_BLOCKS = 1`` block pulled. The holder serves a
-pull a window of 8 blocks per engine step (``cluster.backend.pull``): what that costs its own
-decodes is to be measured (``orchard bench pull``).
+6000`` (the simulator's), at least ``MIN_PULL_BLOCKS = 1`` block pulled. **The source must
+have spare capacity**: the holder serves a pull a window of 8 blocks between its engine steps
+(``cluster.backend.pull``), which slows its own decodes by ``PULL_TPOT_COST = 0.06`` of their
+TPOT per pull it serves (measured, an upper bound: ``orchard bench pull``'s
+``holder_tpot_during_pull_over_alone``, 1.06); a pull may slow them by at most
+``HOLDER_SLOWDOWN_BOUND = 1.10``, so a holder serves at most ``MAX_PULLS_PER_SOURCE = 1``
+pull at a time. A holder that already serves one (a pull planned from it whose request has
+not produced its first token: the ``Router`` counts them) is no source; the longest match
+among the other holders is, or no pull is planned.
 
 Deterministic: ties break by worker id and the rendezvous hash is seeded.
 """
@@ -363,13 +369,15 @@ def _recent(load: WorkerLoad) -> float:
 
 
 def with_pull(config: PolicyConfig, decision: RoutingDecision, loads: Sequence[WorkerLoad],
-              links: PeerLinks, prefill_tokens_s: Mapping[str, float], block_size: int
-              ) -> RoutingDecision:
+              links: PeerLinks, prefill_tokens_s: Mapping[str, float], block_size: int,
+              pulls_served: Mapping[str, int] | None = None) -> RoutingDecision:
     """``decision``, or the worker and pull that beat it (the rule under Pulls, above);
-    ``loads`` are the candidates' (the same workers as ``decision.candidates``)."""
+    ``loads`` are the candidates' (the same workers as ``decision.candidates``),
+    ``pulls_served`` the pulls each worker serves now (absent: none)."""
     queue = {load.worker_id: load.queued_prefill_tokens
              + config.decode_weight_tokens * load.running_decodes for load in loads}
-    rows = [Row(c.worker_id, c.matched_tokens, queue[c.worker_id])
+    serving = pulls_served or {}
+    rows = [Row(c.worker_id, c.matched_tokens, queue[c.worker_id], serving.get(c.worker_id, 0))
             for c in decision.candidates]
     found = best_pull(rows, decision.worker_id, decision.prompt_tokens, block_size, links,
                       prefill_tokens_s)

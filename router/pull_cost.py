@@ -10,13 +10,25 @@ candidate worker ``w``, its time to first token in tokens of prefill on ``w``::
     pull_s(h -> w, n) = fixed_s(h, w) + n x bytes_per_token / bytes_s(h, w)
 
 where ``queue(w)`` is the prefill ahead of a new request there (queued prefill and running
-decodes, as ``router.policy`` weighs them) and ``h``, the source, is the candidate holding the
-longest match (ties: the shorter queue, then by id). The request goes to the ``w`` with the lowest ``ttft_pull(w)`` with a pull when
-that is lower than the policy's own choice's ``ttft``; otherwise nothing changes. A pull of
-less than ``MIN_PULL_BLOCKS`` is never planned (its fixed cost is all it would carry).
+decodes, as ``router.policy`` weighs them) and ``h``, the source, is the candidate with spare
+capacity (below) holding the longest match (ties: the shorter queue, then by id). The request
+goes to the ``w`` with the lowest ``ttft_pull(w)`` with a pull when that is lower than the
+policy's own choice's ``ttft``; otherwise nothing changes. A pull of less than
+``MIN_PULL_BLOCKS`` is never planned (its fixed cost is all it would carry).
+
+Spare capacity. A holder serves a pull between its engine steps, one window's encoding at a
+time, so each pull it serves slows its own decodes: by ``PULL_TPOT_COST = 0.06`` of their
+TPOT, measured (``orchard bench pull``'s ``holder_tpot_during_pull_over_alone``, 1.06 with
+pulls served back to back, both workers on one machine: an upper bound). A pull may slow the
+holder's decodes by at most ``HOLDER_SLOWDOWN_BOUND = 1.10``, so a holder serves at most
+``MAX_PULLS_PER_SOURCE = floor((1.10 - 1) / 0.06) = 1`` pull at a time: a holder already
+serving that many (planned pulls from it whose requests have not produced their first token,
+``Row.pulls_served``) is no source, and the longest match among the others is.
 
 Links. Each (holder, receiver) pair's rate starts at the defaults below and follows what
-the pulls between them measured (a worker's ``PullOutcome``: bytes over wall time):
+the pulls between them measured: the receiver measures each of its pulls (its
+``PullOutcome``: bytes over wall time, ``cluster.backend.link_meter``) and reports the pair's
+figures with its block events (``LinkMeasure``), which the router takes as they come:
 a pull of at least ``BANDWIDTH_PULL_BYTES`` updates the bandwidth (its bytes over its time
 less the fixed cost), a smaller one the fixed cost (its time less its bytes at the
 bandwidth), each a moving average with weight ``SMOOTHING`` for the new figure.
@@ -29,6 +41,8 @@ Defaults (until measured):
 - ``DEFAULT_PREFILL_TOKENS_S = 6000``: the simulator's prefill rate; a worker that reports its
   own (``WorkerRates.prefill_tokens_s``) is costed at that.
 - ``MIN_PULL_BLOCKS = 1``, ``SMOOTHING = 0.3``, ``BANDWIDTH_PULL_BYTES = 1 MiB``.
+- ``MAX_PULLS_PER_SOURCE = 1`` (from ``PULL_TPOT_COST = 0.06`` and ``HOLDER_SLOWDOWN_BOUND =
+  1.10``, under Spare capacity).
 """
 from __future__ import annotations
 
@@ -39,6 +53,9 @@ DEFAULT_BYTES_S = 1.1e9
 DEFAULT_FIXED_S = 0.002
 DEFAULT_PREFILL_TOKENS_S = 6000.0
 MIN_PULL_BLOCKS = 1
+PULL_TPOT_COST = 0.06          # a holder's decode TPOT grows by this while it serves a pull
+HOLDER_SLOWDOWN_BOUND = 1.10   # the most a holder's pulls may slow its decodes
+MAX_PULLS_PER_SOURCE = int((HOLDER_SLOWDOWN_BOUND - 1) / PULL_TPOT_COST + 1e-9)
 SMOOTHING = 0.3
 BANDWIDTH_PULL_BYTES = 1 << 20
 
@@ -79,6 +96,7 @@ class Row:
     worker_id: str
     matched_tokens: int
     load_tokens: int   # its queue: the prefill ahead of a new request there
+    pulls_served: int = 0   # pulls it serves now (planned from it, not yet prefilled)
 
 
 class PeerLinks:
@@ -94,19 +112,9 @@ class PeerLinks:
     def rate(self, holder: str, receiver: str) -> LinkRate:
         return self._links.get((holder, receiver), self.default)
 
-    def observe(self, holder: str, receiver: str, nbytes: int, seconds: float) -> None:
-        """A pull from ``holder`` to ``receiver`` moved ``nbytes`` in ``seconds``."""
-        if nbytes <= 0 or seconds <= 0:
-            return
-        now = self.rate(holder, receiver)
-        if nbytes >= BANDWIDTH_PULL_BYTES:
-            moving = max(seconds - now.fixed_s, seconds / 2)   # never a negative time
-            bandwidth = (1 - SMOOTHING) * now.bytes_s + SMOOTHING * nbytes / moving
-            self._links[(holder, receiver)] = LinkRate(bandwidth, now.fixed_s)
-        else:
-            fixed = max(0.0, seconds - nbytes / now.bytes_s)
-            self._links[(holder, receiver)] = LinkRate(
-                now.bytes_s, (1 - SMOOTHING) * now.fixed_s + SMOOTHING * fixed)
+    def set(self, holder: str, receiver: str, rate: LinkRate) -> None:
+        """The pair's rate as the receiver measured it (its ``LinkMeasure``)."""
+        self._links[(holder, receiver)] = rate
 
     def forget(self, worker_id: str) -> None:
         """A worker left: its links go with it."""
@@ -117,12 +125,27 @@ class PeerLinks:
         return dict(self._links)
 
 
+def observed(now: LinkRate, nbytes: int, seconds: float) -> LinkRate:
+    """``now`` after a pull that moved ``nbytes`` in ``seconds`` (the rule under Links, in the
+    module's header); a pull that moved nothing, or took no time, leaves it as it was."""
+    if nbytes <= 0 or seconds <= 0:
+        return now
+    if nbytes >= BANDWIDTH_PULL_BYTES:
+        moving = max(seconds - now.fixed_s, seconds / 2)   # never a negative time
+        return LinkRate((1 - SMOOTHING) * now.bytes_s + SMOOTHING * nbytes / moving, now.fixed_s)
+    fixed = max(0.0, seconds - nbytes / now.bytes_s)
+    return LinkRate(now.bytes_s, (1 - SMOOTHING) * now.fixed_s + SMOOTHING * fixed)
+
+
 def best_pull(rows: Sequence[Row], chosen: str, prompt_tokens: int, block_size: int,
               links: PeerLinks, prefill_tokens_s: Mapping[str, float]
               ) -> tuple[str, PullChoice] | None:
     """The worker and the pull that beat the policy's choice ``chosen``, if any (the rule in
     the module's header)."""
-    source = min(rows, key=lambda r: (-r.matched_tokens, r.load_tokens, r.worker_id))
+    spare = [r for r in rows if r.pulls_served < MAX_PULLS_PER_SOURCE]
+    if not spare:
+        return None
+    source = min(spare, key=lambda r: (-r.matched_tokens, r.load_tokens, r.worker_id))
     held = source.matched_tokens
     by_id = {r.worker_id: r for r in rows}
     mine = by_id[chosen]

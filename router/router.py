@@ -28,8 +28,11 @@ SHARED_ENTRY_BYTES`` branch points and as many shared marks, at 131 and 89 bytes
 measure what the index's eviction costs) does not also forget which prefixes are shared.
 
 Given ``PeerLinks`` (a cluster whose workers can pull blocks from each other), a decision may
-carry a pull (``router.policy.with_pull``, ``router.pull_cost``); each pull's measured bytes
-and time (``observe_pull``) are that pair's link rate from then on.
+carry a pull (``router.policy.with_pull``, ``router.pull_cost``); a batch's ``LinkMeasure``s
+(the worker's links from its peers, as its pulls measured them) are those pairs' rates from
+then on. The router counts the pulls each worker serves (planned from it, from ``started``
+until the request's ``prefilled`` or ``finished``): a holder serving ``MAX_PULLS_PER_SOURCE``
+is no pull source.
 
 Session keys (``route(..., session=)``: a request's ``prompt_cache_key`` or session header):
 the router remembers, per namespace, the worker each key was last routed to, for the
@@ -50,7 +53,7 @@ from router.index import DEFAULT_INDEX_BYTES, DEFAULT_PENDING_TTL_S, IndexCounte
 from router.kv.key import BlockHash, Namespace
 from router.policy import (NoWorkerAvailable, PolicyConfig, RouteQuery, RoutingDecision, WorkerLoad,
                            decide, disk_token_cost, with_pull)
-from router.pull_cost import PeerLinks
+from router.pull_cost import LinkRate, PeerLinks
 from router.sharing import SharedPrefixes
 
 SHARED_ENTRY_BYTES = 131 + 89  # a branch point and a shared mark (Python dicts of hashes)
@@ -85,6 +88,7 @@ class _Ticket:
     worker_id: str
     prefill_tokens: int
     decoding: bool = False
+    pull_source: str = ""   # the worker serving this request's pull until it prefills
 
 
 class Router:
@@ -116,6 +120,7 @@ class Router:
         # None: the cluster cannot move blocks between workers, so no pull is planned
         self.links = links
         self._prefill_rates: dict[str, float] = {}  # measured, from the workers' batches
+        self._pulls_served: dict[str, int] = {}  # worker -> pulls it serves now
         # (namespace label, session key) -> the worker it was routed to last; oldest first
         self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.unknown_tickets = 0
@@ -141,10 +146,11 @@ class Router:
         del self._loads[worker_id]
         self._views.pop(worker_id, None)
         self._prefill_rates.pop(worker_id, None)
+        self._pulls_served.pop(worker_id, None)
         if self.links is not None:
             self.links.forget(worker_id)
         for rid in [r for r, t in self._tickets.items() if t.worker_id == worker_id]:
-            del self._tickets[rid]
+            self._pull_served(self._tickets.pop(rid))
 
     def workers(self) -> list[WorkerStatus]:
         decay = self._decay(self._clock())
@@ -175,16 +181,16 @@ class Router:
         load = self._loads.get(batch.worker_id)
         if batch.rates is not None and load is not None and batch.rates.prefill_tokens_s:
             self._prefill_rates[batch.worker_id] = batch.rates.prefill_tokens_s
+        if self.links is not None and load is not None:
+            for measured in batch.links:   # the worker's links from its peers
+                if measured.peer in self._loads:
+                    self.links.set(measured.peer, batch.worker_id,
+                                   LinkRate(measured.bytes_s, measured.fixed_s))
         if batch.rates is not None and load is not None:
             cost = disk_token_cost(batch.rates)
             if cost is not None and cost != load.disk_token_cost:
                 load.disk_token_cost = cost
                 self._refresh(batch.worker_id)
-
-    def observe_pull(self, holder: str, receiver: str, nbytes: int, seconds: float) -> None:
-        """A pull between two workers moved ``nbytes`` in ``seconds``: their link's rate."""
-        if self.links is not None:
-            self.links.observe(holder, receiver, nbytes, seconds)
 
     def lost_events(self, worker_id: str, seq: int) -> None:
         """A batch of ``worker_id``'s up to ``seq`` was lost where no later batch shows it
@@ -230,7 +236,7 @@ class Router:
                           recent_scale=recent_scale)
         if self.links is not None and len(loads) > 1:
             decision = with_pull(self.config, decision, loads, self.links, self._prefill_rates,
-                                 self.block_size)
+                                 self.block_size, self._pulls_served)
         if session:
             self._sessions[key] = decision.worker_id
             self._sessions.move_to_end(key)
@@ -248,7 +254,10 @@ class Router:
             raise ValueError(f"request {request_id!r} already started; finish it first")
         load = self._load_of(decision.worker_id)
         prefill = decision.prompt_tokens - decision.expected_cached_tokens
-        self._tickets[request_id] = _Ticket(decision.worker_id, prefill)
+        source = decision.pull.source if decision.pull is not None else ""
+        self._tickets[request_id] = _Ticket(decision.worker_id, prefill, pull_source=source)
+        if source:
+            self._pulls_served[source] = self._pulls_served.get(source, 0) + 1
         load.queued_prefill_tokens += prefill
         load.recent_scaled += prefill / self._decay(self._clock())
         load.in_flight += 1
@@ -265,6 +274,7 @@ class Router:
         load.running_decodes += 1
         self._refresh(ticket.worker_id)
         ticket.decoding = True
+        self._pull_served(ticket)
 
     def finished(self, request_id: str) -> None:
         """The request is done (or failed): drop whatever load it still carried."""
@@ -279,6 +289,17 @@ class Router:
             load.queued_prefill_tokens -= ticket.prefill_tokens
         load.in_flight -= 1
         self._refresh(ticket.worker_id)
+        self._pull_served(ticket)
+
+    def pulls_served(self) -> dict[str, int]:
+        """The pulls each worker serves now (those planned from it, not yet prefilled)."""
+        return {w: n for w, n in self._pulls_served.items() if n}
+
+    def _pull_served(self, ticket: _Ticket) -> None:
+        # A request's pull is over once it prefills (or ends): its source may serve another.
+        source, ticket.pull_source = ticket.pull_source, ""
+        if self._pulls_served.get(source, 0) > 0:   # absent: the source left meanwhile
+            self._pulls_served[source] -= 1
 
     def _refresh(self, worker_id: str) -> None:
         # One view per load change, not one per worker per decision: the hot path reuses them.

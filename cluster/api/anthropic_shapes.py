@@ -8,9 +8,9 @@ and a result as Anthropic's message, its stream events and its errors.
               stops at the last breakpoint; ``cluster.api.cache_fields``), orchard's
               a session header (``x-session-id``, ``x-claude-code-session-id``, ...: the
               router's tie-break), cache_diagnostics (unstreamed: the message carries
-              ``cache_diagnostics``;
-              Anthropic's own ``diagnostics``, against a previous message id, is refused as
-              not implemented); any other field,
+              ``cache_diagnostics``), Anthropic's ``diagnostics`` (taken off the body
+              before these shapes, by ``cluster.api.http_messages``: a batch refuses it);
+              any other field,
               a message key or a block type other than text is refused naming it (400)
     message   {id, type: message, role: assistant, model, content: [{type: text, text}],
               stop_reason: end_turn | max_tokens | stop_sequence, stop_sequence, usage}
@@ -144,11 +144,13 @@ def message_body(r: StoredResult, model: str,
     return body
 
 
-def start_events(request_id: str, model: str) -> list[tuple[str, dict]]:
-    """The events before the first text: the message (its usage not known yet), its block."""
+def start_events(request_id: str, model: str, extra: dict | None = None
+                 ) -> list[tuple[str, dict]]:
+    """The events before the first text: the message (its usage not known yet, ``extra``
+    fields known before it runs: its ``diagnostics``), its block."""
     message = {"id": message_id(request_id), "type": "message", "role": "assistant",
                "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": 0, "output_tokens": 0}}
+               "usage": {"input_tokens": 0, "output_tokens": 0}, **(extra or {})}
     return [("message_start", {"type": "message_start", "message": message}),
             ("content_block_start", {"type": "content_block_start", "index": 0,
                                      "content_block": {"type": "text", "text": ""}}),

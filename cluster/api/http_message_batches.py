@@ -2,6 +2,7 @@
 ``client.messages.batches`` against orchard unchanged.
 
     POST /v1/messages/batches                  {requests: [{custom_id, params}]}: one job
+    GET  /v1/messages/batches                  newest first, paged (limit, after_id, before_id)
     GET  /v1/messages/batches/{id}             processing_status, request_counts, results_url
     GET  /v1/messages/batches/{id}/results     JSON lines, one per request with a result
     POST /v1/messages/batches/{id}/cancel
@@ -12,6 +13,9 @@ restart): its id is ``msgbatch_<job id>``. A job queued or running is ``in_progr
 finished one ``ended``; results are ``succeeded`` (the message, usage included),
 ``canceled`` or ``errored`` (Anthropic's error object). Requests of a cancelled batch that
 never ran have no result line (orchard records none for them); the counts say how many.
+The list holds every job of the key's tenant (any job reads as a batch, however it was
+submitted), in Anthropic's page shape: ``data``, ``has_more``, ``first_id``, ``last_id``;
+``after_id`` pages to older batches, ``before_id`` to newer ones.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from cluster.jobs.store import JobNotFound, JobRecord, JobStore, StoredResult
 
 PREFIX = "msgbatch_"
 RESULTS_PAGE = 1000
+LIST_LIMIT, LIST_MAX = 20, 1000  # Anthropic's default and largest page
+LIST_PARAMS = ("limit", "after_id", "before_id")
 EXPIRES_S = 24 * 3600  # Anthropic's: a batch not ended within a day expires (orchard's never do)
 HTTP_OF = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429,
            "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
@@ -55,6 +61,7 @@ class MessageBatches:
     def routes(self) -> list[Route]:
         base = "/v1/messages/batches"
         return [Route(base, anthropic_errors(self.create), methods=["POST"]),
+                Route(base, anthropic_errors(self.list), methods=["GET"]),
                 Route(base + "/{batch_id}", anthropic_errors(self.get), methods=["GET"]),
                 Route(base + "/{batch_id}/results", anthropic_errors(self.results),
                       methods=["GET"]),
@@ -76,6 +83,9 @@ class MessageBatches:
                 raise FieldError(f"requests[{i}].params.model", f"unknown model "
                                  f"{params.get('model')!r}; this cluster serves "
                                  f"{self._model_id!r}")
+            if params.get("diagnostics") is not None:
+                raise FieldError(f"requests[{i}].params.diagnostics", "a batch's requests "
+                                 "have no previous message to compare; leave it out")
             if params.get("stream"):
                 raise FieldError(f"requests[{i}].params.stream", "a batch is not streamed; "
                                  "leave it out")
@@ -87,6 +97,34 @@ class MessageBatches:
             requests.append(dataclasses.replace(parsed, custom_id=item["custom_id"]))
         job = await self._work.submit_job(tenant, requests, metadata=list(request.headers.items()))
         return JSONResponse(self._object(job, request))
+
+    async def list(self, request: Request) -> Response:
+        tenant = api_key_tenant(self._auth, request)
+        query = request.query_params
+        unknown = sorted(set(query) - set(LIST_PARAMS))
+        if unknown:
+            raise FieldError(unknown[0], f"not a parameter of this list; use "
+                             f"{', '.join(LIST_PARAMS)}")
+        text = query.get("limit", str(LIST_LIMIT))
+        if not text.isdigit() or not 1 <= int(text) <= LIST_MAX:
+            raise FieldError("limit", f"must be an integer in [1, {LIST_MAX}], got {text!r}")
+        limit = int(text)
+        after, before = (self._cursor(query, name) for name in ("after_id", "before_id"))
+        if after and before:
+            raise FieldError("before_id", "give after_id or before_id, not both")
+        page = self._jobs.list_jobs(tenant, limit + 1, after=after, before=before)
+        # one more than asked says whether there are more (before_id: the newest one extra)
+        kept = page[-limit:] if before else page[:limit]
+        data = [self._object(job, request) for job in kept]
+        return JSONResponse({"data": data, "has_more": len(page) > limit,
+                             "first_id": data[0]["id"] if data else None,
+                             "last_id": data[-1]["id"] if data else None})
+
+    def _cursor(self, query, name: str) -> str:
+        value = query.get(name, "")
+        if value and not value.startswith(PREFIX):
+            raise JobNotFound(f"{name}: no batch {value!r}")
+        return value.removeprefix(PREFIX)
 
     async def get(self, request: Request) -> Response:
         return JSONResponse(self._object(self._job(request), request))

@@ -39,7 +39,7 @@ from router.index import DEFAULT_INDEX_BYTES
 from router.kv.key import BlockHash, Namespace
 from router.policy import RoutingDecision
 from router.pull_cost import PeerLinks
-from router.router import Router, WorkerStatus
+from router.router import WorkerStatus
 from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
 
 POLICIES = ("orchard", "round_robin")
@@ -155,7 +155,6 @@ class Backend:
                     match item:
                         case WorkerDone():
                             routes.apply(worker.worker_id, item.events)
-                            _measure(routes.router, worker.worker_id, item)
                             yield GenerateOutcome(item.result, decision, attempt,
                                                   worker.worker_id, worker_s=item.worker_s,
                                                   worker_traced=item.traced,
@@ -241,13 +240,6 @@ def _pull_plan(pool: WorkerPool, decision: RoutingDecision | None) -> PullPlan |
         return None
     return PullPlan(decision.pull.source, address[0], address[1], decision.pull.blocks,
                     decision.pull.predicted_s)
-
-
-def _measure(router: Router, receiver: str, done: WorkerDone) -> None:
-    """A pull that ran to its end measured its link: the router's rate for that pair."""
-    pulled = done.pulled
-    if pulled is not None and not pulled.refused and pulled.nbytes:
-        router.observe_pull(pulled.peer, receiver, pulled.nbytes, pulled.seconds)
 
 
 def worker_info(worker: PoolWorker, stats: WorkerStats | None, load: WorkerStatus | None

@@ -13,6 +13,7 @@ it work and relays what comes back. Requests reach ``generate`` over the fronten
       closed early ──────────────────────── Abort ─────► engine.abort: out at the next step
     abort(request_id) ───────────────────── Abort ─────► the same, asked for by the caller
     outbox of EventBatch ◄──────────── on_events ──────┘ block events after every step
+      (the newest one sent also carries the worker's measured links, ``link_meter``)
       ├─ piggybacked on WorkerDone: the batches after the caller's ``feed_after``
       └─ events(after): a streaming feed (evictions and TTL expiry between requests),
          and a ``FeedHeartbeat`` (the last batch's number) once the worker is quiet
@@ -42,6 +43,7 @@ import collections
 import contextlib
 import os
 import time
+from dataclasses import replace
 from typing import AsyncIterator, Callable, Sequence
 
 import ray
@@ -49,6 +51,7 @@ import ray
 from cluster.backend.bootstrap import node_address, node_id
 from cluster.backend.handle import WorkerHello, engine_items
 from cluster.backend.link import LinkServer
+from cluster.backend.link_meter import LinkMeter
 from cluster.backend.protocol import TokenChunk
 from cluster.backend.pull import EngineBlocks, Pace, PullLog, PullServer, pull as pull_blocks
 from cluster.backend.routing import FeedHeartbeat
@@ -131,6 +134,7 @@ class EngineWorker:
         self._secret = b""                        # its secret, which peers' pulls use too
         self._pace = pace        # the sending side's rate limit on pulls (None: the link's own)
         self._pull_failures = PullLog()
+        self._links = LinkMeter()   # its links from the peers it pulled from (actor loop only)
 
     async def start(self) -> WorkerHello:
         """Load the model on the engine thread; idempotent."""
@@ -168,6 +172,8 @@ class EngineWorker:
         ``WorkerDone``, the request is aborted.
         """
         pulled = await self._pull(request, pull) if pull is not None else None
+        if pulled is not None:
+            self._links.observe(pulled)
         async with contextlib.aclosing(engine_items(self.runtime, self._id, request,
                                                     chunks)) as items:
             async for item in items:
@@ -194,15 +200,17 @@ class EngineWorker:
         raise WorkerFailed(f"worker {self._id}: {request.request_id} ended without a result "
                            "(aborted)")
 
-    async def listen(self, secret: bytes) -> tuple[str, int]:
+    async def listen(self, secret: bytes, host: str = "") -> tuple[str, int]:
         """Serve ``generate`` to frontends that know ``secret`` on a stream of their own
-        (``cluster.backend.link``), on this node's address; returns (address, port)."""
+        (``cluster.backend.link``), on ``host`` ("": this node's address, loopback outside
+        Ray); returns (address, port)."""
         if self._link is not None:
             raise RuntimeError(f"worker {self._id} already listens")
         if self._hello is None:
             raise RuntimeError(f"worker {self._id} is not started: call start() first")
-        host = node_address()
-        host = "127.0.0.1" if host == "local" else host   # outside Ray: loopback
+        if not host:
+            host = node_address()
+            host = "127.0.0.1" if host == "local" else host   # outside Ray: loopback
         self._secret = secret
         blocks = EngineBlocks(self.runtime, self._id, self._hello.model.block_size)
         self._link = LinkServer(self.generate, secret, PullServer(blocks, self._pace))
@@ -272,6 +280,9 @@ class EngineWorker:
             if batch.seq <= after:
                 break
             newer.append(batch)
+        links = self._links.report()
+        if newer and links:   # the newest batch sent carries the links as they are now
+            newer[0] = replace(newer[0], links=links)
         return tuple(reversed(newer))
 
     # ---- admin ---------------------------------------------------------------------------------

@@ -16,7 +16,10 @@ receiver's store writes) are real.
 
 Figures: ``ttft_pull_over_recompute_10gbit`` and ``_1gbit`` (best of ``trials`` each) and
 ``outputs_identical`` (the pulled request's tokens equal the recomputed one's and the
-holder's own, greedy); ``ladder`` gives the ratio at each length of ``--ladder``;
+holder's own, greedy); ``ladder`` gives the ratio at each length of ``--ladder`` (best of
+``trials`` each; ``--ladder`` alone: ``DEFAULT_LADDER``) on both links, and
+``pull_wins_from_tokens`` per link the shortest prefix from which the pull's TTFT is below the
+recompute's at that length and every longer one of the ladder (null: not even at the longest);
 ``holder_tpot_during_pull_over_alone``: the holder's median decode TPOT while it serves pulls
 of the prefix back to back, over its TPOT alone (both workers share the machine, so this
 bounds from above what serving a pull costs the holder's decodes).
@@ -30,6 +33,7 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 from cluster.backend.protocol import TokenChunk
 from cluster.backend.pull import EngineBlocks, PullLog, pull as pull_blocks
@@ -42,6 +46,7 @@ from workers.messages import GenerateRequest, SamplingParams
 SHAPING = "rate limit in the transfer stream (no netem shaping)"
 LINKS = {"10gbit": (10e9 / 8, 0.0001), "1gbit": (1e9 / 8, 0.0005)}   # bytes/s, delay s
 BLOCK = 16
+DEFAULT_LADDER = (64, 128, 256, 512, 1024, 2000)   # prefix lengths, tokens
 SECRET = b"bench-pull-secret-0123456789abcd"
 
 
@@ -165,22 +170,36 @@ async def _holder_slowdown(model: str, prefix_tokens: int, decode_tokens: int, s
         await w1.close()
 
 
+def pull_wins_from(steps: Sequence[LinkResult], link: str) -> int | None:
+    """The shortest prefix of the ladder from which a pull beat recomputing on ``link`` at
+    every longer length too (None: it lost at the longest)."""
+    wins = None
+    for step in sorted((r for r in steps if r.link == link), key=lambda r: -r.prefix_tokens):
+        if step.ttft_pull_s >= step.ttft_recompute_s:
+            break
+        wins = step.prefix_tokens
+    return wins
+
+
 def bench_pull(model: str, prefix_tokens: int, suffix_tokens: int, trials: int,
                ladder: tuple[int, ...] = (), seed: int = 0, decode_tokens: int = 64) -> dict:
     async def run() -> dict:
         links = {name: await _one_link(model, name, prefix_tokens, suffix_tokens, trials, seed)
                  for name in LINKS}
         slowdown = await _holder_slowdown(model, prefix_tokens, decode_tokens, seed)
-        steps = [asdict(await _one_link(model, name, n, suffix_tokens, 1, seed))
+        steps = [await _one_link(model, name, n, suffix_tokens, trials, seed)
                  for n in ladder for name in LINKS]
         return {
             "shaping": SHAPING, "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
             "trials": trials,
             **{f"ttft_pull_over_recompute_{n}": r.ttft_pull_over_recompute
                for n, r in links.items()},
-            "outputs_identical": all(r.outputs_identical for r in links.values()),
+            "outputs_identical": all(r.outputs_identical for r in [*links.values(), *steps]),
             "holder_tpot_during_pull_over_alone": slowdown,
-            "links": [asdict(r) for r in links.values()], "ladder": steps}
+            "links": [asdict(r) for r in links.values()],
+            "ladder": [asdict(r) for r in steps],
+            "pull_wins_from_tokens": ({name: pull_wins_from(steps, name) for name in LINKS}
+                                      if ladder else {})}
     return asyncio.run(run())
 
 
@@ -191,8 +210,11 @@ def register_bench(sub) -> None:
     p.add_argument("--prefix-tokens", type=int, default=2000)
     p.add_argument("--suffix-tokens", type=int, default=16)
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--ladder", default="", help="prefix lengths, comma-separated (e.g. "
-                                                "256,512,1000,2000): the ratio at each")
+    p.add_argument("--ladder", nargs="?", default="",
+                   const=",".join(map(str, DEFAULT_LADDER)),
+                   help="prefix lengths, comma-separated: the ratio at each, and the length "
+                        "from which a pull wins (alone: "
+                        f"{','.join(map(str, DEFAULT_LADDER))})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_command)
 
@@ -220,6 +242,9 @@ def _command(args) -> int:
         print(f"{r['link']:>7} {r['prefix_tokens']:>6} tokens: pull {r['ttft_pull_s'] * 1e3:8.1f}ms"
               f" (the pull {r['pull_s'] * 1e3:.1f}ms), recompute "
               f"{r['ttft_recompute_s'] * 1e3:8.1f}ms, ratio {r['ttft_pull_over_recompute']:.3f}")
+    for name, tokens in out["pull_wins_from_tokens"].items():
+        print(f"{name:>7}: a pull wins from {tokens} tokens" if tokens is not None
+              else f"{name:>7}: a pull never wins on this ladder")
     print(f"outputs_identical {out['outputs_identical']}")
     print(f"holder_tpot_during_pull_over_alone {out['holder_tpot_during_pull_over_alone']:.3f}")
     return 0

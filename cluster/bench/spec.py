@@ -18,6 +18,11 @@ from the cache, and what is timed is what is left, decode.
    speculation: ``vs_mlx_lm_copy_wall_ratio``, orchard's wall time over mlx-lm's (target <=
    0.5). ``--no-mlx-lm`` skips it (the figure is then null).
 
+With ``--draft-model DIR`` the speculating runs draft with that model (``[engine]
+draft_model``) in place of prompt lookup, and ``draft_prefill_over_target_prefill`` is what
+the draft's prefill of the copy prompts costs (the prefix it recomputes as each request
+joins) over the target's prefill of the same prompts, each prompt alone, best of three.
+
 ``greedy_identical`` is true when every output with speculation equals the output without.
 Also printed: the acceptance rate (accepted over drafted tokens), the mean tokens accepted per
 verify pass, and a verify pass's time over a plain decode step's (both measured in the
@@ -55,6 +60,7 @@ class SpecWorkload:
     rounds: int = 1
     mlx_lm: bool = True
     seed: int = 0
+    draft_model: str = ""     # a draft model directory for the speculating runs
 
     def __post_init__(self) -> None:
         for name in ("requests", "passage_tokens", "max_tokens", "batch", "chats", "rounds"):
@@ -111,13 +117,14 @@ def chat_messages(w: SpecWorkload) -> list[list[dict]]:
     return batch_requests(Workload(chats=w.chats, seed=w.seed), 0)
 
 
-def _run(loaded, prompts: list[list[int]], max_tokens: int, batch: int, speculate: bool
-         ) -> Run:
+def _run(loaded, prompts: list[list[int]], max_tokens: int, batch: int, speculate: bool,
+         draft_model: str = "") -> Run:
     from workers.engine.engine import Engine, EngineConfig
     from workers.messages import GenerateRequest, GenerateResult, SamplingParams
 
-    engine = Engine(loaded, EngineConfig(max_batch=batch, speculate=speculate),
-                    time.monotonic, time.time_ns)
+    config = EngineConfig(max_batch=batch, speculate=speculate,
+                          draft_model=draft_model if speculate else "")
+    engine = Engine(loaded, config, time.monotonic, time.time_ns)
     ns = engine.namespace("bench")
 
     def requests(tag: str, n: int):
@@ -134,13 +141,14 @@ def _run(loaded, prompts: list[list[int]], max_tokens: int, batch: int, speculat
                tuple(r.output_tokens for r in results), engine.spec_stats())
 
 
-def _pair(loaded, prompts, max_tokens: int, batch: int, rounds: int, label: str
+def _pair(loaded, prompts, max_tokens: int, batch: int, w: SpecWorkload, label: str
           ) -> tuple[Run, Run]:
-    """Best run of each side over ``rounds``, the first side alternating."""
+    """Best run of each side over ``w.rounds``, the first side alternating."""
     runs: dict[bool, list[Run]] = {False: [], True: []}
-    for k in range(rounds):
+    for k in range(w.rounds):
         for speculate in ((False, True) if k % 2 == 0 else (True, False)):
-            runs[speculate].append(_run(loaded, prompts, max_tokens, batch, speculate))
+            runs[speculate].append(_run(loaded, prompts, max_tokens, batch, speculate,
+                                        w.draft_model))
             print(f"{label} round {k} speculate={speculate}: {runs[speculate][-1].wall_s:.1f} s",
                   file=sys.stderr, flush=True)
     best = lambda rs: min(rs, key=lambda r: r.wall_s)
@@ -163,6 +171,28 @@ def _mlx_lm_wall(model_dir: str, messages: list[list[dict]], w: SpecWorkload) ->
             server.stop()
 
 
+def _prefill_ratio(loaded, draft_dir: str, prompts: list[list[int]]) -> float:
+    """The draft's prefill of ``prompts`` over the target's (each prompt alone, its body
+    only, best of three): what recomputing the draft's prefix on admission costs."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from workers.model.model_dir import open_model_dir
+
+    def prefill_s(model) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for p in prompts:
+                cache = [KVCache() for _ in range(model.kv_shape.layers)]
+                model.body(mx.array([p]), cache=cache)
+                mx.eval([[c.keys, c.values] for c in cache])
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    return prefill_s(open_model_dir(draft_dir)) / prefill_s(loaded)
+
+
 def bench_spec(model_dir: str, w: SpecWorkload) -> dict:
     from workers.model.model_dir import open_model_dir
     from workers.engine.chat import render_chat
@@ -171,17 +201,16 @@ def bench_spec(model_dir: str, w: SpecWorkload) -> dict:
     copy = copy_messages(w)
     copy_prompts = [render_chat(loaded.tokenizer, m) for m in copy]
     chat_prompts = [render_chat(loaded.tokenizer, m) for m in chat_messages(w)]
-    off1, on1 = _pair(loaded, copy_prompts, w.max_tokens, 1, w.rounds, "copy batch 1")
-    off8, on8 = _pair(loaded, copy_prompts, w.max_tokens, w.batch, w.rounds,
-                      f"copy batch {w.batch}")
-    chat_off, chat_on = _pair(loaded, chat_prompts, 24, w.batch, w.rounds, "chat")
+    off1, on1 = _pair(loaded, copy_prompts, w.max_tokens, 1, w, "copy batch 1")
+    off8, on8 = _pair(loaded, copy_prompts, w.max_tokens, w.batch, w, f"copy batch {w.batch}")
+    chat_off, chat_on = _pair(loaded, chat_prompts, 24, w.batch, w, "chat")
     mlx_wall = _mlx_lm_wall(model_dir, copy, w) if w.mlx_lm else None
     s = on8.stats
     plain_step = s.plain_s / s.plain_steps if s.plain_steps else None
     verify_pass = s.verify_s / s.verify_passes if s.verify_passes else None
     pairs = ((off1, on1), (off8, on8), (chat_off, chat_on))
     return {
-        "model": model_dir, "workload": asdict(w),
+        "model": model_dir, "workload": asdict(w), "draft_model": w.draft_model or None,
         "orchard_side": "one engine in process (a worker's engine, without the frontend)",
         "copy_speedup_batch1": on1.tokens_s / off1.tokens_s,
         "copy_speedup_batch8": on8.tokens_s / off8.tokens_s,
@@ -194,6 +223,10 @@ def bench_spec(model_dir: str, w: SpecWorkload) -> dict:
         "accepted_per_verify_pass": s.accepted / s.verify_passes if s.verify_passes else None,
         "verify_pass_over_plain_step": (verify_pass / plain_step
                                         if verify_pass and plain_step else None),
+        "draft_s_per_verify_pass": s.draft_s / s.verify_passes if s.verify_passes else None,
+        "draft_prefill_over_target_prefill": (_prefill_ratio(loaded, w.draft_model,
+                                                             copy_prompts)
+                                              if w.draft_model else None),
         "load_average": list(os.getloadavg()), "targets": TARGETS,
     }
 
@@ -208,6 +241,9 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
                  "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
     p.add_argument("--no-mlx-lm", action="store_true", help="skip the mlx_lm.server side")
+    p.add_argument("--draft-model", default="", metavar="DIR",
+                   help="draft with this model directory (the target's tokenizer) in place "
+                        "of prompt lookup")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -217,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     from workers.model.default_model import ensure_default_model
 
     w = SpecWorkload(args.requests, args.passage_tokens, args.max_tokens, args.batch,
-                     args.chats, args.rounds, not args.no_mlx_lm, args.seed)
+                     args.chats, args.rounds, not args.no_mlx_lm, args.seed, args.draft_model)
     figures = bench_spec(str(args.model or ensure_default_model()), w)
     if args.json:
         print(json.dumps(figures))

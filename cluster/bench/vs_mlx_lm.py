@@ -21,8 +21,9 @@ serves it.
    earlier questions with fixed replies) and its next question, so turn k + 1 extends turn
    k's prompt. The requests go turn by turn across the chats (every chat's first turn, then
    every chat's second, ...), as a batch over logged conversations runs. orchard gets them as
-   one job; mlx-lm as the same requests, in the same order, from ``clients`` concurrent
-   clients (8). orchard's store holds every chat's earlier turns; mlx-lm keeps 10 whole
+   one job, run at its configured concurrency (``[limits] max_concurrent`` and ``[engine]
+   max_batch``, 32 by default: a batch job fills the decode batch); mlx-lm as the same
+   requests, in the same order, from ``clients`` concurrent clients (8). orchard's store holds every chat's earlier turns; mlx-lm keeps 10 whole
    prompt caches, so by a chat's next turn its cache is gone and only the system prompt is
    found. The figure is the wall time from the first request sent to the last result
    received, best of ``batch_rounds``; the order of the two sides alternates from round to
@@ -31,6 +32,12 @@ serves it.
 
 Ratios are orchard over mlx-lm (below 1: orchard is faster). Targets: warm TTFT <= 0.9,
 cold TTFT <= 1.05, batch wall time <= 0.8.
+
+``PRESETS["short-chat"]`` is the decode-bound shape: 16 chats x 3 turns on 2 system prompts,
+prompts of about 100 to 250 tokens, 24-token replies. Where orchard's batch time goes is read
+from the job's results (``BatchBreakdown``): the requests in flight on average (the engine's
+rows per step), the prompt tokens computed and read from the store, the time to first tokens
+and the decode time.
 """
 from __future__ import annotations
 
@@ -73,10 +80,37 @@ class Workload:
     batch_rounds: int = 1
     seed: int = 0
 
+    @classmethod
+    def of(cls, preset: str | None, **given: int) -> Workload:
+        """A preset's shape (``PRESETS``; None: the defaults), ``given`` fields over it."""
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"--preset must be one of {', '.join(sorted(PRESETS))}, "
+                             f"got {preset!r}")
+        return cls(**{**PRESETS.get(preset or "", {}), **given})
+
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if name != "seed" and value < (0 if name == "history" else 1):
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+PRESETS = {"short-chat": dict(system_words=60, turns=3, user_words=20, reply_tokens=24,
+                              chats=16, system_prompts=2, history=2)}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchBreakdown:
+    """Where an orchard batch's wall time went, from its results."""
+
+    wall_s: float
+    requests: int
+    in_flight_mean: float     # the requests' worker time summed over the wall: rows per step
+    prompt_tokens: int
+    cached_tokens: int        # read from the store, not computed
+    generated_tokens: int
+    ttft_s_mean: float        # at the worker: admission wait + prefill
+    decode_s_mean: float      # at the worker: first token -> last
+    tpot_s_mean: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +137,7 @@ class VsMlxLm:
     batch_wall_orchard_s: float     # best of the rounds
     batch_wall_mlx_lm_s: float
     batch_wall_ratio: float
+    batch_breakdown: BatchBreakdown  # orchard's best round
     targets: dict
 
     def as_json(self) -> dict:
@@ -209,14 +244,24 @@ def _orchard_ttft(client: Client, messages: list[dict], max_tokens: int, rid: st
     return first, text, worker
 
 
-def _orchard_batch(client: Client, chats: list[list[dict]], max_tokens: int, tag: str) -> float:
+def _orchard_batch(client: Client, chats: list[list[dict]], max_tokens: int, tag: str
+                   ) -> BatchBreakdown:
     start = time.perf_counter()
     job = client.submit([chat_request(f"{tag}-{i}", m, max_tokens) for i, m in enumerate(chats)])
     job = client.wait(job.job_id)
     wall = time.perf_counter() - start
     if job.state != "succeeded" or job.failed:
         raise RuntimeError(f"orchard job {job.job_id} ended {job.state} with {job.failed} failed")
-    return wall
+    results = list(client.results(job.job_id))
+    n = len(results)
+    return BatchBreakdown(
+        wall_s=wall, requests=n, in_flight_mean=sum(r.worker_s for r in results) / wall,
+        prompt_tokens=sum(r.usage.prompt_tokens for r in results),
+        cached_tokens=sum(r.usage.cached_tokens for r in results),
+        generated_tokens=sum(r.usage.completion_tokens for r in results),
+        ttft_s_mean=sum(r.ttft_s for r in results) / n,
+        decode_s_mean=sum(r.worker_s - r.ttft_s for r in results) / n,
+        tpot_s_mean=sum(r.tpot_s for r in results) / n)
 
 
 def _mlx_batch(server: MlxLmServer, chats: list[list[dict]], max_tokens: int, clients: int
@@ -278,9 +323,11 @@ def run_chat(client: Client, server: MlxLmServer, w: Workload, round_: int) -> l
     return turns
 
 
-def run_batch(client: Client, server: MlxLmServer, w: Workload) -> tuple[float, float]:
-    """Best wall time of each side over the rounds, the first side alternating."""
-    orchard, mlx = [], []
+def run_batch(client: Client, server: MlxLmServer, w: Workload
+              ) -> tuple[BatchBreakdown, float]:
+    """Best round of each side (orchard's with its breakdown), the first side alternating."""
+    orchard: list[BatchBreakdown] = []
+    mlx: list[float] = []
     for k in range(w.batch_rounds):
         tagged = batch_requests(w, k)
         if k % 2 == 0:
@@ -289,8 +336,9 @@ def run_batch(client: Client, server: MlxLmServer, w: Workload) -> tuple[float, 
         else:
             mlx.append(_mlx_batch(server, tagged, w.reply_tokens, w.clients))
             orchard.append(_orchard_batch(client, tagged, w.reply_tokens, f"batch{k}"))
-        _progress(f"batch round {k}: orchard {orchard[-1]:.1f} s, mlx_lm.server {mlx[-1]:.1f} s")
-    return min(orchard), min(mlx)
+        _progress(f"batch round {k}: orchard {orchard[-1].wall_s:.1f} s, "
+                  f"mlx_lm.server {mlx[-1]:.1f} s")
+    return min(orchard, key=lambda b: b.wall_s), min(mlx)
 
 
 def _progress(line: str) -> None:
@@ -310,12 +358,14 @@ def _mlx_server(model_dir: str, w: Workload, log_dir: Path) -> Iterator[MlxLmSer
 
 def bench_vs_mlx_lm(model_dir: str, w: Workload, blas_threads: int) -> VsMlxLm:
     from cluster.bench.api import ray_cluster
+    from cluster.config import Limits
 
     os.environ["OPENBLAS_NUM_THREADS"] = str(blas_threads)  # inherited by both servers
     warmup = [{"role": "user", "content": "warm up"}]
     with tempfile.TemporaryDirectory(prefix="orchard-vs-mlx-") as tmp, \
             _mlx_server(model_dir, w, Path(tmp)) as server, \
-            ray_cluster(model_dir, telemetry="none", max_concurrent=w.clients) as client:
+            ray_cluster(model_dir, telemetry="none", max_concurrent=Limits().max_concurrent
+                        ) as client:
         _orchard_ttft(client, warmup, 2, "warmup")
         server.chat(warmup, 2, stream=True)
         turns = [t for k in range(w.chat_rounds) for t in run_chat(client, server, w, k)]
@@ -326,5 +376,6 @@ def bench_vs_mlx_lm(model_dir: str, w: Workload, blas_threads: int) -> VsMlxLm:
         model=model_dir, blas_threads=blas_threads,
         orchard_side="1-worker Ray cluster (orchard up)", turns=tuple(turns),
         cold_ttft_ratio=statistics.median(cold), warm_ttft_ratio=statistics.median(warm),
-        batch_wall_orchard_s=batch_orchard, batch_wall_mlx_lm_s=batch_mlx,
-        batch_wall_ratio=batch_orchard / batch_mlx, targets=TARGETS)
+        batch_wall_orchard_s=batch_orchard.wall_s, batch_wall_mlx_lm_s=batch_mlx,
+        batch_wall_ratio=batch_orchard.wall_s / batch_mlx, batch_breakdown=batch_orchard,
+        targets=TARGETS)

@@ -77,6 +77,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_pull_bench(sub)  # `orchard bench pull`: a prefix pulled from a peer vs recomputed
     from cluster.bench.cache_controls import register_bench as register_cache_bench
     register_cache_bench(sub)  # `orchard bench cache-controls`: read/write false, diagnosis
+    from cluster.bench.agent_loop import register_bench as register_agent_bench
+    register_agent_bench(sub)  # `orchard bench agent-loop`: a volatile line, its fixes
+    from cluster.bench.ttl_forecast import register_bench as register_ttl_bench
+    register_ttl_bench(sub)  # `orchard bench ttl-forecast`: forecast error, TTLs mixed
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
@@ -136,19 +140,23 @@ def _print_turns(result) -> None:
           f"(theoretical {result.theoretical_bytes_per_token}, target <= 1.1x)")
 
 
+_WORKLOAD_FIELDS = ("system_words", "turns", "user_words", "reply_tokens", "chats",
+                    "system_prompts", "history", "clients", "chat_rounds", "batch_rounds")
+
+
 def _add_vs_mlx_lm(sub) -> None:
-    from cluster.bench.vs_mlx_lm import Workload
+    from cluster.bench.vs_mlx_lm import PRESETS, Workload
 
     d = Workload()
     v = sub.add_parser("vs-mlx-lm", help="orchard beside mlx_lm.server: chat TTFT, batch wall")
     v.add_argument("--model", help="mlx-lm model directory (default: the embedded model)")
     v.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of both servers")
-    for name, value in [("system_words", d.system_words), ("turns", d.turns),
-                        ("user_words", d.user_words), ("reply_tokens", d.reply_tokens),
-                        ("chats", d.chats), ("system_prompts", d.system_prompts),
-                        ("history", d.history), ("clients", d.clients),
-                        ("chat_rounds", d.chat_rounds), ("batch_rounds", d.batch_rounds)]:
-        v.add_argument("--" + name.replace("_", "-"), type=int, default=value)
+    v.add_argument("--preset", choices=sorted(PRESETS),
+                   help="a workload shape (short-chat: 16 chats x 3 turns, 100-250-token "
+                        "prompts, 24-token replies); the options below override it")
+    for name in _WORKLOAD_FIELDS:
+        v.add_argument("--" + name.replace("_", "-"), type=int,
+                       help=f"default {getattr(d, name)}")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(func=vs_mlx_lm)
 
@@ -160,9 +168,9 @@ def vs_mlx_lm(args: argparse.Namespace) -> int:
 
     if args.blas_threads < 1:
         raise ValueError("--blas-threads must be >= 1")
-    w = Workload(args.system_words, args.turns, args.user_words, args.reply_tokens, args.chats,
-                 args.system_prompts, args.history, args.clients, args.chat_rounds,
-                 args.batch_rounds)
+    given = {name: getattr(args, name) for name in _WORKLOAD_FIELDS
+             if getattr(args, name) is not None}
+    w = Workload.of(args.preset, **given)
     r = bench_vs_mlx_lm(str(args.model or ensure_default_model()), w, args.blas_threads)
     if args.json:
         print(json.dumps(r.as_json(), indent=2))
@@ -180,6 +188,11 @@ def vs_mlx_lm(args: argparse.Namespace) -> int:
     print(f"batch of {w.chats} chats, {w.chats * (w.history + 1)} requests: orchard {r.batch_wall_orchard_s:.1f}s, mlx-lm "
           f"{r.batch_wall_mlx_lm_s:.1f}s ({w.clients} clients), ratio {r.batch_wall_ratio:.2f} "
           f"(target <= {r.targets['batch_wall']})")
+    b = r.batch_breakdown
+    print(f"orchard's batch: {b.in_flight_mean:.1f} requests in flight on average; prompts "
+          f"{b.prompt_tokens} tokens, {b.cached_tokens} read from the store; "
+          f"{b.generated_tokens} generated; per request TTFT {b.ttft_s_mean:.2f}s, decode "
+          f"{b.decode_s_mean:.2f}s, TPOT {b.tpot_s_mean * 1e3:.0f}ms")
     return 0
 
 

@@ -8,7 +8,9 @@
 Replays the first ``--requests`` requests of the workload over the grid (``router.sim.planner``)
 and prints the configurations that meet the target, smallest first, each with its hit ratio
 and effective input multiplier M; when none does, the nearest ones and what each misses by,
-and, when even an ideal cluster cannot meet it, the target at which one could. Without a
+and, when even an ideal cluster cannot meet it, the target at which one could; then the
+workload priced at a 5-minute and a 1-hour TTL (``router.sim.ttl_compare``: the share of
+re-reads after 5 minutes, the break-even, the recommended TTL). Without a
 source it plans for the shipped conversation trace. ``--link-gbps`` sizes the cluster with
 orchard pulling prefixes between its workers over links of that rate (``router.sim.pulls``);
 run it with and without to compare. This module parses, reads the run's spans, prints and
@@ -163,9 +165,33 @@ def _tokens(n: int) -> str:
 
 def _print(result, source: str, total: int, elapsed: float, top: int) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
+    _print_grid(console, result, source, total, elapsed, top)
+    _print_ttls(console, result.ttls)
+
+
+def _print_ttls(console, ttls) -> None:
+    """The workload at a 5-minute and a 1-hour TTL (``router.sim.ttl_compare``)."""
+    from rich.table import Table
+
+    table = Table(title="5-minute against 1-hour writes on this workload (ideal cluster)")
+    table.caption = (f"{ttls.late_share:.1%} of re-reads arrive after 5 minutes, "
+                     f"{ttls.late_per_write:.3f} per 1-hour write; the hour pays off above "
+                     f"{ttls.break_even:.3f}: recommended TTL {_ttl(ttls.recommended_ttl_s)}")
+    for name in ("TTL", "M", "cost / request", "cached tokens", "written tokens"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for long, usage, m in ((False, ttls.short, ttls.short_multiplier),
+                           (True, ttls.long, ttls.long_multiplier)):
+        table.add_row("1 h" if long else "5 min", f"{m:.3f}",
+                      f"{ttls.cost_per_request(long):,.0f} tokens",
+                      f"{usage.cached_tokens:,}", f"{usage.written_tokens:,}")
+    console.print(table)
+
+
+def _print_grid(console, result, source: str, total: int, elapsed: float, top: int) -> None:
+    from rich.table import Table
+
     subsample = (f"the first {result.requests} of {total} requests"
                  if result.requests < total else f"all {total} requests")
     console.print(f"{source}: {subsample}; {len(result.outcomes)} configurations replayed "

@@ -4,7 +4,8 @@
                      [--policies LIST] [--eviction lru|reuse] [--ttft-slo-s 2] [--json] ...
     orchard simulate --decision-bench [--bench-workers 32] [--indexed-blocks 1000000] ...
                      [--index-bytes N]                # 18M blocks: --indexed-blocks 18000000
-    orchard simulate --synthesize FILE [--seed S] [--shape hot-documents]
+    orchard simulate --synthesize FILE [--seed S] [--shape hot-documents|agent-loop]
+                     [--requests N]
                                                        # write a differently shaped trace
 
 Without a mode it replays the conversation trace shipped in ``router/sim/traces/``. The replay
@@ -38,10 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="time routing decisions (8k-token prompt, many workers, big index)")
     mode.add_argument("--synthesize", metavar="FILE",
                       help="write a synthetic trace of a different shape to FILE and exit")
-    p.add_argument("--shape", choices=("conversations", "hot-documents"),
+    p.add_argument("--shape", choices=("conversations", "hot-documents", "agent-loop"),
                    default="conversations",
-                   help="with --synthesize: conversations on shared system prompts, or a few "
-                        "long documents with many short questions (router.sim.hot_trace)")
+                   help="with --synthesize: conversations on shared system prompts, a few "
+                        "long documents with many short questions (router.sim.hot_trace), or "
+                        "agents' tool loops with session keys, half with a volatile system "
+                        "prompt line (router.sim.agent_trace)")
+    p.add_argument("--requests", type=int,
+                   help="with --synthesize: how many requests (default: the shape's own, "
+                        "12,000 conversations' or 6,000 hot-document questions; an agent "
+                        "loop is sized by its sessions)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--capacity-tokens", type=int, default=1_000_000,
                    help="cache capacity per worker, in tokens")
@@ -104,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     chosen = [bool(args.trace), args.decision_bench, bool(args.synthesize)]
     if sum(chosen) > 1:
         raise ValueError("pass at most one of --trace FILE, --decision-bench, --synthesize FILE")
+    if args.requests is not None and not args.synthesize:
+        raise ValueError("--requests is for --synthesize: a replay takes the whole trace")
     if args.synthesize:
         return _synthesize(args)
     if args.decision_bench:
@@ -197,11 +206,21 @@ def _decision_bench(args: argparse.Namespace) -> int:
 def _synthesize(args: argparse.Namespace) -> int:
     from router.sim.trace import SynthShape, synthesize, write_trace
 
+    if args.requests is not None and args.requests < 1:
+        raise ValueError(f"--requests must be at least 1, got {args.requests}")
     if args.shape == "hot-documents":
         from router.sim.hot_trace import HotShape, hot_documents
-        requests = hot_documents(HotShape(), seed=args.seed)
+        shape = HotShape() if args.requests is None else HotShape(requests=args.requests)
+        requests = hot_documents(shape, seed=args.seed)
+    elif args.shape == "agent-loop":
+        from router.sim.agent_trace import AgentShape, agent_loop
+        if args.requests is not None:
+            raise ValueError("--requests does not size an agent-loop trace: its sessions do "
+                             "(orchard bench agent-loop --sessions N)")
+        requests = agent_loop(AgentShape(), seed=args.seed)
     else:
-        requests = synthesize(SynthShape(), seed=args.seed)
+        synth = SynthShape() if args.requests is None else SynthShape(requests=args.requests)
+        requests = synthesize(synth, seed=args.seed)
     write_trace(requests, args.synthesize)
     print(f"wrote {len(requests)} requests to {args.synthesize}", file=sys.stderr)
     return 0

@@ -52,9 +52,10 @@ PAGE_ROWS = 256                   # requests read per page by the runner
 # pragma: no mutate start
 VACUUM = "PRAGMA incremental_vacuum"
 LIST_JOBS = (f"SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ? AND created_ms >= ?{{states}}"
-             "{after} ORDER BY created_ms DESC, rowid DESC LIMIT ?")
+             "{after} ORDER BY created_ms {order}, rowid {order} LIMIT ?")
 LIST_STATES = " AND state IN ({})"  # one placeholder per state
 LIST_AFTER = " AND (created_ms, rowid) < (SELECT created_ms, rowid FROM jobs WHERE job_id = ?)"
+LIST_BEFORE = " AND (created_ms, rowid) > (SELECT created_ms, rowid FROM jobs WHERE job_id = ?)"
 UNFINISHED_JOBS = (f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN (?, ?) "
                    "ORDER BY created_ms, rowid")
 MARK_RUNNING = "UPDATE jobs SET state = ? WHERE job_id = ? AND state = ?"
@@ -142,19 +143,25 @@ class JobStore:
         return get_job(self._db, job_id, tenant)
 
     def list_jobs(self, tenant: str, limit: int = 50, states: Sequence[JobState] = (),
-                  since_ms: int = 0, after: str = "") -> list[JobRecord]:
+                  since_ms: int = 0, after: str = "", before: str = "") -> list[JobRecord]:
         """``tenant``'s jobs, newest first: in ``states`` (any if empty), created at or after
-        ``since_ms``, and older than the job ``after`` (a page's last job; JobNotFound if
-        it is not the tenant's)."""
+        ``since_ms``, and older than the job ``after`` (a page's last job) or newer than the
+        job ``before`` (a page's first: the ``limit`` newer jobs next to it, still newest
+        first). A cursor that is not the tenant's job is JobNotFound."""
+        if after and before:
+            raise ValueError("give one cursor: after (older jobs) or before (newer ones)")
         args = [tenant, since_ms, *(state.value for state in states)]
-        if after:
-            self.get_job(after, tenant)
-            args.append(after)
+        cursor = after or before
+        if cursor:
+            self.get_job(cursor, tenant)
+            args.append(cursor)
         sql = LIST_JOBS.format(
             states=LIST_STATES.format(", ".join("?" * len(states))) if states else "",
-            after=LIST_AFTER if after else "")
+            after=LIST_AFTER if after else LIST_BEFORE if before else "",
+            order="ASC" if before else "DESC")
         rows = self._db.execute(sql, (*args, limit)).fetchall()
-        return [job_of(row) for row in rows]
+        jobs = [job_of(row) for row in rows]
+        return jobs[::-1] if before else jobs
 
     def unfinished_jobs(self) -> list[JobRecord]:
         """Queued and running jobs, oldest first: what a restarted frontend resumes."""

@@ -19,6 +19,12 @@ in-process backend, a result's batches and the event feed on the Ray path) alrea
 them; a rate changes when the worker reads from disk or prefills, and both store blocks, so a
 batch follows.
 
+A batch from a worker that has pulled blocks from peers also carries its ``LinkMeasure``s:
+for each peer it pulled from, the link's bandwidth and fixed cost as its pulls measured them
+(``router.pull_cost``). A pull stores blocks, so a batch follows it; every router that hears
+the worker's batches costs its pulls on the pair's measured figures, not only the router that
+planned the pull.
+
 This module is shared by ``workers`` (producer) and ``router`` (consumer); it imports neither.
 """
 from __future__ import annotations
@@ -76,11 +82,29 @@ class WorkerRates:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkMeasure:
+    """A worker's measured link from ``peer`` to it: what pulling ``n`` bytes costs,
+    ``fixed_s + n / bytes_s`` seconds."""
+
+    peer: str
+    bytes_s: float
+    fixed_s: float
+
+    def __post_init__(self) -> None:
+        if not self.peer:
+            raise ValueError("LinkMeasure.peer must name a worker")
+        if not self.bytes_s > 0 or not self.fixed_s >= 0:   # not NaN either
+            raise ValueError(f"LinkMeasure from {self.peer!r} needs bytes_s > 0 and "
+                             f"fixed_s >= 0, got {self.bytes_s} and {self.fixed_s}")
+
+
+@dataclass(frozen=True, slots=True)
 class EventBatch:
     worker_id: str
     seq: int
     events: tuple[BlockEvent, ...]
     rates: WorkerRates | None = None  # the worker's, as of this batch (None: no disk tier)
+    links: tuple[LinkMeasure, ...] = ()  # its measured links from its peers, as of this batch
 
 
 _STORED, _REMOVED = 0, 1
@@ -92,7 +116,8 @@ def _h(value: int) -> bytes:
 
 def encode_batch(batch: EventBatch) -> bytes:
     """Encode a batch as msgpack: ``[worker_id, seq, [[kind, ...fields], ...], rates]``,
-    ``rates`` being ``[disk_bytes_per_token, disk_read_bytes_s, prefill_tokens_s]`` or nil."""
+    ``rates`` being ``[disk_bytes_per_token, disk_read_bytes_s, prefill_tokens_s]`` or nil,
+    then, when it has links, ``[[peer, bytes_s, fixed_s], ...]``."""
     rows = []
     for ev in batch.events:
         if isinstance(ev, BlockStored):
@@ -102,7 +127,10 @@ def encode_batch(batch: EventBatch) -> bytes:
             rows.append([_REMOVED, _h(ev.block), ev.namespace, ev.tier.value])
     r = batch.rates
     rates = None if r is None else [r.disk_bytes_per_token, r.disk_read_bytes_s, r.prefill_tokens_s]
-    return msgpack.packb([batch.worker_id, batch.seq, rows, rates], use_bin_type=True)
+    row = [batch.worker_id, batch.seq, rows, rates]
+    if batch.links:
+        row.append([[m.peer, m.bytes_s, m.fixed_s] for m in batch.links])
+    return msgpack.packb(row, use_bin_type=True)
 
 
 def decode_batch(data: bytes) -> EventBatch:
@@ -110,6 +138,8 @@ def decode_batch(data: bytes) -> EventBatch:
     try:
         worker_id, seq, rows, *more = msgpack.unpackb(data, raw=False)
         rates = _rates(more[0]) if more and more[0] is not None else None
+        links = tuple(LinkMeasure(str(peer), float(bytes_s), float(fixed_s))
+                      for peer, bytes_s, fixed_s in (more[1] if len(more) > 1 else ()))
         events: list[BlockEvent] = []
         for row in rows:
             if row[0] == _STORED:
@@ -124,7 +154,7 @@ def decode_batch(data: bytes) -> EventBatch:
                 raise ValueError(f"unknown block event kind {row[0]!r}")
     except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
         raise ValueError(f"malformed event batch: {exc}") from None
-    return EventBatch(str(worker_id), int(seq), tuple(events), rates)
+    return EventBatch(str(worker_id), int(seq), tuple(events), rates, links)
 
 
 def _rates(row: list) -> WorkerRates:

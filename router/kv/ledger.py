@@ -5,10 +5,8 @@ The worker's store (``workers.cache.store``) keeps K/V tensors beside it; the tr
 runs the very same class with no tensors at all, so both count hits, evictions and expiries the
 same way. It imports nothing from ``workers``.
 
-Blocks form a tree keyed by the chained ``BlockHash`` (see ``router.kv.key``)::
-
-    ns root ─► h0 ─► h1 ─► h2        a block's parent is the block before it, or the
-                    └──► h1' ─► h2'  namespace root for a prompt's first block
+Blocks form a tree keyed by the chained ``BlockHash`` (``router.kv.block_tree`` holds its
+shape: each block's parent, children and namespace).
 
 Rules, stated once:
 
@@ -46,9 +44,9 @@ The clock is injected (``clock() -> seconds``); nothing here reads the time by i
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from router.kv.block_tree import BlockTree, Entry, token_counts_for
 from router.kv.events import BlockEvent, BlockRemoved, BlockStored, Tier
 from router.kv.expiry import ExpiryOrder
 from router.kv.key import BlockHash
@@ -58,18 +56,6 @@ from router.kv.reuse_order import ReuseOrder
 
 __all__ = ["BlockLedger", "DEFAULT_EVICTION", "EVICTION_POLICIES", "Eviction", "Holding",
            "LedgerEvent", "LedgerEventKind", "LedgerStats", "RemovalReason"]
-
-
-@dataclass(slots=True)
-class _Entry:
-    parent: BlockHash
-    tokens: int
-    namespace: str
-    created: float
-    last_used: float
-    ttl_s: float
-    hits: int = 0
-    priority: float = 0.0
 
 
 class BlockLedger:
@@ -104,11 +90,8 @@ class BlockLedger:
         self._on_remove = on_remove
         self._reuse = ReuseOrder()  # the "reuse" policy's priorities (unused under "lru")
         self._expiry = ExpiryOrder()
-        self._entries: dict[BlockHash, _Entry] = {}
-        self._children: dict[BlockHash, set[BlockHash]] = {}  # parent -> stored children
+        self._tree = BlockTree()
         self._lru: OrderedDict[BlockHash, None] = OrderedDict()  # oldest first
-        self._namespaces: dict[str, int] = {}  # label -> stored blocks
-        self._tokens = 0
         self._events: list[BlockEvent] = []
         self._log: deque[LedgerEvent] = deque(maxlen=log_limit)
         self._counts = dict(lookups=0, hit_blocks=0, stored_blocks=0, evictions=0,
@@ -117,21 +100,21 @@ class BlockLedger:
     # ---- queries -------------------------------------------------------------------------
 
     def __contains__(self, block: BlockHash) -> bool:
-        return block in self._entries
+        return block in self._tree
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._tree)
 
     @property
     def used_bytes(self) -> int:
-        return self._tokens * self.bytes_per_token
+        return self._tree.tokens * self.bytes_per_token
 
     def peek(self, hashes: Sequence[BlockHash]) -> int:
         """Leading blocks of ``hashes`` held and unexpired, without touching anything."""
         now = self._clock()
         n = 0
         for h in hashes:
-            entry = self._entries.get(h)
+            entry = self._tree.get(h)
             if entry is None or now - entry.last_used >= entry.ttl_s:
                 break
             n += 1
@@ -139,48 +122,44 @@ class BlockLedger:
 
     def ttl_left(self, block: BlockHash) -> float:
         """Seconds ``block`` stays held unless used again (0.0 when not held)."""
-        entry = self._entries.get(block)
+        entry = self._tree.get(block)
         return max(0.0, entry.ttl_s - (self._clock() - entry.last_used)) if entry else 0.0
 
     def ttl_of(self, block: BlockHash) -> float:
         """The idle seconds after which ``block`` expires: the longest any writer asked for."""
-        return self._entries[block].ttl_s
+        return self._tree[block].ttl_s
 
     def children(self, parent: BlockHash) -> list[BlockHash]:
         """Stored blocks whose parent is ``parent`` (a block or a namespace root)."""
-        return list(self._children.get(parent, ()))
+        return self._tree.children(parent)
 
     def namespaces(self) -> list[str]:
-        return sorted(self._namespaces)
+        return self._tree.namespaces()
 
     def namespace(self, block: BlockHash) -> str:
-        return self._entries[block].namespace
+        return self._tree[block].namespace
 
     def parent(self, block: BlockHash) -> BlockHash:
-        return self._entries[block].parent
+        return self._tree[block].parent
 
     def chain_to(self, block: BlockHash) -> list[BlockHash]:
         """The held chain ending at ``block`` (root side first); empty when it is not held."""
-        chain = []
-        while block in self._entries:
-            chain.append(block)
-            block = self._entries[block].parent
-        return chain[::-1]
+        return self._tree.chain_to(block)
 
     def age(self, block: BlockHash) -> float:
         """Seconds since ``block`` was created."""
-        return self._clock() - self._entries[block].created
+        return self._clock() - self._tree[block].created
 
     def holdings(self) -> list[Holding]:
         """Every held block with its parent, parents before children."""
         out = []
         for h in reversed(self._lru):  # newest first: a parent precedes its descendants
-            e = self._entries[h]
+            e = self._tree[h]
             out.append(Holding(h, e.parent, e.tokens, e.namespace, self.tier))
         return out
 
     def stats(self) -> LedgerStats:
-        return LedgerStats(blocks=len(self._entries), tokens=self._tokens,
+        return LedgerStats(blocks=len(self._tree), tokens=self._tree.tokens,
                            bytes=self.used_bytes, capacity_bytes=self.capacity_bytes,
                            **self._counts)
 
@@ -199,13 +178,13 @@ class BlockLedger:
         """Leading blocks of ``hashes`` held and unexpired; touches them (LRU) and logs a hit."""
         self.expire()
         self._counts["lookups"] += 1
-        n = self._held_run(hashes)
+        n = self._tree.held_run(hashes)
         if n:
             for h in hashes[:n]:
-                self._entries[h].hits += 1
+                self._tree[h].hits += 1
             self._touch(hashes[:n])
             self._counts["hit_blocks"] += n
-            deepest = self._entries[hashes[n - 1]]
+            deepest = self._tree[hashes[n - 1]]
             self._log.append(LedgerEvent(LedgerEventKind.HIT, hashes[n - 1],
                                          deepest.namespace, self._clock(), n))
         return n
@@ -226,12 +205,12 @@ class BlockLedger:
         block or a single block size. Room is made by evicting LRU leaves outside this chain;
         when that is not enough, the blocks that fit are stored and the rest are not.
         """
-        counts = _counts_for(hashes, token_counts)
+        counts = token_counts_for(hashes, token_counts)
         ttl_s = self.ttl_s if ttl_s is None else float(ttl_s)
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive seconds, got {ttl_s}")
         self.expire()
-        present = self._held_prefix(hashes, root, namespace)
+        present = self._tree.held_prefix(hashes, root, namespace)
         if present:
             self._touch(hashes[:present])
         protected = set(hashes[:present])
@@ -239,7 +218,7 @@ class BlockLedger:
         now = self._clock()
         parent = hashes[present - 1] if present else root
         for h, tokens in zip(hashes[present:], counts[present:]):
-            if h in self._entries:
+            if h in self._tree:
                 # Held, but as another block (another namespace, parent or position): a hash
                 # collision. Never touched, never re-parented: the chain stops here.
                 self._counts["collisions"] += 1
@@ -250,13 +229,13 @@ class BlockLedger:
             protected.add(h)
             stored.append(h)
             parent = h
-        if self._expiry.raise_chain(hashes[:present], self._entries, ttl_s) or stored:
+        if self._expiry.raise_chain(hashes[:present], self._tree.entries, ttl_s) or stored:
             self._touch(hashes[: present + len(stored)])
         return stored
 
     def touch(self, chain: Sequence[BlockHash]) -> None:
         """Mark the held blocks of ``chain`` (a chain from its root) used now; no hit logged."""
-        self._touch([h for h in chain if h in self._entries])
+        self._touch([h for h in chain if h in self._tree])
 
     def restore(self, h: BlockHash, parent: BlockHash, tokens: int, namespace: str,
                 last_used: float) -> bool:
@@ -265,18 +244,18 @@ class BlockLedger:
         Call oldest first, a parent after its children when equally old. ``False`` (nothing
         added) when the budget is spent: restoring never evicts.
         """
-        if h in self._entries or self.used_bytes + tokens * self.bytes_per_token > self.capacity_bytes:
+        if h in self._tree or self.used_bytes + tokens * self.bytes_per_token > self.capacity_bytes:
             return False
         self._add(h, parent, tokens, namespace, last_used, self.ttl_s)
         if self.policy is Eviction.REUSE:
-            self._reuse.restored(h, self._entries[h], last_used)
+            self._reuse.restored(h, self._tree[h], last_used)
         return True
 
     def expire(self) -> list[BlockHash]:
         """Drop every entry unused for its TTL or more; return them."""
         now = self._clock()
         gone = []
-        last_used = lambda h: self._entries[h].last_used  # noqa: E731
+        last_used = lambda h: self._tree[h].last_used  # noqa: E731
         while (due := self._expiry.due(now, last_used)) is not None:
             self._remove(due, LedgerEventKind.EXPIRED)
             gone.append(due)
@@ -287,11 +266,10 @@ class BlockLedger:
 
         An unknown label is a ``ValueError`` naming the namespaces that are held.
         """
-        if label not in self._namespaces:
+        if not self._tree.holds_namespace(label):
             held = ", ".join(self.namespaces()) or "none"
             raise ValueError(f"unknown namespace {label!r}: held namespaces are {held}")
-        victims = [h for h, e in self._entries.items() if e.namespace == label]
-        return self._remove_subtrees(victims)
+        return self._remove_subtrees(self._tree.in_namespace(label))
 
     def invalidate_prefix(self, hashes: Sequence[BlockHash]) -> int:
         """Drop every block stored under the prefix ``hashes``: its last block and descendants.
@@ -299,32 +277,11 @@ class BlockLedger:
         The prefix's earlier blocks stay, since other sequences may share them. A prefix that
         is not (fully) held has nothing below it, and 0 is returned.
         """
-        if not hashes or hashes[-1] not in self._entries:
+        if not hashes or hashes[-1] not in self._tree:
             return 0
         return self._remove_subtrees([hashes[-1]])
 
     # ---- internals -----------------------------------------------------------------------
-
-    def _held_run(self, hashes: Sequence[BlockHash]) -> int:
-        """How many leading ``hashes`` are held (by hash: the store verifies what they hold)."""
-        n = 0
-        for h in hashes:
-            if h not in self._entries:
-                break
-            n += 1
-        return n
-
-    def _held_prefix(self, hashes: Sequence[BlockHash], root: BlockHash, namespace: str) -> int:
-        """How many of ``hashes`` are held as this chain's blocks: same namespace, and each
-        one's parent the block before it (the first's, ``root``)."""
-        # A for loop, not a while on an index: no slip in the count can make it spin forever.
-        n, parent = 0, root
-        for h in hashes:
-            entry = self._entries.get(h)
-            if entry is None or entry.parent != parent or entry.namespace != namespace:
-                break
-            n, parent = n + 1, h
-        return n
 
     def _touch(self, chain: Sequence[BlockHash]) -> None:
         # Deepest first, root last: an ancestor always ends up more recent than its
@@ -332,7 +289,7 @@ class BlockLedger:
         now = self._clock()
         deeper = float("-inf")
         for h in reversed(chain):
-            entry = self._entries[h]
+            entry = self._tree[h]
             entry.last_used = now
             self._lru.move_to_end(h)
             self._expiry.used(h, entry.ttl_s)
@@ -353,23 +310,20 @@ class BlockLedger:
 
     def _make_room_by_priority(self, need: int, protected: set[BlockHash]) -> bool:
         def live(h: BlockHash, priority: float) -> bool:
-            entry = self._entries.get(h)
+            entry = self._tree.get(h)
             return entry is not None and entry.priority == priority
 
         return self._reuse.evict(
             fits=lambda: self.used_bytes + need <= self.capacity_bytes, live=live,
-            evictable=lambda h: h not in protected and not self._children.get(h),
+            evictable=lambda h: h not in protected and not self._tree.has_children(h),
             remove=lambda h: self._remove(h, LedgerEventKind.EVICTED), now=self._clock,
-            entries=len(self._entries))
+            entries=len(self._tree))
 
     def _add(self, h: BlockHash, parent: BlockHash, tokens: int, ns: str, now: float,
              ttl_s: float) -> None:
-        self._entries[h] = _Entry(parent, tokens, ns, now, now, ttl_s, priority=now)
-        self._children.setdefault(parent, set()).add(h)
+        self._tree.add(h, Entry(parent, tokens, ns, now, now, ttl_s, priority=now))
         self._lru[h] = None
         self._expiry.used(h, ttl_s)
-        self._namespaces[ns] = self._namespaces.get(ns, 0) + 1
-        self._tokens += tokens
         self._counts["stored_blocks"] += 1
         self._events.append(BlockStored(h, parent, tokens, ns, self.tier))
         self._log.append(LedgerEvent(LedgerEventKind.CREATED, h, ns, now))
@@ -377,33 +331,17 @@ class BlockLedger:
     def _remove_subtrees(self, tops: Iterable[BlockHash]) -> int:
         removed = 0
         for top in tops:
-            if top not in self._entries:
+            if top not in self._tree:
                 continue  # already gone with an ancestor
-            order = [top]
-            for h in order:  # breadth first: the list grows under the loop, each block once
-                order.extend(self._children.get(h, ()))
-            for h in reversed(order):  # children before parents
+            for h in reversed(self._tree.subtree(top)):  # children before parents
                 self._remove(h, LedgerEventKind.INVALIDATED)
                 removed += 1
         return removed
 
     def _remove(self, h: BlockHash, reason: RemovalReason) -> None:
-        entry = self._entries.pop(h)
-        if self._children.get(h):
-            raise RuntimeError(f"block {h:032x} removed before its children")
-        siblings = self._children.get(entry.parent)
-        if siblings is not None:
-            siblings.discard(h)
-            if not siblings:
-                del self._children[entry.parent]
+        entry = self._tree.pop(h)
         del self._lru[h]
         self._expiry.remove(h, entry.ttl_s)
-        self._tokens -= entry.tokens
-        left = self._namespaces[entry.namespace] - 1
-        if left:
-            self._namespaces[entry.namespace] = left
-        else:
-            del self._namespaces[entry.namespace]
         key = {LedgerEventKind.EVICTED: "evictions", LedgerEventKind.EXPIRED: "expirations",
                LedgerEventKind.INVALIDATED: "invalidations"}[reason]
         self._counts[key] += 1
@@ -411,12 +349,3 @@ class BlockLedger:
         self._log.append(LedgerEvent(reason, h, entry.namespace, self._clock()))
         if self._on_remove is not None:
             self._on_remove(h, reason)
-
-
-def _counts_for(hashes: Sequence[BlockHash], token_counts: Sequence[int] | int) -> list[int]:
-    counts = [token_counts] * len(hashes) if isinstance(token_counts, int) else list(
-        token_counts)
-    if len(counts) != len(hashes) or any(c <= 0 for c in counts):
-        raise ValueError("token_counts must be one positive count per block (or one block "
-                         f"size); got {len(counts)} counts for {len(hashes)} blocks")
-    return counts

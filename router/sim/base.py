@@ -21,6 +21,13 @@ class SimRequest:
     input_length: int
     output_length: int
     hashes: tuple[BlockHash, ...]  # full blocks only
+    session: str = ""                # its session key ("": none), for orchard's tie-break
+    write_blocks: int | None = None  # full blocks before its last breakpoint (None: all)
+
+    @property
+    def writable(self) -> tuple[BlockHash, ...]:
+        """The blocks a worker stores for it: those before its last breakpoint."""
+        return self.hashes if self.write_blocks is None else self.hashes[:self.write_blocks]
 
 
 @dataclass(slots=True)

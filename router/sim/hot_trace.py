@@ -5,23 +5,35 @@ What a pull between workers is for (``router.sim.pulls``): a document's holder s
 and the router must choose between its queue, recomputing the document elsewhere, and pulling
 it. Each request is a document (``document_blocks`` blocks of 512 tokens) and one question
 block, with a short answer; the documents' popularity is Zipf-like (document ``k`` drawn with
-weight ``1 / (k + 1)``), arrivals Poisson at ``rate_per_s``. At the defaults the hottest
-document alone gets about 48% of 60 requests/s, 29 a second, while a holder at the
-simulator's 6,000 prefill tokens/s serves at most about 23 questions a second (256 new tokens
-each on average) with nothing else to do: one holder of it is not enough.
+weight ``1 / (k + 1)``), arrivals Poisson at ``rate_per_s``.
+
+The rate, by a stated rule: the hottest document's arrivals are ``HOLDER_LOAD = 2`` times what
+one holder of it serves (``holder_rate``: measured in the simulator's linear step model, a
+burst of questions on a held document, decodes beside them, nothing else to do). At the
+defaults one holder serves 18.5 questions a second (256 new tokens each on average, at 6,000
+prefill tokens/s slowed 1% per running decode) and the hottest document gets 48% of the
+arrivals (``hottest_share``), so ``rate_per_s = 2 x 18.5 / 0.48 = 77`` requests a second, 37
+of them on the hottest document; 8 workers serve about 148 a second, so the cluster as a
+whole is not overloaded, only one holder is. (Until this rule the rate was 60 a second: the
+hottest document's 29 were 1.6 times one holder's 18.5.)
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from router.kv.key import Namespace
+from router.sim.linear import SimWorker, serve_linear
+from router.sim.simulator import SimConfig, to_requests
 from router.sim.trace import TraceRequest
+
+HOLDER_LOAD = 2.0   # the hottest document's arrivals over one holder's service rate
 
 
 @dataclass(frozen=True, slots=True)
 class HotShape:
     requests: int = 6000
-    rate_per_s: float = 60.0
+    rate_per_s: float = 77.0      # HOLDER_LOAD x holder_rate / hottest_share, rounded
     documents: int = 4
     document_blocks: int = 16      # 8,192 tokens at 512 a block
     output: tuple[int, int] = (16, 64)
@@ -52,3 +64,25 @@ def hot_documents(shape: HotShape, seed: int) -> list[TraceRequest]:
                                 doc + (question,)))
         question += 1
     return out
+
+
+def hottest_share(shape: HotShape) -> float:
+    """The share of the arrivals that ask about the hottest document."""
+    return 1.0 / sum(1.0 / (k + 1) for k in range(shape.documents))
+
+
+def holder_rate(shape: HotShape, config: SimConfig = SimConfig(), questions: int = 2000
+                ) -> float:
+    """Questions a second that one worker holding a document serves, in the simulator's
+    linear step model (``router.sim.linear``): ``questions`` of them arrive at once on a
+    document it holds, and the rate is their number over the time to the last one's first
+    token."""
+    burst = replace(shape, requests=questions + 1, documents=1, rate_per_s=1e9)
+    requests = to_requests(hot_documents(burst, seed=0), config.block_size, shape.block_size)
+    worker = SimWorker("holder", config, Namespace("trace", "trace").root())
+    service = config.service()
+    held = serve_linear(worker, requests[0], 0.0, config, service)   # it holds the document
+    last = held
+    for req in requests[1:]:
+        last = serve_linear(worker, req, held.first, config, service)
+    return questions / (last.first - held.first)

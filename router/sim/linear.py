@@ -86,8 +86,8 @@ def serve_linear(worker: SimWorker, req: SimRequest, now: float, config: SimConf
     worker.free_at = first
     worker.prefilled_tokens += compute
     worker.now = first
-    if req.hashes:
-        worker.insert(req.hashes)
+    if req.writable:
+        worker.insert(req.writable)
     step = service.step_s(len(decodes) + 1, req.input_length + req.output_length // 2)
     end = first + req.output_length * step
     heapq.heappush(decodes, end)

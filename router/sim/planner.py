@@ -21,6 +21,10 @@ request starts at once, so its TTFT is the prefill of the tokens nobody has seen
 target at which it becomes reachable, and in every case, when no point meets the target, it
 names the nearest points, what each misses by and the TTFT each would meet for the share.
 
+Beside the grid, the workload is priced at a 5-minute and a 1-hour TTL on the ideal cluster
+(``router.sim.ttl_compare``): the share of re-reads that arrive after 5 minutes, the
+break-even between the two write prices, and the TTL of the lower ``M``.
+
 A cluster's own requests become a trace with ``trace_from_spans``: each request span's
 chained block hashes (``orchard.prompt.block_hashes``) are interned as the trace's block ids
 (chained hashes name a whole prefix, as Mooncake ids do), its start time is the arrival.
@@ -39,6 +43,7 @@ from router.kv.stats import percentile
 from router.cost import Rates, TokenUsage
 from router.sim.simulator import SimConfig, replay
 from router.sim.trace import TraceRequest
+from router.sim.ttl_compare import TtlComparison, compare_ttls
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +133,7 @@ class Plan:
     goodput: float
     outcomes: tuple[Outcome, ...]  # every grid point, in grid order
     bound: Bound
+    ttls: TtlComparison  # the workload's 5-minute against 1-hour writes (router.sim.ttl_compare)
 
     def feasible(self) -> list[Outcome]:
         """The points that meet the target, smallest first (see the module doc)."""
@@ -145,6 +151,7 @@ class Plan:
                 "smallest": [o.as_json() for o in self.feasible()],
                 "nearest": [{**o.as_json(), "misses_by": round(self.goodput - o.goodput, 4)}
                             for o in self.nearest()] if not self.feasible() else [],
+                "ttl_comparison": self.ttls.as_json(),
                 "grid": [o.as_json() for o in self.outcomes]}
 
 
@@ -216,7 +223,7 @@ def plan(trace: Sequence[TraceRequest], grid: Grid, base: SimConfig, rates: Rate
                 if progress is not None:
                     progress(pending[done])
     return Plan(len(trace), base.ttft_slo_s, goodput, tuple(by_point[p] for p in points),
-                ideal_goodput(trace, base, goodput))
+                ideal_goodput(trace, base, goodput), compare_ttls(trace, rates, base.trace_block))
 
 
 @dataclass(frozen=True, slots=True)

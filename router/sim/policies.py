@@ -77,7 +77,8 @@ class OrchardPolicy(SimPolicy):
 
     def choose(self, req: SimRequest, now: float) -> str:
         self.now = now
-        self._decision = self.router.route(self.namespace, req.hashes, req.input_length)
+        self._decision = self.router.route(self.namespace, req.hashes, req.input_length,
+                                           session=req.session)
         return self._decision.worker_id
 
     def planned_pull(self) -> PullChoice | None:

@@ -11,7 +11,8 @@ its block events, as a real worker does. Serving a planned pull (the linear serv
 
 The source's own requests are not slowed: serving a pull costs a holder one window's
 encoding per engine step (its measured cost: ``orchard bench pull``'s
-``holder_tpot_during_pull_over_alone``).
+``holder_tpot_during_pull_over_alone``), and the router plans at most
+``MAX_PULLS_PER_SOURCE`` from one holder at a time (``router.pull_cost``), which bounds it.
 """
 from __future__ import annotations
 

@@ -157,7 +157,8 @@ def to_requests(trace: Sequence[TraceRequest], block_size: int,
 
     A block larger than the trace's (a multiple of it) is named by the id of its last trace
     block (ids are chain-unique, so that id names the whole prefix up to there); a smaller
-    one (a divisor) by its trace block's id and its place inside it.
+    one (a divisor) by its trace block's id and its place inside it. A request's session
+    key carries over, and its breakpoint (``write_blocks``) as the full blocks before it.
     """
     if block_size % trace_block and trace_block % block_size:
         raise ValueError(f"--block-size must be a multiple or a divisor of the trace's "
@@ -171,7 +172,9 @@ def to_requests(trace: Sequence[TraceRequest], block_size: int,
         else:
             k = trace_block // block_size
             hashes = tuple(BlockHash((t.hash_ids[i // k] + 1) * k + i % k) for i in range(full))
-        out.append(SimRequest(rid, t.input_length, t.output_length, hashes))
+        writes = None if t.write_blocks is None else min(
+            full, t.write_blocks * trace_block // block_size)
+        out.append(SimRequest(rid, t.input_length, t.output_length, hashes, t.session, writes))
     return out
 
 

@@ -193,7 +193,7 @@ class EngineWorker:
                 continue
             bs = self.block_size
             if (job.done + n) // bs > job.done // bs:
-                self.store.insert(job.req.hashes[:(job.done + n) // bs])
+                self.store.insert(job.req.writable[:(job.done + n) // bs])
             job.done += n
             self.store.prefilled_tokens += n
             if job.need == 0:

@@ -27,6 +27,8 @@ class TraceRequest:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    session: str = ""                # its session key ("": none)
+    write_blocks: int | None = None  # blocks before its last breakpoint (None: no breakpoint)
 
 
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -52,7 +54,17 @@ def _parse(line: str, where: str) -> TraceRequest:
         raise ValueError(f"{where}: input_length must be at least 1 token")
     if not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids):
         raise ValueError(f"{where}: hash_ids must be a list of non-negative integers")
-    return TraceRequest(ts / 1000.0, n_in, n_out, tuple(ids))
+    session, write_blocks = row.get("session", ""), row.get("write_blocks")
+    if not isinstance(session, str):
+        raise ValueError(f"{where}: session must be a string (a session key), got {session!r}")
+    if write_blocks is not None and (not isinstance(write_blocks, int)
+                                     or isinstance(write_blocks, bool) or write_blocks < 0):
+        raise ValueError(f"{where}: write_blocks must be a non-negative integer, "
+                         f"got {write_blocks!r}")
+    unknown = set(row) - set(_FIELDS) - {"session", "write_blocks"}
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    return TraceRequest(ts / 1000.0, n_in, n_out, tuple(ids), session, write_blocks)
 
 
 def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
@@ -124,7 +136,10 @@ def synthesize(shape: SynthShape, seed: int) -> list[TraceRequest]:
 def write_trace(requests: list[TraceRequest], path: str | Path) -> None:
     with Path(path).open("w", encoding="utf-8") as handle:
         for r in requests:
-            handle.write(json.dumps({"timestamp": int(round(r.arrival_s * 1000)),
-                                     "input_length": r.input_length,
-                                     "output_length": r.output_length,
-                                     "hash_ids": list(r.hash_ids)}) + "\n")
+            row = {"timestamp": int(round(r.arrival_s * 1000)), "input_length": r.input_length,
+                   "output_length": r.output_length, "hash_ids": list(r.hash_ids)}
+            if r.session:
+                row["session"] = r.session
+            if r.write_blocks is not None:
+                row["write_blocks"] = r.write_blocks
+            handle.write(json.dumps(row) + "\n")

@@ -31,6 +31,7 @@ def test_default_config_has_fresh_keys_and_loopback(tmp_path):
     ("[router]\nindex_blocks = 4096\n", "unknown key(s) index_blocks in [router]"),
     ("[engine]\nspeculate_max_k = 9\n", "[engine] speculate_max_k must be 1 to 8"),
     ("[engine]\nspeculate = \"yes\"\n", "[engine] speculate must be a bool"),
+    ("[engine]\ndraft_model = \"small\"\n", "[engine] draft_model needs speculate = true"),
     ("[metrics]\nhost = \"0.0.0.0\"\n", "[metrics] host must be a loopback address"),
     ("[metrics]\nhost = \"mac1.local\"\n", "[metrics] host must be a loopback address"),
     ("[metrics]\nport = 70000\n", "[metrics] port must be in [0, 65535], got 70000"),
@@ -85,11 +86,13 @@ def test_cache_settings_narrow_to_the_engine_config(tmp_path):
 def test_engine_settings_narrow_to_the_engine_config(tmp_path):
     write_default_config(tmp_path)
     default = engine_config(load_config(tmp_path))
-    assert (default.speculate, default.speculate_max_k) == (False, 4)
+    assert (default.speculate, default.speculate_max_k, default.draft_model) == (False, 4, "")
     toml = tmp_path / "orchard.toml"
-    toml.write_text(toml.read_text() + "\n[engine]\nspeculate = true\nspeculate_max_k = 6\n")
+    toml.write_text(toml.read_text() + "\n[engine]\nspeculate = true\nspeculate_max_k = 6\n"
+                    "draft_model = \"/models/small\"\n")
     narrowed = engine_config(load_config(tmp_path))
-    assert (narrowed.speculate, narrowed.speculate_max_k) == (True, 6)
+    assert (narrowed.speculate, narrowed.speculate_max_k, narrowed.draft_model) == (
+        True, 6, "/models/small")
 
 
 def test_the_router_index_budget_reaches_the_frontends_router(tmp_path):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from router.block_table import (BUCKET, MAX_AGE, BlockTable, entry_bytes, key_of, keys_of)
+from router.block_ages import MAX_AGE
+from router.block_keys import key_of, keys_of
+from router.block_table import BUCKET, BlockTable, entry_bytes
 
 KEYS = np.arange(1, 21, dtype=np.uint64) << np.uint64(32) | np.arange(1, 21, dtype=np.uint64)
 

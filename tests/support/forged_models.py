@@ -33,7 +33,20 @@ def tiny_model(arch: str = "llama", sliding: bool = False, template: str = "plai
     extra = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8} if sliding else {}
     name = f"{arch}-sliding" if sliding else arch
     name += "" if template == "plain" else f"-{template}"
-    spec = ForgeSpec(arch=arch, extra=extra, template=template, **TINY)
+    return _forged(name, ForgeSpec(arch=arch, extra=extra, template=template, **TINY))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_draft(vocab_size: int = 0) -> Path:
+    """A 1-layer, hidden-32 llama with ``tiny_model``'s tokenizer (another seed): a draft
+    model for it. ``vocab_size``: an embedding of another size, same tokenizer."""
+    extra = {"vocab_size": vocab_size} if vocab_size else {}
+    name = f"draft-{vocab_size}" if vocab_size else "draft"
+    return _forged(name, ForgeSpec(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
+                                   max_context=2048, seed=1, extra=extra))
+
+
+def _forged(name: str, spec: ForgeSpec) -> Path:
     if not _SHARED:
         return forge(_ROOT / name, spec)
     source = Path(workers.model.forge.__file__).read_bytes() + repr(spec).encode()
@@ -44,4 +57,33 @@ def tiny_model(arch: str = "llama", sliding: bool = False, template: str = "plai
             staged.rename(out)  # atomic; another process may have published it first
         except OSError:
             shutil.rmtree(staged, ignore_errors=True)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def near_draft(scale: float = 0.1) -> Path:
+    """``tiny_model``'s llama with every weight moved by ``scale`` of its own spread
+    (seeded noise): a draft that agrees with it often, not always (0.1: about 4 drafts in 10
+    accepted, greedy, on ``tests/support/spec_runs``'s batch)."""
+    import workers  # noqa: F401  (OpenBLAS before mlx)
+    import mlx.core as mx
+
+    source = tiny_model("llama")
+    out = _ROOT / f"{source.name}-near-{scale}"
+    if out.exists():
+        return out
+    staged = _ROOT / f".{out.name}-{os.getpid()}"
+    shutil.copytree(source, staged)
+    weights = mx.load(str(source / "model.safetensors"))
+    key = mx.random.key(7)
+    moved = {}
+    for name in sorted(weights):
+        key, sub = mx.random.split(key)
+        w = weights[name]
+        moved[name] = w + scale * mx.std(w) * mx.random.normal(w.shape, key=sub)
+    mx.save_safetensors(str(staged / "model.safetensors"), moved, metadata={"format": "mlx"})
+    try:
+        staged.rename(out)
+    except OSError:  # another process published it first
+        shutil.rmtree(staged, ignore_errors=True)
     return out

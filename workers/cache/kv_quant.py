@@ -70,6 +70,11 @@ class KVCodec:
         return mx.dequantize(packed, scales.astype(self.dtype), biases.astype(self.dtype),
                              group_size=GROUP_SIZE, bits=self.bits)
 
+    def recode(self, parts: tuple[mx.array, ...], held_in: KVCodec) -> tuple[mx.array, ...]:
+        """``parts``, held in ``held_in``, as this codec holds them (lazy; the very same parts
+        when the two codecs agree)."""
+        return parts if held_in == self else self.encode(held_in.decode(parts))
+
     def label(self) -> str:
         return f"{self.bits}-bit" if self.bits else str(self.dtype).removeprefix("mlx.core.")
 

@@ -13,19 +13,12 @@ One block holds exactly its own slice of every layer's K and V, nothing more::
 
 so the bytes per cached token are ``2 x layers x kv_heads x head_dim x bytes/element``.
 
-Lookup outcomes (``LookupOutcome``), for a prompt whose full blocks the store may reuse up to
-``len(prompt) - 1`` tokens:
-
-- **hit**: every reusable token came from the store;
-- **partial**: some prefix was reused and the closest stored sequence simply ends there (the
-  prompt runs on past what was ever stored);
-- **near_miss**: the closest stored sequence diverges from the prompt (it has a next token and
-  it differs), whether or not some blocks were reused before the divergence;
-- **miss**: no stored sequence shares even one token with the prompt.
+A lookup answers hit, partial, near miss or miss (``workers.cache.lookup`` says which is
+which), with the cache to extend when tokens are reused.
 
 Tiers. With a ``DiskTier`` (``workers.cache.disk_tier``) the store has two, each with its own
-budget: a block the memory ledger evicts is spilled to disk (written behind, off the engine's
-step), and a lookup continues its chain on disk where memory ends::
+budget: a block the memory ledger evicts is spilled to disk (``workers.cache.spill``: written
+behind, off the engine's step), and a lookup continues its chain on disk where memory ends::
 
     prompt   [ b0 ][ b1 ][ b2 ][ b3 ][ b4 ]
     memory     ✓     ✓                        matched in memory, touched
@@ -35,9 +28,6 @@ step), and a lookup continues its chain on disk where memory ends::
 Either tier may hold K/V quantized (``workers.cache.kv_quant``, ``kv_bits`` 8 or 4); a block moving
 between tiers of different precision is re-encoded, and a hit is always decoded to the
 model's dtype. TTL and invalidation cover both tiers.
-
-The near miss is measured in tokens: whole matched blocks plus the longest common prefix of the
-prompt's next block with the closest stored child block (``common=5919 of 5923``).
 """
 from __future__ import annotations
 
@@ -53,22 +43,16 @@ from router.kv.key import (BlockHash, BlockIdentity, ChainIdentities, Hasher, Na
                         hash_blocks, identities, reusable_tokens)
 from router.kv.ledger import (DEFAULT_EVICTION, BlockLedger, Eviction, Holding, LedgerEvent,
                            LedgerStats, RemovalReason)
-from workers.cache.disk_files import BlockData, BlockRecord
+from workers.cache.disk_files import BlockData
 from workers.cache.disk_tier import DiskStats, DiskTier
 from workers.cache.blocks import BlockSlices, KVShape, StoredBlock, common_prefix
 from workers.cache.kv_quant import KVCodec
-from workers.messages import LookupOutcome, LookupReport
+from workers.cache.lookup import Lookup, assemble, outcome
+from workers.cache.spill import overflow, spill
+from workers.messages import LookupReport
 
 log = logging.getLogger(__name__)
 _LOGGED_MISMATCHES = 64  # distinct blocks whose identity mismatch is logged (once each)
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """A lookup's answer: the report and, when tokens are reused, the cache to extend."""
-
-    report: LookupReport
-    cache: list[KVCache] | None  # one KVCache per layer holding report.matched_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +116,9 @@ class PrefixStore:
         next_prompt = prompt[common] if common < len(prompt) else None
         next_stored = child[lcp] if child is not None and lcp < len(child) else None
         reusable = reusable_tokens(len(prompt), len(hashes), bs)
-        if cached and cached == reusable:
-            outcome = LookupOutcome.HIT
-        elif common == 0:
-            outcome = LookupOutcome.MISS
-        elif next_stored is not None and next_prompt is not None:
-            outcome = LookupOutcome.NEAR_MISS
-        else:
-            outcome = LookupOutcome.PARTIAL
         report = LookupReport(
-            outcome=outcome, prompt_tokens=len(prompt), matched_tokens=cached,
+            outcome=outcome(cached, reusable, common, next_prompt, next_stored),
+            prompt_tokens=len(prompt), matched_tokens=cached,
             common_prefix=common, next_prompt_token=next_prompt, next_stored_token=next_stored,
             entry_age_s=self._age(hashes[matched - 1]) if matched else None,
             ttl_s=self.ledger.ttl_s, disk_tokens=max(0, cached - in_memory * bs),
@@ -151,7 +128,7 @@ class PrefixStore:
         parts = [self._decoded(self._blocks[h]) for h in hashes[:in_memory]]
         parts += [(self.disk.codec.decode(b.keys), self.disk.codec.decode(b.values))
                   for b in loaded]
-        return Lookup(report, self._assemble(parts, cached))
+        return Lookup(report, assemble(parts, cached, self.shape.layers))
 
     def _load_from_disk(self, namespace: Namespace, hashes: list[BlockHash],
                         prompt: Sequence[int], in_memory: int) -> list[BlockData]:
@@ -175,10 +152,7 @@ class PrefixStore:
         self._promoted += len(new)
         for h in new:
             b = blocks[h]
-            keys, values = b.keys, b.values
-            if self.codec != codec:
-                keys = self.codec.encode(codec.decode(keys))
-                values = self.codec.encode(codec.decode(values))
+            keys, values = self.codec.recode(b.keys, codec), self.codec.recode(b.values, codec)
             self._put(h, StoredBlock(b.identity, keys, values))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
         return len(new)
@@ -229,17 +203,6 @@ class PrefixStore:
     def _decoded(self, block: StoredBlock) -> tuple[mx.array, mx.array]:
         return self.codec.decode(block.keys), self.codec.decode(block.values)
 
-    def _assemble(self, parts: list[tuple[mx.array, mx.array]], tokens: int) -> list[KVCache]:
-        keys = mx.concatenate([k for k, _ in parts], axis=2)[:, :, :tokens]
-        values = mx.concatenate([v for _, v in parts], axis=2)[:, :, :tokens]
-        caches = []
-        for layer in range(self.shape.layers):
-            cache = KVCache()
-            cache.state = (keys[layer][None], values[layer][None], tokens)
-            caches.append(cache)
-        # Left lazy: the join happens inside the caller's prefill graph, with no extra sync.
-        return caches
-
     # ---- write ---------------------------------------------------------------------------
 
     def write(self, namespace: Namespace, tokens: Sequence[int], cache: Sequence[KVCache],
@@ -268,7 +231,8 @@ class PrefixStore:
             keys, values = slices.block(i)
             self._put(h, StoredBlock(want[i], self.codec.encode(keys), self.codec.encode(values)))
         mx.eval([self._blocks[h].keys for h in new], [self._blocks[h].values for h in new])
-        spilled = self._overflow(hashes, want, first + len(new), slices)
+        spilled = 0 if self.disk is None else overflow(self.disk, self.ledger, hashes, want,
+                                                       first + len(new), slices)
         return (len(new) + spilled) * bs
 
     def _chain_in_memory(self, hashes: Sequence[BlockHash], want: ChainIdentities) -> int:
@@ -281,26 +245,6 @@ class PrefixStore:
             n += 1
         return n
 
-    def _overflow(self, hashes: Sequence[BlockHash], want: ChainIdentities, start: int,
-                  slices: BlockSlices) -> int:
-        """Write blocks ``start`` on, which memory had no room for, to the disk tier; how many."""
-        disk = self.disk
-        if disk is None:
-            return 0
-        written = 0
-        for i in range(start, len(hashes)):
-            h = hashes[i]
-            if h in self.ledger or h in disk:
-                break  # held already (here or as another block): not written twice
-            keys, values = slices.block(i)
-            keys, values = disk.codec.encode(keys), disk.codec.encode(values)
-            mx.eval(keys, values)
-            record = BlockRecord(h, want[i], disk.model, disk.revision, disk.codec.bits)
-            if not disk.spill(record, keys, values):
-                break
-            written += 1
-        return written
-
     def _put(self, h: BlockHash, block: StoredBlock) -> None:
         self._blocks[h] = block
         self._tensor_bytes += block.nbytes
@@ -311,17 +255,7 @@ class PrefixStore:
             return
         self._tensor_bytes -= gone.nbytes
         if reason == RemovalReason.EVICTED and self.disk is not None:
-            self._spill(block, gone)
-
-    def _spill(self, h: BlockHash, block: StoredBlock) -> None:
-        keys, values = block.keys, block.values
-        disk = self.disk
-        if disk.codec != self.codec:
-            keys = disk.codec.encode(self.codec.decode(keys))
-            values = disk.codec.encode(self.codec.decode(values))
-            mx.eval(keys, values)
-        record = BlockRecord(h, block.identity, disk.model, disk.revision, disk.codec.bits)
-        disk.spill(record, keys, values)
+            spill(self.disk, block, gone, self.codec)
 
     # ---- blocks between workers (``workers.cache.transfer``) ---------------------------------
 
@@ -416,5 +350,5 @@ class PrefixStore:
             return
         for holding in self.ledger.holdings():  # parents before children
             if holding.block not in self.disk:
-                self._spill(holding.block, self._blocks[holding.block])
+                spill(self.disk, holding.block, self._blocks[holding.block], self.codec)
         self.disk.close()

@@ -20,11 +20,12 @@ class EngineConfig:
     disk_kv_bits: int = 0      # disk tier K/V: 0, 8 or 4 bits
     use_store: bool = True     # False: every request computes its whole prompt
     kept_bytes: int = 256 << 20  # finished requests' whole caches (workers.engine.kept); 0: none
-    max_batch: int = 8         # requests in prefill or decoding at once
+    max_batch: int = 32        # requests in prefill or decoding at once
     prefill_budget: int = 512  # prompt tokens prefilled per step (workers.engine.scheduler)
     decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
     speculate: bool = False    # prompt-lookup drafts verified in the decode batch
     speculate_max_k: int = 4   # the most drafts a request proposes per step (1 to 8)
+    draft_model: str = ""      # a draft model directory (workers.engine.draft_model); "": lookup
     worker_id: str = ""
     # The cluster's cache-key secret (router.kv.key.CacheSecret): it enters every namespace's
     # root, so only the cluster computes block hashes. Empty: unkeyed (a lone engine, tools).

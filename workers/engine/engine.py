@@ -5,7 +5,7 @@ recently finished requests, which a hit extends in place of the store's joined b
 admission queue and step budget (``workers.engine.scheduler``), the requests in prefill
 (``workers.engine.prefill``) and the running requests (``workers.engine.running``: orchard's
 own decode batch, ``workers.engine.decode``, which also verifies each running request's
-prompt-lookup draft, ``workers.engine.draft``, when speculation is on). Nobody else reaches
+draft (``workers.engine.draft``: prompt lookup, or ``draft_model``'s passes). Nobody reaches
 the store: the engine's methods say what they read of it. A request goes through::
 
     submit ─► validate ─► admission (per-tenant round robin)
@@ -54,6 +54,7 @@ from workers.engine.scheduler import (Admission, StepBudget, interactive_first, 
                                       this_step)
 from workers.engine.constrained import RowHook, first_token
 from workers.engine.draft import SpecStats, Speculation
+from workers.engine.draft_model import DraftModel
 from workers.engine.running import Running
 from workers.engine.constraints import Grammars, check_format
 from workers.engine.sequence import Sequence, TokenDelta, make_sampler
@@ -96,7 +97,8 @@ class Engine:
         self._prefilling: list[PrefillJob] = []  # oldest first
         self._budget = StepBudget(config.prefill_budget, config.decode_stall,
                                   min(4, config.prefill_budget))
-        spec = Speculation(config.speculate_max_k) if config.speculate else None
+        draft = DraftModel.for_engine(loaded, config)  # [engine] draft_model, or None
+        spec = Speculation(config.speculate_max_k, draft) if config.speculate else None
         self._running = Running(loaded.model, spec, self._budget, self._eos, now_ns)
         self._grammars: Grammars | None = None  # made for the first constrained request
 

@@ -55,7 +55,7 @@ class Running:
         uid = self._batch.insert(first, cache, prompt, sampler, hook)
         self._rows[uid] = seq
         if self._spec is not None and hook is None:  # a grammar's row never drafts
-            self._spec.join(uid, [*prompt, first])
+            self._spec.join(uid, list(prompt), first)
 
     def abort(self, request_id: str) -> bool:
         uid = next((u for u, seq in self._rows.items()
@@ -69,16 +69,18 @@ class Running:
         """One pass over every row: each row's new tokens (one, or a verify pass's accepted
         drafts and one more) taken in order until its request finishes."""
         drafts: dict[int, list[int]] = {}
+        start = self._now_ns()
         if self._spec is not None:
             drafts = self._spec.drafts({uid: seq.request.sampling.max_tokens - len(seq.tokens) - 1
                                         for uid, seq in self._rows.items()})
-        start = self._now_ns()
+        drafted = self._now_ns()
         steps = self._batch.step(drafts)
-        seconds = (self._now_ns() - start) / 1e9
+        seconds = (self._now_ns() - drafted) / 1e9
         width = max((len(d) for d in drafts.values()), default=0)
-        self._budget.observe_decode(seconds)  # a verify pass is the step prefill waits beside
+        # drafting and its verify pass are the step prefill waits beside
+        self._budget.observe_decode((self._now_ns() - start) / 1e9)
         if self._spec is not None:
-            self._spec.observe_step(len(steps), width, seconds)
+            self._spec.observe_step(len(steps), width, seconds, (drafted - start) / 1e9)
         return [f for f in (self._take(s, deltas) for s in steps) if f is not None]
 
     def spec_stats(self) -> SpecStats | None:

@@ -16,7 +16,7 @@ go in ahead of an interactive one, and its prompts in prefill delay an interacti
 at most the step already under way, one step's prefill budget. Nothing is preempted; so that
 a batch full of batch decodes never makes a person wait for one of them to end, batch requests
 take at most ``max_batch - 1`` seats (``pop_seated``): the last seat is an interactive
-request's, at the cost of one decode in ``max_batch`` for a job that runs alone (one in 8 by
+request's, at the cost of one decode in ``max_batch`` for a job that runs alone (one in 32 by
 default). The cluster's slots, granted interactive first too (``cluster.jobs.slots``), decide
 how many requests reach the engine::
 

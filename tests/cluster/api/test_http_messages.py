@@ -169,6 +169,58 @@ class TestDiagnosis:
             "cached_tokens"] + 16
 
 
+    def test_anthropics_diagnostics_compare_with_a_previous_message(self, claude):
+        system = "Agent. " + SYSTEM
+        turn = [{"role": "user", "content": "Plan the first step."}]
+        raw = claude.messages.with_raw_response.create(
+            model=MODEL, max_tokens=2, extra_body=GREEDY, system=system, messages=turn,
+            diagnostics={"previous_message_id": None})
+        assert raw.http_response.json()["diagnostics"] is None  # asked: null, not left out
+        first = raw.parse()
+        prompt = (first.usage.input_tokens + first.usage.cache_read_input_tokens
+                  + first.usage.cache_creation_input_tokens)
+        more = [*turn, {"role": "assistant", "content": first.content[0].text or "ok"},
+                {"role": "user", "content": "And the second."}]
+        appended = claude.messages.create(model=MODEL, max_tokens=2, extra_body=GREEDY,
+                                          system=system, messages=more,
+                                          diagnostics={"previous_message_id": first.id})
+        assert appended.diagnostics is None  # only appended: nothing diverged
+        # a volatile line in the system prompt, as agent clients send
+        volatile = claude.messages.create(model=MODEL, max_tokens=2, extra_body=GREEDY,
+                                          system="Now: 12:00:01. " + system, messages=more,
+                                          diagnostics={"previous_message_id": first.id})
+        missed = volatile.diagnostics.cache_miss_reason
+        assert (missed.type, missed.cache_missed_input_tokens) == ("system_changed", prompt)
+        edited = claude.messages.create(
+            model=MODEL, max_tokens=2, extra_body=GREEDY, system=system,
+            messages=[{"role": "user", "content": "Plan another step."}],
+            diagnostics={"previous_message_id": first.id})
+        assert edited.diagnostics.cache_miss_reason.type == "messages_changed"
+        unknown = claude.messages.create(model=MODEL, max_tokens=2, extra_body=GREEDY,
+                                         system=system, messages=turn,
+                                         diagnostics={"previous_message_id": "msg_nope"})
+        assert unknown.diagnostics.cache_miss_reason.type == "previous_message_not_found"
+        # streamed: the diagnosis comes in message_start, and the message is recorded
+        with claude.messages.stream(model=MODEL, max_tokens=2, system="Then. " + system,
+                                    messages=more, extra_body=GREEDY,
+                                    diagnostics={"previous_message_id": appended.id}) as s:
+            streamed = s.get_final_message()
+        assert streamed.diagnostics.cache_miss_reason.type == "system_changed"
+        after = claude.messages.create(model=MODEL, max_tokens=2, extra_body=GREEDY,
+                                       system="Then. " + system, messages=more,
+                                       diagnostics={"previous_message_id": streamed.id})
+        assert after.diagnostics is None
+
+    def test_a_bad_diagnostics_is_refused_and_a_plain_message_has_none(self, claude):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=MODEL, max_tokens=2, diagnostics={"previous": "x"},
+                                   messages=[{"role": "user", "content": "Hi"}])
+        assert caught.value.body["error"]["message"].startswith("diagnostics: must be")
+        plain = claude.messages.create(model=MODEL, max_tokens=1, extra_body=GREEDY,
+                                       messages=[{"role": "user", "content": "Hi"}])
+        assert plain.diagnostics is None and "diagnostics" not in plain.to_dict()
+
+
 class TestMessageBatches:
     def test_a_batch_runs_as_a_job_and_its_results_are_the_messages(self, claude):
         system = [{"type": "text", "text": "Batched. " + SYSTEM,
@@ -198,6 +250,51 @@ class TestMessageBatches:
         written = [r.message.usage.cache_creation.ephemeral_1h_input_tokens
                    for r in results.values()]
         assert sum(written) == plain.usage.cache_read_input_tokens > 0  # one wrote the system
+
+    def test_batches_are_listed_newest_first_and_paged_both_ways(self, claude, api):
+        def batch(n: int):
+            return claude.messages.batches.create(requests=[{"custom_id": f"l{n}", "params": {
+                "model": MODEL, "max_tokens": 1, "messages": [
+                    {"role": "user", "content": f"Listed {n}"}]}}])
+        made = [batch(n).id for n in range(3)]
+        newest = made[::-1]
+        page = claude.messages.batches.list(limit=2)
+        assert [b.id for b in page.data] == newest[:2]
+        assert (page.has_more, page.first_id, page.last_id) == (True, newest[0], newest[1])
+        assert all(b.type == "message_batch" for b in page.data)
+        older = claude.messages.batches.list(limit=2, after_id=newest[1])
+        assert [b.id for b in older.data][:1] == [newest[2]]
+        newer = claude.messages.batches.list(limit=1, before_id=newest[2])
+        assert [b.id for b in newer.data] == [newest[1]] and newer.has_more
+        assert [b.id for b in claude.messages.batches.list(before_id=newest[0]).data] == []
+        # the SDK's own paging walks every batch once, newest first
+        walked = [b.id for b in claude.messages.batches.list(limit=1)]
+        assert walked[:3] == newest and len(walked) == len(set(walked))
+
+    @pytest.mark.parametrize("query, field", [
+        ({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"order": "asc"}, "order"),
+        ({"after_id": "", "before_id": ""}, "before_id")])
+    def test_a_bad_list_query_is_refused_naming_it(self, claude, query, field):
+        if "after_id" in query:  # both cursors, each a batch that exists
+            made = claude.messages.batches.create(requests=[{"custom_id": "c", "params": {
+                "model": MODEL, "max_tokens": 1, "messages": [
+                    {"role": "user", "content": "Cursor"}]}}])
+            query = {"after_id": made.id, "before_id": made.id}
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.batches.list(extra_query=query)
+        assert caught.value.body["error"]["message"].startswith(f"{field}: ")
+
+    def test_an_unknown_cursor_is_not_found(self, claude):
+        with pytest.raises(anthropic.NotFoundError):
+            claude.messages.batches.list(after_id="msgbatch_nope")
+
+    def test_diagnostics_in_a_batch_is_refused_naming_the_request(self, claude):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.batches.create(requests=[{"custom_id": "d", "params": {
+                "model": MODEL, "max_tokens": 1, "diagnostics": {"previous_message_id": None},
+                "messages": [{"role": "user", "content": "Hi"}]}}])
+        assert caught.value.body["error"]["message"].startswith(
+            "requests[0].params.diagnostics: a batch's requests have no previous message")
 
     def test_a_bad_request_in_a_batch_is_refused_naming_it(self, claude):
         with pytest.raises(anthropic.BadRequestError) as caught:

@@ -1,7 +1,7 @@
 """The backend over in-process workers reached by their streams (``cluster.backend.linked``):
 a request whose prefix's holder is busy decoding goes to an idle worker with a pull from the
-holder, its outputs equal the holder's, and the pull's bytes and time become the pair's
-measured link."""
+holder, its outputs equal the holder's, and the pull's bytes and time, reported by the
+receiver with its block events, become the pair's measured link."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +13,7 @@ from cluster.backend.linked import LinkedLauncher
 from cluster.backend.protocol import GenerateOutcome
 from router.kv.key import hash_blocks
 from router.policy import Reason
+from router.pull_cost import DEFAULT_LINK, observed
 from tests.support.forged_models import tiny_model
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
@@ -48,8 +49,11 @@ def test_a_busy_holders_prefix_is_pulled_by_an_idle_worker():
                 holder, 12, "")
             assert again.result.cached_tokens == 192
             assert again.result.output_tokens == long.result.output_tokens[:8]
+            # the receiver's measured link, reported with the result's block events
             links = backend.pool.routes.router.links.links()
-            assert list(links) == [(holder, again.worker_id)]
+            pulled = again.pulled
+            assert links == {(holder, again.worker_id): observed(DEFAULT_LINK, pulled.nbytes,
+                                                                 pulled.seconds)}
         finally:
             await backend.close()
     asyncio.run(scenario())

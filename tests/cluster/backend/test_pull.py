@@ -2,20 +2,29 @@
 loopback, without Ray: the pulled prefix reused with outputs equal to a recompute; a holder
 killed mid-pull, a block corrupted in transit, a truncated stream, a wrong secret and a
 receiver without room each end the pull, the request computes the prefix and succeeds, and
-each kind of failure is logged once naming the peer."""
+each kind of failure is logged once naming the peer; the receiver's batches carry its measured
+link; and a pull between two hosts (network namespaces, skipped where they cannot be made)."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
+import subprocess
+import sys
+
+import pytest
 
 from cluster.backend import wire
 from cluster.backend.link import WorkerLink
 from cluster.backend.pull import WINDOW, PullLog
 from cluster.backend.wire import Kind, PullPlan, WorkerDone
 from cluster.backend.worker_actor import EngineWorker
+from router.kv.events import LinkMeasure
 from router.kv.key import Namespace
+from router.pull_cost import DEFAULT_LINK, observed
+from tests.cluster.backend.test_bootstrap import INFRA, netns
 from tests.support.forged_models import tiny_model
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
@@ -245,3 +254,75 @@ def test_each_kind_of_failure_is_logged_once_per_peer(caplog):
         "pull from w0", "pull from w0", "pull from w1"]
     assert "block 3: corrupted" in caplog.records[0].getMessage()
     assert "truncated" in caplog.records[1].getMessage()
+
+
+def test_the_receivers_batches_after_a_pull_carry_its_measured_link_from_the_holder():
+    async def fed(worker: EngineWorker, request: GenerateRequest, pull: PullPlan | None = None
+                  ) -> WorkerDone:   # with every batch since the first
+        async with contextlib.aclosing(worker.generate(request, 0, False, pull=pull)) as items:
+            return [item async for item in items][-1]
+
+    async def scenario():
+        async with _worker("w0") as (w0, port, ns), _worker("w1") as (w1, _, _):
+            await _run(w0, _request(ns, "warm"))
+            other = tuple(range(300, 340))
+            assert [b.links for b in (await fed(w1, _request(ns, "own", other))).events] == [()]
+            done = await fed(w1, _request(ns, "pulled"), _plan(port))
+            # the pull's own bytes and time, folded into the default link by the rule
+            expected = observed(DEFAULT_LINK, done.pulled.nbytes, done.pulled.seconds)
+            assert done.events[-1].links == (LinkMeasure("w0", expected.bytes_s,
+                                                         expected.fixed_s),)
+            assert [b.links for b in done.events[:-1]] == [()] * (len(done.events) - 1)
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Two hosts: network namespaces joined by veth pairs on a bridge (``infra/netns.py``)."""
+    reason = netns.probe()
+    if reason:
+        pytest.skip(f"no network namespaces here: {reason}")
+    cluster = netns.NetnsCluster(workers=1, python=sys.executable)
+    try:
+        cluster.create()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def _rx_bytes(hosts, node) -> int:
+    done = hosts.run_in(node, ["cat", f"/sys/class/net/i{hosts.tag}{node.name}/statistics/"
+                                      "rx_bytes"], capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+@pytest.mark.slow
+def test_a_pull_crosses_the_veth_between_two_hosts_with_the_outputs_of_a_recompute(hosts):
+    """The holder in one namespace, the receiver in another, the link shaped by the holder's
+    rate limit in the transfer stream (10 Gbit/s): the whole prefix comes over the veth."""
+    a, b = hosts.nodes
+    script = [sys.executable, str(INFRA / "netns_pull.py")]
+    common = ["--model", str(tiny_model()), "--secret", SECRET.hex(), "--tokens",
+              str(len(PROMPT)), "--seed", "7"]
+    holder = hosts.popen_in(a, [*script, "holder", "--host", a.address, *common],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        held = json.loads(holder.stdout.readline())
+        assert held["host"] == a.address
+        before = _rx_bytes(hosts, b)
+        done = hosts.run_in(b, [*script, "receiver", "--host", b.address, *common, "--holder",
+                                f"{a.address}:{held['port']}"],
+                            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        received = _rx_bytes(hosts, b) - before
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+    pulled = got["pulled"]
+    assert (pulled["peer"], pulled["blocks"], pulled["tokens"], pulled["refused"]) == (
+        "w0", 12, 192, "")
+    assert received > pulled["nbytes"] > 12 * BLOCK_BYTES   # the blocks came over the veth
+    assert (got["cached_tokens"], got["computed_tokens"]) == (192, 8)
+    assert got["output_tokens"] == got["recomputed_output_tokens"] == held["output_tokens"]
+    assert holder.returncode == 0

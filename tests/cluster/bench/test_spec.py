@@ -6,7 +6,7 @@ import json
 import workers  # noqa: F401  (OpenBLAS before mlx)
 from cluster.bench.spec import SpecWorkload, copy_messages
 from cluster.cli import main
-from tests.support.forged_models import tiny_model
+from tests.support.forged_models import near_draft, tiny_model
 
 
 def test_the_json_names_every_figure(capsys):
@@ -19,6 +19,19 @@ def test_the_json_names_every_figure(capsys):
     assert figures["vs_mlx_lm_copy_wall_ratio"] is None  # --no-mlx-lm
     assert figures["greedy_identical"] is True
     assert figures["workload"]["requests"] == 2
+    assert figures["draft_model"] is figures["draft_prefill_over_target_prefill"] is None
+
+
+def test_with_a_draft_model(capsys):
+    draft = str(near_draft())
+    assert main(["bench", "spec", "--model", str(tiny_model("llama")), "--requests", "2",
+                 "--passage-tokens", "20", "--max-tokens", "6", "--chats", "1", "--batch", "2",
+                 "--no-mlx-lm", "--json", "--draft-model", draft]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["draft_model"] == figures["workload"]["draft_model"] == draft
+    assert figures["greedy_identical"] is True
+    assert figures["acceptance_rate"] is not None and figures["draft_s_per_verify_pass"] > 0
+    assert figures["draft_prefill_over_target_prefill"] > 0
 
 
 def test_the_copy_job_quotes_corrects_and_reformats_its_own_passage():

@@ -254,8 +254,16 @@ class TestJobstoreExact:
         assert ids(store.list_jobs("acme", since_ms=1004)) == [third.job_id, second.job_id]
         assert ids(store.list_jobs("acme", after=third.job_id)) == [second.job_id, first.job_id]
         assert ids(store.list_jobs("acme", limit=1, after=second.job_id)) == [first.job_id]
+        # before: the newer jobs next to the cursor, still newest first
+        assert ids(store.list_jobs("acme", before=first.job_id)) == [third.job_id, second.job_id]
+        assert ids(store.list_jobs("acme", limit=1, before=first.job_id)) == [second.job_id]
+        assert ids(store.list_jobs("acme", before=third.job_id)) == []
         with pytest.raises(JobNotFound, match=f"no job '{third.job_id}'"):
             store.list_jobs("bravo", after=third.job_id)
+        with pytest.raises(JobNotFound, match=f"no job '{third.job_id}'"):
+            store.list_jobs("bravo", before=third.job_id)
+        with pytest.raises(ValueError, match="give one cursor"):
+            store.list_jobs("acme", after=first.job_id, before=third.job_id)
 
     def test_results_stream_in_order_with_exact_counts(self, store):
         job = store.create_job("acme", "m", make_requests(3))

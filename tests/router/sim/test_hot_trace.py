@@ -2,10 +2,13 @@
 them, one question block each, the hottest document drawn most, the same trace for a seed."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cluster.cli import main
-from router.sim.hot_trace import HotShape, hot_documents
+from router.sim.hot_trace import HOLDER_LOAD, HotShape, holder_rate, hot_documents, hottest_share
+from router.sim.simulator import SimConfig
 from router.sim.trace import load_trace
 
 SHAPE = HotShape(requests=400, documents=3, document_blocks=4, block_size=16)
@@ -36,3 +39,32 @@ def test_the_cli_writes_it(tmp_path, capsys):
     trace = load_trace(path)
     assert len(trace) == HotShape().requests
     assert {r.hash_ids[0] for r in trace} == {0, 16, 32, 48}
+
+
+def test_a_holder_without_decodes_serves_its_prefill_rate_over_the_new_tokens():
+    config = SimConfig(workers=1, block_size=16, decode_share=0.0)
+    questions = 50
+    burst = replace(SHAPE, requests=questions + 1, documents=1, rate_per_s=1e9)
+    new = sum(r.input_length - 4 * 16 for r in hot_documents(burst, seed=0)[1:])
+    assert holder_rate(SHAPE, config, questions) == pytest.approx(questions * 6000.0 / new)
+
+
+def test_the_default_rate_is_twice_what_one_holder_of_the_hottest_document_serves():
+    shape = HotShape()
+    assert hottest_share(shape) == pytest.approx(0.48)   # 1 / (1 + 1/2 + 1/3 + 1/4)
+    rate = holder_rate(shape)
+    assert rate == pytest.approx(18.52, abs=0.01)
+    assert HOLDER_LOAD == 2.0
+    assert shape.rate_per_s == round(HOLDER_LOAD * rate / hottest_share(shape)) == 77
+
+
+def test_the_cli_writes_a_smaller_one_and_refuses_a_count_it_cannot_use(tmp_path, capsys):
+    path = tmp_path / "hot.jsonl"
+    assert main(["simulate", "--synthesize", str(path), "--shape", "hot-documents",
+                 "--requests", "50"]) == 0
+    assert load_trace(path) == hot_documents(HotShape(requests=50), seed=0)
+    capsys.readouterr()
+    assert main(["simulate", "--synthesize", str(path), "--requests", "0"]) == 2
+    assert "orchard: error: --requests must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(path), "--requests", "50"]) == 2
+    assert "--requests is for --synthesize" in capsys.readouterr().err

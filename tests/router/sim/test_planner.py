@@ -135,6 +135,30 @@ def test_cli_json_and_table_and_plot(trace_file, tmp_path, capsys):
     assert "the nearest configurations" in text and "25.0%" in text  # short by
 
 
+def test_the_two_ttls_compared_on_the_planned_workload(trace_file, capsys):
+    # A and B each come back 200 s after their last use: every re-read is within 5 minutes,
+    # so the hour's dearer writes buy nothing
+    args = ["plan", "--trace", str(trace_file), "--ttft-slo-s", str(SLO), "--goodput", "0.75",
+            "--workers", "1", "--memory-tokens", "4096", "--disk-tokens", "0",
+            "--ttls-s", "3600", "--jobs", "1"]
+    assert main([*args, "--json"]) == 0
+    ttls = json.loads(capsys.readouterr().out)["ttl_comparison"]
+    m = {ttl: (800 + 2 * 2048 * write + 6 * 2048 * 0.1) / (8 * INPUT)
+         for ttl, write in (("5m", 1.25), ("1h", 2.0))}
+    assert ttls == {"ttls_s": [300.0, 3600.0], "m_5m": round(m["5m"], 4),
+                    "m_1h": round(m["1h"], 4),
+                    "cost_per_request_5m": round(m["5m"] * INPUT, 2),
+                    "cost_per_request_1h": round(m["1h"] * INPUT, 2),
+                    "reread_tokens": 6 * 2048, "late_reread_tokens": 0,
+                    "late_reread_share": 0.0, "late_rereads_per_1h_write": 0.0,
+                    "break_even_rereads_per_1h_write": 0.6522, "recommended_ttl_s": 300.0}
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "5-minute against 1-hour writes on this workload" in text
+    assert "0.0% of re-reads arrive after 5 minutes" in text
+    assert "recommended TTL 5 min" in text
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--workers", ""], "--workers is empty"),
     (["--ttls-s", ","], "--ttls-s is empty"),

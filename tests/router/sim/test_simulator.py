@@ -157,3 +157,29 @@ class TestSimDisk:
     def test_disk_flags_are_checked(self):
         with pytest.raises(ValueError, match="--disk-read-gbps"):
             SimConfig(disk_read_gbps=0)
+
+
+class TestBreakpointsAndSessions:
+    A = (0, 1, 2, 3, 4)  # 4 full blocks and a tail
+
+    def test_a_breakpoint_writes_only_the_blocks_before_it(self):
+        trace = [TraceRequest(0.0, 4 * 512 + 100, 10, self.A, write_blocks=2),
+                 TraceRequest(100.0, 4 * 512 + 100, 10, self.A)]
+        served = []
+        result = replay(trace, "orchard", SimConfig(workers=1),
+                        on_served=lambda i, w, cached, written: served.append((cached, written)))
+        assert served == [(0, 2 * 512), (2 * 512, 2 * 512)]
+        assert result.hit_ratio == 1024 / (2 * 2148)
+
+    def test_a_session_key_keeps_cold_prompts_on_the_session_worker(self):
+        def workers(session: str) -> set[str]:
+            trace = [TraceRequest(100.0 * i, 4 * 512, 10, (10 * i, 10 * i + 1, 10 * i + 2,
+                                                           10 * i + 3), session=session)
+                     for i in range(10)]
+            seen = set()
+            replay(trace, "orchard", SimConfig(workers=2),
+                   on_served=lambda i, w, cached, written: seen.add(w))
+            return seen
+
+        assert workers("") == {"w0", "w1"}  # each cold prompt at its hash home
+        assert len(workers("agent-session-1")) == 1

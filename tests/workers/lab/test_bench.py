@@ -58,6 +58,21 @@ def test_bench_vs_mlx_lm_json_keys(capsys):
     assert out["targets"] == {"warm_ttft": 0.9, "cold_ttft": 1.05, "batch_wall": 0.8}
     assert out["cold_ttft_ratio"] == out["turns"][0]["ttft_orchard_s"] / out["turns"][0][
         "ttft_mlx_lm_s"]
+    b = out["batch_breakdown"]  # orchard's batch: 4 chats x 3 turns, 4 tokens each at most
+    assert b["requests"] == 12 and b["wall_s"] == out["batch_wall_orchard_s"]
+    assert 12 <= b["generated_tokens"] <= 48 and 0 < b["cached_tokens"] < b["prompt_tokens"]
+    assert 0 < b["in_flight_mean"] <= 12
+
+
+def test_a_preset_sets_the_shape_and_given_options_override_it():
+    from cluster.bench.vs_mlx_lm import Workload
+
+    w = Workload.of("short-chat", chats=4)
+    assert (w.system_words, w.turns, w.user_words, w.reply_tokens, w.chats, w.system_prompts,
+            w.history, w.clients) == (60, 3, 20, 24, 4, 2, 2, 8)
+    assert Workload.of(None) == Workload()
+    with pytest.raises(ValueError, match="--preset must be one of short-chat, got 'long'"):
+        Workload.of("long")
 
 
 def test_the_batch_sends_every_turn_of_every_chat_turn_by_turn():

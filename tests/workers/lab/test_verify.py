@@ -11,7 +11,7 @@ import mlx.core as mx
 from cluster.cli import main
 from tests.support.forged_models import tiny_model
 from workers.engine.kept import KeptCaches
-from workers.cache.store import PrefixStore
+from workers.cache import store
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -43,16 +43,16 @@ def test_verify_catches_a_verify_pass_that_accepts_a_rejected_draft(monkeypatch,
 
 
 def test_verify_catches_a_wrong_reuse(monkeypatch, capsys):
-    assemble = PrefixStore._assemble
+    assemble = store.assemble
 
-    def off_by_a_little(self, hashes, tokens):
-        caches = assemble(self, hashes, tokens)
+    def off_by_a_little(parts, tokens, layers):
+        caches = assemble(parts, tokens, layers)
         for c in caches:
             c.keys = c.keys + 1e-2
         mx.eval([c.keys for c in caches])
         return caches
 
-    monkeypatch.setattr(PrefixStore, "_assemble", off_by_a_little)
+    monkeypatch.setattr(store, "assemble", off_by_a_little)
     assert main(["verify", "--model", str(tiny_model("llama"))]) == 1
     assert "FAIL" in capsys.readouterr().out
 
