@@ -223,7 +223,7 @@ class EngineWorker:
     # ---- the block event feed ----------------------------------------------------------------
 
     async def events(self, after: int, router_id: str = ""
-                     ) -> AsyncIterator[tuple[EventBatch, ...]]:
+                     ) -> AsyncIterator[tuple[EventBatch, ...] | FeedHeartbeat]:
         """The event batches after ``after`` that no result carried to ``router_id``, as they
         come (a Ray streaming generator that lives as long as the caller reads it):
         evictions, TTL expiry and the blocks other frontends' requests stored reach the
