@@ -26,7 +26,8 @@ Rules:
   widen by 32 slots (a 32-bit word per tier).
 - Events for an unknown worker, and removals of blocks that worker was not holding, are
   ignored and counted (``IndexCounters``), never an error. A sequence gap in a worker's
-  batches is counted and marks the worker stale until ``rebuild`` replaces its holdings.
+  batches is counted and marks the worker stale until ``rebuild`` replaces its holdings; so
+  does ``mark_gap``, for a lost last batch that no later batch shows (the feed's heartbeat).
 - Tiers: a worker holds a block while its memory or its disk does (``BlockStored``/``Removed``
   carry the tier; each tier has its own mask). ``match`` counts both, and says how many of
   each worker's matched blocks only its disk holds (``Match.disk_blocks``): a second walk over
@@ -197,6 +198,16 @@ class PrefixIndex:
             if events:
                 self._held.apply(slot, events, column)
         self._confirm(slot, [e.block for e in batch.events if isinstance(e, BlockStored)])
+
+    def mark_gap(self, worker_id: str, seq: int) -> None:
+        """``worker_id``'s batches up to ``seq`` include one never applied that no later
+        batch shows (the last one was lost): counted, and the worker is stale until
+        ``rebuild``; batch ``seq + 1`` follows without a second gap. Unknown ids are a
+        ValueError."""
+        self._slot_of(worker_id)
+        self._counts["sequence_gaps"] += 1
+        self._stale.add(worker_id)
+        self._seq[worker_id] = seq
 
     def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
                 disk_holdings: Iterable[BlockHash] = ()) -> None:

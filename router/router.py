@@ -192,6 +192,11 @@ class Router:
                 load.disk_token_cost = cost
                 self._refresh(batch.worker_id)
 
+    def lost_events(self, worker_id: str, seq: int) -> None:
+        """A batch of ``worker_id``'s up to ``seq`` was lost where no later batch shows it
+        (its feed's heartbeat named a batch never applied): stale until ``rebuild``."""
+        self._index.mark_gap(worker_id, seq)
+
     def rebuild(self, worker_id: str, holdings: Iterable[BlockHash],
                 disk_holdings: Iterable[BlockHash] = ()) -> None:
         """Replace the index's view of ``worker_id`` with the blocks it reports holding in

@@ -224,6 +224,7 @@ class DiskTierStats:
     torn: int              # truncated or half-written files found at start: deleted
     outdated: int          # files of an older format found at start: deleted
     full: bool             # writes stopped: the file system is full
+    evictions: int = 0     # blocks the tier evicted for capacity so far
 
     @classmethod
     def total(cls, tiers: Iterable[DiskTierStats]) -> DiskTierStats | None:
@@ -236,7 +237,8 @@ class DiskTierStats:
                    sum(t.capacity_bytes for t in tiers),
                    None if None in free else sum(free),  # type: ignore[arg-type]
                    sum(t.corrupt for t in tiers), sum(t.torn for t in tiers),
-                   sum(t.outdated for t in tiers), any(t.full for t in tiers))
+                   sum(t.outdated for t in tiers), any(t.full for t in tiers),
+                   sum(t.evictions for t in tiers))
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ class JobStatus:
     model: str
     created_unix_ms: int
     finished_unix_ms: int
+    priority: str = "batch"   # "batch" | "interactive": the lane its requests take
 
     @property
     def finished(self) -> bool:
@@ -74,7 +75,8 @@ class JobStatus:
     def from_pb(cls, job: pb.Job) -> JobStatus:
         return cls(job.job_id, job.tenant, STATE_NAMES.get(job.state, "unknown"), job.total,
                    job.completed, job.failed, job.cancelled, job.model, job.created_unix_ms,
-                   job.finished_unix_ms)
+                   job.finished_unix_ms,
+                   "interactive" if job.priority == pb.PRIORITY_INTERACTIVE else "batch")
 
 
 def sampling(max_tokens: int, temperature: float = 0.0, top_p: float | None = None,
@@ -173,26 +175,31 @@ class Client:
 
     # ---------------------------------------------------------------- jobs
 
-    def submit(self, requests: Sequence[pb.Request], idempotency_key: str = "") -> JobStatus:
+    def submit(self, requests: Sequence[pb.Request], idempotency_key: str = "",
+               priority: int = pb.PRIORITY_UNSPECIFIED) -> JobStatus:
         """Submit a job. With ``idempotency_key``, calling again after a lost answer returns
-        the same job rather than a second one."""
-        request = pb.SubmitJobRequest(requests=list(requests), idempotency_key=idempotency_key)
+        the same job rather than a second one. ``priority``: ``pb.PRIORITY_INTERACTIVE`` for
+        a job whose requests are served before batch work, else batch (the default)."""
+        request = pb.SubmitJobRequest(requests=list(requests), idempotency_key=idempotency_key,
+                                      priority=priority)
         job = self._call(self._jobs.SubmitJob, request,
                     metadata=self._metadata, timeout=self._timeout_s)
         return JobStatus.from_pb(job)
 
     def submit_file(self, path: Path | str, idempotency_key: str = "",
-                    chunk_bytes: int = CHUNK_BYTES, on_sent: Callable[[int], None] | None = None
-                    ) -> JobStatus:
+                    chunk_bytes: int = CHUNK_BYTES, on_sent: Callable[[int], None] | None = None,
+                    priority: int = pb.PRIORITY_UNSPECIFIED) -> JobStatus:
         """Submit an OpenAI Batch input file (JSONL, up to 200 MB), streamed in chunks: the
         server checks each line's shape, stores the job and answers; a bad line is named
-        (``FILE:LINE: ...``) and nothing is stored. ``on_sent(bytes)`` after each chunk."""
+        (``FILE:LINE: ...``) and nothing is stored. ``on_sent(bytes)`` after each chunk;
+        ``priority`` as in ``submit``."""
         path = Path(path)
 
         def chunks() -> Iterator[pb.BatchFileChunk]:
             sent = 0
             with path.open("rb") as f:
-                first = pb.BatchFileChunk(file_name=path.name, idempotency_key=idempotency_key)
+                first = pb.BatchFileChunk(file_name=path.name, idempotency_key=idempotency_key,
+                                          priority=priority)
                 while data := f.read(chunk_bytes):
                     first.data = data
                     yield first

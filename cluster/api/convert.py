@@ -21,7 +21,7 @@ from cluster.api.incoming import (ABSENT, Absent, CacheIn, Json, MessageIn, Mess
                                   RequestIn, SamplingIn, TokenBreakpoint, Tokens)
 from cluster.api.validate import FieldError
 from cluster.backend.protocol import CacheStats, WorkerInfo
-from workers.messages import DiskTierStats, TokenLogprob
+from workers.messages import DiskTierStats, Priority, TokenLogprob
 from cluster.jobs.store import JobRecord, JobState, StoredResult
 from proto.orchard.v1 import orchard_pb2 as pb
 
@@ -34,11 +34,15 @@ JOB_STATES = {
 STATE_NAMES = {v: k.value for k, v in JOB_STATES.items()}
 
 
+PRIORITIES = {Priority.INTERACTIVE: pb.PRIORITY_INTERACTIVE, Priority.BATCH: pb.PRIORITY_BATCH}
+
+
 def job_to_pb(job: JobRecord) -> pb.Job:
     return pb.Job(job_id=job.job_id, tenant=job.tenant, state=JOB_STATES[job.state],
                   total=job.total, completed=job.completed, failed=job.failed,
                   cancelled=job.cancelled, created_unix_ms=job.created_ms,
-                  finished_unix_ms=job.finished_ms, model=job.model)
+                  finished_unix_ms=job.finished_ms, model=job.model,
+                  priority=PRIORITIES[job.priority])
 
 
 TokenBytes = Callable[[Sequence[int]], list[bytes]]

@@ -35,7 +35,7 @@ from cluster.api.edge import Authenticator
 from cluster.api.http_errors import BodyTooLarge, json_body, openai_errors, tenant_of
 from cluster.api.http_guard import BodyCap
 from cluster.api.intake import MAX_FILE_BYTES
-from cluster.api.priority import check_batch_header
+from cluster.api.priority import batch_priority
 from cluster.api.validate import FieldError
 from cluster.api.work import Work
 from cluster.jobs.runner import JobRunner
@@ -109,7 +109,7 @@ class Batches:
 
     async def create(self, request: Request) -> Response:
         tenant = self._tenant(request)
-        check_batch_header(request.headers)
+        priority = batch_priority(request.headers)
         body = await json_body(request)
         endpoint = body.get("endpoint")
         if endpoint not in shapes.ENDPOINTS:
@@ -131,7 +131,8 @@ class Batches:
                   else await asyncio.to_thread(shapes.batch_requests, *args))
         try:
             job = await self._work.submit_job(tenant, parsed.requests,
-                                              metadata=list(request.headers.items()))
+                                              metadata=list(request.headers.items()),
+                                              priority=priority)
         except FieldError as exc:  # validation names requests[i]: the file's line instead
             raise parsed.on_line(exc) from None
         batch = self._store.add_batch(tenant, job.job_id, endpoint, file_id, window, metadata)

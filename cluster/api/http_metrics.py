@@ -34,9 +34,11 @@ def snapshot_of(info: WorkerInfo) -> WorkerSnapshot:
     disk = info.disk
     return WorkerSnapshot(
         worker=info.worker_id, running=info.running,
-        memory=TierUsage(info.cache_bytes, info.cache_blocks, info.cache_capacity_bytes),
-        disk=None if disk is None else TierUsage(disk.bytes, disk.blocks, disk.capacity_bytes),
-        evictions=info.evictions, expirations=info.expirations)
+        memory=TierUsage(info.cache_bytes, info.cache_blocks, info.cache_capacity_bytes,
+                         info.evictions),
+        disk=None if disk is None else TierUsage(disk.bytes, disk.blocks, disk.capacity_bytes,
+                                                 disk.evictions),
+        expirations=info.expirations)
 
 
 class MetricsEndpoint:

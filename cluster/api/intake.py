@@ -43,6 +43,7 @@ from cluster.backend.protocol import ModelInfo
 from cluster.jobs.runner import JobRunner
 from cluster.jobs.store import JobIntake, JobRecord, JobStore, NewRequest, StagedRequest
 from proto.orchard.v1 import orchard_pb2 as pb
+from workers.messages import Priority
 
 LINE_BODY = b"J"        # body = b"J" + an OpenAI Batch input line, as sent
 PROTO_BODY = b"P"       # body = b"P" + a serialized orchard.v1.Request
@@ -234,8 +235,8 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
                       chunks: AsyncIterable[bytes], name: str = "input",
                       idempotency_key: str = "",
                       on_requests: Callable[[int], None] | None = None,
-                      max_prompt_bytes: int = validate.MAX_PROMPT_BYTES
-                      ) -> tuple[JobRecord, bool]:
+                      max_prompt_bytes: int = validate.MAX_PROMPT_BYTES,
+                      priority: Priority = Priority.BATCH) -> tuple[JobRecord, bool]:
     """Accept an OpenAI Batch input file, arriving as ``chunks``, into a durable job.
 
     Returns the job and whether it was created now (an ``idempotency_key`` that names an
@@ -243,8 +244,8 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
     completes ``n`` requests (the runner's admission: it may raise to refuse the job). On any
     error nothing of the job remains in the store.
     """
-    batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests, name,
-                        max_prompt_bytes)
+    batch = BatchIntake(store.intake(tenant, model.model_id, priority), model, max_requests,
+                        name, max_prompt_bytes)
     try:
         async for chunk in chunks:
             added = await asyncio.to_thread(batch.feed, chunk)
@@ -263,10 +264,10 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
 
 async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
                           requests: Sequence[RequestIn], idempotency_key: str = "",
-                          max_prompt_bytes: int = validate.MAX_PROMPT_BYTES
-                          ) -> tuple[JobRecord, bool]:
+                          max_prompt_bytes: int = validate.MAX_PROMPT_BYTES,
+                          priority: Priority = Priority.BATCH) -> tuple[JobRecord, bool]:
     """``accept_file`` for a job sent as requests (``SubmitJob``, the HTTP Batch API)."""
-    batch = BatchIntake(store.intake(tenant, model.model_id), model, max_requests,
+    batch = BatchIntake(store.intake(tenant, model.model_id, priority), model, max_requests,
                         max_prompt_bytes=max_prompt_bytes)
     try:
         await asyncio.to_thread(batch.feed_requests, requests)
@@ -293,21 +294,24 @@ class JobIntakeService:
     max_prompt_bytes: int = validate.MAX_PROMPT_BYTES
 
     async def submit_file(self, tenant: str, chunks: AsyncIterable[bytes], name: str = "input",
-                          idempotency_key: str = "") -> JobRecord:
+                          idempotency_key: str = "", priority: Priority = Priority.BATCH
+                          ) -> JobRecord:
         async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
             return await accept_file(self.store, tenant, self.model, self.max_requests, chunks,
                                      name, idempotency_key, on_requests=admit,
-                                     max_prompt_bytes=self.max_prompt_bytes)
+                                     max_prompt_bytes=self.max_prompt_bytes, priority=priority)
         return await self._submit(tenant, idempotency_key, accept)
 
     async def submit_requests(self, tenant: str, requests: Sequence[RequestIn],
-                              idempotency_key: str = "") -> JobRecord:
+                              idempotency_key: str = "", priority: Priority = Priority.BATCH
+                              ) -> JobRecord:
         validate.check_job_size(len(requests), self.max_requests)
 
         async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
             admit(len(requests))  # an overloaded cluster does no work
             return await accept_requests(self.store, tenant, self.model, self.max_requests,
-                                         requests, idempotency_key, self.max_prompt_bytes)
+                                         requests, idempotency_key, self.max_prompt_bytes,
+                                         priority)
         return await self._submit(tenant, idempotency_key, accept)
 
     async def _submit(self, tenant: str, key: str, accept: Callable[

@@ -4,12 +4,19 @@
     HTTP   x-orchard-priority header      "interactive" or "batch"
            service_tier (OpenAI's field)  "auto" or "default": interactive; "flex": batch
 
+A job's priority (the lane all its requests take; ``cluster.jobs.runner``) is batch unless
+asked for::
+
+    gRPC   SubmitJobRequest.priority,     UNSPECIFIED or BATCH: batch; INTERACTIVE: interactive
+           BatchFileChunk.priority        (the first chunk's; a later chunk's must be unset)
+    HTTP   POST /v1/batches               x-orchard-priority header: "batch" (or none) or
+                                          "interactive"
+
 A value outside these is refused naming the field (INVALID_ARGUMENT, HTTP 400), and so are a
 header and a ``service_tier`` that disagree: nothing is accepted and then ignored. OpenAI's
 "priority" tier (faster than default) has no meaning here: interactive is already first.
-Jobs and batch lines are batch work: ``cluster.api.openai_fields`` refuses a batch line's
-``service_tier`` other than "auto" or "flex", and ``check_batch_header`` a ``POST /v1/batches``
-whose header asks for interactive work.
+A batch line's own ``service_tier`` may only be "auto" or "flex" (``cluster.api.openai_fields``):
+the job's priority, not a line's, says which lane its requests take.
 """
 from __future__ import annotations
 
@@ -24,6 +31,19 @@ SERVICE_TIERS = {"auto": Priority.INTERACTIVE, "default": Priority.INTERACTIVE,
                  "flex": Priority.BATCH}
 _FROM_PB = {pb.PRIORITY_UNSPECIFIED: Priority.INTERACTIVE,
             pb.PRIORITY_INTERACTIVE: Priority.INTERACTIVE, pb.PRIORITY_BATCH: Priority.BATCH}
+
+
+_JOB_FROM_PB = {pb.PRIORITY_UNSPECIFIED: Priority.BATCH,
+                pb.PRIORITY_INTERACTIVE: Priority.INTERACTIVE, pb.PRIORITY_BATCH: Priority.BATCH}
+
+
+def job_priority_from_pb(value: int, field: str = "priority") -> Priority:
+    """A job's priority (``SubmitJobRequest.priority``, ``BatchFileChunk.priority``); an
+    unknown number is refused naming ``field``."""
+    if value not in _JOB_FROM_PB:
+        raise FieldError(field, f"unknown value {value}; use PRIORITY_BATCH or "
+                         "PRIORITY_INTERACTIVE (or leave it unset: batch)")
+    return _JOB_FROM_PB[value]
 
 
 def priority_from_pb(value: int) -> Priority:
@@ -58,10 +78,14 @@ def http_priority(body: Mapping[str, Any], headers: Mapping[str, str]) -> Priori
     return by_header or by_tier or Priority.INTERACTIVE
 
 
-def check_batch_header(headers: Mapping[str, str]) -> None:
-    """A batch's ``x-orchard-priority``, if sent, must say ``batch``: a batch is batch work."""
+def batch_priority(headers: Mapping[str, str]) -> Priority:
+    """A ``POST /v1/batches`` job's priority: its ``x-orchard-priority`` header, or batch."""
     header = headers.get(PRIORITY_HEADER)
-    if header is not None and header.strip().lower() != Priority.BATCH:
-        raise FieldError(PRIORITY_HEADER, f"a batch runs as batch work: only 'batch', got "
-                         f"{header[:32]!r}; send interactive requests to POST "
-                         "/v1/chat/completions")
+    if header is None:
+        return Priority.BATCH
+    try:
+        return Priority(header.strip().lower())
+    except ValueError:
+        raise FieldError(PRIORITY_HEADER, f"must be 'batch' (the default) or 'interactive' "
+                         f"(the job's requests served before batch work), got "
+                         f"{header[:32]!r}") from None

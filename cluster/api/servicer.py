@@ -16,7 +16,7 @@ from cluster.api import validate
 from cluster.api.convert import (RequestsFromPb, job_to_pb, logprobs_to_pb, page_request,
                                  page_token, request_from_pb, result_to_pb)
 from cluster.api.edge import Authenticator, Undecodable, grpc_errors
-from cluster.api.priority import priority_from_pb
+from cluster.api.priority import job_priority_from_pb, priority_from_pb
 from cluster.api.work import Work
 from cluster.jobs.runner import JobRunner
 from cluster.jobs.store import JobNotFound, JobStore, StoredResult
@@ -42,9 +42,10 @@ class JobsServicer(pb_grpc.JobsServicer):
     @grpc_errors
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.Job:
         tenant = self._auth.tenant(context)
+        priority = job_priority_from_pb(request.priority)
         job = await self._work.submit_job(tenant, RequestsFromPb(request.requests),
                                           request.idempotency_key,
-                                          context.invocation_metadata() or ())
+                                          context.invocation_metadata() or (), priority)
         return job_to_pb(job)
 
     @grpc_errors
@@ -57,18 +58,22 @@ class JobsServicer(pb_grpc.JobsServicer):
             raise validate.FieldError("data", "no chunks: send the file's bytes")
         if isinstance(first, Undecodable):
             raise first.problem()
+        priority = job_priority_from_pb(first.priority)
 
         async def chunks() -> AsyncIterator[bytes]:
-            chunk = first
+            chunk, index = first, 0
             while chunk is not None:
                 if isinstance(chunk, Undecodable):  # bytes that are not a BatchFileChunk
                     raise chunk.problem()
+                if index and chunk.priority:
+                    raise validate.FieldError("priority", f"set on chunk {index}: only the "
+                                              "first chunk carries the job's priority")
                 yield chunk.data
-                chunk = await anext(request_iterator, None)
+                chunk, index = await anext(request_iterator, None), index + 1
 
         job = await self._work.submit_file(tenant, chunks(), _file_name(first.file_name),
                                            first.idempotency_key,
-                                           context.invocation_metadata() or ())
+                                           context.invocation_metadata() or (), priority)
         return job_to_pb(job)
 
     @grpc_errors

@@ -64,17 +64,21 @@ class Work:
         return self._tokenizer.token_bytes(token_ids)
 
     async def submit_job(self, tenant: str, requests: Sequence[RequestIn],
-                         idempotency_key: str = "", metadata: Metadata = ()) -> JobRecord:
+                         idempotency_key: str = "", metadata: Metadata = (),
+                         priority: Priority = Priority.BATCH) -> JobRecord:
         """Accept a job (or return the one ``idempotency_key`` already names) and launch it;
-        its span joins the caller's trace, if any."""
+        its span joins the caller's trace, if any. ``priority``: the lane its requests take."""
         with attached(extract_metadata(metadata)):
-            return await self._intake.submit_requests(tenant, requests, idempotency_key)
+            return await self._intake.submit_requests(tenant, requests, idempotency_key,
+                                                      priority)
 
     async def submit_file(self, tenant: str, chunks: AsyncIterable[bytes], name: str,
-                          idempotency_key: str = "", metadata: Metadata = ()) -> JobRecord:
+                          idempotency_key: str = "", metadata: Metadata = (),
+                          priority: Priority = Priority.BATCH) -> JobRecord:
         """Accept a batch file streamed in chunks (see ``cluster.api.intake``) and launch it."""
         with attached(extract_metadata(metadata)):
-            return await self._intake.submit_file(tenant, chunks, name, idempotency_key)
+            return await self._intake.submit_file(tenant, chunks, name, idempotency_key,
+                                                  priority)
 
     async def stream_one(self, tenant: str, request: RequestIn, field: str,
                          metadata: Metadata = (), remaining_s: float | None = None,

@@ -21,10 +21,9 @@ from typing import AsyncIterator, Sequence
 from cluster.backend.handle import Items, WorkerHello
 from cluster.backend.link import WorkerLink
 from cluster.backend.pull import Pace
-from cluster.backend.routing import FrontendRouter
+from cluster.backend.routing import FeedItem, FrontendRouter
 from cluster.backend.wire import PullPlan
 from cluster.backend.worker_actor import EngineWorker
-from router.kv.events import EventBatch
 from router.kv.key import Namespace
 from workers.engine.channel import Holdings
 from workers.engine.config import EngineConfig
@@ -44,7 +43,7 @@ class LinkedWorker:
                pull: PullPlan | None = None) -> Items:
         return self._link.stream(request, feed_after, chunks, pull)
 
-    def events(self, after: int) -> AsyncIterator[Sequence[EventBatch]]:
+    def events(self, after: int) -> AsyncIterator[FeedItem]:
         return self._worker.events(after, self._link.router_id)
 
     async def stats(self) -> WorkerStats | None:

@@ -27,11 +27,10 @@ from cluster.backend import bootstrap
 from cluster.backend.bootstrap import NODE_RESOURCE, Placement
 from cluster.backend.handle import Items, WorkerHello
 from cluster.backend.link import WorkerLink
-from cluster.backend.routing import FrontendRouter
+from cluster.backend.routing import FeedItem, FrontendRouter
 from cluster.backend.wire import PullPlan
 from cluster.backend.worker_actor import WorkerActor
 from cluster.telemetry.setup import TelemetrySettings
-from router.kv.events import EventBatch
 from router.kv.key import Namespace
 from workers.engine.channel import Holdings
 from workers.engine.config import EngineConfig
@@ -87,7 +86,7 @@ class RayWorker:
         except ray.exceptions.RayActorError as exc:
             raise WorkerFailed(f"worker {self._id}: {exc}") from None
 
-    async def events(self, after: int) -> AsyncIterator[Sequence[EventBatch]]:
+    async def events(self, after: int) -> AsyncIterator[FeedItem]:
         """The actor's block event feed (``EngineWorker.events``), until the actor is gone."""
         try:
             async for ref in self._actor.events.options(num_returns="streaming").remote(

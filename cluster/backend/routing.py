@@ -17,13 +17,18 @@ published, before the result it belongs to reaches the caller.)
 
 Each batch is applied once, in sequence order (``_applied``, per worker); one that skips ahead
 is a gap the index notices, and the pool's check rebuilds that worker's view from its
-``Holdings`` (which say up to which batch they reach). Everything here runs on the frontend's
+``Holdings`` (which say up to which batch they reach). A quiet worker's feed sends a
+``FeedHeartbeat`` with its last batch's number: past what was applied, the last batch was lost
+(a result that carried it was never applied), which is a gap too. A heartbeat that overtakes
+a result still carrying that batch costs one needless rebuild, never a wrong view: the
+rebuild's holdings include the batch, and the batch, arriving after, is skipped. Everything here runs on the frontend's
 event loop; nothing blocks it.
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
 from router.index import DEFAULT_INDEX_BYTES
@@ -31,7 +36,17 @@ from router.kv.events import EventBatch
 from router.router import Router
 from workers.engine.channel import Holdings
 
-Feed = Callable[[int], AsyncIterator[Sequence[EventBatch]]]   # batches after a sequence number
+
+
+@dataclass(frozen=True, slots=True)
+class FeedHeartbeat:
+    """A quiet worker's feed: ``seq`` is the last event batch it published (0: none yet)."""
+
+    seq: int
+
+
+FeedItem = Sequence[EventBatch] | FeedHeartbeat
+Feed = Callable[[int], AsyncIterator[FeedItem]]   # batches after a sequence number; heartbeats
 
 
 class FrontendRouter:
@@ -76,6 +91,13 @@ class FrontendRouter:
             self.router.apply_events(batch)
             self._applied[worker_id] = batch.seq
 
+    def heard(self, worker_id: str, heartbeat: FeedHeartbeat) -> None:
+        """``worker_id``'s feed says its last batch is ``heartbeat.seq``: if that was never
+        applied, it was lost, and the worker is stale until the pool's check rebuilds it."""
+        applied = self._applied.get(worker_id)
+        if applied is not None and heartbeat.seq > applied:
+            self.router.lost_events(worker_id, heartbeat.seq)
+
     def rebuild(self, worker_id: str, holdings: Holdings) -> None:
         """Replace the view of ``worker_id`` by what it holds (batches up to ``seq`` included)."""
         if worker_id in self._applied:
@@ -92,5 +114,8 @@ class FrontendRouter:
         self._feeds.clear()
 
     async def _follow(self, worker_id: str, feed: Feed) -> None:
-        async for batches in feed(self.feed_after(worker_id)):  # ends with its worker
-            self.apply(worker_id, batches)
+        async for item in feed(self.feed_after(worker_id)):  # ends with its worker
+            if isinstance(item, FeedHeartbeat):
+                self.heard(worker_id, item)
+            else:
+                self.apply(worker_id, item)

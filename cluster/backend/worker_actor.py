@@ -15,12 +15,16 @@ it work and relays what comes back. Requests reach ``generate`` over the fronten
     outbox of EventBatch ◄──────────── on_events ──────┘ block events after every step
       (the newest one sent also carries the worker's measured links, ``link_meter``)
       ├─ piggybacked on WorkerDone: the batches after the caller's ``feed_after``
-      └─ events(after): a streaming feed (evictions and TTL expiry between requests)
+      └─ events(after): a streaming feed (evictions and TTL expiry between requests),
+         and a ``FeedHeartbeat`` (the last batch's number) once the worker is quiet
     stats / invalidate / holdings ── runtime.call ─► run on the engine thread
 
 Every batch has a per-worker sequence number, so each frontend's router applies each once, in
 order, and notices a gap (then rebuilds from ``holdings``, which say up to which batch they
-reach). The frontend reaches the actor through its handle (``cluster.backend.ray_pool``).
+reach). A gap shows when a later batch arrives; a router that lost the very last one (a result
+that carried it never applied: its caller went away) learns of it from the heartbeat every
+feed sends once no batch was published for ``HEARTBEAT_S``. The frontend reaches the actor
+through its handle (``cluster.backend.ray_pool``).
 
 Given ``TelemetrySettings`` the worker sets up its process's telemetry on ``start`` (service
 ``orchard-worker``, its id and node as resource attributes) and draws each finished request's
@@ -50,6 +54,7 @@ from cluster.backend.link import LinkServer
 from cluster.backend.link_meter import LinkMeter
 from cluster.backend.protocol import TokenChunk
 from cluster.backend.pull import EngineBlocks, Pace, PullLog, PullServer, pull as pull_blocks
+from cluster.backend.routing import FeedHeartbeat
 from cluster.backend.wire import Prefilled, PullOutcome, PullPlan, WorkerDone
 from cluster.telemetry import attrs as A
 from cluster.telemetry import spans
@@ -69,6 +74,23 @@ OUTBOX_BATCHES = 4096  # event batches kept for callers catching up (older: rebu
 # The feed waits this long after a new batch and then sends only what no result carried
 # meanwhile: while requests flow, results carry every batch and the feed stays quiet.
 FEED_QUIET_S = 0.25
+# A worker that published no batch for this long sends every feed its last batch's number
+# (``FeedHeartbeat``): a router that lost that batch rebuilds within about this long plus the
+# pool's check (``CHECK_EVERY_S``, 2 s), while a busy worker's next batch shows a gap anyway.
+HEARTBEAT_S = 2.0
+
+
+class QuietWatch:
+    """Whether a worker published no batch between one look and the next (its heartbeat
+    timer looks every ``HEARTBEAT_S``)."""
+
+    def __init__(self, seq: int = 0) -> None:
+        self._seen = seq
+
+    def quiet(self, seq: int) -> bool:
+        """``seq``: the last batch published now; True when it was already the last before."""
+        was, self._seen = self._seen, seq
+        return seq == was
 
 
 class EngineWorker:
@@ -77,12 +99,15 @@ class EngineWorker:
     def __init__(self, worker_id: str, model_dir: str, config: EngineConfig,
                  clock: Callable[[], float] = time.monotonic,
                  telemetry: TelemetrySettings | None = None,
-                 runtime: EngineRuntime | None = None, pace: Pace | None = None) -> None:
+                 runtime: EngineRuntime | None = None, pace: Pace | None = None,
+                 heartbeat_s: float | None = HEARTBEAT_S) -> None:
         """``runtime``: a runtime of the caller's that hosts several workers' engines in one
         process (one engine thread, as MLX wants: ``orchard bench frontends``); its owner
         passes each worker's batches to that worker's ``on_events`` and closes it. Without,
         the worker runs its engine on a runtime of its own (a Ray actor's process). ``pace``:
-        the sending side's rate limit on pulls (None: the link's own)."""
+        the sending side's rate limit on pulls (None: the link's own). ``heartbeat_s``: how
+        long without a batch before the feeds' heartbeat (None: only when ``heartbeat`` is
+        called)."""
         self._id = worker_id
         self._shared = runtime
         self._model_dir = model_dir
@@ -95,7 +120,12 @@ class EngineWorker:
         self._decode: Callable[[Sequence[int]], str] = str
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: collections.deque[EventBatch] = collections.deque(maxlen=OUTBOX_BATCHES)
-        self._fed = asyncio.Event()    # set when a batch enters the outbox (actor loop only)
+        self._fed = asyncio.Event()    # set when a batch enters the outbox or a heartbeat is
+                                       # due (actor loop only)
+        self._last_seq = 0             # the last batch published
+        self._beats = 0                # heartbeats asked for so far
+        self._heartbeat_s = heartbeat_s
+        self._beater: asyncio.Task | None = None
         # router id -> the last batch a result carried to that router (actor loop only):
         # each frontend's router is fed by its own results and its own feed, so one
         # frontend's results never make another's feed skip a batch
@@ -116,6 +146,9 @@ class EngineWorker:
             self._loop = asyncio.get_running_loop()
             self._runtime = self._shared or EngineRuntime(self.on_events, self._clock,
                                                           f"engine-{self._id}")
+            if self._heartbeat_s is not None:
+                self._beater = self._loop.create_task(self._beat(self._heartbeat_s),
+                                                      name=f"heartbeat-{self._id}")
         if self._hello is None:
             engine = await self._runtime.open(self._id, self._model_dir, self._config,
                                               self._clock)
@@ -190,28 +223,54 @@ class EngineWorker:
     # ---- the block event feed ----------------------------------------------------------------
 
     async def events(self, after: int, router_id: str = ""
-                     ) -> AsyncIterator[tuple[EventBatch, ...]]:
+                     ) -> AsyncIterator[tuple[EventBatch, ...] | FeedHeartbeat]:
         """The event batches after ``after`` that no result carried to ``router_id``, as they
         come (a Ray streaming generator that lives as long as the caller reads it):
         evictions, TTL expiry and the blocks other frontends' requests stored reach the
         caller's router between its requests. (A router that missed batches all the same,
-        past ``OUTBOX_BATCHES``, sees a gap in the sequence and rebuilds from ``holdings``.)"""
+        past ``OUTBOX_BATCHES``, sees a gap in the sequence and rebuilds from ``holdings``.)
+        When it starts, and at each heartbeat, with nothing to send it yields a
+        ``FeedHeartbeat`` with the last batch's number, so a router that lost the last batch
+        sees that gap too."""
+        beats: int | None = None
         while True:
-            fed = self._fed
+            fed, due = self._fed, self._beats   # what wakes the next pass, and its beats
             batches = self._since(max(after, self._carried.get(router_id, 0)))
             if batches:
                 after = batches[-1].seq
                 yield batches
+            elif beats != due:
+                yield FeedHeartbeat(self._last_seq)
+            beats = due
             await fed.wait()
-            await asyncio.sleep(FEED_QUIET_S)
+            if beats == self._beats:   # woken by a batch: let results carry it first
+                await asyncio.sleep(FEED_QUIET_S)
+
+    def heartbeat(self) -> None:
+        """Have every feed with nothing to send send the last batch's number (on the
+        actor's loop; the worker's timer calls it once quiet for ``heartbeat_s``)."""
+        self._beats += 1
+        self._wake()
 
     def on_events(self, batch: EventBatch) -> None:   # the engine thread
         self._loop.call_soon_threadsafe(self._feed, batch)
 
     def _feed(self, batch: EventBatch) -> None:        # the actor's loop
         self._outbox.append(batch)
+        self._last_seq = batch.seq
+        self._wake()
+
+    def _wake(self) -> None:
         self._fed.set()
         self._fed = asyncio.Event()
+
+    async def _beat(self, every_s: float) -> None:
+        """A heartbeat whenever no batch was published for ``every_s``."""
+        watch = QuietWatch(self._last_seq)
+        while True:
+            await asyncio.sleep(every_s)
+            if watch.quiet(self._last_seq):
+                self.heartbeat()
 
     def _since(self, after: int | None) -> tuple[EventBatch, ...]:
         if after is None:
@@ -251,6 +310,9 @@ class EngineWorker:
     async def close(self) -> None:
         """Stop the request stream and the engine thread, then flush and stop telemetry
         (spans not yet exported)."""
+        if self._beater is not None:
+            self._beater.cancel()
+            self._beater = None
         if self._link is not None:
             await self._link.close()
             self._link = None

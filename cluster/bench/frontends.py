@@ -41,7 +41,7 @@ from typing import AsyncIterator, Sequence
 from cluster.backend.backend import Backend
 from cluster.backend.handle import WorkerHello
 from cluster.backend.link import Items, WorkerLink
-from cluster.backend.routing import FrontendRouter
+from cluster.backend.routing import FeedHeartbeat, FeedItem, FrontendRouter
 from cluster.backend.worker_actor import EngineWorker
 from router.kv.events import BlockStored, EventBatch
 from router.kv.key import BlockHash, Namespace, hash_blocks
@@ -105,9 +105,12 @@ class AttachedWorker:
                pull: None = None) -> Items:
         return self._link.stream(request, feed_after, chunks)   # no pulls planned here
 
-    async def events(self, after: int) -> AsyncIterator[Sequence[EventBatch]]:
+    async def events(self, after: int) -> AsyncIterator[FeedItem]:
         delivered = 0
         async for batches in self._worker.events(after, self._router_id):
+            if isinstance(batches, FeedHeartbeat):   # only batches are lost
+                yield batches
+                continue
             delivered += 1
             if self._lose_every and delivered % self._lose_every == 0:
                 self.lost += 1

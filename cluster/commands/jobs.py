@@ -26,6 +26,7 @@ from cluster.config import CacheConfig, default_run_dir, load_config
 from cluster.jobs.store import JobStore
 from cluster.report.summary import forecast_of, summarize_job
 from router.cost import load_price_table
+from proto.orchard.v1 import orchard_pb2 as pb
 
 PROGRESS_BYTES = 4 << 20  # files smaller than this are sent without a progress bar
 SPAN_FLUSH_S = 6.0  # the trace exporter's batch delay (OpenTelemetry's default 5 s) and a margin
@@ -48,7 +49,8 @@ def _client(args) -> Client:
 def _job_dict(job: JobStatus) -> dict:
     return {"job_id": job.job_id, "state": job.state, "total": job.total,
             "completed": job.completed, "failed": job.failed, "cancelled": job.cancelled,
-            "created_unix_ms": job.created_unix_ms, "finished_unix_ms": job.finished_unix_ms}
+            "created_unix_ms": job.created_unix_ms, "finished_unix_ms": job.finished_unix_ms,
+            "priority": job.priority}
 
 
 def _progress_line(job: JobStatus, started: float) -> str:
@@ -56,7 +58,11 @@ def _progress_line(job: JobStatus, started: float) -> str:
             f"{time.monotonic() - started:.1f} s")
 
 
-def _send_file(client: Client, path: Path, idempotency_key: str) -> JobStatus:
+PRIORITIES = {"batch": pb.PRIORITY_BATCH, "interactive": pb.PRIORITY_INTERACTIVE}
+
+
+def _send_file(client: Client, path: Path, idempotency_key: str, priority: str = "batch"
+               ) -> JobStatus:
     """Stream ``path`` to the server with a progress bar on stderr (big files take seconds)."""
     size = path.stat().st_size
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
@@ -65,7 +71,8 @@ def _send_file(client: Client, path: Path, idempotency_key: str) -> JobStatus:
         task = progress.add_task(f"sending {path.name}", total=size)
         try:
             return client.submit_file(path, idempotency_key,
-                                      on_sent=lambda n: progress.update(task, completed=n))
+                                      on_sent=lambda n: progress.update(task, completed=n),
+                                      priority=PRIORITIES[priority])
         except OrchardError as exc:
             raise ValueError(f"{exc.code}: {exc.message}") from None
 
@@ -98,7 +105,7 @@ def submit(args) -> int:
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     with _client(args) as client:
-        job = _send_file(client, path, args.idempotency_key)
+        job = _send_file(client, path, args.idempotency_key, args.priority)
         # stderr, so that --json output stays one object; the id is known even if the wait
         # is interrupted (the job keeps running: `orchard results JOB` later)
         print(f"submitted {job.job_id}: {job.total} requests", file=sys.stderr)
@@ -207,6 +214,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the job id, state and counts")
     p.add_argument("--idempotency-key", default="", metavar="KEY",
                    help="submitting again with the same KEY returns the first job, not a new one")
+    p.add_argument("--priority", choices=sorted(PRIORITIES), default="batch",
+                   help="the lane the job's requests take (default batch; interactive: served "
+                        "before batch work, never shed)")
     _connect_args(p)
     p.set_defaults(func=submit)
 

@@ -76,12 +76,15 @@ class DirectRequests:
         self._timeout_s = timeout_s
         self._overload = overload
         self._interactive = 0  # interactive requests admitted and not yet ended
+        self._interactive_held = 0  # of those, the ones in a slot now
 
     def queue(self) -> QueueState:
         """The slots as a new interactive request finds them: those it takes turns on (less
         the batch floor while batch requests wait), and ahead of it, every interactive request
-        admitted that holds no slot yet (being tokenized, or waiting for a slot)."""
-        ahead = self._interactive - self._slots.held_by(Priority.INTERACTIVE)
+        admitted that holds no slot yet (being tokenized, or waiting for a slot). An
+        interactive job's requests in their slots are not ahead of it (they drain with the
+        slots), nor is the one each such job waits for at a time."""
+        ahead = self._interactive - self._interactive_held
         return QueueState(self._slots.for_interactive(), self._slots.in_use(), max(0, ahead))
 
     @contextlib.contextmanager
@@ -130,14 +133,17 @@ class DirectRequests:
         with self._refusals_counted(tenant):
             self._overload.quotas.charge(tenant,
                                          len(request.prompt) + request.sampling.max_tokens)
+        interactive = int(priority is Priority.INTERACTIVE)
         async with self._slots.slot(tenant, priority):
             started = self._overload.clock()
+            self._interactive_held += interactive
             try:  # closed with this stream (a caller that leaves), not whenever collected
                 async with contextlib.aclosing(self._run(tenant, request, metadata, remaining_s,
                                                          priority)) as items:
                     async for item in items:
                         yield item
             finally:
+                self._interactive_held -= interactive
                 self._overload.shedder.observe_slot(self._overload.clock() - started)
 
     async def _run(self, tenant: str, request: NewRequest, metadata: Metadata,

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 from enum import Enum
 
-from workers.messages import CacheControls, SamplingParams, TokenLogprob
+from workers.messages import CacheControls, Priority, SamplingParams, TokenLogprob
 
 
 class JobState(str, Enum):
@@ -134,6 +134,8 @@ class JobRecord:
     created_ms: int
     finished_ms: int
     owner: str = ""    # the frontend that runs it (cluster.jobs.lease); "": nobody's
+    # the lane its requests take in the runner's slots and the engine's admission
+    priority: Priority = Priority.BATCH
 
     @property
     def cancelled(self) -> int:

@@ -27,10 +27,13 @@ Backpressure: requests accepted but without a result are counted per tenant and 
 (``RESOURCE_EXHAUSTED`` at the edge). The jobs this frontend's lease takes (its own after a
 restart, a dead frontend's: ``cluster.jobs.lease``) are ``adopt``ed, counted and launched, so
 a frontend resumes where one stopped: requests without a result run (again), and the store
-keeps one result per request. A job the lease lost is ``abandon``ed. Under load, job requests
-are batch work (``Priority.BATCH``): slots go to interactive requests first, with a floor that
-keeps a job moving (``cluster.jobs.slots``), and a job is never shed nor held to the tenants'
-quotas. An interactive request outside a job may be refused at once: shed when it would start
+keeps one result per request. A job the lease lost is ``abandon``ed. A job's requests take its
+priority's lane (``JobRecord.priority``, stored with the job): a batch job's (the default) are
+batch work, which slots serve after interactive requests, with a floor that keeps a job moving
+(``cluster.jobs.slots``), and the engine prefills after them (``GenerateRequest.batch``); an
+interactive job's take the interactive lane in both. A job, of either priority, is never shed
+nor held to the tenants' quotas: it was accepted whole, and a refused request would be a
+failed result. An interactive request outside a job may be refused at once: shed when it would start
 past its deadline (``cluster.jobs.shedding``, fed the slot times of every request run here),
 or over its tenant's quota (``cluster.jobs.quotas``); each refusal is counted by reason.
 
@@ -227,10 +230,10 @@ class JobRunner:
             page = self._store.next_requests(job.job_id)
             while page:
                 for stored in page:
-                    await self._slots.acquire(job.tenant, Priority.BATCH)
+                    await self._slots.acquire(job.tenant, job.priority)
                     task = self._slots.hand_to(
-                        asyncio.create_task(self._run_one(job.tenant, stored)), job.tenant,
-                        Priority.BATCH)
+                        asyncio.create_task(self._run_one(job, stored)), job.tenant,
+                        job.priority)
                     running.add(task)
                     task.add_done_callback(running.discard)
                 page = self._store.next_requests(job.job_id, page[-1].position)
@@ -283,14 +286,15 @@ class JobRunner:
             self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant),
                                        pending)
 
-    async def _run_one(self, tenant: str, stored: StoredRequest) -> None:
+    async def _run_one(self, job: JobRecord, stored: StoredRequest) -> None:
         started = self._clock()
         try:
-            await self._run_stored(tenant, stored)
+            await self._run_stored(job, stored)
         finally:  # the slot's time, which the shedder's queue model drains at
             self._shedder.observe_slot(self._clock() - started)
 
-    async def _run_stored(self, tenant: str, stored: StoredRequest) -> None:
+    async def _run_stored(self, job: JobRecord, stored: StoredRequest) -> None:
+        tenant = job.tenant
         ready = await asyncio.to_thread(self._prepare_one, stored)  # the slot is this task's
         if isinstance(ready, ValueError):
             result = error_of(stored, "INVALID_ARGUMENT", str(ready))
@@ -301,7 +305,7 @@ class JobRunner:
             try:
                 result = await self._execute(tenant, PendingRequest(
                     stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling,
-                    ready.cache, ready.cache_salt))
+                    ready.cache, ready.cache_salt), job.priority)
             except Exception as exc:  # a bug past the backend call: recorded, so the job ends
                 log.exception("request %s: no result could be built", stored.request_id)
                 result = error_of(stored, "INTERNAL", f"{type(exc).__name__}: {exc}")
@@ -309,13 +313,15 @@ class JobRunner:
             self.release(tenant, 1)
         self._notify()
 
-    async def _execute(self, tenant: str, pending: PendingRequest) -> StoredResult:
+    async def _execute(self, tenant: str, pending: PendingRequest, priority: Priority
+                       ) -> StoredResult:
         with self._tracing.request(tenant, pending.request_id, pending.job_id, pending.custom_id,
                                    pending.sampling, prompt=pending.prompt) as trace:
             namespace = replace(self._namespace(tenant), salt=pending.cache_salt)
             request = GenerateRequest(request_id=pending.request_id, namespace=namespace,
                                       prompt=pending.prompt, sampling=pending.sampling,
-                                      trace_context=trace.context, batch=True,
+                                      trace_context=trace.context,
+                                      batch=priority is Priority.BATCH,
                                       cache=pending.cache)
             result = await self._dispatch(request, pending, trace)
             if not result.ok:

@@ -1,6 +1,7 @@
 """The job store's SQLite schema, and the upgrade of a store written by an older orchard.
 
-    jobs          job_id ─┬─ tenant, state, total, completed, failed, model, created/finished
+    jobs          job_id ─┬─ tenant, state, total, completed, failed, model, created/finished,
+                          └─ owner, priority ("batch" or "interactive": its requests' lane)
     job_requests  (job_id, prefix, idx) ─ custom_id, body: each request stored once, as sent
     results       (job_id, seq) ─ idx (unique per job), the result as JSON: appended
     job_keys      (tenant, idempotency_key) ─ job_id: a retried submission finds its first job
@@ -14,7 +15,8 @@ the dispatch order: requests that share leading messages sort together (see
 ``cluster.api.intake.prefix_key``), and ``idx`` is the request's place in the file.
 
 Version 2 had one frontend per store; version 3 adds ``jobs.owner`` (``''``: nobody's, taken
-by the first frontend that looks) and the ``frontends`` table.
+by the first frontend that looks) and the ``frontends`` table; version 4 adds
+``jobs.priority`` (every job before it is ``'batch'``: jobs had no priority).
 
 Version 1 stored tokenized prompts in ``requests`` and counted results on every read; opening
 such a store moves its requests into ``job_requests`` (as token prompts) and its counts onto
@@ -25,14 +27,14 @@ from __future__ import annotations
 import json
 import sqlite3
 
-VERSION = 3
+VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, total INTEGER NOT NULL,
     model TEXT NOT NULL, created_ms INTEGER NOT NULL, finished_ms INTEGER NOT NULL DEFAULT 0,
     completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
-    owner TEXT NOT NULL DEFAULT '');
+    owner TEXT NOT NULL DEFAULT '', priority TEXT NOT NULL DEFAULT 'batch');
 CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, created_ms);
 CREATE INDEX IF NOT EXISTS jobs_by_finish ON jobs (finished_ms);
 CREATE TABLE IF NOT EXISTS job_requests (
@@ -69,6 +71,7 @@ def open_schema(db: sqlite3.Connection) -> None:
             if version < 2:
                 _upgrade_from_1(db)
             _upgrade_from_2(db)
+            _upgrade_from_3(db)
         for statement in SCHEMA.split(";"):  # not executescript: it would commit
             if statement.strip():
                 db.execute(statement)
@@ -88,6 +91,12 @@ def _upgrade_from_2(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
     if "owner" not in columns:  # every job nobody's: the first frontend to look takes it
         db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+
+
+def _upgrade_from_3(db: sqlite3.Connection) -> None:
+    columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    if "priority" not in columns:  # jobs were batch work before they had a priority
+        db.execute("ALTER TABLE jobs ADD COLUMN priority TEXT NOT NULL DEFAULT 'batch'")
 
 
 def _upgrade_from_1(db: sqlite3.Connection) -> None:

@@ -5,11 +5,9 @@ dispatch order, a page at a time, and hands it each result. The tables are in
 ``cluster.jobs.schema``; a request is stored once, as the client sent it (``body``, opaque
 here), and templated and tokenized only when it is dispatched.
 
-Acceptance (``JobIntake``): a job's requests are written in pieces on a connection of their
-own, off the event loop, under an ``intakes`` row; the job itself (its ``jobs`` row, and the
-idempotency key) appears only in the last, fsynced (``synchronous=FULL``) transaction. A job
-is therefore whole or absent: a refused, failed or killed intake leaves only rows no query
-reads, and they are deleted at once, or when the store is next opened.
+Acceptance (``JobIntake``, ``cluster.jobs.store_intake``): a job's requests are written in
+pieces off the event loop, and the job (with its priority: the lane its requests take) appears
+only in the last, fsynced transaction, so it is whole or absent.
 
 Exactly once: a result is inserted with ``UNIQUE(job_id, idx)``, so a request that runs again
 after a crash (its result was not committed yet) yields one stored result, never two; its
@@ -27,10 +25,6 @@ one short transaction. The clock is injected (milliseconds since the epoch).
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
-import sqlite3
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -38,33 +32,25 @@ from cluster.jobs.records import (JobFinished, JobNotFound, JobRecord, JobState,
                                   PendingRequest, StagedRequest, StoredRequest, StoredResult,
                                   StoreFull)
 from cluster.jobs.schema import open_schema
+from cluster.jobs.store_db import (AUTOCHECKPOINT_PAGES, CHECKPOINT, JOB_COLUMNS,
+                                   WAL_LIMIT_BYTES, Transaction, connect, find_job, get_job,
+                                   job_of)
+from cluster.jobs.store_intake import DISK_RESERVE_BYTES, JobIntake, sweep_intakes
+from workers.messages import Priority
 
-__all__ = ["JobFinished", "JobNotFound", "JobRecord", "JobState", "JobStore", "JobIntake",
-           "NewRequest", "PendingRequest", "StagedRequest", "StoredRequest", "StoredResult",
-           "StoreFull"]
+__all__ = ["AUTOCHECKPOINT_PAGES", "DISK_RESERVE_BYTES", "JobFinished", "JobNotFound",
+           "JobRecord", "JobState", "JobStore", "JobIntake", "NewRequest", "PendingRequest",
+           "StagedRequest", "StoredRequest", "StoredResult", "StoreFull", "WAL_LIMIT_BYTES",
+           "connect", "get_job"]
 
-AUTOCHECKPOINT_PAGES = 1000       # SQLite's default: the log is folded back every 4 MB
-WAL_LIMIT_BYTES = 8 << 20         # ... and truncated to at most this much after a checkpoint
 PAGE_ROWS = 256                   # requests read per page by the runner
-DISK_RESERVE_BYTES = 4 << 20      # an intake stops while this much is free (room to undo it)
 
 # The statements. Out of mutation testing's reach: SQLite reads keywords, table and column
 # names and pragma values without regard to letter case and none of these holds a quoted
 # literal, so a mutant that only changes their case (88 of the module's did) cannot change
 # what the store does. What they do is tested through the store all the same.
 # pragma: no mutate start
-JOB_COLUMNS = ("job_id, tenant, state, total, completed, failed, model, created_ms, finished_ms, "
-               "owner")
-CONNECTION_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL",
-                      "PRAGMA busy_timeout=5000", f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}",
-                      f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
-SYNC_FULL, SYNC_NORMAL = "PRAGMA synchronous=FULL", "PRAGMA synchronous=NORMAL"
-CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
 VACUUM = "PRAGMA incremental_vacuum"
-BEGIN, COMMIT, ROLLBACK = "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK"
-
-GET_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?"
-FIND_JOB = "SELECT job_id FROM job_keys WHERE tenant = ? AND idempotency_key = ?"
 LIST_JOBS = (f"SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ? AND created_ms >= ?{{states}}"
              "{after} ORDER BY created_ms {order}, rowid {order} LIMIT ?")
 LIST_STATES = " AND state IN ({})"  # one placeholder per state
@@ -93,15 +79,6 @@ COUNT_RESULT = ("UPDATE jobs SET completed = completed + ?, failed = failed + ? 
 FINISH_JOB = ("UPDATE jobs SET state = ?, finished_ms = ? WHERE job_id = ? AND state IN (?, ?) "
               "AND total = completed + failed")
 RESULTS = "SELECT seq, body FROM results WHERE job_id = ? AND seq >= ? ORDER BY seq LIMIT ?"
-
-INSERT_INTAKE = "INSERT INTO intakes VALUES (?, ?)"
-INSERT_REQUESTS = "INSERT INTO job_requests VALUES (?, ?, ?, ?, ?)"
-INSERT_JOB = ("INSERT INTO jobs (job_id, tenant, state, total, model, created_ms, owner) "
-              "VALUES (?, ?, ?, ?, ?, ?, ?)")
-INSERT_KEY = "INSERT INTO job_keys VALUES (?, ?, ?)"
-END_INTAKE = "DELETE FROM intakes WHERE job_id = ?"
-DROP_INTAKE = ("DELETE FROM job_requests WHERE job_id = ?", END_INTAKE)
-INTAKES = "SELECT job_id FROM intakes"
 JOBS_BY_STATE = "SELECT state, COUNT(*) FROM jobs GROUP BY state"
 # pragma: no mutate end
 
@@ -131,24 +108,28 @@ class JobStore:
 
     # ------------------------------------------------------------------ jobs
 
-    def intake(self, tenant: str, model: str) -> JobIntake:
-        """Start accepting a job: its requests go in pieces, the job appears on ``commit``."""
-        return JobIntake(self._path, self._clock_ms, tenant, model, self._owner)
+    def intake(self, tenant: str, model: str, priority: Priority = Priority.BATCH
+               ) -> JobIntake:
+        """Start accepting a job: its requests go in pieces, the job appears on ``commit``.
+        ``priority``: the lane the job's requests take (``cluster.jobs.slots``, the engine)."""
+        return JobIntake(self._path, self._clock_ms, tenant, model, self._owner, priority)
 
-    def create_job(self, tenant: str, model: str, requests: Sequence[StagedRequest]
-                   ) -> JobRecord:
+    def create_job(self, tenant: str, model: str, requests: Sequence[StagedRequest],
+                   priority: Priority = Priority.BATCH) -> JobRecord:
         """Persist a job and all its requests (a small job, in one go)."""
-        job, _ = self.submit(tenant, model, requests)
+        job, _ = self.submit(tenant, model, requests, priority=priority)
         return job
 
     def submit(self, tenant: str, model: str, requests: Sequence[StagedRequest],
-               idempotency_key: str = "") -> tuple[JobRecord, bool]:
+               idempotency_key: str = "", priority: Priority = Priority.BATCH
+               ) -> tuple[JobRecord, bool]:
         """Persist a job unless ``idempotency_key`` already names one of ``tenant``'s jobs.
 
         Returns the job and whether it was created now: a client that retries a submission
-        whose answer it lost gets the first job back, and nothing runs twice.
+        whose answer it lost gets the first job back (with its own priority), and nothing
+        runs twice.
         """
-        intake = self.intake(tenant, model)
+        intake = self.intake(tenant, model, priority)
         try:
             intake.add(requests)
             return intake.commit(idempotency_key)
@@ -179,14 +160,14 @@ class JobStore:
             after=LIST_AFTER if after else LIST_BEFORE if before else "",
             order="ASC" if before else "DESC")
         rows = self._db.execute(sql, (*args, limit)).fetchall()
-        jobs = [_job(row) for row in rows]
+        jobs = [job_of(row) for row in rows]
         return jobs[::-1] if before else jobs
 
     def unfinished_jobs(self) -> list[JobRecord]:
         """Queued and running jobs, oldest first: what a restarted frontend resumes."""
         rows = self._db.execute(UNFINISHED_JOBS, (JobState.QUEUED.value,
                                                   JobState.RUNNING.value)).fetchall()
-        return [_job(row) for row in rows]
+        return [job_of(row) for row in rows]
 
     def mark_running(self, job_id: str) -> None:
         self._db.execute(MARK_RUNNING, (JobState.RUNNING.value, job_id, JobState.QUEUED.value))
@@ -268,146 +249,4 @@ class JobStore:
         return [StoredResult.from_json(seq, body) for seq, body in rows]
 
     def _transaction(self):
-        return _Transaction(self._db)
-
-
-class JobIntake:
-    """One job being accepted, on a connection of its own (used from one thread at a time).
-
-    ``add`` stores a piece of the job's requests in one transaction; ``commit`` makes the job
-    exist (queued) in one fsynced transaction; ``abort`` (or a failed ``add``) deletes what was
-    stored. Until ``commit`` nothing else in the store sees the job.
-    """
-
-    def __init__(self, path: str, clock_ms: Callable[[], int], tenant: str, model: str,
-                 owner: str = ""):
-        self._clock_ms = clock_ms
-        self._owner = owner
-        self._tenant = tenant
-        self._model = model
-        self._path = path
-        self._db = connect(path)
-        self.job_id = f"job-{secrets.token_hex(8)}"
-        self.count = 0
-        with _disk_full_refuses():
-            self._db.execute(INSERT_INTAKE, (self.job_id, clock_ms()))
-
-    def add(self, requests: Sequence[StagedRequest]) -> None:
-        rows = [(self.job_id, r.index, r.prefix, r.custom_id, r.body) for r in requests]
-        # Refuse while there is still room to delete what was stored: in WAL mode even a
-        # DELETE needs log space, so an intake that ran the disk to the last byte could not
-        # clean up after itself (the next start would).
-        needed = 2 * sum(len(r.body) + len(r.prefix) + len(r.custom_id) for r in requests)
-        if _free_bytes(self._path) < needed + DISK_RESERVE_BYTES:
-            raise StoreFull(_FULL)
-        with _disk_full_refuses(), _Transaction(self._db):
-            self._db.executemany(INSERT_REQUESTS, rows)
-        self.count += len(rows)
-
-    def commit(self, idempotency_key: str = "") -> tuple[JobRecord, bool]:
-        """Create the job, or return the one ``idempotency_key`` already names (then this
-        intake's requests are dropped)."""
-        if self.count == 0:
-            raise ValueError("requests: a job needs at least one request")
-        if idempotency_key and (existing := find_job(self._db, self._tenant,
-                                                     idempotency_key)) is not None:
-            self.abort()
-            return existing, False
-        self._db.execute(SYNC_FULL)
-        try:
-            with _disk_full_refuses(), _Transaction(self._db):
-                self._db.execute(INSERT_JOB, (self.job_id, self._tenant, JobState.QUEUED.value,
-                                              self.count, self._model, self._clock_ms(),
-                                              self._owner))
-                if idempotency_key:
-                    self._db.execute(INSERT_KEY, (self._tenant, idempotency_key, self.job_id))
-                self._db.execute(END_INTAKE, (self.job_id,))
-        finally:
-            self._db.execute(SYNC_NORMAL)
-        try:  # the intake's pages went through the log: fold them back now, off the loop
-            self._db.execute(CHECKPOINT)
-        except sqlite3.OperationalError:
-            pass  # busy: the next automatic checkpoint does it
-        return get_job(self._db, self.job_id), True
-
-    def abort(self) -> None:
-        """Delete what this intake stored (if the disk is too full even for that, the store
-        deletes it when next opened: nothing reads an intake's rows meanwhile)."""
-        try:
-            with _Transaction(self._db):
-                for statement in DROP_INTAKE:
-                    self._db.execute(statement, (self.job_id,))
-        except sqlite3.OperationalError:
-            pass
-
-    def close(self) -> None:
-        self._db.close()
-
-
-@contextlib.contextmanager
-def _disk_full_refuses():
-    """SQLite's "database or disk is full" as ``StoreFull`` (the transaction is rolled back)."""
-    try:
-        yield
-    except sqlite3.OperationalError as exc:
-        if exc.sqlite_errorcode != sqlite3.SQLITE_FULL:
-            raise
-        raise StoreFull(_FULL) from None
-
-
-_FULL = ("the job store's disk is full; the job was not created: free space (or `orchard jobs "
-         "prune --older-than DAYS`) and submit again")
-
-
-def _free_bytes(path: str) -> int:
-    stat = os.statvfs(os.path.dirname(os.path.abspath(path)))
-    return stat.f_bavail * stat.f_frsize
-
-
-def _job(row) -> JobRecord:
-    return JobRecord(job_id=row[0], tenant=row[1], state=JobState(row[2]), total=row[3],
-                     completed=row[4], failed=row[5], model=row[6], created_ms=row[7],
-                     finished_ms=row[8], owner=row[9])
-
-
-def connect(path: str) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    for pragma in CONNECTION_PRAGMAS:
-        db.execute(pragma)
-    return db
-
-
-def get_job(db: sqlite3.Connection, job_id: str, tenant: str | None = None) -> JobRecord:
-    row = db.execute(GET_JOB, (job_id,)).fetchone()
-    if row is None or (tenant is not None and row[1] != tenant):
-        raise JobNotFound(f"job_id: no job {job_id!r}")
-    return _job(row)
-
-
-def find_job(db: sqlite3.Connection, tenant: str, idempotency_key: str) -> JobRecord | None:
-    row = db.execute(FIND_JOB, (tenant, idempotency_key)).fetchone()
-    return None if row is None else get_job(db, row[0])
-
-
-def sweep_intakes(db: sqlite3.Connection) -> None:
-    """Delete the requests of intakes that never committed (a killed or refused acceptance)."""
-    for (job_id,) in db.execute(INTAKES).fetchall():
-        with _Transaction(db):
-            for statement in DROP_INTAKE:
-                db.execute(statement, (job_id,))
-
-
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on an exception)."""
-
-    def __init__(self, db: sqlite3.Connection):
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute(BEGIN)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self._db.execute(COMMIT)
-        elif self._db.in_transaction:  # SQLite already rolled back after e.g. a full disk
-            self._db.execute(ROLLBACK)
+        return Transaction(self._db)

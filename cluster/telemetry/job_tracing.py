@@ -104,7 +104,8 @@ class RequestTrace:
             return
         self.ended = True
         route = None if decision is None else RouteOutcome.of(
-            decision.expected_cached_tokens, result.input_tokens, self._observer.block_size)
+            decision.expected_cached_tokens, result.input_tokens, self._observer.block_size,
+            decision.pull is not None)
         self._metrics.served(ServedRequest(
             worker=result.worker_id, tenant=self._tenant, prompt_tokens=result.input_tokens,
             cached_tokens=result.cached_tokens, disk_tokens=result.lookup.disk_tokens,
@@ -221,7 +222,10 @@ class JobTracing:
             self.observer.tel.instruments.watch_slots(slots)
 
     def refused(self, tenant: str, reason: str) -> None:
-        """A request of ``tenant`` refused at admission (``orchard.requests.refused``)."""
+        """A request of ``tenant`` refused at admission (``orchard.requests.refused``, and
+        ``orchard_requests_refused_total`` on /metrics)."""
+        if self.metrics is not None:
+            self.metrics.refused(tenant, reason)
         if self.observer is not None:
             self.observer.tel.instruments.record_refusal(tenant, reason)
 

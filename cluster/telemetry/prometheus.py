@@ -5,6 +5,7 @@ Two kinds, told apart by who knows the figure:
 Pushed when a request ends (``JobTracing`` calls ``served`` or ``finished``)::
 
     orchard_requests_finished_total        counter   {tenant, status}   OK or the gRPC code
+    orchard_requests_refused_total         counter   {tenant, reason}   refused at admission
     orchard_time_to_first_token_seconds    histogram {worker}
     orchard_time_per_output_token_seconds  histogram {worker}   requests of 2+ output tokens
     orchard_e2e_request_latency_seconds    histogram {worker}   the frontend's own clock
@@ -12,6 +13,7 @@ Pushed when a request ends (``JobTracing`` calls ``served`` or ``finished``)::
     orchard_cached_tokens_total            counter   {worker, tenant, tier}   memory | disk
     orchard_generation_tokens_total        counter   {worker, tenant}
     orchard_router_decisions_total         counter   {worker, outcome}   hit | partial | miss
+                                                                         | pulled
     orchard_effective_input_multiplier     gauge     {tenant}   M of its finished requests
 
 Read at each scrape from a ``ScrapeState`` the frontend gathers on its loop just before
@@ -25,12 +27,15 @@ Read at each scrape from a ``ScrapeState`` the frontend gathers on its loop just
     orchard_prefix_store_bytes             gauge     {worker, tier}
     orchard_prefix_store_capacity_bytes    gauge     {worker, tier}
     orchard_prefix_store_blocks            gauge     {worker, tier}
-    orchard_prefix_store_evictions_total   counter   {worker}   memory tier, since it started
+    orchard_prefix_store_evictions_total   counter   {worker, tier}   since it started
     orchard_prefix_store_expirations_total counter   {worker}   memory tier (TTL)
 
 A router decision's outcome is the router's belief at routing time, against the prompt's
 reusable tokens (``router.kv.key.reusable_tokens`` of its full blocks): ``hit`` expected
-all of them cached, ``miss`` none, ``partial`` some. The registry is the frontend's own (not
+all of them cached, ``miss`` none, ``partial`` some; ``pulled`` is a decision that planned a
+pull (``router.pull_cost``: the chosen worker fetches the prefix from a peer first), whatever
+the chosen worker was believed to hold. A refusal's reason is the one the OpenTelemetry
+``orchard.requests.refused`` counts (``cluster.telemetry.metrics``). The registry is the frontend's own (not
 the library's global one), so two frontends in one process never share a counter.
 """
 from __future__ import annotations
@@ -60,11 +65,15 @@ class RouteOutcome(str, Enum):
     HIT = "hit"
     PARTIAL = "partial"
     MISS = "miss"
+    PULLED = "pulled"
 
     @classmethod
-    def of(cls, expected_cached_tokens: int, prompt_tokens: int, block_size: int
-           ) -> RouteOutcome:
-        """What the router expected of a prompt: all its reusable tokens, some, or none."""
+    def of(cls, expected_cached_tokens: int, prompt_tokens: int, block_size: int,
+           pulled: bool = False) -> RouteOutcome:
+        """What the router expected of a prompt: all its reusable tokens, some, or none;
+        ``PULLED`` when the decision planned a pull from a peer."""
+        if pulled:
+            return cls.PULLED
         reusable = reusable_tokens(prompt_tokens, prompt_tokens // block_size, block_size)
         if expected_cached_tokens <= 0:
             return cls.MISS
@@ -93,6 +102,7 @@ class TierUsage:
     bytes: int
     blocks: int
     capacity_bytes: int
+    evictions: int = 0        # blocks the tier evicted for capacity, cumulative
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +113,7 @@ class WorkerSnapshot:
     running: int
     memory: TierUsage
     disk: TierUsage | None    # None: the worker has no disk tier
-    evictions: int            # cumulative
-    expirations: int          # cumulative
+    expirations: int          # the memory tier's, cumulative
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +169,8 @@ class ServingMetrics:
                                "store, by tier", ["worker", "tenant", "tier"], registry=r)
         self._generated = Counter("orchard_generation_tokens", "Output tokens generated",
                                   ["worker", "tenant"], registry=r)
+        self._refused = Counter("orchard_requests_refused", "Requests refused at admission, "
+                                "by reason", ["tenant", "reason"], registry=r)
         self._routes = Counter("orchard_router_decisions", "Routing decisions of served "
                                "requests, by what the router expected cached",
                                ["worker", "outcome"], registry=r)
@@ -184,6 +195,11 @@ class ServingMetrics:
     def finished(self, tenant: str, status: str) -> None:
         """A request ended without a result (``status``: its gRPC code's name)."""
         self._finished.labels(tenant, status).inc()
+
+    def refused(self, tenant: str, reason: str) -> None:
+        """A request of ``tenant`` refused at admission for ``reason`` (``shed``,
+        ``requests_in_flight``, ``tokens_per_minute``, ``pending``)."""
+        self._refused.labels(tenant, reason).inc()
 
     def render(self, state: ScrapeState, accept: str | None = None) -> tuple[bytes, str]:
         """One scrape: the body and its content type (negotiated from ``accept``)."""
@@ -228,8 +244,8 @@ def _worker_families(workers: Sequence[WorkerSnapshot]) -> list[Metric]:
                       "by tier", ["worker", "tier"])
     blocks = _gauge("orchard_prefix_store_blocks", "Blocks the prefix store holds, by tier",
                     ["worker", "tier"])
-    evictions = CounterMetricFamily("orchard_prefix_store_evictions", "Blocks evicted from "
-                                    "the memory tier for capacity", labels=["worker"])
+    evictions = CounterMetricFamily("orchard_prefix_store_evictions", "Blocks a tier evicted "
+                                    "for capacity", labels=["worker", "tier"])
     expirations = CounterMetricFamily("orchard_prefix_store_expirations", "Blocks dropped "
                                       "from the memory tier after their TTL", labels=["worker"])
     for w in sorted(workers, key=lambda w: w.worker):
@@ -240,7 +256,7 @@ def _worker_families(workers: Sequence[WorkerSnapshot]) -> list[Metric]:
             used.add_metric([w.worker, tier], usage.bytes)
             capacity.add_metric([w.worker, tier], usage.capacity_bytes)
             blocks.add_metric([w.worker, tier], usage.blocks)
-        evictions.add_metric([w.worker], w.evictions)
+            evictions.add_metric([w.worker, tier], usage.evictions)
         expirations.add_metric([w.worker], w.expirations)
     return [running, used, capacity, blocks, evictions, expirations]
 

@@ -117,6 +117,18 @@ class TestBehaviour:
         assert idx.match(chain(10, 11, 12), now=0).blocks == {"a": 1}
         assert idx.blocks_held("a") == 1
 
+    def test_a_lost_last_batch_marked_as_a_gap_is_stale_until_rebuilt_and_counted_once(self):
+        idx = index("a")
+        idx.apply(stored("a", 0, chain(10)))
+        idx.mark_gap("a", 2)                       # batches 1 and 2 were lost
+        assert (idx.stale_workers(), idx.counters().sequence_gaps) == (["a"], 1)
+        idx.apply(stored("a", 3, chain(10, 11)))   # the next batch: no second gap
+        assert (idx.stale_workers(), idx.counters().sequence_gaps) == (["a"], 1)
+        idx.rebuild("a", chain(10, 11))
+        assert idx.stale_workers() == []
+        with pytest.raises(ValueError):
+            idx.mark_gap("ghost", 1)
+
     def test_memory_is_bounded_by_dropping_the_least_recently_used_entries(self):
         idx = index("a", max_blocks=100)
         for seq in range(30):

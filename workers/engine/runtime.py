@@ -347,7 +347,7 @@ def _disk_stats(d: DiskStats | None) -> DiskTierStats | None:
     if d is None:
         return None
     return DiskTierStats(d.ledger.blocks, d.ledger.bytes, d.ledger.capacity_bytes, d.free_bytes,
-                         d.corrupt, d.start.torn, d.start.outdated, d.full)
+                         d.corrupt, d.start.torn, d.start.outdated, d.full, d.ledger.evictions)
 
 
 def _answer(reply: Reply, fn: Callable[[], object]) -> None:

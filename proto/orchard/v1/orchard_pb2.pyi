@@ -207,7 +207,7 @@ class Result(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., index: _Optional[int] = ..., custom_id: _Optional[str] = ..., request_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., text: _Optional[str] = ..., output_tokens: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., worker_id: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., attempts: _Optional[int] = ..., model: _Optional[str] = ..., worker_s: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "tenant", "state", "total", "completed", "failed", "cancelled", "created_unix_ms", "finished_unix_ms", "model")
+    __slots__ = ("job_id", "tenant", "state", "total", "completed", "failed", "cancelled", "created_unix_ms", "finished_unix_ms", "model", "priority")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +218,7 @@ class Job(_message.Message):
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     tenant: str
     state: JobState
@@ -228,25 +229,30 @@ class Job(_message.Message):
     created_unix_ms: int
     finished_unix_ms: int
     model: str
-    def __init__(self, job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., total: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., total: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("requests", "idempotency_key")
+    __slots__ = ("requests", "idempotency_key", "priority")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[Request]
     idempotency_key: str
-    def __init__(self, requests: _Optional[_Iterable[_Union[Request, _Mapping]]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, requests: _Optional[_Iterable[_Union[Request, _Mapping]]] = ..., idempotency_key: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class BatchFileChunk(_message.Message):
-    __slots__ = ("data", "file_name", "idempotency_key")
+    __slots__ = ("data", "file_name", "idempotency_key", "priority")
     DATA_FIELD_NUMBER: _ClassVar[int]
     FILE_NAME_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     file_name: str
     idempotency_key: str
-    def __init__(self, data: _Optional[bytes] = ..., file_name: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, data: _Optional[bytes] = ..., file_name: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -184,11 +184,11 @@ class TestSettings:
 
 def test_a_workers_stats_narrow_to_its_snapshot_with_both_tiers():
     disk = DiskTierStats(blocks=7, bytes=7000, capacity_bytes=1 << 20, free_bytes=None,
-                         corrupt=0, torn=0, outdated=0, full=False)
+                         corrupt=0, torn=0, outdated=0, full=False, evictions=6)
     info = WorkerInfo("w3", "node", "ready", running=2, queued_tokens=5, cache_bytes=300,
                       cache_capacity_bytes=4096, cache_blocks=3, hit_ratio=0.5,
                       requests_served=9, evictions=4, expirations=1, disk=disk)
-    assert snapshot_of(info) == WorkerSnapshot("w3", 2, TierUsage(300, 3, 4096),
-                                               TierUsage(7000, 7, 1 << 20), 4, 1)
+    assert snapshot_of(info) == WorkerSnapshot("w3", 2, TierUsage(300, 3, 4096, 4),
+                                               TierUsage(7000, 7, 1 << 20, 6), 1)
     memory_only = snapshot_of(WorkerInfo("w4", "node", "ready", 0, 0, 0, 4096, 0, 0.0, 0))
     assert memory_only.disk is None

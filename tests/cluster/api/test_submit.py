@@ -105,6 +105,23 @@ def test_submit_wait_json_then_results_in_openai_format(frontend, tmp_path, caps
     assert listed[0]["job_id"] == job["job_id"]
 
 
+def test_submit_with_a_priority_prints_it_with_the_job(frontend, tmp_path, capsys):
+    path = tmp_path / "one.jsonl"
+    path.write_text(line("a", USER, max_tokens=1) + "\n")
+    assert cli(frontend, "submit", str(path), "--json", "--priority", "interactive") == 0
+    job = json.loads(capsys.readouterr().out)
+    assert (job["total"], job["priority"]) == (1, "interactive")
+    assert cli(frontend, "submit", str(path), "--json") == 0
+    batch = json.loads(capsys.readouterr().out)
+    assert batch["priority"] == "batch"
+    with frontend.client("acme") as client:   # both ended before the next test lists jobs
+        assert [client.wait(j["job_id"]).priority for j in (job, batch)] == [
+            "interactive", "batch"]
+    with pytest.raises(SystemExit):   # argparse names the choices
+        cli(frontend, "submit", str(path), "--priority", "urgent")
+    assert "invalid choice: 'urgent'" in capsys.readouterr().err
+
+
 def test_server_side_errors_name_the_line(frontend, tmp_path, capsys):
     with frontend.client("acme") as client:
         before = client.jobs()

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from cluster.backend.protocol import TokenChunk
-from cluster.backend.routing import FrontendRouter
-from cluster.backend.worker_actor import EngineWorker, WorkerDone
+from cluster.backend.routing import FeedHeartbeat, FrontendRouter
+from cluster.backend.worker_actor import EngineWorker, QuietWatch, WorkerDone
 from router.kv.key import Namespace, hash_blocks
 from tests.support.forged_models import tiny_model
 from tests.support.requests import generate_request
@@ -152,3 +152,56 @@ def test_two_frontends_routers_following_one_worker_each_get_every_batch_without
     assert last == held.seq and b_last == last        # B caught up to A's last batch
     assert beliefs == [len(held.blocks)] * 2 == [12, 12]   # 3 prompts x 4 blocks
     assert matched == [64, 64] and stale == ([], [])
+
+
+
+def test_a_router_that_lost_the_last_batch_learns_it_from_the_heartbeat_and_rebuilds():
+    """Router A's result carried the worker's batch but was never applied (its caller went
+    away), so A's feed skips it and no later batch shows a gap. At the heartbeat A's feed
+    names the last batch: A is stale, counted once, and rebuilt from the holdings it matches
+    the prompt again. Router B applied everything: its heartbeat changes nothing. (Each feed
+    is read by hand: a heartbeat wakes it at once, no quiet period, no clock.)"""
+    async def scenario():
+        worker = EngineWorker("w0", str(tiny_model()), EngineConfig(block_size=BLOCK),
+                              heartbeat_s=None)
+        hello = await worker.start()
+        ns = Namespace("t", hello.model.model_id, hello.model.revision)
+        a, b = FrontendRouter(BLOCK), FrontendRouter(BLOCK)
+        a.add_worker("w0")
+        b.add_worker("w0")
+        a_feed = worker.events(a.feed_after("w0"), "router-a")
+        opened = await anext(a_feed)            # a feed starts with a heartbeat
+        prompt = tuple(range(20, 84))
+        done = await worker.run(generate_request("r", prompt, 2, ns=ns), 0, "router-a")
+        b.apply("w0", done.events)              # B applied it; A lost it
+        last = done.events[-1].seq
+        before = (a.stale_workers(), a.router.index_counters().sequence_gaps, a.feed_after("w0"))
+        b_feed = worker.events(b.feed_after("w0"), "router-b")
+        b_opened = await anext(b_feed)
+        worker.heartbeat()
+        beats = (await anext(a_feed), await anext(b_feed))
+        a.heard("w0", beats[0])
+        b.heard("w0", beats[1])
+        stale = (a.stale_workers(), a.router.index_counters().sequence_gaps, b.stale_workers())
+        a.rebuild("w0", await worker.holdings())
+        probe = prompt + (1,)
+        matched = a.router.route(ns, hash_blocks(probe, BLOCK, ns), len(probe))
+        after = (a.stale_workers(), a.feed_after("w0"), matched.expected_cached_tokens)
+        for feed in (a_feed, b_feed):
+            await feed.aclose()
+        await worker.close()
+        return opened, last, before, b_opened, beats, stale, after
+
+    opened, last, before, b_opened, beats, stale, after = asyncio.run(scenario())
+    assert opened == FeedHeartbeat(0) and last == 1   # the prompt's 4 blocks, in one batch
+    assert before == ([], 0, 0)                # nothing seen: no later batch to show a gap
+    assert b_opened == FeedHeartbeat(1)
+    assert beats == (FeedHeartbeat(1), FeedHeartbeat(1))
+    assert stale == (["w0"], 1, [])
+    assert after == ([], last, 64)
+
+
+def test_the_heartbeat_timer_beats_only_after_a_look_with_no_new_batch():
+    watch = QuietWatch(3)
+    assert [watch.quiet(seq) for seq in (3, 4, 4, 4, 9, 9)] == [
+        True, False, True, True, False, True]

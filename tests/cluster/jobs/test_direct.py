@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.backend.local import LocalBackend
 from cluster.backend.protocol import GenerateOutcome, TokenChunk
@@ -21,6 +22,7 @@ from cluster.jobs.shedding import QueueState, Shed
 from cluster.jobs.store import JobStore, NewRequest, StoredResult
 from cluster.telemetry.job_tracing import JobTracing
 from cluster.telemetry.observe import RequestObserver, ServedCache
+from cluster.telemetry.prometheus import ScrapeState, ServingMetrics
 from router.cost import PriceTable
 from router.kv.key import Namespace, hash_blocks
 from tests.conftest import Clock
@@ -229,6 +231,14 @@ def _refused(reader) -> dict[tuple[str, str], int]:
     return counts
 
 
+def _scraped_refusals(metrics: ServingMetrics) -> dict[tuple[str, str], float]:
+    """``orchard_requests_refused_total`` on /metrics, by (tenant, reason)."""
+    body = metrics.render(ScrapeState({}, {}, {}))[0].decode()
+    return {(s.labels["tenant"], s.labels["reason"]): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples
+            if s.name == "orchard_requests_refused_total"}
+
+
 def test_an_interactive_request_behind_a_queue_is_shed_with_the_exact_retry_after(tmp_path):
     """Measured: a request held its slot 2 s and had its first token 0.5 s after its worker
     got it. Queue: both slots held, 3 interactive requests waiting. A new request with a 2 s
@@ -239,7 +249,8 @@ def test_an_interactive_request_behind_a_queue_is_shed_with_the_exact_retry_afte
         clock = Clock()
         tel, _, reader = in_memory(tmp_path)
         tracing = JobTracing(RequestObserver(tel, PriceTable(),
-                                             ServedCache("tiny", BLOCK, 300.0, 10_000)))
+                                             ServedCache("tiny", BLOCK, 300.0, 10_000)),
+                             ServingMetrics(lambda usage: 1.0))
         backend = HeldStreams()
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
         runner = JobRunner(store, backend, prepare_body,
@@ -263,6 +274,7 @@ def test_an_interactive_request_behind_a_queue_is_shed_with_the_exact_retry_afte
         runner.launch(job)
         await _settle(lambda: runner.pending() == {"acme": 8}, "the batch work accepted")
         assert _refused(reader) == {("acme", "shed"): 1}
+        assert _scraped_refusals(tracing.metrics) == {("acme", "shed"): 1}
         for task in (*queued, batch):
             task.cancel()
         await asyncio.gather(*queued, batch, return_exceptions=True)
@@ -272,11 +284,37 @@ def test_an_interactive_request_behind_a_queue_is_shed_with_the_exact_retry_afte
     run_bounded(scenario(), 30, "shed with the exact retry-after")
 
 
+def test_an_interactive_jobs_requests_in_their_slots_hide_no_direct_request_from_the_shedder(
+        tmp_path):
+    """Both slots held by an interactive job's requests; 3 interactive Generate calls wait
+    behind them: a new one finds those 3 ahead of it, as it would behind any holder."""
+    async def scenario() -> None:
+        store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+        runner = JobRunner(store, HeldStreams(), prepare_body,
+                           RunnerLimits(2, 1000, 1000, 60.0),
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
+        runner.admit("acme", 3)
+        runner.launch(store.create_job("acme", "tiny", staged_requests(
+            ([1, 2], 1), ([3, 4], 1), ([5, 6], 1)), Priority.INTERACTIVE))
+        await _settle(lambda: runner.direct.queue() == QueueState(2, 2, 0), "the job's 2")
+        waiting = [asyncio.create_task(_run_direct(runner)) for _ in range(3)]
+        await _settle(lambda: runner.direct.queue() == QueueState(2, 2, 3), "3 waiting")
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert runner.direct.queue() == QueueState(2, 2, 0)
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "an interactive job's slots and the shedder's queue")
+
+
 def test_quota_refusals_are_counted_by_reason(tmp_path):
     async def scenario() -> None:
         tel, _, reader = in_memory(tmp_path)
         tracing = JobTracing(RequestObserver(tel, PriceTable(),
-                                             ServedCache("tiny", BLOCK, 300.0, 10_000)))
+                                             ServedCache("tiny", BLOCK, 300.0, 10_000)),
+                             ServingMetrics(lambda usage: 1.0))
         quota = {"acme": TenantQuota(requests_in_flight=1, tokens_per_minute=10)}
         store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
         runner = JobRunner(store, HeldStreams(), prepare_body,
@@ -294,6 +332,8 @@ def test_quota_refusals_are_counted_by_reason(tmp_path):
             assert caught.value.retry_after_s == 60
         assert _refused(reader) == {("acme", "requests_in_flight"): 2,
                                     ("acme", "tokens_per_minute"): 1}
+        assert _scraped_refusals(tracing.metrics) == {("acme", "requests_in_flight"): 2,
+                                                      ("acme", "tokens_per_minute"): 1}
         assert runner.pending() == {}
         await runner.close()
         store.close()

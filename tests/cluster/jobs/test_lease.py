@@ -8,6 +8,7 @@ import pytest
 from cluster.jobs.lease import FrontendInfo, FrontendLease, Frontends, frontends
 from cluster.jobs.records import JobState
 from cluster.jobs.store import JobStore, StagedRequest, StoredResult
+from workers.messages import Priority
 
 TTL = 1_000
 
@@ -82,6 +83,17 @@ def test_a_silent_frontends_jobs_are_taken_once_it_expires_oldest_first_by_one_f
         (first.job_id, JobState.QUEUED, 1), (second.job_id, JobState.QUEUED, 0)]
     assert lease_c.tick().taken == ()  # B holds them now: C takes nothing
     assert owner(path, first.job_id) == owner(path, second.job_id) == "fe-b"
+
+
+def test_a_taken_over_job_keeps_its_priority(path, clock):
+    store_a, lease_a = frontend(path, clock, "fe-a")
+    _, lease_b = frontend(path, clock, "fe-b")
+    lease_a.tick()
+    interactive = store_a.create_job("acme", "tiny", requests(1), Priority.INTERACTIVE)
+    batch = store_a.create_job("acme", "tiny", requests(1))
+    clock.now = 11_001                # A is gone: B takes both, each as it was submitted
+    assert [(j.job_id, j.priority) for j in lease_b.tick().taken] == [
+        (interactive.job_id, Priority.INTERACTIVE), (batch.job_id, Priority.BATCH)]
 
 
 def test_at_the_instant_of_expiry_the_lease_is_gone(path, clock):
@@ -177,3 +189,20 @@ def test_a_version_2_store_gains_owners_and_keeps_its_jobs(path, clock):
     store, lease = frontend(path, clock, "fe-a")
     assert [j.job_id for j in lease.tick().taken] == [job.job_id]
     assert store.get_job(job.job_id).total == 1
+
+
+def test_a_version_3_store_gains_priorities_and_its_jobs_stay_batch(path, clock):
+    store = JobStore(path, clock)
+    job = store.create_job("acme", "tiny", requests(2))
+    store.close()
+    with sqlite3.connect(path) as db:   # back to version 3: jobs had no priority
+        db.execute("ALTER TABLE jobs DROP COLUMN priority")
+        db.execute("PRAGMA user_version = 3")
+    store = JobStore(path, clock)
+    assert store.get_job(job.job_id).priority is Priority.BATCH
+    later = store.create_job("acme", "tiny", requests(1), Priority.INTERACTIVE)
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert db.execute("SELECT job_id, priority FROM jobs ORDER BY rowid").fetchall() == [
+            (job.job_id, "batch"), (later.job_id, "interactive")]

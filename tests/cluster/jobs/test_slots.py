@@ -261,3 +261,58 @@ def test_interactive_requests_take_turns_on_the_slots_less_the_batch_floor_batch
         await asyncio.gather(waiter, return_exceptions=True)
 
     run_bounded(main(), 60, "the slots interactive requests take turns on")
+
+
+class LaneBackend(GateBackend):
+    """A gate that also records the lane each job request reached the engine in."""
+
+    def __init__(self):
+        super().__init__()
+        self.lanes: dict[str, set[bool]] = {}   # tenant -> GenerateRequest.batch seen
+
+    async def generate(self, request, block_hashes):
+        self.lanes.setdefault(request.namespace.tenant, set()).add(request.batch)
+        return await super().generate(request, block_hashes)
+
+
+def test_an_interactive_jobs_requests_take_the_interactive_lane_a_batch_jobs_the_batch_one(
+        tmp_path):
+    """4 slots, all held by Generate calls; a batch job (acme) and an interactive job (bob)
+    wait, one request each at a time. The freed slots: the first to acme (batch is owed 1 of
+    4 while it waits), the next three to bob's interactive requests, none more to acme. Each
+    job's requests reach the engine in its lane (``GenerateRequest.batch``)."""
+    async def main() -> None:
+        backend = LaneBackend()
+        store, runner = _runner(tmp_path, backend, max_concurrent=4)
+
+        async def generate_call() -> None:
+            with pytest.raises(ValueError):
+                async for _ in runner.direct.stream("flood", _prepare(b"")):
+                    pass
+
+        flood = [asyncio.create_task(generate_call()) for _ in range(4)]
+        await _until(lambda: len(backend.held) == 4)
+        runner.admit("acme", 4)
+        runner.launch(store.create_job("acme", "m", _requests(4)))
+        runner.admit("bob", 4)
+        interactive = store.create_job("bob", "m", _requests(4), Priority.INTERACTIVE)
+        runner.launch(interactive)
+        await _until(lambda: runner.slot_gauges() == {"interactive": SlotGauges(4, 1),
+                                                      "batch": SlotGauges(0, 1)})
+        granted = []
+        for freed in range(1, 5):   # one at a time, each job waiting again before the next
+            backend.held.pop(0).set()
+            await _until(lambda: backend.total() == freed and all(
+                g.waiting == 1 for g in runner.slot_gauges().values()))
+            granted.append(dict(backend.running))
+        assert granted == [{"acme": 1}, {"acme": 1, "bob": 1}, {"acme": 1, "bob": 2},
+                           {"acme": 1, "bob": 3}]
+        assert runner.slot_gauges() == {"interactive": SlotGauges(3, 1),
+                                        "batch": SlotGauges(1, 1)}
+        assert backend.lanes == {"acme": {True}, "bob": {False}}
+        assert interactive.priority is Priority.INTERACTIVE
+        await asyncio.gather(*flood)
+        await runner.close()
+        store.close()
+
+    run_bounded(main(), 60, "each job's requests in its own lane")

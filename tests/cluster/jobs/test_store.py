@@ -18,6 +18,7 @@ from cluster.jobs.store import DISK_RESERVE_BYTES, JobStore, StagedRequest, Stor
 import sqlite3
 from cluster.jobs.records import JobRecord
 from cluster.jobs.store import JobNotFound, JobState, JobStore
+from workers.messages import Priority
 
 
 class Clock:
@@ -369,6 +370,22 @@ class TestJobstorePruneExact:
         assert job == JobRecord(job.job_id, "acme", JobState.QUEUED, 3, 0, 0, "tiny", 1002, 0)
         assert (_rows(store, "job_requests"), _rows(store, "job_keys"), _rows(store, "intakes")) == (
             3, 1, 0)
+
+    def test_a_jobs_priority_is_stored_and_read_back_after_a_restart(self, tmp_path):
+        path = tmp_path / "jobs.sqlite3"
+        store = JobStore(path, Clock())
+        batch = store.create_job("acme", "tiny", make_requests(1))
+        interactive, _ = store.submit("acme", "tiny", make_requests(2), "k",
+                                      Priority.INTERACTIVE)
+        again, created = store.submit("acme", "tiny", make_requests(2), "k")  # a retry
+        store.close()
+        reopened = JobStore(path, Clock())
+        assert (batch.priority, interactive.priority) == (Priority.BATCH, Priority.INTERACTIVE)
+        assert (again, created) == (interactive, False)   # the first submission's priority
+        assert [(j.job_id, j.priority) for j in reopened.unfinished_jobs()] == [
+            (batch.job_id, Priority.BATCH), (interactive.job_id, Priority.INTERACTIVE)]
+        assert reopened.get_job(interactive.job_id) == interactive
+        reopened.close()
 
     def test_a_repeated_key_drops_the_second_intake_and_its_requests(self, store):
         first, _ = store.submit("acme", "tiny", make_requests(2), idempotency_key="k")

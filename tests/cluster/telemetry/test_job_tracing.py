@@ -7,6 +7,7 @@ second job is within 0.05 of the measured one.
 
 ``TestRequestMetrics``: each request traced is counted once in the Prometheus metrics.
 """
+import dataclasses
 import random
 
 import pytest
@@ -23,6 +24,7 @@ from cluster.telemetry.prometheus import ScrapeState, ServingMetrics
 from prometheus_client.parser import text_string_to_metric_families
 from router.kv.key import Namespace
 from router.policy import Reason
+from router.pull_cost import PullChoice
 from tests.support.telemetry_factories import decision, result
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
 from tests.support.forged_models import tiny_model
@@ -179,3 +181,19 @@ class TestRequestMetrics:
         assert 'orchard_router_decisions_total{outcome="hit",worker="w0"} 1.0' in body
         assert 'orchard_cached_tokens_total{tenant="acme",tier="memory",worker="w0"} 32.0' \
             in body
+
+    def test_a_decision_that_planned_a_pull_counts_as_pulled(self, tmp_path):
+        tracing, _ = self.tracing(tmp_path)
+        sampling = SamplingParams(4)
+        request = GenerateRequest("r1", Namespace("acme", "llama"), tuple(range(40)),
+                                  sampling)
+        planned = dataclasses.replace(decision("w1", Reason.PREFIX_MATCH, 32, 40, {"w1": 0}),
+                                      pull=PullChoice("w0", 2, 32, 0.01))
+        with tracing.request("acme", "r1", "", "", sampling) as trace:
+            trace.done(request, (), GenerateOutcome(
+                result("r1", 40, 32, 0, "w1", LookupOutcome.HIT), planned, 1, "w1"))
+        body = tracing.metrics.render(ScrapeState({}, {}, {}))[0].decode()
+        decisions = {(s.labels["worker"], s.labels["outcome"]): s.value
+                     for f in text_string_to_metric_families(body) for s in f.samples
+                     if s.name == "orchard_router_decisions_total"}
+        assert decisions == {("w1", "pulled"): 1}

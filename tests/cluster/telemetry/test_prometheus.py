@@ -49,6 +49,10 @@ class TestRouteOutcome:
     def test_outcome_against_the_prompts_reusable_tokens(self, expected, prompt, outcome):
         assert RouteOutcome.of(expected, prompt, 16) is outcome
 
+    @pytest.mark.parametrize("expected", [0, 16, 32])
+    def test_a_decision_that_planned_a_pull_is_pulled_whatever_it_expected(self, expected):
+        assert RouteOutcome.of(expected, 40, 16, pulled=True) is RouteOutcome.PULLED
+
 
 class TestServingMetrics:
     def test_served_requests_count_tokens_by_worker_tenant_and_tier(self):
@@ -57,9 +61,11 @@ class TestServingMetrics:
         metrics.served(served(worker="w1", cached=0, disk=0, route=RouteOutcome.MISS,
                               generated=1))
         metrics.finished("acme", "DEADLINE_EXCEEDED")
+        metrics.served(served(worker="w2", route=RouteOutcome.PULLED))
+        metrics.served(served(worker="w2", route=RouteOutcome.PULLED))
         got = samples(metrics.render(EMPTY)[0])
         assert got[("orchard_requests_finished_total",
-                    (("status", "OK"), ("tenant", "acme")))] == 2
+                    (("status", "OK"), ("tenant", "acme")))] == 4
         assert got[("orchard_requests_finished_total",
                     (("status", "DEADLINE_EXCEEDED"), ("tenant", "acme")))] == 1
         assert got[("orchard_prompt_tokens_total", (("tenant", "acme"), ("worker", "w0")))] == 40
@@ -75,6 +81,8 @@ class TestServingMetrics:
                     (("outcome", "hit"), ("worker", "w0")))] == 1
         assert got[("orchard_router_decisions_total",
                     (("outcome", "miss"), ("worker", "w1")))] == 1
+        assert got[("orchard_router_decisions_total",
+                    (("outcome", "pulled"), ("worker", "w2")))] == 2
         assert got[("orchard_time_to_first_token_seconds_count", (("worker", "w0"),))] == 1
         assert got[("orchard_time_to_first_token_seconds_bucket",
                     (("le", "0.025"), ("worker", "w0")))] == 1
@@ -105,9 +113,9 @@ class TestServingMetrics:
         state = ScrapeState(
             queue_depth={"acme": 5, "beta": 1}, running={"acme": 2, "beta": 3},
             jobs={"queued": 1, "running": 2, "succeeded": 0, "cancelled": 4},
-            workers=[WorkerSnapshot("w1", 1, TierUsage(2048, 2, 4096), None, 3, 0),
-                     WorkerSnapshot("w0", 2, TierUsage(1024, 1, 4096),
-                                    TierUsage(8192, 8, 1 << 20), 0, 5)],
+            workers=[WorkerSnapshot("w1", 1, TierUsage(2048, 2, 4096, 3), None, 0),
+                     WorkerSnapshot("w0", 2, TierUsage(1024, 1, 4096, 0),
+                                    TierUsage(8192, 8, 1 << 20, 6), 5)],
             tenants=("acme", "beta", "idle"))
         got = samples(ServingMetrics(lambda usage: 1.0).render(state)[0])
         assert got[("orchard_requests_running", (("tenant", "acme"),))] == 2
@@ -124,8 +132,26 @@ class TestServingMetrics:
         assert ("orchard_prefix_store_blocks", (("tier", "disk"), ("worker", "w1"))) not in got
         assert got[("orchard_prefix_store_capacity_bytes",
                     (("tier", "memory"), ("worker", "w1")))] == 4096
-        assert got[("orchard_prefix_store_evictions_total", (("worker", "w1"),))] == 3
+        assert got[("orchard_prefix_store_evictions_total",
+                    (("tier", "memory"), ("worker", "w1")))] == 3
+        assert got[("orchard_prefix_store_evictions_total",
+                    (("tier", "disk"), ("worker", "w0")))] == 6
+        assert got[("orchard_prefix_store_evictions_total",
+                    (("tier", "memory"), ("worker", "w0")))] == 0
+        assert ("orchard_prefix_store_evictions_total",
+                (("tier", "disk"), ("worker", "w1"))) not in got  # no disk tier
         assert got[("orchard_prefix_store_expirations_total", (("worker", "w0"),))] == 5
+
+    def test_refusals_count_by_tenant_and_reason(self):
+        metrics = ServingMetrics(lambda usage: 1.0)
+        for tenant, reason in [("acme", "shed"), ("acme", "shed"),
+                               ("acme", "requests_in_flight"), ("beta", "tokens_per_minute")]:
+            metrics.refused(tenant, reason)
+        got = {labels: v for (name, labels), v in samples(metrics.render(EMPTY)[0]).items()
+               if name == "orchard_requests_refused_total"}
+        assert got == {(("reason", "shed"), ("tenant", "acme")): 2,
+                       (("reason", "requests_in_flight"), ("tenant", "acme")): 1,
+                       (("reason", "tokens_per_minute"), ("tenant", "beta")): 1}
 
     def test_two_frontends_in_one_process_keep_their_own_counts(self):
         first, second = ServingMetrics(lambda u: 1.0), ServingMetrics(lambda u: 1.0)
@@ -156,8 +182,9 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
     metrics = ServingMetrics(lambda usage: 1.0)
     metrics.served(served(usage=TokenUsage(40, 32, 0)))
     metrics.finished("acme", "CANCELLED")
+    metrics.refused("acme", "shed")
     state = ScrapeState({"acme": 1}, {"acme": 1}, {"queued": 1},
-                        [WorkerSnapshot("w0", 1, TierUsage(1, 1, 2), TierUsage(1, 1, 2), 0, 0)])
+                        [WorkerSnapshot("w0", 1, TierUsage(1, 1, 2), TierUsage(1, 1, 2), 0)])
     found = {}
     for family in text_string_to_metric_families(metrics.render(state)[0].decode()):
         name = family.name + ("_total" if family.type == "counter" else "")

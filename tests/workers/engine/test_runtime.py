@@ -489,3 +489,23 @@ class TestEnds:
             assert used < 0.25, f"the idle engine thread used {used:.2f} s of CPU in 1 s"
             await closed(runtime)
         run_bounded(scenario(), 30, "an idle engine thread")
+
+    def test_stats_count_what_a_full_disk_tier_evicted(self, tmp_path):
+        """Memory and disk hold 4 blocks each: the second prompt's blocks spill the first's to
+        disk, the third's spill the second's there, evicting the first's from disk for good."""
+        async def scenario():
+            runtime = EngineRuntime()
+            probe = await answer(runtime, runtime.open("p", str(tiny_model()), EngineConfig(
+                block_size=BLOCK, disk_dir=str(tmp_path / "probe"), disk_bytes=2**20)), "probe")
+            disk_block = BLOCK * probe.disk_kv_bytes_per_token
+            config = EngineConfig(block_size=BLOCK, max_batch=4, store_bytes=4 * BLOCK * 512,
+                                  kept_bytes=0, disk_dir=str(tmp_path / "disk"),
+                                  disk_bytes=4 * disk_block)
+            await answer(runtime, runtime.open("w0", str(tiny_model()), config), "open")
+            for rid, first in (("a", 30), ("b", 130), ("c", 230)):
+                prompt = tuple(range(first, first + 4 * BLOCK))
+                await to_the_end(runtime, runtime.run("w0", generate_request(rid, prompt, 3)), rid)
+            stats = await answer(runtime, runtime.stats("w0"), "stats")
+            assert (stats.evictions, stats.disk.evictions, stats.disk.blocks) == (8, 4, 4)
+            await closed(runtime)
+        run_bounded(scenario(), 30, "disk evictions in the stats")
