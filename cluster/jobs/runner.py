@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from cluster.backend.protocol import Backend, GenerateOutcome, NoWorkerAvailable
+from cluster.backend.protocol import Backend, NoWorkerAvailable
 from cluster.jobs.admission import Admission, Overloaded
 from cluster.jobs.direct import DirectRequests, Overload
 from cluster.jobs.dispatch import dispatch, error_of, result_of
@@ -62,9 +62,9 @@ from cluster.jobs.shedding import LoadShedder
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.store import (JobRecord, JobStore, NewRequest, PendingRequest,
                                 StoredRequest, StoredResult)
-from cluster.telemetry.job_tracing import JobTracing, with_cost
+from cluster.telemetry.job_tracing import JobTracing, RequestTrace, with_cost
 from cluster.telemetry.metrics import SlotGauges
-from router.kv.key import BlockHash, Namespace, hash_blocks
+from router.kv.key import Namespace, hash_blocks
 from workers.messages import GenerateRequest, Priority
 
 log = logging.getLogger(__name__)
@@ -310,33 +310,18 @@ class JobRunner:
             log.error("request %s: prepare failed: %r", stored.request_id, ready)
             result = error_of(stored, "INTERNAL", f"{type(ready).__name__}: {ready}")
         else:
-            recorded = False
-
-            def record(result: StoredResult) -> None:
-                nonlocal recorded
-                recorded = True
-                self._record(tenant, stored.job_id, result)
             try:
-                await self._execute(tenant, PendingRequest(
+                result = await self._execute(tenant, PendingRequest(
                     stored.job_id, stored.index, stored.custom_id, ready.prompt, ready.sampling,
-                    ready.cache, ready.cache_salt), record)
-                return
+                    ready.cache, ready.cache_salt))
             except Exception as exc:  # a bug past the backend call: recorded, so the job ends
-                if recorded:
-                    raise   # the store failed, not the request
                 log.exception("request %s: no result could be built", stored.request_id)
                 result = error_of(stored, "INTERNAL", f"{type(exc).__name__}: {exc}")
-        self._record(tenant, stored.job_id, result)
-
-    def _record(self, tenant: str, job_id: str, result: StoredResult) -> None:
-        if self._store.record_result(job_id, result) is not None:
+        if self._store.record_result(stored.job_id, result) is not None:
             self.release(tenant, 1)
         self._notify()
 
-    async def _execute(self, tenant: str, pending: PendingRequest,
-                       record: Callable[[StoredResult], None]) -> None:
-        """Run ``pending`` under its trace and ``record`` its result, the miss cause and cost
-        on it; the request's spans are drawn after (about 0.5 ms the result need not wait)."""
+    async def _execute(self, tenant: str, pending: PendingRequest) -> StoredResult:
         with self._tracing.request(tenant, pending.request_id, pending.job_id, pending.custom_id,
                                    pending.sampling, prompt=pending.prompt) as trace:
             namespace = replace(self._namespace(tenant), salt=pending.cache_salt)
@@ -344,36 +329,29 @@ class JobRunner:
                                       prompt=pending.prompt, sampling=pending.sampling,
                                       trace_context=trace.context, batch=True,
                                       cache=pending.cache)
-            hashes = hash_blocks(pending.prompt, self._block_size, request.namespace)
-            outcome, result = await self._dispatch(request, pending, hashes)
-            if outcome is None:
+            result = await self._dispatch(request, pending, trace)
+            if not result.ok:
                 trace.failed(result.error_code, result.error_message)
-                record(result)
-                return
-            observed = trace.observe(request, hashes, outcome)
-            record(with_cost(result, observed))
-            trace.record(request, hashes, outcome, observed)
+            return result
 
     async def _dispatch(self, request: GenerateRequest, pending: PendingRequest,
-                        hashes: Sequence[BlockHash]
-                        ) -> tuple[GenerateOutcome | None, StoredResult]:
-        """The backend's outcome and the result it makes; no outcome, and an error's result,
-        when the request did not run to its end."""
+                        trace: RequestTrace) -> StoredResult:
+        hashes = hash_blocks(pending.prompt, self._block_size, request.namespace)
         try:
             outcome = await dispatch(self._backend, request, hashes, self._timeout_s)
         except NoWorkerAvailable as exc:
-            return None, error_of(pending, "UNAVAILABLE",
-                                  f"no worker could take the request: {exc}")
+            return error_of(pending, "UNAVAILABLE", f"no worker could take the request: {exc}")
         except TimeoutError:
-            return None, error_of(pending, "DEADLINE_EXCEEDED",
-                                  f"the request ran longer than {self._timeout_s:g} s")
+            return error_of(pending, "DEADLINE_EXCEEDED",
+                            f"the request ran longer than {self._timeout_s:g} s")
         except ValueError as exc:
-            return None, error_of(pending, "INVALID_ARGUMENT", str(exc))
+            return error_of(pending, "INVALID_ARGUMENT", str(exc))
         except Exception as exc:  # a backend bug: recorded on the result and logged, not lost
             log.exception("request %s failed", pending.request_id)
-            return None, error_of(pending, "INTERNAL", f"{type(exc).__name__}: {exc}")
-        return outcome, result_of(pending.index, pending.custom_id, outcome, request,
-                                  self._block_size)
+            return error_of(pending, "INTERNAL", f"{type(exc).__name__}: {exc}")
+        return with_cost(result_of(pending.index, pending.custom_id, outcome, request,
+                                   self._block_size),
+                         trace.done(request, hashes, outcome))
 
     def _notify(self) -> None:
         self._changed.set()

@@ -8,7 +8,6 @@ every call is a no-op and nothing is traced)::
         request = GenerateRequest(..., trace_context=trace.context)
         outcome = await dispatch(...)
         observed = trace.done(request, hashes, outcome)      # or trace.failed(code, message)
-        # (or observe, store the result with its cost, then record: the spans off its path)
     tracing.job_launched(job_id, tenant, namespace, pending)  # the job's forecast and span
     tracing.watch(backend, queue_depths)                      # store and queue gauges
 
@@ -83,34 +82,21 @@ class RequestTrace:
     def done(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
              outcome: Any) -> Observed | None:
         """Record a finished ``cluster.backend.protocol.GenerateOutcome``; never raises."""
-        observed = self.observe(request, block_hashes, outcome)
-        self.record(request, block_hashes, outcome, observed)
-        return observed
-
-    def observe(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-                outcome: Any) -> Observed | None:
-        """``done``'s first half: the miss cause and cost that go on a stored result (the job
-        runner stores it before ``record``, which draws the spans); never raises."""
         if self._observer is None or self._span is None:
             return None
-        return self._observer.conclude(request, block_hashes, outcome.result,
-                                       outcome.decision, _pulled(outcome))
-
-    def record(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-               outcome: Any, observed: Observed | None) -> None:
-        """``done``'s second half: the routing span (and the worker's, where no other process
-        drew them), the request span's outcome and the metrics; never raises."""
-        if self._observer is None or self._span is None or observed is None:
-            return
         result = outcome.result
         # Spans the worker actors drew in their own processes are not drawn twice.
         if outcome.decision is not None:
             self._observer.routed(outcome.decision, self.started_ns, result.timings.received_ns)
         if not outcome.worker_traced:
             self._observer.worker_done(request, result, self._observer.decode)
-        self._observer.record(self._span, request, block_hashes, result, observed,
-                              outcome.attempts, _pulled(outcome))
+        pulled = outcome.pulled
+        prefix = (spans.PulledPrefix(pulled.peer, pulled.tokens, pulled.refused)
+                  if pulled is not None else None)
+        observed = self._observer.finish(self._span, request, block_hashes, result,
+                                         outcome.decision, outcome.attempts, prefix)
         self._count(result, outcome.decision, observed)
+        return observed
 
     @guarded()
     def _count(self, result: Any, decision: Any, observed: Observed) -> None:
@@ -125,12 +111,6 @@ class RequestTrace:
             generated_tokens=len(result.output_tokens), ttft_s=result.ttft_s,
             tpot_s=result.tpot_s, e2e_s=max(0.0, self._observer.now() - self._started_s),
             route=route, usage=observed.cost.measured if observed.cost else None))
-
-
-def _pulled(outcome: Any) -> spans.PulledPrefix | None:
-    pulled = outcome.pulled
-    return (spans.PulledPrefix(pulled.peer, pulled.tokens, pulled.refused)
-            if pulled is not None else None)
 
 
 def with_cost(result: Any, observed: Observed | None) -> Any:

@@ -122,26 +122,15 @@ class RequestObserver:
                pulled: spans.PulledPrefix | None = None) -> Observed:
         """Attribute, price and record one finished request; never raises. ``pulled``: its
         prefix was pulled from a peer before it ran."""
-        observed = self.conclude(request, block_hashes, result, decision, pulled)
-        self.record(span, request, block_hashes, result, observed, attempts, pulled)
-        return observed
-
-    def conclude(self, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-                 result: GenerateResult, decision: Any,
-                 pulled: spans.PulledPrefix | None = None) -> Observed:
-        """``finish``'s first half: the request's miss cause and cost; never raises."""
-        return self._conclude(request, block_hashes, result, decision,
-                              _read_of(pulled, result)) or Observed(None, None)
-
-    def record(self, span: Span, request: GenerateRequest, block_hashes: Sequence[BlockHash],
-               result: GenerateResult, observed: Observed, attempts: int = 1,
-               pulled: spans.PulledPrefix | None = None) -> None:
-        """``finish``'s second half: what ``conclude`` found, on the request's span."""
+        if pulled is not None:   # of what it pulled, what it then read
+            pulled = dataclasses.replace(pulled, tokens=min(pulled.tokens, result.cached_tokens))
+        observed = self._conclude(request, block_hashes, result, decision,
+                                  pulled) or Observed(None, None)
         spans.record_outcome(self.tel, span, spans.OutcomeRecord(
             result=result, block_size=self.block_size, block_hashes=block_hashes,
             cost=observed.cost, miss=observed.miss, attempts=attempts, model=self.model,
-            pulled=_read_of(pulled, result), cache=request.cache,
-            salted=bool(request.namespace.salt)))
+            pulled=pulled, cache=request.cache, salted=bool(request.namespace.salt)))
+        return observed
 
     def prefill_s(self) -> float:
         """The recent mean time from a request's lookup to its first token."""
@@ -236,11 +225,3 @@ class RequestObserver:
         m = cost / usage.input_tokens if usage.input_tokens else None
         return spans.record_job(self.tel, spans.JobInfo(
             job_id, tenant, self.model, len(plans), self.prices.version, usage, m))
-
-
-def _read_of(pulled: spans.PulledPrefix | None, result: GenerateResult
-             ) -> spans.PulledPrefix | None:
-    """Of what a request pulled from a peer, what it then read."""
-    if pulled is None:
-        return None
-    return dataclasses.replace(pulled, tokens=min(pulled.tokens, result.cached_tokens))

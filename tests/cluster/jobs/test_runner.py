@@ -571,40 +571,6 @@ class TestPaths:
         assert [r.getMessage() for r in caplog.records if r.name == "cluster.jobs.runner"] == [
             f"request {job_id}-1 failed"]
 
-    def test_a_result_is_stored_with_its_cost_before_its_spans_are_drawn(self, tmp_path):
-        class WatchedStore(JobStore):
-            """The real store, noting the spans already drawn as each result is recorded."""
-            drawn_at_record: list[list[str]] = []
-
-            def record_result(self, job_id, result):
-                self.drawn_at_record.append(sorted(s.name for s in exporter.get_finished_spans()))
-                return super().record_result(job_id, result)
-
-        async def scenario() -> list:
-            backend = await _backend_paths()
-            store = WatchedStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
-            tracing = JobTracing(RequestObserver(tel, PriceTable(),
-                                                 ServedCache("tiny", BLOCK, 300.0, 10_000)))
-            runner = _runner_paths(store, backend, tracing=tracing)
-            runner.admit("acme", 1)
-            job = store.create_job("acme", "tiny", staged_requests((list(range(30, 70)), 1)))
-            runner.launch(job)
-            await _finished(store, job.job_id)
-            stored = store.results(job.job_id)
-            await runner.close()
-            await backend.close()
-            store.close()
-            return stored
-
-        tel, exporter, _ = in_memory(tmp_path)
-        [stored] = run_bounded(scenario(), 30, "a job of one request")
-        assert stored.ok and stored.measured_multiplier is not None   # its cost, stored
-        # only the job's forecast span was drawn when the result was stored; the routing and
-        # request spans (and, in-process, the worker's) after it
-        assert WatchedStore.drawn_at_record == [["orchard.job"]]
-        names = sorted(s.name for s in exporter.get_finished_spans())
-        assert "orchard.route" in names and "orchard.job" in names and len(names) >= 4
-
     def test_a_prepare_bug_fails_its_request_alone_and_a_broken_job_task_fails_the_rest(self, tmp_path,
                                                                                         caplog):
         def broken_prepare(body: bytes) -> NewRequest:
