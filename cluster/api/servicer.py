@@ -162,15 +162,25 @@ async def until_rpc_done(context, items: AsyncIterator[T]) -> AsyncIterator[T]:
     handler suspended there, unclosed until it is garbage collected, and one that cancels before
     the handler started is never seen by it at all. The pump's cancellation reaches the
     backend's stream wherever it waits, so the request is aborted on its worker at once.
+
+    The pump asks ``items`` for the next item only once the handler wants it (gRPC has sent
+    the one before), as a handler reading ``items`` itself would: what ``items`` does after
+    yielding its last item (``cluster.jobs.direct`` finishes the request's trace, about 1 ms)
+    runs after that item has gone out, never while it waits behind the previous message.
     """
     queue: asyncio.Queue = asyncio.Queue()
+    wanted = asyncio.Event()   # the handler has taken every item pumped and waits for one
 
     async def pump() -> None:
         try:
             async with contextlib.aclosing(items) as stream:
-                async for item in stream:
+                while True:
+                    await wanted.wait()
+                    wanted.clear()
+                    item = await anext(stream, _END)
                     queue.put_nowait(item)
-            queue.put_nowait(_END)
+                    if item is _END:
+                        return
         except Exception as exc:  # handed to the handler, which raises it
             queue.put_nowait(exc)
 
@@ -179,7 +189,11 @@ async def until_rpc_done(context, items: AsyncIterator[T]) -> AsyncIterator[T]:
     if context.done():
         task.cancel()
     try:
-        while (item := await queue.get()) is not _END:
+        while True:
+            wanted.set()
+            item = await queue.get()
+            if item is _END:
+                return
             if isinstance(item, Exception):
                 raise item
             yield item

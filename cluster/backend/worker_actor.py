@@ -29,8 +29,9 @@ through its handle (``cluster.backend.ray_pool``).
 Given ``TelemetrySettings`` the worker sets up its process's telemetry on ``start`` (service
 ``orchard-worker``, its id and node as resource attributes) and draws each finished request's
 spans from the result's ``Timings`` under the context the request carried
-(``cluster.telemetry.spans.record_engine``); ``WorkerDone.traced`` tells the caller not to draw
-them again.
+(``cluster.telemetry.spans.record_engine``), off the path back: those finished within
+``SPANS_AFTER_S`` together, once the results have gone; ``WorkerDone.traced`` tells the caller
+not to draw them again.
 
 The module imports ``workers`` first, so the actor's process loads OpenBLAS before MLX.
 """
@@ -65,7 +66,7 @@ from router.kv.key import Namespace
 from workers.engine.channel import Finished, Holdings
 from workers.engine.config import EngineConfig
 from workers.engine.runtime import EngineRuntime
-from workers.messages import GenerateRequest, WorkerFailed, WorkerStats
+from workers.messages import GenerateRequest, GenerateResult, WorkerFailed, WorkerStats
 
 __all__ = ["EngineWorker", "Prefilled", "WorkerActor", "WorkerDone", "WorkerFailed",
            "WorkerHello", "WorkerStats"]
@@ -93,6 +94,14 @@ class QuietWatch:
         return seq == was
 
 
+# Finished requests' spans are drawn together this long after the first of them, not as each
+# result leaves: drawing them (about 0.3 ms of this process's CPU a request, more under load)
+# right after the WorkerDone frame took the CPU from the frontend and the client just as they
+# handle the result, the Ray path's critical moment (docs/design-notes.md, the Ray path's
+# overhead). The exporter batches them for seconds anyway.
+SPANS_AFTER_S = 0.2
+
+
 class EngineWorker:
     """One engine on a runtime thread, fed by async callers; block events to its feed."""
 
@@ -100,14 +109,16 @@ class EngineWorker:
                  clock: Callable[[], float] = time.monotonic,
                  telemetry: TelemetrySettings | None = None,
                  runtime: EngineRuntime | None = None, pace: Pace | None = None,
-                 heartbeat_s: float | None = HEARTBEAT_S) -> None:
+                 heartbeat_s: float | None = HEARTBEAT_S,
+                 spans_after_s: float = SPANS_AFTER_S) -> None:
         """``runtime``: a runtime of the caller's that hosts several workers' engines in one
         process (one engine thread, as MLX wants: ``orchard bench frontends``); its owner
         passes each worker's batches to that worker's ``on_events`` and closes it. Without,
         the worker runs its engine on a runtime of its own (a Ray actor's process). ``pace``:
         the sending side's rate limit on pulls (None: the link's own). ``heartbeat_s``: how
         long without a batch before the feeds' heartbeat (None: only when ``heartbeat`` is
-        called)."""
+        called). ``spans_after_s``: how long finished requests' spans wait to be drawn
+        together (``close`` draws the rest)."""
         self._id = worker_id
         self._shared = runtime
         self._model_dir = model_dir
@@ -135,6 +146,9 @@ class EngineWorker:
         self._pace = pace        # the sending side's rate limit on pulls (None: the link's own)
         self._pull_failures = PullLog()
         self._links = LinkMeter()   # its links from the peers it pulled from (actor loop only)
+        # finished requests whose spans are not drawn yet (actor loop only; ``_draw_spans``)
+        self._undrawn: list[tuple[GenerateRequest, GenerateResult]] = []
+        self._spans_after_s = spans_after_s
 
     async def start(self) -> WorkerHello:
         """Load the model on the engine thread; idempotent."""
@@ -323,6 +337,7 @@ class EngineWorker:
                 self._runtime.retire(self._id)
             self._runtime = None
         if self._tel is not None:
+            self._draw_spans()   # before the exporter's last flush
             await asyncio.to_thread(self._tel.shutdown)
             self._tel = None
 
@@ -341,9 +356,18 @@ class EngineWorker:
             self._carried[router_id] = max(self._carried.get(router_id, 0), events[-1].seq)
         traced = bool(request.trace_context) and self._tel is not None and self._tel.enabled
         if traced:  # an untraced request draws no orphan trace; spans after the result
-            self._loop.call_soon(spans.record_engine, self._tel, request, item.result,
-                                 self._decode)
+            if not self._undrawn:
+                self._loop.call_later(self._spans_after_s, self._draw_spans)
+            self._undrawn.append((request, item.result))
         return WorkerDone(item.result, item.worker_s, traced, events, pulled)
+
+    def _draw_spans(self) -> None:
+        """The spans of every finished request not drawn yet (``SPANS_AFTER_S``)."""
+        undrawn, self._undrawn = self._undrawn, []
+        if self._tel is None:
+            return
+        for request, result in undrawn:
+            spans.record_engine(self._tel, request, result, self._decode)
 
 
 WorkerActor = ray.remote(EngineWorker)

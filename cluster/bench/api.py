@@ -24,7 +24,9 @@ stream. The paths measured:
 By default a frontend over in-process workers (``python -m cluster.api.frontend``, no Ray) is
 started as a separate process on the default model; ``--ray`` starts a 1-worker Ray cluster
 (``orchard up --detach`` in a fresh run directory) and measures through it; ``--address`` and
-``--api-key`` measure a running cluster instead.
+``--api-key`` measure a running cluster instead. ``--steps`` also splits the overhead of
+``generate`` and ``job_single`` into the steps of ``cluster.bench.path_steps``, from the
+traces of the cluster it started.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from cluster.api.client import Client, chat_request
+from cluster.bench.path_steps import PathSteps, Sent, steps_of_run
 from router.kv.stats import percentile
 
 if TYPE_CHECKING:  # the HTTP side needs the openai SDK (a test dependency): imported on use
@@ -75,19 +78,22 @@ def _request(i: int, prompt_words: int):
     return chat_request(f"bench-{i}", [{"role": "user", "content": text}], max_tokens=1)
 
 
-def measure_generate(client: Client, n: int, prompt_words: int, offset: int = 0
-                     ) -> tuple[list[float], list[float]]:
+def measure_generate(client: Client, n: int, prompt_words: int, offset: int = 0,
+                     sent: list[Sent] | None = None) -> tuple[list[float], list[float]]:
+    """``sent``: each request's ``Sent`` is appended to it."""
     walls, workers = [], []
     for i in range(offset, offset + n):
-        start = time.perf_counter()
-        result, received = None, 0.0
+        start, start_ns = time.perf_counter(), time.time_ns()
+        result, received, received_ns = None, 0.0, 0
         for event in client.generate(_request(i, prompt_words)):
             if event.WhichOneof("event") == "result":
-                result, received = event.result, time.perf_counter()
+                result, received, received_ns = event.result, time.perf_counter(), time.time_ns()
         walls.append(received - start)
         if result is None or not result.ok:
             raise RuntimeError(f"request {i} failed: {result}")
         workers.append(result.worker_s)
+        if sent is not None:
+            sent.append(Sent(result.request_id, start_ns, received_ns, result.worker_s))
     return walls, workers
 
 
@@ -109,17 +115,20 @@ def measure_batch(client: Client, n: int, prompt_words: int, offset: int = 0
     return walls, workers
 
 
-def measure_job(client: Client, n: int, prompt_words: int, offset: int = 0
-                ) -> tuple[list[float], list[float]]:
+def measure_job(client: Client, n: int, prompt_words: int, offset: int = 0,
+                sent: list[Sent] | None = None) -> tuple[list[float], list[float]]:
+    """``sent``: each request's ``Sent`` is appended to it."""
     walls, workers = [], []
     for i in range(offset, offset + n):
-        start = time.perf_counter()
+        start, start_ns = time.perf_counter(), time.time_ns()
         job = client.submit([_request(i, prompt_words)])
         (result,) = list(client.results(job.job_id, follow=True))
         walls.append(time.perf_counter() - start)
         if not result.ok:
             raise RuntimeError(f"request {i} failed: {result.error_message}")
         workers.append(result.worker_s)
+        if sent is not None:
+            sent.append(Sent(result.request_id, start_ns, time.time_ns(), result.worker_s))
     return walls, workers
 
 
@@ -187,10 +196,12 @@ def local_frontend(model_dir: str | None, telemetry: str = "file", max_concurren
 
 
 @contextmanager
-def ray_cluster(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1
-                ) -> Iterator[Client]:
+def ray_cluster(model_dir: str | None, telemetry: str = "file", max_concurrent: int = 1,
+                after: Callable[[Path], None] | None = None) -> Iterator[Client]:
     """``orchard up --workers 1 --detach`` in a fresh run directory (an embedded Ray cluster on
-    loopback) whose frontend runs ``max_concurrent`` requests at a time, stopped afterwards."""
+    loopback) whose frontend runs ``max_concurrent`` requests at a time, stopped afterwards;
+    ``after(run_dir)`` runs once it has stopped (its files flushed), before the directory
+    goes."""
     from cluster.daemon import UpOptions, spawn_detached, stop_detached
 
     with _run_dir(model_dir, telemetry, max_concurrent) as run_dir:
@@ -203,15 +214,21 @@ def ray_cluster(model_dir: str | None, telemetry: str = "file", max_concurrent: 
                 yield client
         finally:
             stop_detached(run_dir)
+        if after is not None:
+            after(run_dir)
 
 
 def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bool,
-        http: openai.OpenAI | None = None, default_client: openai.OpenAI | None = None
+        http: openai.OpenAI | None = None, default_client: openai.OpenAI | None = None,
+        sent: dict[str, list[Sent]] | None = None
         ) -> tuple[list[PathFigures], list[TtftFigures]]:
+    """``sent``: filled with the ``Sent`` requests of ``generate`` and ``job_single``."""
+    mine = {"generate": [], "job_single": []} if sent is not None else {}
     measure_generate(client, warmup, prompt_words, offset=0)
     measure_job(client, warmup, prompt_words, offset=warmup)
     base = 2 * warmup
-    figures = [_figures("generate", *measure_generate(client, requests, prompt_words, base))]
+    figures = [_figures("generate", *measure_generate(client, requests, prompt_words, base,
+                                                      mine.get("generate")))]
     ttft: list[TtftFigures] = []
     if http is not None:
         from cluster.bench.http import measure_http_chat, measure_ttft
@@ -228,7 +245,10 @@ def run(client: Client, requests: int, warmup: int, prompt_words: int, batch: bo
         base += requests
         figures.append(_figures("batch", *measure_batch(client, requests, prompt_words, base)))
     base += requests
-    figures.append(_figures("job_single", *measure_job(client, requests, prompt_words, base)))
+    figures.append(_figures("job_single", *measure_job(client, requests, prompt_words, base,
+                                                       mine.get("job_single"))))
+    if sent is not None:
+        sent.update(mine)
     return figures, ttft
 
 
@@ -241,7 +261,17 @@ def bench_api(args) -> int:
     if bool(args.address) != bool(args.api_key):
         raise ValueError("--address and --api-key go together (a running cluster's frontend "
                          "and a tenant key)")
+    if args.steps and (args.address or args.telemetry != "file"):
+        raise ValueError("--steps reads the traces of the cluster the bench starts: not with "
+                         "--address, and with --telemetry file")
     from cluster.bench.http import sdk
+
+    sent: dict[str, list[Sent]] | None = {} if args.steps else None
+    steps: list[PathSteps] = []
+
+    def read_steps(run_dir: Path) -> None:
+        if sent is not None:
+            steps.extend(steps_of_run(run_dir, sent))
 
     if args.address:
         http = sdk(args.http_address, args.api_key) if args.http_address else None
@@ -254,24 +284,25 @@ def bench_api(args) -> int:
 
         model_dir = args.model or str(ensure_default_model())
         if args.ray:
-            with ray_cluster(model_dir, args.telemetry) as client:
+            with ray_cluster(model_dir, args.telemetry, after=read_steps) as client:
                 figures, ttft = run(client, args.requests, args.warmup, args.prompt_words,
-                                    batch=True)
+                                    batch=True, sent=sent)
         else:
             from cluster.config import load_config
 
-            with local_run(model_dir, args.telemetry) as run_dir:
+            with local_run(model_dir, args.telemetry, after=read_steps) as run_dir:
                 key = load_config(run_dir).key_for("default")
                 address = json.loads((run_dir / "frontend.json").read_text())["http_address"]
                 default = sdk(address, key, nodelay=False) if args.sdk_default else None
                 with Client.from_run_dir(run_dir, api_key=key) as client:
                     figures, ttft = run(client, args.requests, args.warmup, args.prompt_words,
                                         batch=True, http=sdk(address, key),
-                                        default_client=default)
+                                        default_client=default, sent=sent)
     if args.json:
         print(json.dumps({"target_p50_ms": TARGET_P50_MS, "ray": bool(args.ray),
                           "paths": [asdict(f) for f in figures],
-                          "ttft": [asdict(t) for t in ttft]}, indent=2))
+                          "ttft": [asdict(t) for t in ttft],
+                          "steps": [asdict(s) for s in steps]}, indent=2))
         return 0
     print(f"path overhead per request (wall - worker time), {args.requests} sequential "
           f"requests, max_tokens=1, target p50 <= {TARGET_P50_MS:g} ms")
@@ -285,6 +316,12 @@ def bench_api(args) -> int:
               "requests each, alternating")
         for t in ttft:
             print(f"{t.path:<11} p50 {t.ttft_p50_ms:>8.2f} ms   p99 {t.ttft_p99_ms:>8.2f} ms")
+    if steps:
+        print("\noverhead by step, p50 ms (cluster.bench.path_steps)")
+        print(f"{'path':<11} {'edge':>8} {'to_engine':>10} {'back':>8} {'requests':>9}")
+        for s in steps:
+            print(f"{s.path:<11} {s.edge_p50_ms:>8.2f} {s.to_engine_p50_ms:>10.2f} "
+                  f"{s.back_p50_ms:>8.2f} {s.requests:>9}")
     return 0
 
 
@@ -305,5 +342,8 @@ def register_bench(sub) -> None:
                    help="also measure HTTP with the openai SDK's default client (no TCP_NODELAY)")
     p.add_argument("--telemetry", choices=("file", "none"), default="file",
                    help="the local frontend's trace exporter (default: file, as `orchard up`)")
+    p.add_argument("--steps", action="store_true",
+                   help="also split generate's and job_single's overhead into steps, from the "
+                        "traces (cluster.bench.path_steps)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=bench_api)

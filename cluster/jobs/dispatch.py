@@ -47,8 +47,10 @@ async def dispatch(backend: Backend, request: GenerateRequest, block_hashes: Seq
     attempt = 0
     while True:
         try:
-            return await asyncio.wait_for(backend.generate(request, block_hashes),
-                                          max(deadline - clock.now(), 0.001))
+            # a timeout over the call itself: no task of its own, so no loop turn more at
+            # either end (``asyncio.wait_for`` runs it in a new task on Python 3.11)
+            async with asyncio.timeout(max(deadline - clock.now(), 0.001)):
+                return await backend.generate(request, block_hashes)
         except NoWorkerAvailable:
             pause = NO_WORKER_BACKOFF_S[min(attempt, len(NO_WORKER_BACKOFF_S) - 1)]
             if clock.now() + pause >= deadline:

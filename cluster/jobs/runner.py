@@ -20,7 +20,9 @@ Memory follows what runs, not what is queued: a job's requests are read from the
 forecast is made before its first request runs, on its first ``FORECAST_REQUESTS`` requests in
 dispatch order (all of a smaller job), so it sees the shared prefixes that order brings
 together; those requests are tokenized again when dispatched (about 1 ms each, against a
-model call of tens of milliseconds) rather than held.
+model call of tens of milliseconds) rather than held, all but the first: the forecast hands
+its tokenization to the job's first dispatch (one prompt held per job), so a job of one
+request is tokenized once, not twice on its path.
 
 Backpressure: requests accepted but without a result are counted per tenant and in total; an
 ``admit`` beyond ``max_pending_per_tenant`` or ``max_pending_total`` raises ``Overloaded``
@@ -112,7 +114,9 @@ class JobRunner:
         self._timeout_s = limits.request_timeout_s
         self._jobs: dict[str, asyncio.Task] = {}
         self._running: dict[str, set[asyncio.Task]] = {}  # job id -> its requests in flight
-        self._changed = asyncio.Condition()
+        # set, then replaced by a new one, whenever a job makes progress (``_notify``): a
+        # follower wakes in the loop's next turn, with no task or lock between
+        self._changed = asyncio.Event()
         self._forecasting = asyncio.Lock()
         self._tracing = tracing or JobTracing()  # traces, cost forecast, miss causes
         self._shedder = LoadShedder(limits.max_ttft_s)
@@ -200,11 +204,12 @@ class JobRunner:
 
     async def wait_changed(self, timeout_s: float) -> None:
         """Return when any job made progress, or after ``timeout_s``."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout_s)
-            except TimeoutError:
-                pass
+        changed = self._changed
+        try:
+            async with asyncio.timeout(timeout_s):
+                await changed.wait()
+        except TimeoutError:
+            pass
 
     @property
     def direct(self) -> DirectRequests:
@@ -226,13 +231,14 @@ class JobRunner:
         self._store.mark_running(job.job_id)
         running = self._running.setdefault(job.job_id, set())
         try:
-            await self._forecast(job)
+            first = await self._forecast(job)
             page = self._store.next_requests(job.job_id)
             while page:
                 for stored in page:
                     await self._slots.acquire(job.tenant, job.priority)
+                    ready = first.pop(stored.request_id, None)
                     task = self._slots.hand_to(
-                        asyncio.create_task(self._run_one(job, stored)), job.tenant,
+                        asyncio.create_task(self._run_one(job, stored, ready)), job.tenant,
                         job.priority)
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -271,12 +277,13 @@ class JobRunner:
         except Exception as exc:  # cannot run (e.g. over the context), or a bug: its result
             return exc
 
-    async def _forecast(self, job: JobRecord) -> None:
+    async def _forecast(self, job: JobRecord) -> dict[str, NewRequest | Exception]:
         """Forecast the job on its first requests in dispatch order, before any runs (its
         span is the requests' link). One job at a time: the prepared prompts are dropped
-        after, so memory holds one forecast's worth however many jobs are queued."""
+        after, so memory holds one forecast's worth however many jobs are queued, but for
+        the first, returned (request id -> prepared) for its dispatch to use."""
         if self._tracing.observer is None:
-            return
+            return {}
         async with self._forecasting:
             stored = self._store.next_requests(job.job_id, limit=FORECAST_REQUESTS)
             prepared = await asyncio.to_thread(lambda: [self._prepare_one(r) for r in stored])
@@ -285,17 +292,22 @@ class JobRunner:
                        for s, p in zip(stored, prepared) if isinstance(p, NewRequest)]
             self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant),
                                        pending)
+            return {stored[0].request_id: prepared[0]} if stored else {}
 
-    async def _run_one(self, job: JobRecord, stored: StoredRequest) -> None:
+    async def _run_one(self, job: JobRecord, stored: StoredRequest,
+                       ready: NewRequest | Exception | None = None) -> None:
         started = self._clock()
         try:
-            await self._run_stored(job, stored)
+            await self._run_stored(job, stored, ready)
         finally:  # the slot's time, which the shedder's queue model drains at
             self._shedder.observe_slot(self._clock() - started)
 
-    async def _run_stored(self, job: JobRecord, stored: StoredRequest) -> None:
+    async def _run_stored(self, job: JobRecord, stored: StoredRequest,
+                          ready: NewRequest | Exception | None) -> None:
+        """``ready``: the request already prepared (by the job's forecast), else None."""
         tenant = job.tenant
-        ready = await asyncio.to_thread(self._prepare_one, stored)  # the slot is this task's
+        if ready is None:   # the slot is this task's
+            ready = await asyncio.to_thread(self._prepare_one, stored)
         if isinstance(ready, ValueError):
             result = error_of(stored, "INVALID_ARGUMENT", str(ready))
         elif isinstance(ready, Exception):
@@ -348,8 +360,5 @@ class JobRunner:
                          trace.done(request, hashes, outcome))
 
     def _notify(self) -> None:
-        asyncio.get_running_loop().create_task(self._notify_all())
-
-    async def _notify_all(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+        self._changed.set()
+        self._changed = asyncio.Event()

@@ -205,3 +205,39 @@ def test_the_heartbeat_timer_beats_only_after_a_look_with_no_new_batch():
     watch = QuietWatch(3)
     assert [watch.quiet(seq) for seq in (3, 4, 4, 4, 9, 9)] == [
         True, False, True, True, False, True]
+
+
+def test_spans_wait_after_the_results_and_close_draws_those_still_waiting(tmp_path):
+    """Finished requests' spans are drawn off the path back (``spans_after_s`` later, here
+    never by the timer): a worker closed before that still draws every one, once."""
+    from cluster.telemetry.otlp_json import read_spans
+    from cluster.telemetry.setup import SERVICE_FRONTEND, TelemetrySettings, request_context
+    from cluster.telemetry.setup import setup_telemetry
+
+    frontend = setup_telemetry(TelemetrySettings(SERVICE_FRONTEND, tmp_path))
+
+    async def scenario():
+        worker = EngineWorker("w4", str(tiny_model()), EngineConfig(block_size=BLOCK),
+                              telemetry=TelemetrySettings("orchard", tmp_path),
+                              spans_after_s=3600.0)
+        hello = await worker.start()
+        ns = Namespace("t", hello.model.model_id, hello.model.revision)
+        roots = []
+        for rid in ("a", "b"):
+            with frontend.tracer.start_as_current_span(f"chat {rid}") as root:
+                done = await worker.run(GenerateRequest(rid, ns, tuple(range(30, 70)),
+                                                        SamplingParams(max_tokens=2),
+                                                        trace_context=request_context()))
+            assert done.traced
+            roots.append(format(root.get_span_context().trace_id, "032x"))
+        await worker.close()
+        return roots
+
+    roots = asyncio.run(scenario())
+    frontend.shutdown()
+    spans = [s for s in read_spans(tmp_path / "traces").spans if s.service == "orchard-worker"]
+    for trace_id in roots:
+        names = sorted(s.name for s in spans if s.trace_id == trace_id)
+        assert names == ["orchard.cache.lookup", "orchard.decode", "orchard.prefill",
+                         "orchard.worker.generate"]
+    assert len(spans) == 8

@@ -489,6 +489,45 @@ class TestPaths:
 
         run_bounded(scenario(), 30, "the job forecast")
 
+    def test_the_forecast_hands_its_tokenization_to_the_job_s_first_request(self, tmp_path):
+        async def scenario() -> tuple[dict[int, int], dict[int, int]]:
+            tel, _, _ = in_memory(tmp_path)
+            tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                                 ServedCache("tiny", BLOCK, 300.0, 10_000)))
+            backend = await _backend_paths()
+            store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+            prepared: dict[int, int] = {}   # a prompt's first token -> times prepared
+
+            def counted(body: bytes) -> NewRequest:
+                first = json.loads(body)["prompt"][0]
+                prepared[first] = prepared.get(first, 0) + 1
+                return prepare_body(body)
+
+            runner = JobRunner(store, backend, counted,
+                               RunnerLimits(max_concurrent=2, max_pending_per_tenant=100,
+                                            max_pending_total=100, request_timeout_s=10.0),
+                               namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK,
+                               tracing=tracing)
+            counts = []
+            for starts in ((10,), (40, 70, 100)):
+                prepared.clear()
+                runner.admit("acme", len(starts))
+                job = store.create_job("acme", "tiny", staged_requests(
+                    *[(list(range(i, i + 20)), 1) for i in starts]))
+                runner.launch(job)
+                assert (await _finished(store, job.job_id)).completed == len(starts)
+                counts.append(dict(prepared))
+            await runner.close()
+            await backend.close()
+            store.close()
+            return counts[0], counts[1]
+
+        single, three = run_bounded(scenario(), 60, "the forecast's tokenization handed on")
+        assert single == {10: 1}   # a job of one request: tokenized once, by the forecast
+        # the forecast tokenizes all three, then each is tokenized when dispatched, but the
+        # first in dispatch order, which takes the forecast's
+        assert sorted(three.values()) == [1, 2, 2] and set(three) == {40, 70, 100}
+
     def test_each_request_is_traced_with_its_names_and_sent_as_a_batch_request(self, tmp_path, caplog):
         async def scenario() -> str:
             tel, exporter, _ = in_memory(tmp_path)
