@@ -18,7 +18,8 @@ costs the same for the first request of a job as for its 50,000th. Results commi
 cut is simply run again.
 
 The write-ahead log is checkpointed automatically every ``AUTOCHECKPOINT_PAGES`` and cut back
-to ``WAL_LIMIT_BYTES`` after each checkpoint, so a 44 MB intake does not leave a 44 MB log;
+to ``WAL_LIMIT_BYTES`` after each checkpoint, so a 44 MB intake does not leave a 44 MB log
+(an intake of ``FOLD_AFTER_BYTES`` or more folds it back as it commits; a small job's does not);
 ``prune`` deletes finished jobs with their requests and results. The store is used from one
 thread (the frontend's event loop), an intake from one worker thread at a time; every call is
 one short transaction. The clock is injected (milliseconds since the epoch).

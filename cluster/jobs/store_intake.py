@@ -21,6 +21,11 @@ from cluster.jobs.store_db import (CHECKPOINT, SYNC_FULL, SYNC_NORMAL, Transacti
 from workers.messages import Priority
 
 DISK_RESERVE_BYTES = 4 << 20      # an intake stops while this much is free (room to undo it)
+# An intake of at least this much folds the log back into the database as it commits (a 44 MB
+# file's pages would otherwise sit in the log until the next automatic checkpoint); a smaller
+# one leaves that to the automatic checkpoint, which folds the log every 4 MB: a one-request
+# job's commit took 4.5 ms with the fold and 2.2 ms without, on the path of every job.
+FOLD_AFTER_BYTES = 1 << 20
 
 # pragma: no mutate start
 INSERT_INTAKE = "INSERT INTO intakes VALUES (?, ?)"
@@ -53,6 +58,7 @@ class JobIntake:
         self._db = connect(path)
         self.job_id = f"job-{secrets.token_hex(8)}"
         self.count = 0
+        self.bytes = 0   # of the requests stored so far (their bodies, prefixes and ids)
         with disk_full_refuses():
             self._db.execute(INSERT_INTAKE, (self.job_id, clock_ms()))
 
@@ -67,6 +73,7 @@ class JobIntake:
         with disk_full_refuses(), Transaction(self._db):
             self._db.executemany(INSERT_REQUESTS, rows)
         self.count += len(rows)
+        self.bytes += needed // 2
 
     def commit(self, idempotency_key: str = "") -> tuple[JobRecord, bool]:
         """Create the job, or return the one ``idempotency_key`` already names (then this
@@ -88,10 +95,11 @@ class JobIntake:
                 self._db.execute(END_INTAKE, (self.job_id,))
         finally:
             self._db.execute(SYNC_NORMAL)
-        try:  # the intake's pages went through the log: fold them back now, off the loop
-            self._db.execute(CHECKPOINT)
-        except sqlite3.OperationalError:
-            pass  # busy: the next automatic checkpoint does it
+        if self.bytes >= FOLD_AFTER_BYTES:  # a big intake's pages went through the log:
+            try:                              # fold them back now, off the loop
+                self._db.execute(CHECKPOINT)
+            except sqlite3.OperationalError:
+                pass  # busy: the next automatic checkpoint does it
         return get_job(self._db, self.job_id), True
 
     def abort(self) -> None:

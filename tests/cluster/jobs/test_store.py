@@ -19,6 +19,8 @@ import sqlite3
 from cluster.jobs.records import JobRecord
 from cluster.jobs.store import JobNotFound, JobState, JobStore
 from workers.messages import Priority
+from pathlib import Path
+from cluster.jobs.store_intake import FOLD_AFTER_BYTES
 
 
 class Clock:
@@ -140,6 +142,20 @@ class TestJobstore:
         reopened = JobStore(store.path, Clock())  # ... is swept when the store is opened
         assert reopened.next_requests(left.job_id) == [] and reopened.list_jobs("acme") == []
         reopened.close()
+
+    def test_only_a_big_intake_folds_the_log_back_as_it_commits(self, store):
+        wal = Path(f"{store.path}-wal")
+        small = store.intake("acme", "m")
+        small.add(make_requests(3))
+        small.commit()
+        small.close()
+        assert small.bytes == 3 * (len(b"body-0") + len("c0")) and wal.stat().st_size > 0
+        big = store.intake("acme", "m")
+        body = b"x" * FOLD_AFTER_BYTES
+        big.add([StagedRequest(0, "c0", b"", body)])
+        big.commit()
+        big.close()
+        assert big.bytes == FOLD_AFTER_BYTES + 2 and wal.stat().st_size == 0
 
     def test_a_full_disk_refuses_the_job_and_keeps_nothing(self, tmp_path):
         with small_disk(tmp_path / "disk", megabytes=12) as disk:
