@@ -92,3 +92,59 @@ def test_a_bad_quota_table_at_start_is_refused_naming_the_key(tmp_path):
             QuotaFile(path)
         assert words in str(caught.value)
     assert QuotaFile(tmp_path / "missing.toml").current() == {}
+
+
+def test_each_tenant_has_a_minute_of_its_own():
+    quotas = _quotas({"acme": TenantQuota(tokens_per_minute=100),
+                      "bolt": TenantQuota(tokens_per_minute=100)})
+    quotas.charge("acme", 100)
+    quotas.charge("bolt", 100)  # acme's full minute is not bolt's
+    with pytest.raises(QuotaExceeded):
+        quotas.charge("bolt", 1)
+
+
+def _refusal(quotas: Quotas, tokens: int) -> int:
+    with pytest.raises(QuotaExceeded) as caught:
+        quotas.charge("acme", tokens)
+    return caught.value.retry_after_s
+
+
+def test_retry_after_is_when_the_oldest_requests_summing_to_the_excess_have_left():
+    clock = Clock()
+    quotas = _quotas({"acme": TenantQuota(tokens_per_minute=100)}, clock)
+    for at in (0.0, 10.0, 20.0):
+        clock.now = at
+        quotas.charge("acme", 30)    # 30 at t = 0, 10 and 20: 90 used
+    clock.now = 25.0
+    assert _refusal(quotas, 40) == 35   # 30 over: the first 30 leave at t = 60
+    assert _refusal(quotas, 41) == 45   # 31 over: the second 30 too, at t = 70
+    assert _refusal(quotas, 50) == 45   # 40 over: the same two
+    assert _refusal(quotas, 100) == 55  # the whole quota: every one of the 90 must leave
+    clock.now = 59.5
+    quotas.charge("acme", 10)           # 100 used
+    assert _refusal(quotas, 30) == 1    # the first 30 leave half a second from now
+
+
+def test_a_quota_of_zero_is_no_limit_and_unknown_keys_are_named_with_the_known_ones(tmp_path):
+    path = tmp_path / "orchard.toml"
+    path.write_text("[quotas.acme]\nrequests_in_flight = 0\ntokens_per_minute = 0\n")
+    assert QuotaFile(path).current() == {"acme": TenantQuota(0, 0)}
+    path.write_text("[quotas.acme]\nrequests = 3\nburst = 2\n")
+    with pytest.raises(ValueError) as caught:
+        QuotaFile(path)
+    assert str(caught.value) == (f"{path}: unknown key(s) burst, requests in [quotas.acme]; "
+                                 "known: requests_in_flight, tokens_per_minute")
+
+
+def test_a_bad_edit_is_logged_once_naming_the_file_and_the_quotas_before_stay(tmp_path,
+                                                                                caplog):
+    path = tmp_path / "orchard.toml"
+    _write(path, "[quotas.acme]\nrequests_in_flight = 2\n", 1_000_000_000)
+    file = QuotaFile(path)
+    _write(path, "[quotas.acme]\nrequests_in_flight = -1\n", 2_000_000_000)
+    with caplog.at_level("ERROR", logger="cluster.jobs.quotas"):
+        assert file.current() == {"acme": TenantQuota(2)}
+        assert file.current() == {"acme": TenantQuota(2)}  # the same bad file: not again
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: quotas not reloaded, the ones before stay: {path}: [quotas.acme] "
+        "requests_in_flight must be an integer >= 0 (0: no limit), got -1"]

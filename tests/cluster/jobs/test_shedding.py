@@ -77,3 +77,16 @@ def test_without_a_bound_nothing_is_shed():
 def test_a_negative_bound_is_refused():
     with pytest.raises(ValueError, match="max_ttft_s must be >= 0"):
         LoadShedder(-1.0)
+
+
+def test_by_default_only_the_callers_deadline_bounds():
+    shedder = LoadShedder()
+    assert shedder.bound(None) is None and shedder.bound(3.0) == 3.0
+
+
+def test_a_measurement_of_no_time_moves_no_average():
+    shedder = _measured(slot_s=0.5, ttft_s=0.5)   # under a second counts
+    shedder.observe_slot(0.0)
+    shedder.observe_ttft(0.0)
+    assert shedder.slot_s == 0.5
+    assert shedder.predict(QueueState(4, 4, 3)) == Prediction(0.5, 1.0)  # 4 x 0.5 / 4 + 0.5
