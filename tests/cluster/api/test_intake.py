@@ -6,12 +6,14 @@ test's temp dir. The job store is read directly to check that a refused job left
 Acceptance into the store: the dispatch order follows shared prefixes, not the file.
 """
 from tests.support.paths import REPO
+import asyncio
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 import pytest
@@ -219,3 +221,50 @@ class TestOrder:
         with pytest.raises(ValueError, match=r"f.jsonl:2: body.messages\[1\].role: unknown role"):
             accept(store, [line(0), line(1).replace(b'"user"', b'"robot"')])
         assert store.list_jobs("acme") == []
+
+
+class _HeldRequests(list):
+    """Requests whose reading, in the intake's thread, waits until released."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __iter__(self):
+        self.entered.set()
+        assert self.release.wait(60), "never released"
+        return super().__iter__()
+
+
+def _requests(n: int) -> list:
+    from cluster.api.incoming import RequestIn, SamplingIn, Tokens
+    return [RequestIn(f"c{i}", Tokens((1, 2, 3)), SamplingIn(max_tokens=2)) for i in range(n)]
+
+
+def _open_intakes(store: JobStore) -> int:
+    with sqlite3.connect(store.path) as db:
+        return db.execute("SELECT COUNT(*) FROM intakes").fetchone()[0]
+
+
+def test_requests_are_accepted_in_one_thread_and_a_caller_cancelled_before_the_commit_leaves_nothing(store):
+    from cluster.api.intake import accept_requests
+    from tests.support.bounded import run_bounded, wait_until
+
+    async def scenario():
+        job, created = await accept_requests(store, "acme", MODEL, 100, _requests(3))
+        held = _HeldRequests(_requests(2))
+        task = asyncio.create_task(accept_requests(store, "acme", MODEL, 100, held))
+        await asyncio.to_thread(held.entered.wait, 60)   # the intake's thread reads them
+        task.cancel()
+        held.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_until(lambda: _open_intakes(store) == 0, "the cancelled intake's abort")
+        return job, created
+
+    job, created = run_bounded(scenario(), 60, "a cancelled intake")
+    assert created and job.total == 3
+    assert [j.job_id for j in store.list_jobs("acme")] == [job.job_id]
+    assert dispatch_order(store, job.job_id) == ["c0", "c1", "c2"]
+    with sqlite3.connect(store.path) as db:   # nothing of the cancelled one remains
+        assert db.execute("SELECT COUNT(*) FROM job_requests").fetchone()[0] == 3
