@@ -31,7 +31,7 @@ with the decoded text around the divergence when the worker recorded it) and tem
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -195,6 +195,25 @@ def near_misses(rows: Sequence[RequestRow], limit: int = 5) -> list[dict]:
     return out
 
 
+def near_miss_positions(rows: Sequence[RequestRow], positions: int = 3) -> list[dict]:
+    """Per prompt template (a tenant's prompts that open with the same first block), how many
+    requests were near misses and the token positions where they most often diverged from
+    what was stored (the shared run's length), most frequent first: a template whose misses
+    pile up at one position has a volatile line there (a date, a request id)."""
+    found: dict[tuple[str, str], Counter] = {}
+    for r in rows:
+        common = r.lookup.get(A.CACHE_COMMON_PREFIX)
+        if (r.miss_cause == "near_miss" or r.outcome == "near_miss") and r.block_hashes \
+                and common is not None:
+            found.setdefault((r.tenant, r.block_hashes[0]), Counter())[int(common)] += 1
+    out = [{"tenant": tenant, "template": first[:16], "near_misses": sum(at.values()),
+            "positions": [{"token": token, "requests": n}
+                          for token, n in sorted(at.items(), key=lambda kv: (-kv[1], kv[0]))
+                          [:positions]]}
+           for (tenant, first), at in found.items()]
+    return sorted(out, key=lambda t: (-t["near_misses"], t["tenant"], t["template"]))
+
+
 def template_drift(rows: Sequence[RequestRow]) -> list[dict]:
     """Consecutive turns of a conversation where the later prompt does not extend the earlier
     one's full blocks: the divergence block and token offset, per occurrence."""
@@ -266,6 +285,7 @@ def build_report(spans: Sequence[SpanRecord], job: str | None = None,
     report["tenants"] = [summarize(k, v) for k, v in groups["tenants"].items()]
     report["windows"] = [summarize(k, v) for k, v in groups["windows"].items()]
     report["near_misses"] = near_misses(rows)
+    report["near_miss_positions"] = near_miss_positions(rows)
     report["template_drift"] = template_drift(rows)
     report["series"] = [{"t_s": (r.start_ns - t0) / 1e9, "request_id": r.request_id,
                          "job_id": r.job_id or "(no job)",

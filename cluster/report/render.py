@@ -103,6 +103,13 @@ def render_text(report: dict) -> str:
         if n.get("text_before") is not None:
             lines.append(f"    ...{n['text_before']!r} | prompt: {n['prompt_next']!r} "
                          f"| stored: {n['stored_next']!r}")
+    lines += ["", "Near-miss positions by prompt template (where the misses diverged)"]
+    if not report["near_miss_positions"]:
+        lines.append("  none")
+    for t in report["near_miss_positions"]:
+        at = ", ".join(f"token {p['token']} ({p['requests']})" for p in t["positions"])
+        lines.append(f"  {t['tenant']} template {t['template']}: {t['near_misses']} near "
+                     f"misses; {at}")
     lines += ["", "Template drift (a turn that does not extend the previous turn's prompt)"]
     if not report["template_drift"]:
         lines.append("  none")

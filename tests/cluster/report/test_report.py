@@ -113,6 +113,8 @@ def test_template_drift_and_near_misses(recorded, capsys):
     assert shown and shown[0]["common_prefix"] // 16 * 16 <= shown[0]["cached_tokens"]
     assert shown[0]["cached_tokens"] <= shown[0]["common_prefix"]
     assert shown[0]["text_before"] and shown[0]["stored_next"]
+    # the stamped template's near misses are counted under their template
+    assert report["near_miss_positions"] and report["near_miss_positions"][0]["near_misses"] >= 1
 
 
 def test_job_filter_text_and_plot(recorded, capsys, tmp_path):
@@ -122,6 +124,7 @@ def test_job_filter_text_and_plot(recorded, capsys, tmp_path):
     assert main(["report", "--run-dir", str(recorded.run_dir), "--plot", str(plot)]) == 0
     text = capsys.readouterr().out
     assert "Per job" in text and "job-1" in text and "Worst near misses" in text
+    assert "Near-miss positions by prompt template" in text
     assert "drafts accepted" in text
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -163,3 +166,26 @@ def test_the_report_counts_writes_by_ttl_bypasses_and_salts(tmp_path, capsys):
             "  bypassed: 1 read nothing, 1 wrote nothing; salted: 1 requests\n") in text
     assert "team-secret" not in text
     assert not any("team-secret" in p.read_text() for p in run_dir.rglob("*") if p.is_file())
+
+
+def test_near_miss_positions_per_prompt_template_most_frequent_first():
+    from cluster.report.build import RequestRow, near_miss_positions
+    from cluster.telemetry import attrs as A
+
+    def row(rid, tenant, first_block, common, cause="near_miss"):
+        return RequestRow("t", rid, "job-1", tenant, "", 0, "w0", 0, 64, 0, 0, None, None,
+                          cause, 0, "", "miss", lookup={A.CACHE_COMMON_PREFIX: common},
+                          block_hashes=(first_block, "b2"))
+
+    rows = [row("a", "acme", "aaaa" * 8, 19), row("b", "acme", "aaaa" * 8, 19),
+            row("c", "acme", "aaaa" * 8, 40), row("d", "acme", "aaaa" * 8, 7),
+            row("e", "acme", "aaaa" * 8, 3), row("f", "acme", "bbbb" * 8, 19),
+            row("g", "beta", "aaaa" * 8, 19), row("h", "acme", "aaaa" * 8, 19, "evicted")]
+    assert near_miss_positions(rows) == [
+        {"tenant": "acme", "template": "aaaa" * 4, "near_misses": 5,
+         "positions": [{"token": 19, "requests": 2}, {"token": 3, "requests": 1},
+                       {"token": 7, "requests": 1}]},
+        {"tenant": "acme", "template": "bbbb" * 4, "near_misses": 1,
+         "positions": [{"token": 19, "requests": 1}]},
+        {"tenant": "beta", "template": "aaaa" * 4, "near_misses": 1,
+         "positions": [{"token": 19, "requests": 1}]}]
