@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from cluster.tls import init_tls
-from tests.cluster.backend.test_bootstrap import netns
+from tests.support.netns_hosts import netns_cluster
 
 
 TLS_CONFIG = ACME_CONFIG + '[frontend]\ntls_cert = "tls/server.pem"\ntls_key = "tls/server.key"\n'
@@ -190,15 +190,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def lan():
-    reason = netns.probe()
-    if reason:
-        pytest.skip(f"no network namespaces here: {reason}")
-    cluster = netns.NetnsCluster(workers=1, python=sys.executable)
-    try:
-        cluster.create()
+    with netns_cluster(workers=1) as cluster:
         yield cluster
-    finally:
-        cluster.destroy()
 
 
 class TestLan:

@@ -14,12 +14,10 @@ import socket
 import time
 import pytest
 from cluster.backend.bootstrap import join  # noqa: E402
-from tests.support.paths import REPO
-import importlib.util
 import json
 import sys
-from pathlib import Path
 from tests.support.forged_models import tiny_model
+from tests.support.netns_hosts import INFRA, netns_cluster
 
 
 pytest.importorskip("ray")
@@ -60,29 +58,10 @@ class TestJoin:
 
 pytestmark = pytest.mark.slow
 
-INFRA = REPO / "infra"
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"infra_{name}", INFRA / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-netns = _load("netns")
-
 @pytest.fixture(scope="module")
 def nodes():
-    reason = netns.probe()
-    if reason:
-        pytest.skip(f"no network namespaces here: {reason}")
-    cluster = netns.NetnsCluster(workers=2, python=sys.executable)
-    try:
-        cluster.create()
-        cluster.start_ray()
+    with netns_cluster(workers=2, ray=True) as cluster:
         yield cluster
-    finally:
-        cluster.destroy()
 
 
 class TestMultinode:
@@ -92,7 +71,7 @@ class TestMultinode:
             sys.executable, str(INFRA / "netns_job.py"), "--address", nodes.ray_address,
             "--model", str(tiny_model()), "--run-dir", str(tmp_path / "run"),
             "--kill-netns", victim.netns, "--kill-address", victim.address,
-            "--requests", "24", "--max-tokens", "48"],
+            "--requests", "24", "--max-tokens", "400"],  # long enough to be running at the kill
             capture_output=True, text=True, timeout=420)
         assert done.returncode == 0, done.stderr[-4000:]
         report = json.loads(done.stdout.strip().splitlines()[-1])

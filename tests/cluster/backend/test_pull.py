@@ -24,7 +24,7 @@ from cluster.backend.worker_actor import EngineWorker
 from router.kv.events import LinkMeasure
 from router.kv.key import Namespace
 from router.pull_cost import DEFAULT_LINK, observed
-from tests.cluster.backend.test_bootstrap import INFRA, netns
+from tests.support.netns_hosts import INFRA, netns_cluster
 from tests.support.forged_models import tiny_model
 from workers.engine.engine import EngineConfig
 from workers.messages import GenerateRequest, SamplingParams
@@ -279,15 +279,8 @@ def test_the_receivers_batches_after_a_pull_carry_its_measured_link_from_the_hol
 @pytest.fixture(scope="module")
 def hosts():
     """Two hosts: network namespaces joined by veth pairs on a bridge (``infra/netns.py``)."""
-    reason = netns.probe()
-    if reason:
-        pytest.skip(f"no network namespaces here: {reason}")
-    cluster = netns.NetnsCluster(workers=1, python=sys.executable)
-    try:
-        cluster.create()
+    with netns_cluster(workers=1) as cluster:
         yield cluster
-    finally:
-        cluster.destroy()
 
 
 def _rx_bytes(hosts, node) -> int:

@@ -945,7 +945,16 @@ class TestCancel:
                 time.sleep(0.02)
             assert _stats(harness).running == 16
             written = _engine(harness, lambda engine: engine.written_tokens())
-            for stream in streams:
+            # The twelve waiting first, and only once the engine has let them go the four
+            # decoding: a seat a cancelled decode frees is then never given to a waiting
+            # request whose own cancel is still on its way (it would prefill and write).
+            for stream in streams[4:]:
+                stream.cancel()
+            deadline = time.monotonic() + 30.0
+            while _stats(harness).running > 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _stats(harness).running == 4
+            for stream in streams[:4]:
                 stream.cancel()
 
             assert _wait_idle(harness, 30.0), "cancelled requests still run"
