@@ -642,6 +642,19 @@ class TestResults:
             computed_tokens=24, written_tokens=16, worker_id="w3", ttft_s=0.02, tpot_s=0.005,
             attempts=2, worker_s=0.25, written_input_tokens=16, write_ttl_s=300.0)
 
+    def test_a_result_keeps_its_logprobs_and_the_stop_string_that_ended_it(self):
+        from workers.messages import TokenLogprob
+        r = result("r", 40, 16, 16, "w", LookupOutcome.PARTIAL, outputs=2)
+        probs = (TokenLogprob(0, -0.5, ((0, -0.5), (9, -1.5))), TokenLogprob(1, -0.25))
+        r = dataclasses.replace(r, logprobs=probs, extra={"stop": "END"})
+        stored = result_of(0, "", GenerateOutcome(r, None, 1, ""), ASKED_NOTHING, 16)
+        assert (stored.logprobs, stored.stop_sequence) == (probs, "END")
+
+    def test_a_request_of_no_prompt_wrote_no_prompt_tokens(self):
+        r = result("r", 0, 0, 16, "w", LookupOutcome.MISS)  # what it wrote was its output
+        stored = result_of(0, "", GenerateOutcome(r, None, 1, ""), ASKED_NOTHING, 16)
+        assert (stored.written_tokens, stored.written_input_tokens) == (16, 0)
+
     def test_a_result_keeps_the_ttl_its_request_asked_for(self):
         r = result("r", 40, 0, 32, "w", LookupOutcome.MISS)  # the store's TTL: 300 s
         hour = dataclasses.replace(ASKED_NOTHING, cache=CacheControls(ttl_s=3600.0))
