@@ -21,12 +21,6 @@ from workers.model.model_dir import open_model_dir
 
 
 @pytest.fixture(scope="module")
-def plain_run():
-    eng = engine(False)
-    return drive(eng, requests(eng, "p"))
-
-
-@pytest.fixture(scope="module")
 def spec_run():
     eng = engine(True)
     return drive(eng, requests(eng, "s"))

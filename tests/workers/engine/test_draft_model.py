@@ -32,12 +32,6 @@ DRAFTS = {"itself": lambda: tiny_model("llama"), "near": near_draft, "smaller": 
 
 
 @pytest.fixture(scope="module")
-def plain_run():
-    eng = engine(False)
-    return drive(eng, requests(eng, "p"))
-
-
-@pytest.fixture(scope="module")
 def runs():
     """The mixed batch with each of ``DRAFTS``, run once for the module."""
     done = {}
