@@ -109,9 +109,9 @@ its prefill rate comes with its block events): ``bytes_s = 1.1e9`` (10 GbE), ``f
 0.002`` (a connect, the authentication and the first window on a LAN), ``prefill_tokens_s =
 6000`` (the simulator's), at least ``MIN_PULL_BLOCKS = 1`` block pulled. **The source must
 have spare capacity**: the holder serves a pull a window of 8 blocks between its engine steps
-(``cluster.backend.pull``), which slows its own decodes by ``PULL_TPOT_COST = 0.06`` of their
+(``cluster.backend.pull``), which slows its own decodes by ``PULL_TPOT_COST = 0.085`` of their
 TPOT per pull it serves (measured, an upper bound: ``orchard bench pull``'s
-``holder_tpot_during_pull_over_alone``, 1.06); a pull may slow them by at most
+``holder_tpot_during_pull_over_alone``, 1.085 on an idle machine); a pull may slow them by at most
 ``HOLDER_SLOWDOWN_BOUND = 1.10``, so a holder serves at most ``MAX_PULLS_PER_SOURCE = 1``
 pull at a time. A holder that already serves one (a pull planned from it whose request has
 not produced its first token: the ``Router`` counts them) is no source; the longest match

@@ -17,11 +17,11 @@ policy's own choice's ``ttft``; otherwise nothing changes. A pull of less than
 ``MIN_PULL_BLOCKS`` is never planned (its fixed cost is all it would carry).
 
 Spare capacity. A holder serves a pull between its engine steps, one window's encoding at a
-time, so each pull it serves slows its own decodes: by ``PULL_TPOT_COST = 0.06`` of their
-TPOT, measured (``orchard bench pull``'s ``holder_tpot_during_pull_over_alone``, 1.06 with
-pulls served back to back, both workers on one machine: an upper bound). A pull may slow the
+time, so each pull it serves slows its own decodes: by ``PULL_TPOT_COST = 0.085`` of their
+TPOT, measured (``orchard bench pull``'s ``holder_tpot_during_pull_over_alone``, 1.085 with
+pulls served back to back on an idle machine, both workers on it: an upper bound). A pull may slow the
 holder's decodes by at most ``HOLDER_SLOWDOWN_BOUND = 1.10``, so a holder serves at most
-``MAX_PULLS_PER_SOURCE = floor((1.10 - 1) / 0.06) = 1`` pull at a time: a holder already
+``MAX_PULLS_PER_SOURCE = floor((1.10 - 1) / 0.085) = 1`` pull at a time: a holder already
 serving that many (planned pulls from it whose requests have not produced their first token,
 ``Row.pulls_served``) is no source, and the longest match among the others is.
 
@@ -41,7 +41,7 @@ Defaults (until measured):
 - ``DEFAULT_PREFILL_TOKENS_S = 6000``: the simulator's prefill rate; a worker that reports its
   own (``WorkerRates.prefill_tokens_s``) is costed at that.
 - ``MIN_PULL_BLOCKS = 1``, ``SMOOTHING = 0.3``, ``BANDWIDTH_PULL_BYTES = 1 MiB``.
-- ``MAX_PULLS_PER_SOURCE = 1`` (from ``PULL_TPOT_COST = 0.06`` and ``HOLDER_SLOWDOWN_BOUND =
+- ``MAX_PULLS_PER_SOURCE = 1`` (from ``PULL_TPOT_COST = 0.085`` and ``HOLDER_SLOWDOWN_BOUND =
   1.10``, under Spare capacity).
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ DEFAULT_BYTES_S = 1.1e9
 DEFAULT_FIXED_S = 0.002
 DEFAULT_PREFILL_TOKENS_S = 6000.0
 MIN_PULL_BLOCKS = 1
-PULL_TPOT_COST = 0.06          # a holder's decode TPOT grows by this while it serves a pull
+PULL_TPOT_COST = 0.085          # a holder's decode TPOT grows by this while it serves a pull
 HOLDER_SLOWDOWN_BOUND = 1.10   # the most a holder's pulls may slow its decodes
 MAX_PULLS_PER_SOURCE = int((HOLDER_SLOWDOWN_BOUND - 1) / PULL_TPOT_COST + 1e-9)
 SMOOTHING = 0.3

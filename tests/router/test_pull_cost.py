@@ -141,8 +141,8 @@ def test_a_link_refuses_impossible_rates():
 
 
 def test_the_bound_on_a_holders_slowdown_allows_one_pull_at_a_time():
-    # floor((1.10 - 1) / 0.06): a second pull would slow its decodes by 1.12
-    assert (PULL_TPOT_COST, HOLDER_SLOWDOWN_BOUND, MAX_PULLS_PER_SOURCE) == (0.06, 1.10, 1)
+    # floor((1.10 - 1) / 0.085): a second pull would slow its decodes by 1.17
+    assert (PULL_TPOT_COST, HOLDER_SLOWDOWN_BOUND, MAX_PULLS_PER_SOURCE) == (0.085, 1.10, 1)
 
 
 def test_a_holder_serving_a_pull_is_no_source_until_that_request_prefills():
