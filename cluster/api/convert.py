@@ -99,7 +99,7 @@ def disk_to_pb(d: DiskTierStats | None) -> pb.DiskTier | None:
         return None
     return pb.DiskTier(blocks=d.blocks, bytes=d.bytes, capacity_bytes=d.capacity_bytes,
                        free_bytes=d.free_bytes, corrupt=d.corrupt, torn=d.torn,
-                       outdated=d.outdated, full=d.full)
+                       outdated=d.outdated, full=d.full, evictions=d.evictions)
 
 
 @dataclass(frozen=True, slots=True)

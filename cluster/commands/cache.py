@@ -41,7 +41,7 @@ def disk_figures(d) -> dict:
             "disk_blocks": d.blocks,
             "disk_free_bytes": d.free_bytes if d.HasField("free_bytes") else None,
             "disk_corrupt": d.corrupt, "disk_torn": d.torn, "disk_outdated": d.outdated,
-            "disk_full": d.full}
+            "disk_full": d.full, "disk_evictions": d.evictions}
 
 
 def _prefix(args) -> dict:

@@ -228,5 +228,5 @@ def _disk_line(w) -> str:
     d = w.disk
     free = f"{d.free_bytes / 2**30:.1f} GiB free" if d.HasField("free_bytes") else "free unknown"
     line = (f"{d.bytes / 2**20:.2f} of {d.capacity_bytes / 2**20:.0f} MiB, {d.blocks} blocks, "
-            f"{free}, corrupt {d.corrupt}, torn {d.torn}")
+            f"{free}, corrupt {d.corrupt}, torn {d.torn}, evicted {d.evictions}")
     return line + (", FULL: writes stopped" if d.full else "")

@@ -2,70 +2,88 @@
 
 **The draft.** A request's history is its prompt and its output so far. Its last ``n`` tokens
 (``n`` = 4, 3, 2, 1, longest first) are looked up among its earlier ``n``-grams; the tokens
-that followed the most recent earlier occurrence are the draft, up to ``k`` of them. Batch
+that followed the most recent earlier occurrence are the draft, up to ``k`` of them (a copy
+that runs into the present repeats: a request that loops drafts its loop). Batch
 jobs that quote, correct, reformat or edit their prompt copy long spans of it, and there the
 drafts are what the model writes. The lookup is an index of every ``n``-gram to the position
 after its latest occurrence, updated as tokens arrive: a draft costs four dict reads.
 
-**Adaptive k (per request).** ``k`` starts at 2. A verify pass that accepts every draft raises
-it by 2 (up to ``max_k``); one that rejects sets it to the accepted count plus 1, so a request
-drafts about what it has lately been accepted. After ``GIVE_UP`` (3) passes in a row that
-accept none of their drafts the request stops drafting for ``pause`` steps, which doubles at
-each give-up (16, 32, ... up to 256 steps): a request with nothing to copy soon drafts
-nothing, and one that reaches a copyable span later still finds it.
+**Per request: how likely its drafts are.** Each request keeps a per-token acceptance ``p``:
+the drafts its passes accepted over those plus the passes that stopped at a rejected one
+(moving averages, starting at 0.5), so a draft of ``n`` tokens is expected to yield
+``p + p^2 + ... + p^n`` of them. After ``GIVE_UP`` (3) passes in a row that accept none of its
+drafts the request stops drafting for ``pause`` steps, which doubles at each give-up (16, 32,
+... up to 256 steps): a request with nothing to copy soon drafts nothing, and one that
+reaches a copyable span later still finds it.
 
-**The step (``SpecCost``).** A verify pass of ``b`` rows and ``K`` drafts per row yields ``b +
-A`` tokens (``A``: the drafts accepted) in ``T + X`` seconds, against ``b`` tokens in ``T`` for
-a plain step: it pays when ``A * T > b * X``. ``X`` is measured per extra position (the last
-verify passes' time over a plain step's, ``T`` the plain step's moving average) and ``A`` is
-forecast from each row's acceptance rate; until both are measured, a step drafts, so the
-first verify passes measure ``X``. A step that would not pay drafts nothing. With a draft
-model (``workers.engine.draft_model``) ``X`` also counts drafting, measured per draft
-position (one draft pass for the whole batch), and the rows' paces plan the passes before any
-runs: a step that would not pay runs no draft pass. A draft model always proposes, so after
-``PLAIN_EVERY`` (32) verify passes in a row a step is plain, which measures ``T``.
+**Per step: the width (``SpecCost``).** The verify pass is one rectangle, every row padded to
+the widest draft ``w``, and a pad costs what a draft costs. A pass of ``b`` rows at width
+``w`` takes ``T + b w X`` seconds (``T`` a plain step's moving average, ``X`` the measured
+cost of an extra position) and yields ``b + A(w)`` tokens, ``A(w)`` the rows' expected
+accepted drafts with each draft cut to ``w``. The step takes the ``w`` (0 to ``max_k``) with
+the most tokens per second; ``w`` = 0, a plain step, when no width beats ``b / T``. So every
+row drafts what its lookup finds, up to ``w``: a row that pads instead of drafting pays the
+same. Until ``T`` and ``X`` are measured a step drafts at full width, so the first verify
+passes measure ``X``. With a draft model (``workers.engine.draft_model``) ``X`` also counts
+drafting, measured per draft position (one draft pass for the whole batch), and the width is
+chosen before any draft pass runs: a step that would not pay runs none. A draft model always
+proposes, so after ``PLAIN_EVERY`` (32) verify passes in a row a step is plain, which
+measures ``T``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from workers.engine.draft_model import DraftModel
-from workers.rates import moving_average
+from workers.rates import EMA_WEIGHT, moving_average
 
 NGRAMS = (4, 3, 2, 1)   # lookup lengths, longest first
-START_K = 2
-GROW_K = 2
 GIVE_UP = 3             # passes in a row that accept nothing before a request pauses
 FIRST_PAUSE = 16        # steps
 LONGEST_PAUSE = 256
 MAX_K = 8
-FIRST_RATE = 0.5       # a new request's forecast acceptance rate, before its first pass
+FIRST_P = 0.5           # a new request's per-token acceptance, before its first pass
 # With a draft model, at most this many verify passes in a row before a plain step: a draft
 # model always proposes, so without it a plain step (``T``) might never be measured and the
 # cost rule never asked. One step in 33 plain costs speculation at most 3%.
 PLAIN_EVERY = 32
+# After this many steps in a row that had drafts and ran plain, one verify pass at full width
+# measures ``X`` again (a slow pass, or a busy machine, may have set it too high): at most one
+# pass in 33 that does not pay.
+PROBE_AFTER = 32
 
 
 @dataclass(slots=True)
 class Pace:
-    """One request's adaptive ``k`` and its draft counts (whatever proposes its drafts)."""
+    """One request's acceptance and draft counts (whatever proposes its drafts)."""
 
     max_k: int
-    k: int = START_K
     drafted: int = 0        # drafts sent to verify passes
     accepted: int = 0       # of those, accepted
-    rate: float = FIRST_RATE  # moving average of accepted / drafted per pass
+    _hits: float = FIRST_P  # moving average of the drafts a pass accepted
+    _stops: float = 1 - FIRST_P  # moving average of the passes that stopped at a rejection
     _misses: int = 0        # passes in a row that accepted nothing
     _pause: int = 0         # steps left without drafting
     _next_pause: int = FIRST_PAUSE
 
-    def __post_init__(self) -> None:
-        self.k = min(self.k, self.max_k)
+    @property
+    def p(self) -> float:
+        """The chance that the request's next draft token is accepted, given the one before."""
+        return self._hits / (self._hits + self._stops)
+
+    def expected(self, n: int) -> float:
+        """The accepted tokens a draft of ``n`` is expected to yield: ``p + ... + p^n``."""
+        p, total, term = self.p, 0.0, 1.0
+        for _ in range(n):
+            term *= p
+            total += term
+        return total
 
     def allowance(self, limit: int) -> int:
-        """How many tokens to draft this step: ``min(k, limit)``, none while paused (a
-        step asked counts down the pause)."""
-        k = min(self.k, limit)
+        """How many tokens the request may draft this step: ``min(max_k, limit)``, none
+        while paused (a step asked counts down the pause)."""
+        k = min(self.max_k, limit)
         if k <= 0:
             return 0
         if self._pause:
@@ -79,11 +97,9 @@ class Pace:
             return
         self.drafted += drafted
         self.accepted += accepted
-        self.rate = moving_average(self.rate, accepted / drafted)
-        if accepted == drafted:
-            self.k = min(self.max_k, self.k + GROW_K)
-        else:
-            self.k = min(self.max_k, accepted + 1)
+        keep = 1 - EMA_WEIGHT
+        self._hits = keep * self._hits + EMA_WEIGHT * accepted
+        self._stops = keep * self._stops + EMA_WEIGHT * (accepted < drafted)
         self._misses = self._misses + 1 if accepted == 0 else 0
         if self._misses >= GIVE_UP:
             self._misses = 0
@@ -114,7 +130,8 @@ class PromptLookup:
 
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of the history's
-        longest matching suffix; none with nothing to match."""
+        longest matching suffix (a copy that runs into the present repeats, as a copy of
+        itself does: ``a b a b`` drafts ``a b a b ...``); none with nothing to match."""
         if k <= 0:
             return []
         h = self.history
@@ -122,7 +139,10 @@ class PromptLookup:
             if len(h) > n:
                 at = self._index.get(tuple(h[-n:]))
                 if at is not None:
-                    return h[at:at + k]
+                    span = h[at:at + k]
+                    if len(span) < k:  # the copy reaches the present: it repeats itself
+                        span = (span * (k // len(span) + 1))[:k]
+                    return span
         return []
 
 
@@ -135,24 +155,40 @@ class SpecCost:
     _draft_s: float = 0.0           # moving average of drafting's cost per draft position
     plain_every: int = 0            # verify passes in a row before a plain step; 0: no limit
     _passes: int = 0                # verify passes since the last plain step
+    _declined: int = 0              # steps in a row that had drafts and ran plain
+    _widths: set[int] = field(default_factory=set)  # widths passed at least once
 
-    def pays(self, rows: int, width: int, expected_accepted: float) -> bool:
-        """A pass of ``rows`` rows, ``width`` drafts each, that forecasts
-        ``expected_accepted`` accepted drafts: does it beat ``rows`` plain tokens?"""
-        if width <= 0:
-            return False
+    def width(self, rows: int, expected: Sequence[float]) -> int:
+        """The verify pass's width for a step of ``rows`` rows, ``expected[w - 1]`` the
+        drafts its rows are expected to have accepted at width ``w``: the one that yields the
+        most tokens per second, 0 (a plain step) when none beats plain decoding."""
+        if not expected:
+            return 0
         if self.plain_every and self._passes >= self.plain_every:
-            return False  # a plain step now, to measure one
+            return 0  # a plain step now, to measure one
         if not (self._plain_s and self._extra_s):
-            return True  # not measured yet: the pass itself measures it
-        extra = rows * width * self._extra_s + width * self._draft_s
-        return expected_accepted * self._plain_s > rows * extra
+            return len(expected)  # not measured yet: the pass itself measures it
+        best, best_rate = 0, rows / self._plain_s
+        for w, accepted in enumerate(expected, 1):
+            seconds = self._plain_s + w * (rows * self._extra_s + self._draft_s)
+            if (rows + accepted) / seconds > best_rate:
+                best, best_rate = w, (rows + accepted) / seconds
+        if best:
+            return best
+        self._declined += 1
+        if self._declined > PROBE_AFTER:  # measure again: ``X`` may have been one slow pass
+            return len(expected)
+        return 0
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A step of ``rows`` rows and ``width`` drafts each took ``seconds``."""
         self._passes = self._passes + 1 if width else 0
+        if width:
+            self._declined = 0
         if width == 0:
             self._plain_s = moving_average(self._plain_s, seconds)
+        elif width not in self._widths:
+            self._widths.add(width)  # the first pass of a shape: MLX's warm-up, not its cost
         elif self._plain_s:
             extra = max(seconds - self._plain_s, 0.0) / (rows * width)
             self._extra_s = moving_average(self._extra_s, extra) or 1e-12
@@ -226,19 +262,24 @@ class Speculation:
             self._model.leave(uid)
 
     def drafts(self, limits: dict[int, int]) -> dict[int, list[int]]:
-        """Each joined row's draft (``limits``: the most tokens worth drafting per row),
-        or none at all when the verify pass would not pay for itself."""
+        """Each joined row's draft (``limits``: the most tokens worth drafting per row), cut
+        to the step's width, or none at all when no verify pass would pay for itself."""
         plan = {uid: self._paces[uid].allowance(limit) for uid, limit in limits.items()
                 if uid in self._paces}
         if self._model is None:
             drafts = {uid: self._lookups[uid].propose(k) for uid, k in plan.items()}
             drafts = {uid: d for uid, d in drafts.items() if d}
             plan = {uid: len(d) for uid, d in drafts.items()}
-        width = max(plan.values(), default=0)
-        expected = sum(self._paces[uid].rate * n for uid, n in plan.items())
-        if not self.cost.pays(len(limits), width, expected):
+        plan = {uid: n for uid, n in plan.items() if n}
+        widest = max(plan.values(), default=0)
+        expected = [sum(self._paces[uid].expected(min(n, w)) for uid, n in plan.items())
+                    for w in range(1, widest + 1)]
+        width = self.cost.width(len(limits), expected)
+        if not width:
             return {}
-        return drafts if self._model is None else self._model.propose(plan)
+        if self._model is None:
+            return {uid: d[:width] for uid, d in drafts.items()}
+        return self._model.propose({uid: min(n, width) for uid, n in plan.items()})
 
     def verified(self, uid: int, drafted: int, accepted: int, tokens: list[int]) -> None:
         """Row ``uid``'s pass took ``accepted`` of ``drafted``; ``tokens`` are its new ones."""

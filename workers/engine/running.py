@@ -73,6 +73,7 @@ class Running:
         if self._spec is not None:
             drafts = self._spec.drafts({uid: seq.request.sampling.max_tokens - len(seq.tokens) - 1
                                         for uid, seq in self._rows.items()})
+            drafts = {uid: _through_end(d, self._eos) for uid, d in drafts.items()}
         drafted = self._now_ns()
         steps = self._batch.step(drafts)
         seconds = (self._now_ns() - drafted) / 1e9
@@ -109,3 +110,10 @@ class Running:
             self._spec.leave(uid)
         return self._batch.remove(uid, unused)
 
+
+def _through_end(draft: list[int], eos: set[int]) -> list[int]:
+    """``draft`` up to its first end token (kept): nothing after it could be used."""
+    for i, token in enumerate(draft):
+        if token in eos:
+            return draft[:i + 1]
+    return draft

@@ -351,7 +351,7 @@ class Worker(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., running: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_capacity_bytes: _Optional[int] = ..., cache_blocks: _Optional[int] = ..., hit_ratio: _Optional[float] = ..., requests_served: _Optional[int] = ..., disk: _Optional[_Union[DiskTier, _Mapping]] = ...) -> None: ...
 
 class DiskTier(_message.Message):
-    __slots__ = ("blocks", "bytes", "capacity_bytes", "free_bytes", "corrupt", "torn", "outdated", "full")
+    __slots__ = ("blocks", "bytes", "capacity_bytes", "free_bytes", "corrupt", "torn", "outdated", "full", "evictions")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +360,7 @@ class DiskTier(_message.Message):
     TORN_FIELD_NUMBER: _ClassVar[int]
     OUTDATED_FIELD_NUMBER: _ClassVar[int]
     FULL_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     blocks: int
     bytes: int
     capacity_bytes: int
@@ -368,7 +369,8 @@ class DiskTier(_message.Message):
     torn: int
     outdated: int
     full: bool
-    def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., corrupt: _Optional[int] = ..., torn: _Optional[int] = ..., outdated: _Optional[int] = ..., full: _Optional[bool] = ...) -> None: ...
+    evictions: int
+    def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., corrupt: _Optional[int] = ..., torn: _Optional[int] = ..., outdated: _Optional[int] = ..., full: _Optional[bool] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()

@@ -154,6 +154,50 @@ class TestTheCacheHoldsTheAcceptedTokens:
                 assert float(mx.abs(mine.values - ref.values[..., :len(tokens), :]).max()) <= 1e-5
         assert len(batch) == 0 and batch.step({}) == []
 
+    def test_positions_moved_out_of_order_decode_exactly_and_leave_in_order(self):
+        loaded = open_model_dir(tiny_model("llama"))
+        model = loaded.model
+        # row 2's prompt is one token: its first pass must cover more positions than it holds,
+        # so that pass rolls; later passes copy rows' oldest positions over the rejected ones
+        prompts = [prompt_of(12, seed=5), prompt_of(30, seed=6), prompt_of(1, seed=7)]
+
+        def greedy(prompt, n):
+            cache = [KVCache() for _ in range(loaded.kv_shape.layers)]
+            out = [int(mx.argmax(model(mx.array([prompt]), cache=cache)[0, -1]).item())]
+            for _ in range(n):
+                out.append(int(mx.argmax(model(mx.array([[out[-1]]]), cache=cache)[0, -1]).item()))
+            return out
+
+        truth = [greedy(p, 24) for p in prompts]
+        batch = DecodeBatch(model)
+        uids = []
+        for p, t in zip(prompts, truth):
+            cache = [KVCache() for _ in range(loaded.kv_shape.layers)]
+            model(mx.array([p]), cache=cache)
+            uids.append(batch.insert(t[0], cache, p, None, None))
+        made = [1, 1, 1]   # tokens each row has so far (its first)
+        # each pass: how many of 4 true drafts each row gets before a wrong one
+        for i, right in enumerate(((4, 3, 0), (1, 0, 2), (0, 4, 4), (2, 1, 3), (3, 2, 1))):
+            drafts = {}
+            for uid, t, n, k in zip(uids, truth, made, right):
+                drafts[uid] = t[n:n + k] + [(t[n + k] + 1) % 32000] * (4 - k)
+            steps = batch.step(drafts)
+            for e, (step, t, k) in enumerate(zip(steps, truth, right)):
+                assert step.tokens == tuple(t[made[e]:made[e] + k + 1]) and step.accepted == k
+                made[e] += k + 1
+            if i == 0:  # row 2 held 2 positions and dropped 4: the pass rolled, all in order
+                assert [r.order is None for r in batch._rows] == [True, True, True]
+        assert made == [16, 16, 16]
+        assert [r.order is not None for r in batch._rows] == [True, True, True]
+        for uid, p, t, n in zip(uids, prompts, truth, made):
+            cache, tokens = batch.remove(uid)
+            assert tokens == p + t[:n - 1]
+            fresh = [KVCache() for _ in range(loaded.kv_shape.layers)]
+            model(mx.array([tokens]), cache=fresh)
+            for mine, ref in zip(cache, fresh):
+                assert float(mx.abs(mine.keys - ref.keys[..., :len(tokens), :]).max()) <= 1e-5
+                assert float(mx.abs(mine.values - ref.values[..., :len(tokens), :]).max()) <= 1e-5
+
     def test_rows_that_reject_alike_are_trimmed_without_a_roll(self):
         loaded = open_model_dir(tiny_model("llama"))
         batch = DecodeBatch(loaded.model)
