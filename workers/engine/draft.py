@@ -72,13 +72,15 @@ class Pace:
         """The chance that the request's next draft token is accepted, given the one before."""
         return self._hits / (self._hits + self._stops)
 
-    def expected(self, n: int) -> float:
-        """The accepted tokens a draft of ``n`` is expected to yield: ``p + ... + p^n``."""
-        p, total, term = self.p, 0.0, 1.0
+    def expected(self, n: int) -> list[float]:
+        """The accepted tokens a draft is expected to yield, cut to each length 1 to ``n``:
+        ``p``, ``p + p^2``, ... ``p + ... + p^n``."""
+        p, total, term, out = self.p, 0.0, 1.0, []
         for _ in range(n):
             term *= p
             total += term
-        return total
+            out.append(total)
+        return out
 
     def allowance(self, limit: int) -> int:
         """How many tokens the request may draft this step: ``min(max_k, limit)``, none
@@ -272,8 +274,11 @@ class Speculation:
             plan = {uid: len(d) for uid, d in drafts.items()}
         plan = {uid: n for uid, n in plan.items() if n}
         widest = max(plan.values(), default=0)
-        expected = [sum(self._paces[uid].expected(min(n, w)) for uid, n in plan.items())
-                    for w in range(1, widest + 1)]
+        expected = [0.0] * widest   # the rows' expected accepted drafts at each width
+        for uid, n in plan.items():
+            run = self._paces[uid].expected(n)
+            for w in range(widest):
+                expected[w] += run[min(w, n - 1)]
         width = self.cost.width(len(limits), expected)
         if not width:
             return {}

@@ -37,13 +37,13 @@ class TestLookup:
 class TestAcceptance:
     def test_each_pass_moves_the_per_token_acceptance_and_the_expected_yield(self):
         pace = Pace(6)
-        assert pace.p == 0.5 and pace.expected(2) == 0.75 and pace.expected(0) == 0.0
+        assert pace.p == 0.5 and pace.expected(3) == [0.5, 0.75, 0.875] and pace.expected(0) == []
         assert pace.allowance(8) == 6 and pace.allowance(1) == 1 and pace.allowance(0) == 0
         pace.verified(4, 4)  # hits 0.7 x 0.5 + 0.3 x 4 = 1.55, stops 0.7 x 0.5 = 0.35
         assert pace.p == pytest.approx(1.55 / 1.9)
         pace.verified(4, 1)  # hits 1.385, stops 0.245 + 0.3 (it stopped at a rejection)
         assert pace.p == pytest.approx(1.385 / 1.93)
-        assert pace.expected(2) == pytest.approx(pace.p + pace.p ** 2)
+        assert pace.expected(2) == pytest.approx([pace.p, pace.p + pace.p ** 2])
         pace.verified(0, 0)  # drafted nothing: nothing learnt
         assert pace.p == pytest.approx(1.385 / 1.93)
         assert (pace.drafted, pace.accepted) == (8, 5)
@@ -119,7 +119,7 @@ class TestCost:
         assert spec.drafts({0: 1, 1: 10}) == {0: [4], 1: [8]}  # a row's limit cuts its draft
         for _ in range(6):   # row 0's drafts all accepted: its p rises, and the width with it
             spec.verified(0, 1, 1, [4, 9])
-        assert spec.cost.width(2, [spec._paces[0].expected(w) + 0.5 for w in (1, 2)]) == 2
+        assert spec.cost.width(2, [e + 0.5 for e in spec._paces[0].expected(2)]) == 2
 
     def test_with_plain_every_a_plain_step_follows_that_many_verify_passes(self):
         cost = SpecCost(plain_every=3)
