@@ -41,7 +41,7 @@ running cluster owns: this config, the job store, the frontend's address file, t
 
     [engine]
     speculate = false            # prompt-lookup drafts verified in the decode batch
-    speculate_max_k = 4          # the most drafts a request proposes per step (1 to 8)
+    speculate_max_k = 8          # the widest verify pass (1 to 8); each step picks its width
     max_batch = 32               # requests in prefill or decoding at once, per worker
     draft_model = ""             # a draft model directory (the model's tokenizer; needs
                                  # speculate); "": drafts by prompt lookup
@@ -130,7 +130,7 @@ class CacheConfig:
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     speculate: bool = False  # off by default: see docs/design-notes.md, "Speculative decoding"
-    speculate_max_k: int = 4
+    speculate_max_k: int = 8
     max_batch: int = 32  # mlx_lm.server's decode batch; why in docs/design-notes.md
     draft_model: str = ""  # a model directory whose drafts replace prompt lookup's
 

@@ -9,7 +9,8 @@ from the cache, and what is timed is what is left, decode.
 1. **Copy-heavy job.** ``--requests`` (64) requests, each asking to quote, correct or
    reformat a passage of about ``--passage-tokens`` (300) tokens of its own prompt, greedy,
    ``--max-tokens`` (200) each. Output tokens per second with speculation on over off, at
-   batch 1 and at ``--batch`` (8): ``copy_speedup_batch1``, ``copy_speedup_batch8``
+   batch 1 and at ``--batch`` (8) rows (an engine of ``--batch`` + 1 seats, one kept for
+   interactive requests): ``copy_speedup_batch1``, ``copy_speedup_batch8``
    (target >= 2.0 at batch 8).
 2. **Chat job with nothing to copy.** The batch of ``orchard bench vs-mlx-lm`` (``--chats``
    16 conversations x 3 turns, 48 requests, 24-token replies): ``chat_speedup`` (target >= 0.97: no loss).
@@ -122,7 +123,9 @@ def _run(loaded, prompts: list[list[int]], max_tokens: int, batch: int, speculat
     from workers.engine.engine import Engine, EngineConfig
     from workers.messages import GenerateRequest, GenerateResult, SamplingParams
 
-    config = EngineConfig(max_batch=batch, speculate=speculate,
+    # the engine keeps its last seat for an interactive request: a batch job decodes
+    # max_batch - 1 rows, so ``batch`` rows take one seat more
+    config = EngineConfig(max_batch=batch + 1 if batch > 1 else 1, speculate=speculate,
                           draft_model=draft_model if speculate else "")
     engine = Engine(loaded, config, time.monotonic, time.time_ns)
     ns = engine.namespace("bench")

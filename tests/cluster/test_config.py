@@ -87,7 +87,7 @@ def test_cache_settings_narrow_to_the_engine_config(tmp_path):
 def test_engine_settings_narrow_to_the_engine_config(tmp_path):
     write_default_config(tmp_path)
     default = engine_config(load_config(tmp_path))
-    assert (default.speculate, default.speculate_max_k, default.draft_model) == (False, 4, "")
+    assert (default.speculate, default.speculate_max_k, default.draft_model) == (False, 8, "")
     toml = tmp_path / "orchard.toml"
     toml.write_text(toml.read_text() + "\n[engine]\nspeculate = true\nspeculate_max_k = 6\n"
                     "draft_model = \"/models/small\"\n")

@@ -127,7 +127,8 @@ class BlockTransfer:
                 break
         stored = self._store.adopt(namespace, hashes, index, good, self._codec) if good else 0
         if stored < len(good):
-            refused = f"no room: blocks {index + stored} on found no room in memory"
+            refused = (f"no room: memory kept {stored} of {len(good)} blocks sent; blocks "
+                       f"{index + stored} to {index + len(good) - 1} were dropped")
         return Adopted(stored, refused)
 
     @property

@@ -24,7 +24,7 @@ class EngineConfig:
     prefill_budget: int = 512  # prompt tokens prefilled per step (workers.engine.scheduler)
     decode_stall: float = 1.8  # while requests decode, a step takes about this many decode steps
     speculate: bool = False    # prompt-lookup drafts verified in the decode batch
-    speculate_max_k: int = 4   # the most drafts a request proposes per step (1 to 8)
+    speculate_max_k: int = 8   # the widest verify pass (1 to 8); each step picks its width
     draft_model: str = ""      # a draft model directory (workers.engine.draft_model); "": lookup
     worker_id: str = ""
     # The cluster's cache-key secret (router.kv.key.CacheSecret): it enters every namespace's

@@ -71,3 +71,24 @@ def test_workers_and_cache_show_the_disk_tier(tmp_path, capsys):
         assert admin(harness, "workers") == 0
         line = capsys.readouterr().out.splitlines()[1]
         assert f"{2 * block / 2**20:.2f} of 1 MiB, 2 blocks" in line and "corrupt 0, torn 0" in line
+
+
+def test_cache_shows_what_a_full_disk_tier_evicted(tmp_path, capsys):
+    """Memory and disk hold 4 blocks each: three prompts of 4 blocks spill the first's to disk,
+    then the second's, evicting the first's from disk; the count reaches the client over gRPC."""
+    from workers.engine.engine import Engine, EngineConfig
+
+    block = Engine.open(tiny_model()).kv_bytes_per_token * 16
+    engine = EngineConfig(block_size=16, max_batch=4, store_bytes=4 * block, kept_bytes=0,
+                          disk_bytes=4 * block, disk_dir=str(tmp_path / "cache"))
+    (tmp_path / "orchard.toml").write_text(CONFIG)
+    with running_frontend(tmp_path, tiny_model(), workers=1, engine=engine) as harness:
+        with harness.client("acme") as client:
+            for first in (500, 600, 700):
+                job = client.submit([token_request("a", list(range(first, first + 64)), 1)])
+                assert client.wait(job.job_id, poll_s=0.05).completed == 1
+        assert admin(harness, "cache", "--json") == 0
+        stats = json.loads(capsys.readouterr().out)
+        assert (stats["cache_blocks"], stats["disk_blocks"], stats["disk_evictions"]) == (4, 4, 4)
+        assert admin(harness, "workers") == 0
+        assert "evicted 4" in capsys.readouterr().out.splitlines()[1]
