@@ -10,7 +10,8 @@ after its latest occurrence, updated as tokens arrive: a draft costs four dict r
 
 **Per request: how likely its drafts are.** Each request keeps a per-token acceptance ``p``:
 the drafts its passes accepted over those plus the passes that stopped at a rejected one
-(moving averages, starting at 0.5), so a draft of ``n`` tokens is expected to yield
+(moving averages, starting where the engine's recent passes stand: ``Prior``, 0.5 before the
+first), so a draft of ``n`` tokens is expected to yield
 ``p + p^2 + ... + p^n`` of them. After ``GIVE_UP`` (3) passes in a row that accept none of its
 drafts the request stops drafting for ``pause`` steps, which doubles at each give-up (16, 32,
 ... up to 256 steps): a request with nothing to copy soon drafts nothing, and one that
@@ -24,7 +25,7 @@ accepted drafts with each draft cut to ``w``. The step takes the ``w`` (0 to ``m
 the most tokens per second; ``w`` = 0, a plain step, when no width beats ``b / T``. So every
 row drafts what its lookup finds, up to ``w``: a row that pads instead of drafting pays the
 same. Until ``T`` and ``X`` are measured a step drafts at full width, so the first verify
-passes measure ``X``. With a draft model (``workers.engine.draft_model``) ``X`` also counts
+passes measure ``X``; later probes (after ``PROBE_AFTER`` declined steps) run at width 1. With a draft model (``workers.engine.draft_model``) ``X`` also counts
 drafting, measured per draft position (one draft pass for the whole batch), and the width is
 chosen before any draft pass runs: a step that would not pay runs none. A draft model always
 proposes, so after ``PLAIN_EVERY`` (32) verify passes in a row a step is plain, which
@@ -48,10 +49,16 @@ FIRST_P = 0.5           # a new request's per-token acceptance, before its first
 # model always proposes, so without it a plain step (``T``) might never be measured and the
 # cost rule never asked. One step in 33 plain costs speculation at most 3%.
 PLAIN_EVERY = 32
-# After this many steps in a row that had drafts and ran plain, one verify pass at full width
-# measures ``X`` again (a slow pass, or a busy machine, may have set it too high): at most one
-# pass in 33 that does not pay.
+# After this many steps in a row that had drafts and ran plain, one verify pass of width
+# PROBE_WIDTH measures ``X`` again (a slow pass, or a busy machine, may have set it too high):
+# at most one pass in 33 that does not pay, and the narrowest (a probe at 8 drafts cost a
+# chat job with nothing to copy 4 to 8% of its time on this CPU).
 PROBE_AFTER = 32
+PROBE_WIDTH = 1
+# A new request's acceptance starts at the moving average of the engine's recent rows (each
+# row's pass weighted PRIOR_WEIGHT): a chat job's short requests, which find little to copy,
+# start where the ones before them ended instead of at FIRST_P each time.
+PRIOR_WEIGHT = 0.05
 
 
 @dataclass(slots=True)
@@ -107,6 +114,25 @@ class Pace:
             self._misses = 0
             self._pause = self._next_pause
             self._next_pause = min(LONGEST_PAUSE, 2 * self._next_pause)
+
+
+@dataclass(slots=True)
+class Prior:
+    """Where a new request's acceptance starts: the moving averages ``Pace`` keeps, over
+    every row's passes in the engine, each weighted ``PRIOR_WEIGHT``."""
+
+    hits: float = FIRST_P
+    stops: float = 1 - FIRST_P
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        keep = 1 - PRIOR_WEIGHT
+        self.hits = keep * self.hits + PRIOR_WEIGHT * accepted
+        self.stops = keep * self.stops + PRIOR_WEIGHT * (accepted < drafted)
+
+    def pace(self, max_k: int) -> Pace:
+        return Pace(max_k, _hits=self.hits, _stops=self.stops)
 
 
 @dataclass(slots=True)
@@ -179,7 +205,7 @@ class SpecCost:
             return best
         self._declined += 1
         if self._declined > PROBE_AFTER:  # measure again: ``X`` may have been one slow pass
-            return len(expected)
+            return min(PROBE_WIDTH, len(expected))
         return 0
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
@@ -232,6 +258,7 @@ class Speculation:
         self._steps = [0, 0.0, 0, 0.0]  # plain steps, their seconds, verify passes, seconds
         self._drafted = self._accepted = 0
         self._draft_s = 0.0
+        self._prior = Prior()
 
     def stats(self) -> SpecStats:
         plain, plain_s, passes, verify_s = self._steps
@@ -251,7 +278,7 @@ class Speculation:
 
     def join(self, uid: int, prompt: list[int], first: int) -> None:
         """Row ``uid`` drafts from its prompt and first token on."""
-        self._paces[uid] = Pace(self.max_k)
+        self._paces[uid] = self._prior.pace(self.max_k)
         if self._model is not None:
             self._model.join(uid, prompt, first)
         else:
@@ -290,6 +317,7 @@ class Speculation:
         """Row ``uid``'s pass took ``accepted`` of ``drafted``; ``tokens`` are its new ones."""
         self._drafted += drafted
         self._accepted += accepted
+        self._prior.verified(drafted, accepted)
         pace = self._paces.get(uid)
         if pace is None:
             return

@@ -294,6 +294,22 @@ class TestPaths:
 
         run_bounded(scenario(), 30, "the no-worker backoff")
 
+    def test_a_pause_that_would_end_at_the_deadline_is_not_taken(self):
+        async def scenario() -> None:
+            backend = CountingBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
+            await backend.start()
+            await backend.drain("local-0")
+            clock = PausedClock()
+            # tried at 0 and 0.05 s; the next pause (0.1 s) would end exactly at the deadline,
+            # when no time is left for a third try: it gives up instead of sleeping
+            with pytest.raises(NoWorkerAvailable):
+                await dispatch(backend, generate_request("a", (1, 2, 3), 1, ns=NS), (),
+                               0.05 + 0.1, clock)
+            assert (backend.calls, clock.pauses) == (2, [0.05])
+            await backend.close()
+
+        run_bounded(scenario(), 30, "the no-worker backoff at its deadline")
+
     def test_a_request_gets_its_deadline_and_not_a_moment_more(self):
         async def scenario() -> None:
             loop = asyncio.get_running_loop()

@@ -59,6 +59,18 @@ class TestAcceptance:
             pace.verified(4, 0)
         assert sum(1 for _ in range(2 * FIRST_PAUSE) if not pace.allowance(4)) == 2 * FIRST_PAUSE
 
+    def test_a_new_request_starts_where_the_engines_recent_rows_stand(self):
+        spec = Speculation(4)
+        spec.join(0, [1, 2, 3], 4)
+        assert spec._paces[0].p == 0.5   # the first request: FIRST_P
+        spec.verified(0, 4, 0, [7])      # hits 0.95 x 0.5 = 0.475, stops 0.475 + 0.05
+        spec.verified(0, 4, 4, [1, 2, 3, 4, 7])  # hits 0.45125 + 0.2, stops 0.49875
+        spec.join(1, [5, 6], 7)
+        assert spec._paces[1].p == pytest.approx(0.65125 / (0.65125 + 0.49875))
+        spec.leave(0)
+        spec.join(2, [5, 6], 7)          # a request that left still counts
+        assert spec._paces[2].p == spec._paces[1].p
+
     def test_one_accepted_draft_resets_the_count_of_failures(self):
         pace = Pace(4)
         for accepted in (0, 0, 1, 0, 0):
@@ -90,20 +102,23 @@ class TestCost:
             spec.cost.observe(rows=2, width=2, seconds=1.0)  # a verify pass far dearer
         assert spec.drafts({0: 10, 1: 10}) == {}
 
-    def test_after_declining_a_while_one_full_width_pass_measures_again(self):
+    def test_after_declining_a_while_one_pass_of_width_1_measures_again(self):
         cost = SpecCost()
         cost.observe(rows=2, width=0, seconds=0.1)
         cost.observe(rows=2, width=2, seconds=0.5)
         cost.observe(rows=2, width=2, seconds=0.5)   # 0.1 s a position: never pays
         assert [cost.width(2, [0.5, 0.9]) for _ in range(PROBE_AFTER)] == [0] * PROBE_AFTER
-        assert cost.width(2, [0.5, 0.9]) == 2       # the probe
-        cost.observe(rows=2, width=2, seconds=0.104)  # it was one slow pass: 1 ms a position
+        assert cost.width(2, [0.5, 0.9]) == 1       # the probe, at the narrowest width
+        cost.observe(rows=2, width=1, seconds=0.5)  # width 1's first pass: warm-up, not measured
+        assert [cost.width(2, [0.5, 0.9]) for _ in range(PROBE_AFTER)] == [0] * PROBE_AFTER
+        assert cost.width(2, [0.5, 0.9]) == 1
+        cost.observe(rows=2, width=1, seconds=0.102)  # it was one slow pass: 1 ms a position
         # X = 0.7 x 0.1 + 0.3 x 0.001 = 0.0703 s: still dear, so plain again until the next probe
         assert cost.width(2, [0.5, 0.9]) == 0
         assert cost.width(2, []) == 0 and cost.width(2, []) == 0  # no drafts: not declined
         for _ in range(PROBE_AFTER - 1):
             cost.width(2, [0.5, 0.9])
-        assert cost.width(2, [0.5, 0.9]) == 2
+        assert cost.width(2, [0.5, 0.9]) == 1
 
     def test_every_draft_is_cut_to_the_step_width(self):
         spec = Speculation(4)
