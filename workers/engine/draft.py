@@ -52,7 +52,7 @@ PLAIN_EVERY = 32
 # After this many steps in a row that had drafts and ran plain, one verify pass of width
 # PROBE_WIDTH measures ``X`` again (a slow pass, or a busy machine, may have set it too high):
 # at most one pass in 33 that does not pay, and the narrowest (at 8 drafts a probe of 8 rows
-# is about a step of 72, 3.7 plain steps on this CPU; at 1, about 1.4).
+# is about a step of 72, 4 plain steps on this CPU; at 1, about 1.4).
 PROBE_AFTER = 32
 PROBE_WIDTH = 1
 # A new request's acceptance starts at the moving average of the engine's recent rows (each
