@@ -264,12 +264,18 @@ class PausedClock:
         await asyncio.sleep(0)
 
 
+async def no_worker_backend() -> CountingBackend:
+    """A started backend whose one worker is drained: every call finds no worker."""
+    backend = CountingBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
+    await backend.start()
+    await backend.drain("local-0")
+    return backend
+
+
 class TestPaths:
     def test_no_worker_is_retried_on_the_backoff_schedule_until_the_deadline(self):
         async def scenario() -> None:
-            backend = CountingBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
-            await backend.start()
-            await backend.drain("local-0")
+            backend = await no_worker_backend()
             clock = PausedClock()
             with pytest.raises(NoWorkerAvailable):
                 await dispatch(backend, generate_request("a", (1, 2, 3), 1, ns=NS), (), 2.0, clock)
@@ -296,9 +302,7 @@ class TestPaths:
 
     def test_a_pause_that_would_end_at_the_deadline_is_not_taken(self):
         async def scenario() -> None:
-            backend = CountingBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
-            await backend.start()
-            await backend.drain("local-0")
+            backend = await no_worker_backend()
             clock = PausedClock()
             # tried at 0 and 0.05 s; the next pause (0.1 s) would end exactly at the deadline,
             # when no time is left for a third try: it gives up instead of sleeping
