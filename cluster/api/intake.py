@@ -232,6 +232,79 @@ class BatchIntake:
             self._staged = []
 
 
+class CancelledAfterCommit(asyncio.CancelledError):
+    """The caller was cancelled after its job's commit had begun: the job exists (a commit
+    cannot be taken back), so the cancellation carries it, for the service to launch."""
+
+    def __init__(self, job: JobRecord, created: bool):
+        super().__init__(f"cancelled after {job.job_id} was committed")
+        self.job, self.created = job, created
+
+
+class _CommitGate:
+    """Orders a caller's cancellation against its intake's commit, which runs in a worker
+    thread: whichever comes first wins. A cancel first: the thread does not commit, and the
+    intake is aborted. The commit first: the cancel comes too late to stop it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = self._committing = False
+
+    def begin_commit(self) -> None:
+        """Called in the thread just before the commit; raises if the caller was cancelled."""
+        with self._lock:
+            if self._cancelled:
+                raise asyncio.CancelledError
+            self._committing = True
+
+    def cancel(self) -> bool:
+        """The caller was cancelled; whether that came before the commit began."""
+        with self._lock:
+            self._cancelled = not self._committing
+            return self._cancelled
+
+
+async def _commit_in_thread(gate: _CommitGate, commit: Callable[[], tuple[JobRecord, bool]]
+                            ) -> tuple[JobRecord, bool]:
+    """``commit()`` in a worker thread (it calls ``gate.begin_commit()`` first). Cancelled
+    before the commit began: ``CancelledError``, and the thread stops short of it. Cancelled
+    after: waits for the commit, then ``CancelledAfterCommit`` with its job (or the plain
+    ``CancelledError`` if the commit failed)."""
+    work = asyncio.ensure_future(asyncio.to_thread(commit))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        if gate.cancel():  # the thread stops short of the commit; its outcome is not ours
+            work.add_done_callback(lambda done: done.cancelled() or done.exception())
+            raise
+        await _settled(work)
+        if work.exception() is not None:
+            raise
+        raise CancelledAfterCommit(*work.result()) from None
+
+
+async def _settled(work: asyncio.Future) -> None:
+    """Wait for a worker thread's ``work`` to finish, through further cancels and its own
+    error (the caller looks at the outcome)."""
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except BaseException:
+            pass
+
+
+async def _in_thread(step: Callable[..., int], *args) -> int:
+    """An intake step in a worker thread; a cancel waits for the step to finish, then
+    propagates (the intake's connection is used by one thread at a time, so its abort must
+    not overtake a piece still being stored)."""
+    work = asyncio.ensure_future(asyncio.to_thread(step, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await _settled(work)
+        raise
+
+
 async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
                       chunks: AsyncIterable[bytes], name: str = "input",
                       idempotency_key: str = "",
@@ -243,19 +316,28 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
     Returns the job and whether it was created now (an ``idempotency_key`` that names an
     earlier job returns that one). ``on_requests(n)`` is called on the event loop as each chunk
     completes ``n`` requests (the runner's admission: it may raise to refuse the job). On any
-    error nothing of the job remains in the store.
+    error, and on a cancel before the commit began, nothing of the job remains in the store;
+    a cancel after it raises ``CancelledAfterCommit``.
     """
     batch = BatchIntake(store.intake(tenant, model.model_id, priority), model, max_requests,
                         name, max_prompt_bytes)
+    gate = _CommitGate()
+
+    def commit() -> tuple[JobRecord, bool]:
+        gate.begin_commit()
+        return batch.commit(idempotency_key)
+
     try:
         async for chunk in chunks:
-            added = await asyncio.to_thread(batch.feed, chunk)
+            added = await _in_thread(batch.feed, chunk)
             if on_requests is not None and added:
                 on_requests(added)
-        added = await asyncio.to_thread(batch.end)
+        added = await _in_thread(batch.end)
         if on_requests is not None and added:
             on_requests(added)
-        return await asyncio.to_thread(batch.commit, idempotency_key)
+        return await _commit_in_thread(gate, commit)
+    except CancelledAfterCommit:
+        raise
     except BaseException:
         await asyncio.shield(asyncio.to_thread(batch.abort))
         raise
@@ -270,16 +352,16 @@ async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_re
     """``accept_file`` for a job sent as requests (``SubmitJob``, the HTTP Batch API): the
     requests are all here, so the intake opens, takes them, commits and closes in one worker
     thread (one hop off the event loop, which a one-request job's latency is made of). A
-    caller cancelled before the commit leaves nothing: the thread sees it and aborts."""
-    cancelled = threading.Event()
+    caller cancelled before the commit began leaves nothing (the thread aborts instead of
+    committing); one cancelled after gets ``CancelledAfterCommit``."""
+    gate = _CommitGate()
 
     def accept() -> tuple[JobRecord, bool]:
         batch = BatchIntake(store.intake(tenant, model.model_id, priority), model,
                             max_requests, max_prompt_bytes=max_prompt_bytes)
         try:
             batch.feed_requests(requests)
-            if cancelled.is_set():
-                raise asyncio.CancelledError
+            gate.begin_commit()
             return batch.commit(idempotency_key)
         except BaseException:
             batch.abort()
@@ -287,11 +369,7 @@ async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_re
         finally:
             batch.intake.close()
 
-    try:
-        return await asyncio.to_thread(accept)
-    except asyncio.CancelledError:
-        cancelled.set()
-        raise
+    return await _commit_in_thread(gate, accept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +378,9 @@ class JobIntakeService:
     ``SubmitBatchFile`` and the HTTP Batch API call.
 
     Requests are admitted (backpressure) as they are accepted, and released if the job is
-    refused or turns out to be a retry of an earlier one (same idempotency key)."""
+    refused or turns out to be a retry of an earlier one (same idempotency key). A caller
+    cancelled after the commit began (a client gone at that moment) still has its job
+    launched: it runs, and the client finds it by its idempotency key."""
 
     store: JobStore
     runner: JobRunner
@@ -343,6 +423,12 @@ class JobIntakeService:
 
         try:
             job, created = await accept(admit)
+        except CancelledAfterCommit as late:  # the job exists: it runs, whoever waits for it
+            if late.created:
+                self.runner.launch(late.job)
+            else:
+                self.runner.release(tenant, admitted)
+            raise
         except BaseException:
             self.runner.release(tenant, admitted)
             raise

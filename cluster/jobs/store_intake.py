@@ -59,6 +59,7 @@ class JobIntake:
         self.job_id = f"job-{secrets.token_hex(8)}"
         self.count = 0
         self.bytes = 0   # of the requests stored so far (their bodies, prefixes and ids)
+        self.committed = False
         with disk_full_refuses():
             self._db.execute(INSERT_INTAKE, (self.job_id, clock_ms()))
 
@@ -93,6 +94,7 @@ class JobIntake:
                 if idempotency_key:
                     self._db.execute(INSERT_KEY, (self._tenant, idempotency_key, self.job_id))
                 self._db.execute(END_INTAKE, (self.job_id,))
+            self.committed = True
         finally:
             self._db.execute(SYNC_NORMAL)
         if self.bytes >= FOLD_AFTER_BYTES:  # a big intake's pages went through the log:
@@ -104,7 +106,10 @@ class JobIntake:
 
     def abort(self) -> None:
         """Delete what this intake stored (if the disk is too full even for that, the store
-        deletes it when next opened: nothing reads an intake's rows meanwhile)."""
+        deletes it when next opened: nothing reads an intake's rows meanwhile). After a commit
+        the rows are the job's: nothing is deleted."""
+        if self.committed:
+            return
         try:
             with Transaction(self._db):
                 for statement in DROP_INTAKE:

@@ -25,7 +25,7 @@ import random
 from cluster.api.intake import BatchIntake
 from cluster.api.validate import LimitExceeded
 from cluster.backend.protocol import ModelInfo
-from cluster.jobs.store import JobStore
+from cluster.jobs.store import JobStore, StagedRequest
 
 
 ROOT = REPO
@@ -256,15 +256,183 @@ def test_requests_are_accepted_in_one_thread_and_a_caller_cancelled_before_the_c
         task = asyncio.create_task(accept_requests(store, "acme", MODEL, 100, held))
         await asyncio.to_thread(held.entered.wait, 60)   # the intake's thread reads them
         task.cancel()
-        held.release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            await task            # the caller's cancel is answered at once ...
+        held.release.set()        # ... and the thread, let go after it, does not commit
         await wait_until(lambda: _open_intakes(store) == 0, "the cancelled intake's abort")
-        return job, created
+        return job, created, cancelled.type
 
-    job, created = run_bounded(scenario(), 60, "a cancelled intake")
+    job, created, raised = run_bounded(scenario(), 60, "a cancelled intake")
+    assert raised is asyncio.CancelledError
     assert created and job.total == 3
     assert [j.job_id for j in store.list_jobs("acme")] == [job.job_id]
     assert dispatch_order(store, job.job_id) == ["c0", "c1", "c2"]
-    with sqlite3.connect(store.path) as db:   # nothing of the cancelled one remains
-        assert db.execute("SELECT COUNT(*) FROM job_requests").fetchone()[0] == 3
+    assert _job_requests(store) == 3   # nothing of the cancelled one remains
+
+
+class _HeldCommit:
+    """``store.intake`` whose intakes' commits wait, in the intake's thread, until released."""
+
+    def __init__(self, store: JobStore):
+        self._intake = store.intake
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, *args, **kwargs):
+        intake = self._intake(*args, **kwargs)
+        commit = intake.commit
+
+        def held_commit(key: str = ""):
+            self.entered.set()
+            assert self.release.wait(60), "never released"
+            return commit(key)
+
+        intake.commit = held_commit
+        return intake
+
+
+def _job_requests(store: JobStore) -> int:
+    with sqlite3.connect(store.path) as db:
+        return db.execute("SELECT COUNT(*) FROM job_requests").fetchone()[0]
+
+
+def test_a_caller_cancelled_after_the_commit_began_gets_the_job_with_its_cancel(store, monkeypatch):
+    """A commit cannot be taken back: the cancel still propagates, carrying the whole job."""
+    from cluster.api.intake import CancelledAfterCommit, accept_requests
+    from tests.support.bounded import run_bounded
+
+    held = _HeldCommit(store)
+    monkeypatch.setattr(store, "intake", held)
+
+    async def scenario():
+        task = asyncio.create_task(accept_requests(store, "acme", MODEL, 100, _requests(2)))
+        await asyncio.to_thread(held.entered.wait, 60)
+        task.cancel()
+        held.release.set()
+        with pytest.raises(CancelledAfterCommit) as late:
+            await task
+        return late.value
+
+    late = run_bounded(scenario(), 60, "a cancel during the commit")
+    assert late.created and late.job.total == 2
+    assert [j.job_id for j in store.list_jobs("acme")] == [late.job.job_id]
+    assert dispatch_order(store, late.job.job_id) == ["c0", "c1"]
+    assert _open_intakes(store) == 0
+
+
+async def _chunks(lines: list[bytes]):
+    for text in lines:
+        yield text
+
+
+def test_a_file_cancelled_during_its_commit_keeps_every_request_of_its_job(store, monkeypatch):
+    """The abort that follows a cancel must not delete what the commit made the job's."""
+    from cluster.api.intake import CancelledAfterCommit, accept_file
+    from tests.support.bounded import run_bounded
+
+    held = _HeldCommit(store)
+    monkeypatch.setattr(store, "intake", held)
+
+    async def scenario():
+        task = asyncio.create_task(accept_file(store, "acme", MODEL, 100,
+                                               _chunks([line(i) for i in range(4)])))
+        await asyncio.to_thread(held.entered.wait, 60)
+        task.cancel()
+        held.release.set()
+        with pytest.raises(CancelledAfterCommit) as late:
+            await task
+        return late.value.job
+
+    job = run_bounded(scenario(), 60, "a file cancelled during its commit")
+    assert job.total == 4 and _job_requests(store) == 4
+    assert len(dispatch_order(store, job.job_id)) == 4
+
+
+def test_an_intake_aborted_after_its_commit_deletes_nothing(store):
+    intake = store.intake("acme", "m")
+    intake.add([StagedRequest(0, "a", b"p", b"J{}")])
+    job, created = intake.commit()
+    intake.abort()
+    intake.close()
+    assert created and _job_requests(store) == 1
+    assert [r.custom_id for r in store.next_requests(job.job_id, limit=10)] == ["a"]
+
+
+def test_a_cancelled_intake_step_ends_only_after_its_thread():
+    """An intake's connection is one thread's at a time: a file cancelled mid-chunk aborts
+    only once the chunk's thread has returned (``accept_file`` runs each step this way)."""
+    from cluster.api.intake import _in_thread
+    from tests.support.bounded import run_bounded
+
+    entered, release = threading.Event(), threading.Event()
+    returned: list[str] = []
+
+    def step(name: str) -> int:
+        entered.set()
+        assert release.wait(60), "never released"
+        returned.append(name)
+        return 1
+
+    async def scenario():
+        task = asyncio.create_task(_in_thread(step, "chunk"))
+        await asyncio.to_thread(entered.wait, 60)
+        task.cancel()
+        await asyncio.sleep(0)       # the task has taken its cancel by now ...
+        assert not task.done()       # ... and still waits for the thread
+        seen: list[list[str]] = []
+        task.add_done_callback(lambda _: seen.append(list(returned)))
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen
+
+    assert run_bounded(scenario(), 60, "a cancelled intake step") == [["chunk"]]
+
+
+def test_a_submission_cancelled_after_its_commit_began_still_runs_its_job(tmp_path, monkeypatch):
+    """The service launches the job a late cancel carries: a client that disconnected finds
+    it done (by its idempotency key), and the runner's admission counts it until then."""
+    from functools import partial
+
+    from cluster.api.intake import CancelledAfterCommit, JobIntakeService, prepare
+    from cluster.backend.local import LocalBackend
+    from cluster.jobs.runner import JobRunner, RunnerLimits
+    from cluster.jobs.store import JobState
+    from router.kv.key import Namespace
+    from tests.support.bounded import run_bounded, wait_until
+    from workers.engine.engine import EngineConfig
+
+    store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+    held = _HeldCommit(store)
+    monkeypatch.setattr(store, "intake", held)
+
+    async def scenario():
+        backend = LocalBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=16))
+        await backend.start()
+        model = backend.model_info()
+        runner = JobRunner(store, backend, partial(prepare, model=model, render=None),
+                           RunnerLimits(max_concurrent=2, max_pending_per_tenant=100,
+                                        max_pending_total=100, request_timeout_s=30.0),
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=16)
+        service = JobIntakeService(store, runner, model, 100)
+        task = asyncio.create_task(service.submit_requests("acme", _requests(2), "key-1"))
+        await asyncio.to_thread(held.entered.wait, 60)
+        task.cancel()
+        held.release.set()
+        with pytest.raises(CancelledAfterCommit) as late:
+            await task
+        counted = runner.pending()
+        job = await wait_until(
+            lambda: (j := store.get_job(late.value.job.job_id)).state is JobState.SUCCEEDED
+            and j, "the late-cancelled job to finish")
+        found = store.find_job("acme", "key-1")
+        after = runner.pending()
+        await runner.close()
+        await backend.close()
+        return counted, job, found, after
+
+    counted, job, found, after = run_bounded(scenario(), 120, "a late-cancelled submission")
+    store.close()
+    assert counted == {"acme": 2}
+    assert job.total == 2 and job.completed == 2 and job.failed == 0
+    assert found.job_id == job.job_id
+    assert after == {}
