@@ -8,21 +8,25 @@ jobs that quote, correct, reformat or edit their prompt copy long spans of it, a
 drafts are what the model writes. The lookup is an index of every ``n``-gram to the position
 after its latest occurrence, updated as tokens arrive: a draft costs four dict reads.
 
-**Per request: how likely its drafts are.** Each request keeps a per-token acceptance ``p``:
-the drafts its passes accepted over those plus the passes that stopped at a rejected one
-(moving averages, starting where the engine's recent passes stand: ``Prior``, 0.5 before the
-first), so a draft of ``n`` tokens is expected to yield
-``p + p^2 + ... + p^n`` of them. After ``GIVE_UP`` (3) passes in a row that accept none of its
+**Per request: how likely its drafts are.** Each request keeps, per draft position ``j``,
+the chance ``q_j`` that its token is accepted once every token before it was (a moving
+average over the passes that reached ``j``; a new request starts where the engine's recent
+passes stand: ``Prior``, 0.5 before the first), so a draft of ``n`` tokens is expected to
+yield ``q_1 + q_1 q_2 + ... + q_1 ... q_n`` of them. A chance per position, not one for
+every token: a copy is all or nothing, so a request's first draft token is often the doubtful
+one and the rest follow it. After ``GIVE_UP`` (3) passes in a row that accept none of its
 drafts the request stops drafting for ``pause`` steps, which doubles at each give-up (16, 32,
 ... up to 256 steps): a request with nothing to copy soon drafts nothing, and one that
 reaches a copyable span later still finds it.
 
 **Per step: the width (``SpecCost``).** The verify pass is one rectangle, every row padded to
 the widest draft ``w``, and a pad costs what a draft costs. A pass of ``b`` rows at width
-``w`` takes ``T + b w X`` seconds (``T`` a plain step's moving average, ``X`` the measured
-cost of an extra position) and yields ``b + A(w)`` tokens, ``A(w)`` the rows' expected
-accepted drafts with each draft cut to ``w``. The step takes the ``w`` (0 to ``max_k``) with
-the most tokens per second; ``w`` = 0, a plain step, when no width beats ``b / T``. So every
+``w`` takes ``T_b + b w X_w`` seconds (``T_b`` a plain step of ``b`` rows, ``X_w`` an extra
+position at width ``w``: moving averages, per row count and per width, the nearest row
+count's and any width's until that one is measured) and yields ``b + A(w)`` tokens, ``A(w)``
+the rows' expected accepted drafts with each draft cut to ``w``. The step takes the ``w`` (0
+to ``max_k``) with the most tokens per second; ``w`` = 0, a plain step, when no width beats
+``b / T_b`` by ``MARGIN``. So every
 row drafts what its lookup finds, up to ``w``: a row that pads instead of drafting pays the
 same. Until ``T`` and ``X`` are measured a step drafts at full width, so the first verify
 passes measure ``X``; later probes (after ``PROBE_AFTER`` declined steps) run at width 1.
@@ -59,6 +63,28 @@ PROBE_WIDTH = 1
 # row's pass weighted PRIOR_WEIGHT): a chat job's short requests, which find little to copy,
 # start where the ones before them ended instead of at FIRST_P each time.
 PRIOR_WEIGHT = 0.05
+# A verify pass must beat plain decoding's tokens per second by this share: its cost and its
+# yield are both estimates, and the width with the best estimate is the one most likely
+# overestimated; a pass that gains less than this is not worth the risk.
+MARGIN = 0.03
+
+
+def _expected(q: Sequence[float], n: int) -> list[float]:
+    """Accepted tokens expected of a draft cut to each length 1 to ``n``, ``q[j]`` the chance
+    that draft token ``j + 1`` is accepted once every token before it was."""
+    total, reach, out = 0.0, 1.0, []
+    for j in range(n):
+        reach *= q[j]
+        total += reach
+        out.append(total)
+    return out
+
+
+def _learn(q: list[float], drafted: int, accepted: int, weight: float) -> None:
+    """A pass took ``accepted`` of ``drafted``: each position it reached (every accepted one
+    and the first rejected) moves its chance toward what happened there."""
+    for j in range(min(accepted + 1, drafted)):
+        q[j] += weight * ((j < accepted) - q[j])
 
 
 @dataclass(slots=True)
@@ -68,26 +94,17 @@ class Pace:
     max_k: int
     drafted: int = 0        # drafts sent to verify passes
     accepted: int = 0       # of those, accepted
-    _hits: float = FIRST_P  # moving average of the drafts a pass accepted
-    _stops: float = 1 - FIRST_P  # moving average of the passes that stopped at a rejection
+    # per draft position j: the chance that token j + 1 is accepted, given the ones before
+    # (a moving average over the passes that reached it)
+    q: list[float] = field(default_factory=lambda: [FIRST_P] * MAX_K)
     _misses: int = 0        # passes in a row that accepted nothing
     _pause: int = 0         # steps left without drafting
     _next_pause: int = FIRST_PAUSE
 
-    @property
-    def p(self) -> float:
-        """The chance that the request's next draft token is accepted, given the one before."""
-        return self._hits / (self._hits + self._stops)
-
     def expected(self, n: int) -> list[float]:
         """The accepted tokens a draft is expected to yield, cut to each length 1 to ``n``:
-        ``p``, ``p + p^2``, ... ``p + ... + p^n``."""
-        p, total, term, out = self.p, 0.0, 1.0, []
-        for _ in range(n):
-            term *= p
-            total += term
-            out.append(total)
-        return out
+        ``q1``, ``q1 + q1 q2``, ... ``q1 + ... + q1 ... qn``."""
+        return _expected(self.q, n)
 
     def allowance(self, limit: int) -> int:
         """How many tokens the request may draft this step: ``min(max_k, limit)``, none
@@ -106,9 +123,7 @@ class Pace:
             return
         self.drafted += drafted
         self.accepted += accepted
-        keep = 1 - EMA_WEIGHT
-        self._hits = keep * self._hits + EMA_WEIGHT * accepted
-        self._stops = keep * self._stops + EMA_WEIGHT * (accepted < drafted)
+        _learn(self.q, drafted, accepted, EMA_WEIGHT)
         self._misses = self._misses + 1 if accepted == 0 else 0
         if self._misses >= GIVE_UP:
             self._misses = 0
@@ -118,21 +133,16 @@ class Pace:
 
 @dataclass(slots=True)
 class Prior:
-    """Where a new request's acceptance starts: the moving averages ``Pace`` keeps, over
-    every row's passes in the engine, each weighted ``PRIOR_WEIGHT``."""
+    """Where a new request's acceptance starts: the chances ``Pace`` keeps, over every row's
+    passes in the engine, each pass weighted ``PRIOR_WEIGHT``."""
 
-    hits: float = FIRST_P
-    stops: float = 1 - FIRST_P
+    q: list[float] = field(default_factory=lambda: [FIRST_P] * MAX_K)
 
     def verified(self, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        keep = 1 - PRIOR_WEIGHT
-        self.hits = keep * self.hits + PRIOR_WEIGHT * accepted
-        self.stops = keep * self.stops + PRIOR_WEIGHT * (accepted < drafted)
+        _learn(self.q, drafted, accepted, PRIOR_WEIGHT)
 
     def pace(self, max_k: int) -> Pace:
-        return Pace(max_k, _hits=self.hits, _stops=self.stops)
+        return Pace(max_k, q=list(self.q))
 
 
 @dataclass(slots=True)
@@ -178,29 +188,47 @@ class PromptLookup:
 class SpecCost:
     """Whether a step's drafts pay for their verify pass, from measured step times."""
 
-    _plain_s: float = 0.0           # moving average of a plain step
+    _plain_s: float = 0.0           # moving average of a plain step (any row count)
     _extra_s: float = 0.0           # moving average of a verify pass's cost per extra position
     _draft_s: float = 0.0           # moving average of drafting's cost per draft position
     plain_every: int = 0            # verify passes in a row before a plain step; 0: no limit
     _passes: int = 0                # verify passes since the last plain step
     _declined: int = 0              # steps in a row that had drafts and ran plain
     _widths: set[int] = field(default_factory=set)  # widths passed at least once
+    _plain_at: dict[int, float] = field(default_factory=dict)  # a plain step, per row count
+    _extra_at: dict[int, float] = field(default_factory=dict)  # the extra position, per width
+
+    def plain(self, rows: int) -> float:
+        """A plain step of ``rows`` rows: measured at that count, else at the nearest one."""
+        if rows in self._plain_at:
+            return self._plain_at[rows]
+        if not self._plain_at:
+            return self._plain_s
+        return self._plain_at[min(self._plain_at, key=lambda r: (abs(r - rows), r))]
+
+    def pass_s(self, rows: int, width: int) -> float:
+        """A verify pass of ``rows`` rows at ``width``: a plain step and ``rows x width``
+        extra positions, each at that width's measured cost (the cost of any width until
+        this one is measured), and drafting's ``width`` positions."""
+        extra = self._extra_at.get(width, self._extra_s)
+        return self.plain(rows) + width * (rows * extra + self._draft_s)
 
     def width(self, rows: int, expected: Sequence[float]) -> int:
         """The verify pass's width for a step of ``rows`` rows, ``expected[w - 1]`` the
         drafts its rows are expected to have accepted at width ``w``: the one that yields the
-        most tokens per second, 0 (a plain step) when none beats plain decoding."""
+        most tokens per second, 0 (a plain step) when none beats plain decoding by
+        ``MARGIN``."""
         if not expected:
             return 0
         if self.plain_every and self._passes >= self.plain_every:
             return 0  # a plain step now, to measure one
         if not (self._plain_s and self._extra_s):
             return len(expected)  # not measured yet: the pass itself measures it
-        best, best_rate = 0, rows / self._plain_s
+        best, best_rate = 0, (1 + MARGIN) * rows / self.plain(rows)
         for w, accepted in enumerate(expected, 1):
-            seconds = self._plain_s + w * (rows * self._extra_s + self._draft_s)
-            if (rows + accepted) / seconds > best_rate:
-                best, best_rate = w, (rows + accepted) / seconds
+            rate = (rows + accepted) / self.pass_s(rows, w)
+            if rate > best_rate:
+                best, best_rate = w, rate
         if best:
             return best
         self._declined += 1
@@ -215,11 +243,13 @@ class SpecCost:
             self._declined = 0
         if width == 0:
             self._plain_s = moving_average(self._plain_s, seconds)
+            self._plain_at[rows] = moving_average(self._plain_at.get(rows), seconds)
         elif width not in self._widths:
             self._widths.add(width)  # the first pass of a shape: MLX's warm-up, not its cost
         elif self._plain_s:
-            extra = max(seconds - self._plain_s, 0.0) / (rows * width)
-            self._extra_s = moving_average(self._extra_s, extra) or 1e-12
+            extra = max(seconds - self.plain(rows), 0.0) / (rows * width) or 1e-12
+            self._extra_s = moving_average(self._extra_s, extra)
+            self._extra_at[width] = moving_average(self._extra_at.get(width), extra)
 
     def observe_draft(self, width: int, seconds: float) -> None:
         """Drafting ``width`` tokens a row took ``seconds`` (a draft model's passes: one a
