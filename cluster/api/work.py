@@ -94,11 +94,11 @@ class Work:
         configured bound (``cluster.jobs.shedding``); a batch one never is.
         """
         # admitted before tokenizing: an overloaded cluster does no work
-        with self._direct.admitted(tenant, priority, remaining_s):
+        with self._direct.admitted(tenant, priority, remaining_s) as ticket:
             new = await self._tokenizer.off_loop(
                 validate.new_request, request, field, self._model, self._tokenizer.render,
                 self._max_prompt_bytes, self._tool_format)
-            stream = self._direct.stream(tenant, new, metadata, remaining_s, priority)
+            stream = self._direct.stream(tenant, new, metadata, remaining_s, priority, ticket)
             async with contextlib.aclosing(pump(stream)) as items:
                 async for item in items:
                     yield item

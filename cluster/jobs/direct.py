@@ -3,18 +3,22 @@ completions (``cluster.api.work``), which need no job store but share everything
 
     direct = runner.direct
     with direct.admitted(tenant, priority,     one more pending request, counted until the
-                         remaining_s):           block ends; or refused at once (``Overloaded``):
+                         remaining_s) as ticket: block ends; or refused at once (``Overloaded``):
                                                  shed (``cluster.jobs.shedding``), over the
                                                  tenant's quota (``cluster.jobs.quotas``) or
                                                  past the pending limits
         request = ...validate and tokenize...
-        async for item in direct.stream(tenant, request, metadata, remaining_s, priority):
+        async for item in direct.stream(tenant, request, metadata, remaining_s, priority,
+                                        ticket):
             ...                                the tokens charged to the tenant's minute, then
                                                ``TokenChunk`` ... then one ``StoredResult``
 
 Every refusal is counted (``orchard.requests.refused``, by tenant and reason). An interactive
 request (the default) may be shed and is granted slots first; a ``BATCH`` one is never shed
-and reaches the engine as a batch request (``GenerateRequest.batch``).
+and reaches the engine as a batch request (``GenerateRequest.batch``). An admitted
+interactive request with a bound (its ``Ticket``'s ``first_token_by``) is refused as ``Late``
+rather than served past it: when its slot comes too late for its worker's predicted TTFT, or
+when its first token has not come by then (``cluster.jobs.shedding``).
 
 ``stream`` holds one of the runner's ``max_concurrent`` slots (``cluster.jobs.slots``: shared
 with job requests, interactive first) while the request runs, traces it (``JobTracing.request``: a child
@@ -31,13 +35,13 @@ import contextlib
 import math
 import secrets
 from dataclasses import dataclass, replace
-from typing import AsyncIterator, Callable, Iterator, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 from cluster.backend.protocol import Backend, GenerateOutcome, TokenChunk
 from cluster.jobs.admission import Admission, Overloaded
 from cluster.jobs.dispatch import dispatch, dispatch_stream, result_of
 from cluster.jobs.quotas import QuotaExceeded, Quotas
-from cluster.jobs.shedding import LoadShedder, QueueState, Shed
+from cluster.jobs.shedding import Late, LoadShedder, QueueState, Shed
 from cluster.jobs.slots import SlotPool
 from cluster.jobs.records import EXCERPT_TOKENS, CacheDiagnosis, CacheVerification
 from cluster.jobs.store import NewRequest, StoredResult
@@ -52,13 +56,23 @@ MIN_TIMEOUT_S = 0.001  # a caller whose deadline has passed still gets a (failin
 
 
 @dataclass(frozen=True, slots=True)
+class Ticket:
+    """An admitted request outside a job: by when its first token must come, on the
+    ``Overload``'s clock (None: no bound, or a batch request)."""
+
+    first_token_by: float | None = None
+    bound_s: float = 0.0    # the bound it was admitted under (the caller's or the configured)
+
+
+@dataclass(frozen=True, slots=True)
 class Overload:
-    """What refuses a request outside a job before it runs, and the clock its slot time is
-    measured on (seconds)."""
+    """What refuses a request outside a job before it runs, the clock its slot time is
+    measured on (seconds), and the sleep that waits out a first-token bound."""
 
     shedder: LoadShedder
     quotas: Quotas
     clock: Callable[[], float]
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # the first-token bound's alarm
 
 
 class DirectRequests:
@@ -89,21 +103,27 @@ class DirectRequests:
 
     @contextlib.contextmanager
     def admitted(self, tenant: str, priority: Priority = Priority.INTERACTIVE,
-                 remaining_s: float | None = None) -> Iterator[None]:
-        """``with direct.admitted(tenant):`` one pending request of ``tenant`` while the block
-        runs; ``Overloaded`` (nothing counted, the refusal counted by reason) when it is shed,
-        over the tenant's quota of requests in flight, or the tenant or cluster is full."""
+                 remaining_s: float | None = None) -> Iterator[Ticket]:
+        """``with direct.admitted(tenant) as ticket:`` one pending request of ``tenant`` while
+        the block runs; ``Overloaded`` (nothing counted, the refusal counted by reason) when it
+        is shed, over the tenant's quota of requests in flight, or the tenant or cluster is
+        full. The ticket says by when an interactive request's first token must come."""
+        ticket = Ticket()
         with contextlib.ExitStack() as held:
             with self._refusals_counted(tenant):
                 if priority is Priority.INTERACTIVE:
-                    self._overload.shedder.check(self.queue(), remaining_s)
+                    shedder = self._overload.shedder
+                    shedder.check(self.queue(), remaining_s)
+                    if shedder.max_ttft_s:  # the caller's own deadline is its timeout
+                        ticket = Ticket(self._overload.clock() + shedder.max_ttft_s,
+                                        shedder.max_ttft_s)
                 retry_s = max(1, math.ceil(self._overload.shedder.slot_s or 1.0))
                 held.enter_context(self._overload.quotas.in_flight(tenant, retry_s))
                 held.enter_context(self._admission.admitted(tenant, 1))
             if priority is Priority.INTERACTIVE:
                 held.callback(self._ended)
                 self._interactive += 1
-            yield
+            yield ticket
 
     def _ended(self) -> None:
         self._interactive -= 1
@@ -115,6 +135,9 @@ class DirectRequests:
         except QuotaExceeded as exc:
             self._tracing.refused(tenant, exc.reason)
             raise
+        except Late:
+            self._tracing.refused(tenant, "late")
+            raise
         except Shed:
             self._tracing.refused(tenant, "shed")
             raise
@@ -124,12 +147,13 @@ class DirectRequests:
 
     async def stream(self, tenant: str, request: NewRequest, metadata: Metadata = (),
                      remaining_s: float | None = None,
-                     priority: Priority = Priority.INTERACTIVE
+                     priority: Priority = Priority.INTERACTIVE, ticket: Ticket = Ticket()
                      ) -> AsyncIterator[TokenChunk | StoredResult]:
         """Run ``request`` (validated and tokenized) in a slot: its token chunks as the engine
         yields them, then its result; within the request timeout and ``remaining_s``. Its
         tokens (prompt + max_tokens) are charged to the tenant's quota first
-        (``QuotaExceeded``)."""
+        (``QuotaExceeded``). With the ticket's ``first_token_by``: ``Late`` when the slot
+        comes too late for it, or the first token has not come by it."""
         with self._refusals_counted(tenant):
             self._overload.quotas.charge(tenant,
                                          len(request.prompt) + request.sampling.max_tokens)
@@ -138,13 +162,53 @@ class DirectRequests:
             started = self._overload.clock()
             self._interactive_held += interactive
             try:  # closed with this stream (a caller that leaves), not whenever collected
+                by = ticket.first_token_by
+                if by is not None:
+                    self._in_time(tenant, ticket, started)
                 async with contextlib.aclosing(self._run(tenant, request, metadata, remaining_s,
                                                          priority)) as items:
+                    if by is not None:
+                        first = await self._first_by(tenant, items, ticket)
+                        if first is None:
+                            return
+                        yield first
                     async for item in items:
                         yield item
             finally:
                 self._interactive_held -= interactive
                 self._overload.shedder.observe_slot(self._overload.clock() - started)
+
+    def _in_time(self, tenant: str, ticket: Ticket, now: float) -> None:
+        """``Late`` when a request holding its slot at ``now`` cannot have its first token by
+        the ticket's time, from its worker's predicted TTFT."""
+        shedder = self._overload.shedder
+        ttft = shedder.worker_ttft_s()
+        if ttft is not None and now + ttft > ticket.first_token_by:
+            with self._refusals_counted(tenant):
+                raise shedder.late(self.queue(), ticket.bound_s, started=False)
+
+    async def _first_by(self, tenant: str, items: AsyncIterator, ticket: Ticket):
+        """The stream's first item if it comes by the ticket's time (None: the stream ended
+        first), else the request is aborted (its stream cancelled) and refused as ``Late``."""
+        shedder = self._overload.shedder
+        left = max(0.0, ticket.first_token_by - self._overload.clock())
+        nxt = asyncio.ensure_future(anext(items))
+        alarm = asyncio.ensure_future(self._overload.sleep(left))
+        try:
+            await asyncio.wait([nxt, alarm], return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the caller may have left meanwhile: the request goes with it
+            alarm.cancel()
+            if not nxt.done():
+                nxt.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await nxt
+        if nxt.cancelled():
+            with self._refusals_counted(tenant):
+                raise shedder.late(self.queue(), ticket.bound_s, started=True)
+        try:
+            return nxt.result()
+        except StopAsyncIteration:
+            return None
 
     async def _run(self, tenant: str, request: NewRequest, metadata: Metadata,
                    remaining_s: float | None, priority: Priority

@@ -54,7 +54,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 from cluster.backend.protocol import Backend, NoWorkerAvailable
 from cluster.jobs.admission import Admission, Overloaded
@@ -103,7 +103,8 @@ class JobRunner:
     def __init__(self, store: JobStore, backend: Backend, prepare: Prepare,
                  limits: RunnerLimits, *, namespace: Callable[[str], Namespace],
                  block_size: int, tracing: JobTracing | None = None,
-                 quotas: Quotas | None = None, clock: Callable[[], float] = time.monotonic):
+                 quotas: Quotas | None = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self._store = store
         self._prepare = prepare
         self._backend = backend
@@ -121,7 +122,7 @@ class JobRunner:
         self._tracing = tracing or JobTracing()  # traces, cost forecast, miss causes
         self._shedder = LoadShedder(limits.max_ttft_s)
         self._clock = clock
-        overload = Overload(self._shedder, quotas or Quotas(dict, clock), clock)
+        overload = Overload(self._shedder, quotas or Quotas(dict, clock), clock, sleep)
         self._direct = DirectRequests(backend, self._admission, self._slots, self._tracing,
                                       namespace, block_size, self._timeout_s, overload)
 

@@ -32,6 +32,16 @@ to drain until the prediction fits, ``predicted - bound``, at most ``wait`` (pas
 is empty and retrying sooner or later changes nothing), rounded up to whole seconds and at
 least 1. Until both averages have a measurement nothing is predicted and nothing is shed.
 
+**The bound holds after admission too.** A prediction can be wrong (a slot frees later than
+its average, a batch prompt's prefill runs long), and a request served past its bound is what
+shedding exists to avoid. So under ``max_ttft_s`` an admitted request (its ``first_token_by``: its
+admission plus the bound) is refused with ``Late`` (a ``Shed``, the same status and
+``Retry-After``) instead of served late: when it gets its slot with less time left than its
+worker's predicted TTFT (``ttft_s + SPREAD x dev_s``), or when its first token has not come
+by that time (the request is aborted on its worker). Its client has waited, but it learns at
+the bound, not after it, and no worker spends more on it. A caller's own deadline stays what
+it was: the call's timeout (``DEADLINE_EXCEEDED``).
+
 Batch work (jobs) is never shed: it is only slowed, by the slots' and the engine's priority.
 """
 from __future__ import annotations
@@ -47,6 +57,11 @@ SPREAD = 2.0  # deviations of the TTFT above its mean that the prediction takes
 
 class Shed(RetryLater):
     """An interactive request refused because it would start after its deadline."""
+
+
+class Late(Shed):
+    """An admitted interactive request refused because its first token would come, or has
+    not come, by its bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +108,11 @@ class LoadShedder:
             self._ttft_s = moving_average(self._ttft_s, seconds)
 
     @property
+    def max_ttft_s(self) -> float:
+        """The configured bound (0: none)."""
+        return self._max_ttft_s
+
+    @property
     def slot_s(self) -> float | None:
         """How long a request holds a slot (moving average), None before the first."""
         return self._slot_s or None
@@ -109,6 +129,22 @@ class LoadShedder:
         """The TTFT a new request must meet: its deadline or the configured bound."""
         bounds = [b for b in (remaining_s, self._max_ttft_s or None) if b is not None]
         return min(bounds) if bounds else None
+
+    def worker_ttft_s(self) -> float | None:
+        """A request's predicted time to first token once it holds a slot (None: not
+        measured yet)."""
+        return self._ttft_s + SPREAD * self._dev_s if self._ttft_s else None
+
+    def late(self, queue: QueueState, bound_s: float, started: bool) -> Late:
+        """The refusal of an admitted request that cannot meet, or has not met, ``bound_s``
+        (``started``: it was running on its worker and was aborted)."""
+        prediction = self.predict(queue)
+        retry = prediction.retry_after_s(bound_s) if prediction else 1
+        where = ("its first token had not come" if started else
+                 "it got its slot too late for its first token to come")
+        return Late(f"overloaded: {where} within its {bound_s:.2f} s bound; retry after "
+                    f"{retry} s, or submit the work as a batch job, which is never refused",
+                    retry)
 
     def check(self, queue: QueueState, remaining_s: float | None) -> None:
         """Raise ``Shed`` when a new interactive request would miss its bound."""

@@ -18,7 +18,7 @@ from cluster.backend.protocol import GenerateOutcome, TokenChunk
 from cluster.jobs.admission import Overloaded
 from cluster.jobs.quotas import QuotaExceeded, Quotas, TenantQuota
 from cluster.jobs.runner import JobRunner, RunnerLimits
-from cluster.jobs.shedding import QueueState, Shed
+from cluster.jobs.shedding import Late, QueueState, Shed
 from cluster.jobs.store import JobStore, NewRequest, StoredResult
 from cluster.telemetry.job_tracing import JobTracing
 from cluster.telemetry.observe import RequestObserver, ServedCache
@@ -214,9 +214,10 @@ async def _settle(predicate, what: str) -> None:
 
 async def _run_direct(runner: JobRunner, remaining_s: float | None = None,
                       priority: Priority = Priority.INTERACTIVE) -> list:
-    with runner.direct.admitted("acme", priority, remaining_s):
+    with runner.direct.admitted("acme", priority, remaining_s) as ticket:
         return [item async for item in runner.direct.stream(
-            "acme", _request((1, 2, 3), 2), remaining_s=remaining_s, priority=priority)]
+            "acme", _request((1, 2, 3), 2), remaining_s=remaining_s, priority=priority,
+            ticket=ticket)]
 
 
 def _refused(reader) -> dict[tuple[str, str], int]:
@@ -282,6 +283,103 @@ def test_an_interactive_request_behind_a_queue_is_shed_with_the_exact_retry_afte
         store.close()
 
     run_bounded(scenario(), 30, "shed with the exact retry-after")
+
+
+class Alarm:
+    """The first-token bound's sleep: it records what it was asked to wait, and rings when
+    the test says."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+        self.ring = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        await self.ring.wait()
+
+
+def _late_runner(tmp_path, backend, clock, alarm, reader=None):
+    tracing = None
+    if reader is not None:
+        tel, reader_ = reader
+        tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                             ServedCache("tiny", BLOCK, 300.0, 10_000)),
+                             ServingMetrics(lambda usage: 1.0))
+    store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+    runner = JobRunner(store, backend, prepare_body,
+                       RunnerLimits(2, 1000, 1000, 60.0, max_ttft_s=2.0), tracing=tracing,
+                       clock=clock, sleep=alarm, namespace=lambda t: Namespace(t, "tiny"),
+                       block_size=BLOCK)
+    return store, runner
+
+
+def test_an_admitted_request_without_its_first_token_by_its_bound_is_aborted_and_refused(
+        tmp_path):
+    """``max_ttft_s`` 2: a request admitted at 0 must have its first token by 2. Its worker
+    has not answered when the alarm (asked for 2 s) rings: the request is aborted on its
+    worker and refused, ``Late`` (RESOURCE_EXHAUSTED) with a Retry-After of 1 (nothing
+    measured yet), counted as reason ``late``; its slot is free again. A batch request is
+    never bound: no alarm is asked for it."""
+    async def scenario() -> None:
+        clock, alarm = Clock(), Alarm()
+        tel, _, reader = in_memory(tmp_path)
+        backend = HeldStreams()
+        store, runner = _late_runner(tmp_path, backend, clock, alarm, (tel, reader))
+        late = asyncio.create_task(_run_direct(runner))
+        await _settle(lambda: len(backend.open) == 1 and alarm.asked, "on its worker")
+        assert alarm.asked == [2.0]
+        alarm.ring.set()
+        with pytest.raises(Late) as caught:
+            await late
+        assert caught.value.retry_after_s == 1
+        assert "its first token had not come within its 2.00 s bound" in str(caught.value)
+        assert backend.open[0].cancelled()  # aborted on its worker
+        assert runner.direct.queue() == QueueState(2, 0, 0)
+        assert runner.pending() == {}
+        assert _refused(reader) == {("acme", "late"): 1}
+        batch = asyncio.create_task(_run_direct(runner, None, Priority.BATCH))
+        await _settle(lambda: len(backend.open) == 2, "the batch request on its worker")
+        backend.open[1].set_result(0.5)
+        assert type((await batch)[-1]) is StoredResult
+        assert alarm.asked == [2.0]
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "a first token past its bound")
+
+
+def test_a_request_whose_slot_comes_too_late_for_its_first_token_is_refused_unsent(tmp_path):
+    """Measured: a request held its slot 2 s and had its first token 0.5 s after its worker
+    got it (served before its alarm rang: no refusal). Both slots then held, a request admitted
+    at 2.0 (predicted first token at 2.0 + 1 + 0.5, within its bound of 4.0) gets its slot at
+    3.6: 3.6 + 0.5 > 4.0, so it is refused before it is sent to any worker."""
+    async def scenario() -> None:
+        clock, alarm = Clock(), Alarm()
+        backend = HeldStreams()
+        store, runner = _late_runner(tmp_path, backend, clock, alarm)
+        first = asyncio.create_task(_run_direct(runner))
+        await _settle(lambda: len(backend.open) == 1, "the first request on its worker")
+        clock.now = 2.0
+        backend.open[0].set_result(0.5)
+        assert type((await first)[-1]) is StoredResult  # in time: the alarm never rang
+        holders = [asyncio.create_task(_run_direct(runner)) for _ in range(2)]
+        await _settle(lambda: len(backend.open) == 3, "both slots held")
+        third = asyncio.create_task(_run_direct(runner))
+        await _settle(lambda: runner.direct.queue() == QueueState(2, 2, 1), "one waiting")
+        clock.now = 3.6
+        backend.open[1].set_result(0.5)
+        with pytest.raises(Late) as caught:
+            await third
+        assert "it got its slot too late" in str(caught.value)
+        assert caught.value.retry_after_s == 1
+        assert len(backend.open) == 3  # never sent
+        assert type((await holders[0])[-1]) is StoredResult
+        holders[1].cancel()
+        await asyncio.gather(holders[1], return_exceptions=True)
+        await runner.close()
+        store.close()
+
+    run_bounded(scenario(), 30, "a slot too late for its first token")
 
 
 def test_an_interactive_jobs_requests_in_their_slots_hide_no_direct_request_from_the_shedder(
