@@ -58,10 +58,11 @@ MIN_TIMEOUT_S = 0.001  # a caller whose deadline has passed still gets a (failin
 @dataclass(frozen=True, slots=True)
 class Ticket:
     """An admitted request outside a job: by when its first token must come, on the
-    ``Overload``'s clock (None: no bound, or a batch request)."""
+    ``Overload``'s clock (None: no ``max_ttft_s``, or a batch request; a caller's own
+    deadline is its call's timeout instead)."""
 
     first_token_by: float | None = None
-    bound_s: float = 0.0    # the bound it was admitted under (the caller's or the configured)
+    bound_s: float = 0.0    # the configured bound it was admitted under (``max_ttft_s``)
 
 
 @dataclass(frozen=True, slots=True)
