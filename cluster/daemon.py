@@ -7,7 +7,8 @@
 
 ``cluster.json`` in the run directory holds the serving process's pid, the frontend address,
 the Ray address and the worker count; it exists exactly while a cluster serves from that run
-directory. The frontend's own ``frontend.json`` (address file for clients) sits beside it.
+directory, as does ``workers.json`` (private: where the worker actors are and their stream
+secret, for frontends that attach to them: ``python -m cluster.api.frontend --attach``). The frontend's own ``frontend.json`` (address file for clients) sits beside it.
 The embedded Ray cluster's processes die with the serving process, however it dies
 (``cluster.backend.watchdog``).
 Operators change a running cluster through the gRPC admin API (``cluster.api.client``), never by
@@ -106,6 +107,7 @@ async def _serve(options: UpOptions, config, stop: asyncio.Event,
                  on_ready: Callable[[ClusterState], None], stop_on_signals: bool) -> None:
     import workers  # noqa: F401  (OpenBLAS before mlx in this process too)
     from cluster.api.frontend import serve
+    from cluster.backend.ray_attach import WorkerDirectory
     from cluster.backend.ray_backend import RayBackend
 
     backend = RayBackend.from_config(config, options.workers, options.address,
@@ -128,12 +130,14 @@ async def _serve(options: UpOptions, config, stop: asyncio.Event,
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+    backend.directory(frontend.address).write(options.run_dir)
     state.write(options.run_dir)
     try:
         on_ready(state)
         await stop.wait()
     finally:
         (options.run_dir / STATE_NAME).unlink(missing_ok=True)
+        WorkerDirectory.forget(options.run_dir)
         await frontend.stop()
         await backend.close()
         leftovers.forget(options.run_dir)

@@ -9,6 +9,7 @@ turn into gRPC statuses; below the edge, code raises plain domain errors:
     JobNotFound            NOT_FOUND
     UnknownWorker          NOT_FOUND
     JobFinished            FAILED_PRECONDITION  e.g. cancelling a finished job
+    NotOwned               FAILED_PRECONDITION  scaling workers another frontend started
     Overloaded             RESOURCE_EXHAUSTED   backpressure: retry later (a ``RetryLater``,
                                                 shed or over a quota, adds the trailer
                                                 ``retry-after``: whole seconds)
@@ -36,7 +37,7 @@ import logging
 import grpc
 from google.protobuf.message import DecodeError
 
-from cluster.backend.protocol import NoWorkerAvailable, UnknownWorker
+from cluster.backend.protocol import NotOwned, NoWorkerAvailable, UnknownWorker
 from cluster.jobs.store import JobFinished, JobNotFound, StoreFull
 from cluster.jobs.admission import Overloaded, RetryLater
 from cluster.api.keys import KeyStore
@@ -59,6 +60,7 @@ STATUS = (
     (JobNotFound, grpc.StatusCode.NOT_FOUND),
     (UnknownWorker, grpc.StatusCode.NOT_FOUND),
     (JobFinished, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotOwned, grpc.StatusCode.FAILED_PRECONDITION),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StoreFull, grpc.StatusCode.RESOURCE_EXHAUSTED),

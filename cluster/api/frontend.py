@@ -45,7 +45,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cluster.backend.protocol import Backend, ModelInfo
+from cluster.backend.protocol import Backend, ModelInfo, NoWorkerAvailable
 from cluster.api.chat import ChatTokenizer
 from cluster.config import (ADDRESS_NAME, CONFIG_NAME, Config, load_config,
                             write_default_config)
@@ -308,9 +308,9 @@ def _bind(server: grpc.aio.Server, config: Config, tls: TlsFiles | None) -> int:
     return port
 
 
-async def _main(run_dir: Path, workers: int, port: int | None, http_port: int | None) -> None:
+async def _main(run_dir: Path, workers: int | None, port: int | None, http_port: int | None,
+                attach: bool = False) -> None:
     import workers as _blas  # noqa: F401  (OpenBLAS before mlx)
-    from cluster.backend.local import LocalBackend
 
     config = load_config(run_dir)
     if port is not None:
@@ -318,7 +318,14 @@ async def _main(run_dir: Path, workers: int, port: int | None, http_port: int | 
     if http_port is not None:
         config = dataclasses.replace(config, http=dataclasses.replace(config.http,
                                                                       port=http_port))
-    backend = LocalBackend.from_config(config, workers=workers)
+    if attach:   # orchard up's Ray workers (cluster.backend.ray_attach)
+        from cluster.backend.ray_backend import RayBackend
+
+        backend = RayBackend.attach(config, run_dir)
+    else:
+        from cluster.backend.local import LocalBackend
+
+        backend = LocalBackend.from_config(config, workers=workers or 1)
     await backend.start()
     frontend = await serve(config, backend)
     print(f"orchard frontend {frontend.frontend_id} listening on {frontend.address}"
@@ -335,9 +342,15 @@ async def _main(run_dir: Path, workers: int, port: int | None, http_port: int | 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cluster.api.frontend",
-        description="Run the gRPC frontend over in-process workers (LocalBackend, no Ray).")
+        description="Run the gRPC frontend over in-process workers (LocalBackend, no Ray), "
+                    "or over the Ray workers `orchard up` serves the run directory with "
+                    "(--attach).")
     parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="in-process workers to start (default 1)")
+    parser.add_argument("--attach", action="store_true",
+                        help="serve with the Ray workers of the run directory's `orchard up` "
+                             "(they stay its own: this frontend never scales or stops them)")
     parser.add_argument("--port", type=_port, default=None,
                         help="the gRPC port, in place of [frontend] port (0: a free one); "
                              "each frontend of a run directory needs its own")
@@ -346,12 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", action="store_true",
                         help="write a default orchard.toml (fresh keys) if the run dir has none")
     args = parser.parse_args(argv)
+    if args.attach and args.workers is not None:
+        parser.error("--attach serves with orchard up's workers: --workers starts in-process "
+                     "ones; give one of the two")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         if args.init:
             write_default_config(args.run_dir)
-        asyncio.run(_main(args.run_dir, args.workers, args.port, args.http_port))
-    except (ValueError, FileNotFoundError) as exc:
+        asyncio.run(_main(args.run_dir, args.workers, args.port, args.http_port,
+                          args.attach))
+    except (ValueError, FileNotFoundError, NoWorkerAvailable) as exc:
         print(f"orchard frontend: error: {exc}", file=sys.stderr)
         return 2
     return 0

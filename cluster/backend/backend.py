@@ -76,7 +76,15 @@ class Backend:
         self._pool = WorkerPool(self._launcher, FrontendRouter(
             self._launcher.engine.block_size, clock=self._clock, index_bytes=self._index_bytes))
         await self._pool.start()
-        await self._pool.scale(self._initial)
+        if self._launcher.owner:   # another frontend's workers: attach to those there are
+            await self._pool.follow()
+            if not self._pool.ready():
+                await self._pool.close()
+                self._pool = None
+                raise NoWorkerAvailable(f"no worker of {self._launcher.owner} to attach to "
+                                        "(none listens yet, or it stopped)")
+        else:
+            await self._pool.scale(self._initial)
         if self._launcher.pulls:   # the router may plan pulls between these workers
             self._pool.routes.router.links = PeerLinks(
                 self._pool.first_hello.model.kv_bytes_per_token)

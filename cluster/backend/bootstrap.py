@@ -86,7 +86,7 @@ def start_local(num_cpus: int | None = None, slots: int = LOCAL_SLOTS,
     """
     if ray.is_initialized():
         return _gcs_address()
-    _loopback_only()
+    loopback_only()
     cpus = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, slots)
     ray.init(address="local", num_cpus=cpus, resources={NODE_RESOURCE: float(slots)},
              object_store_memory=object_store_bytes, include_dashboard=False,
@@ -145,6 +145,27 @@ def check_reachable(address: str, timeout_s: float = JOIN_TIMEOUT_S) -> None:
         channel.close()
 
 
+AUTH_MODE = "RAY_AUTH_MODE"
+
+
+def auth_mode() -> str:
+    """This process's Ray authentication mode (``token`` once an embedded cluster turned
+    Ray's token auth on; Ray keeps the token in the user's ``~/.ray``); "" when unset."""
+    return os.environ.get(AUTH_MODE, "")
+
+
+def use_auth_mode(mode: str) -> None:
+    """Join with ``mode`` (the cluster's own, ``auth_mode`` there) unless this process has one
+    set already. Ray reads the mode into its config at import: it is read again here, as Ray's
+    own ``ray.init`` does when it turns token auth on."""
+    if not mode or AUTH_MODE in os.environ:
+        return
+    from ray._raylet import Config
+
+    os.environ[AUTH_MODE] = mode
+    Config.initialize("")
+
+
 def shutdown() -> None:
     """Disconnect; an embedded cluster started by this process stops with it."""
     if ray.is_initialized():
@@ -174,7 +195,7 @@ def _gcs_address() -> str:
     return ray.get_runtime_context().gcs_address
 
 
-def _loopback_only() -> None:
+def loopback_only() -> None:
     """Make Ray use 127.0.0.1 for every process of the embedded cluster (see module doc)."""
     from ray._private import ray_constants
 

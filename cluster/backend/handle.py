@@ -99,6 +99,9 @@ class Launcher(Protocol):
     """Starts and stops workers of one kind for the ``WorkerPool``."""
 
     prefix: str            # worker ids are the prefix and a counter
+    # "" when the launcher starts its workers; else who did (another frontend): the pool then
+    # follows them (``discover``, ``launch`` attaches) and never scales, drains or replaces
+    owner: str
     model_dir: str
     engine: EngineConfig   # every worker's engine (each with its own worker id)
     replace_dead: bool     # a serving worker that died is replaced
@@ -113,6 +116,9 @@ class Launcher(Protocol):
 
     async def launch(self, worker_id: str) -> tuple[WorkerHandle, WorkerHello]:
         """Start one worker and open its stream; it cleans up after itself when it fails."""
+
+    async def discover(self) -> set[str]:
+        """The ids of the owner's workers now (only where ``owner`` is set)."""
 
     async def close(self, handles: Sequence[WorkerHandle]) -> None:
         """Stop every live worker, then what ``start`` started."""

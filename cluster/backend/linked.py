@@ -70,6 +70,7 @@ class LinkedWorker:
 class LinkedLauncher:
     """Starts ``EngineWorker``s in this process, each on its loopback stream."""
 
+    owner = ""
     prefix = "linked-"
     replace_dead = False
     watch = False

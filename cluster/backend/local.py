@@ -94,6 +94,7 @@ class LocalLauncher:
     """Opens each worker's engine on the process's one engine thread."""
 
     prefix = "local-"
+    owner = ""             # its workers are its own
     replace_dead = False   # a broken engine leaves; scale up to replace it
     watch = False          # no background checks: batches never go missing in-process
     pulls = False          # one runtime's engines: no stream between them

@@ -9,6 +9,9 @@
                 in the background when the launcher replaces the dead and a slot is free
     check()  ─► workers pinged; the view of any worker whose event batches had a gap rebuilt
                 from its holdings
+    follow() ─► (a launcher over another frontend's workers, ``owner`` set) the workers it
+                finds now: new ones attached and added to the router, those gone forgotten;
+                at start and at every check. Such a pool never scales, drains or replaces.
 
 The pool owns the worker table (``PoolWorker``: state, requests in flight, the handle) and the
 frontend's routing state (``routes``, ``cluster.backend.routing``); the ``Launcher`` says how
@@ -24,7 +27,7 @@ import collections
 import logging
 
 from cluster.backend.handle import Launcher, PoolWorker, WorkerHello
-from cluster.backend.protocol import UnknownWorker
+from cluster.backend.protocol import NotOwned, UnknownWorker
 from cluster.backend.routing import FrontendRouter
 from workers.messages import WorkerFailed
 
@@ -67,6 +70,7 @@ class WorkerPool:
 
     async def scale(self, n: int) -> None:
         """Start or drain workers until ``n`` are ready (or starting)."""
+        self._refuse_if_followed("scale")
         if n < 1:
             raise ValueError(f"workers: must be >= 1, got {n}")
         serving = [w for w in self._workers.values() if w.state in ("ready", "starting")]
@@ -78,6 +82,7 @@ class WorkerPool:
             await asyncio.gather(*(self._start_one() for _ in range(missing)))
 
     async def drain(self, worker_id: str) -> PoolWorker:
+        self._refuse_if_followed("drain")
         worker = self._workers.get(worker_id)
         if worker is None:
             known = ", ".join(self._workers) or "none"
@@ -115,6 +120,25 @@ class WorkerPool:
         if self._launcher.replace_dead and was_serving:
             self._spawn(self._replace(worker.worker_id))
 
+    async def follow(self) -> None:
+        """Attach to the owner's workers the launcher finds that this pool does not serve
+        from yet (one that cannot be attached now, still starting, is tried at the next
+        check), and forget those it no longer finds (the owner drained or lost them)."""
+        found = await self._launcher.discover()
+        for worker in [w for w in self._workers.values() if w.worker_id not in found]:
+            self.died(worker, WorkerFailed(f"worker {worker.worker_id}: no longer among "
+                                           f"the workers of {self._launcher.owner}"))
+        new = sorted(found - set(self._workers))
+        started = await asyncio.gather(*(self._start_one(i) for i in new),
+                                       return_exceptions=True)
+        for worker_id, outcome in zip(new, started):
+            if isinstance(outcome, RuntimeError):
+                log.info("worker %s not attached yet: %s", worker_id, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                log.info("attached to worker %s of %s", worker_id, self._launcher.owner)
+
     def start_checks(self) -> None:
         """Watch the pool in the background (see ``check``) until ``close``."""
         self._spawn(self._check_forever())
@@ -123,7 +147,10 @@ class WorkerPool:
         """Ping the workers (a dead idle one is noticed before a request lands on it; a busy
         one whose node died, though its stream never closed, fails its requests over) and
         rebuild the router's view of any worker whose event batches had a gap. A busy worker
-        slow to answer is not dead: only idle ones are judged by the timeout."""
+        slow to answer is not dead: only idle ones are judged by the timeout. A pool over
+        another frontend's workers first ``follow``s them."""
+        if self._launcher.owner:
+            await self.follow()
         live = self.live()
         pings = await asyncio.gather(
             *(asyncio.wait_for(w.handle.ping(), PING_TIMEOUT_S) for w in live),
@@ -160,9 +187,16 @@ class WorkerPool:
 
     # --------------------------------------------------------------- internals
 
-    async def _start_one(self) -> PoolWorker:
-        worker_id = f"{self._launcher.prefix}{self._next_id}"
-        self._next_id += 1
+    def _refuse_if_followed(self, what: str) -> None:
+        if self._launcher.owner:
+            raise NotOwned(f"workers: this frontend attaches to the workers of "
+                           f"{self._launcher.owner}; {what} them through that frontend")
+
+    async def _start_one(self, worker_id: str | None = None) -> PoolWorker:
+        """Start a worker (attach to ``worker_id``, the owner's, when following)."""
+        if worker_id is None:
+            worker_id = f"{self._launcher.prefix}{self._next_id}"
+            self._next_id += 1
         worker = self._workers[worker_id] = PoolWorker(worker_id)
         try:
             worker.handle, worker.hello = await self._launcher.launch(worker_id)

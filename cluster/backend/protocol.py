@@ -17,7 +17,8 @@ back inside ``GenerateOutcome`` so that traces can carry it.
 Errors: ``NoWorkerAvailable`` (the router's, re-exported here) when no worker can take a request
 (the frontend answers ``UNAVAILABLE``); ``ValueError`` for bad input the frontend did not catch
 (``INVALID_ARGUMENT``);
-``UnknownWorker`` for an admin call naming a worker that does not exist (``NOT_FOUND``).
+``UnknownWorker`` for an admin call naming a worker that does not exist (``NOT_FOUND``);
+``NotOwned`` for scaling or draining workers another frontend started (``FAILED_PRECONDITION``).
 """
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ if TYPE_CHECKING:   # wire imports this module's TokenChunk
 
 class UnknownWorker(LookupError):
     """An admin call named a worker id the backend does not know."""
+
+
+class NotOwned(Exception):
+    """An admin call would change workers this frontend attached to but did not start
+    (``cluster.backend.ray_attach``): their owner scales, drains and replaces them."""
 
 
 @dataclass(frozen=True, slots=True)

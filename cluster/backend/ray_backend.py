@@ -23,16 +23,24 @@ worker actor sets up telemetry in its own process and draws its own spans under 
 ``GenerateRequest.trace_context`` carries (``cluster.backend.worker_actor``); the outcome says
 so, and the frontend does not draw them again. The routing span is the frontend's.
 
+``orchard up`` writes where its workers are (``directory``: ``RUN/workers.json``);
+``RayBackend.attach`` is a backend over those same actors for another frontend on that run
+directory, which never starts, scales or stops them (``cluster.backend.ray_attach``).
+
 ``policy="round_robin"`` skips the router and cycles through ready workers: the baseline of
 ``orchard bench cluster``. Ray is started (embedded, loopback only) or joined by ``start``
 through ``cluster.backend.bootstrap``; ``close`` stops what it started.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import ray
+
 from cluster.backend.backend import POLICIES, Backend
-from cluster.backend.bootstrap import Placement
+from cluster.backend.bootstrap import Placement, auth_mode
+from cluster.backend.ray_attach import RayAttacher, WorkerDirectory
 from cluster.backend.ray_pool import RayLauncher
 from cluster.backend.engine_config import engine_config
 from cluster.telemetry.setup import TelemetrySettings, settings_from_config
@@ -53,7 +61,26 @@ class RayBackend(Backend):
                  index_bytes: int = DEFAULT_INDEX_BYTES) -> None:
         launcher = RayLauncher(str(model_dir), engine or EngineConfig(), placement, address,
                                start_timeout_s, telemetry=telemetry, initial=workers)
+        self._ray_launcher = launcher
         super().__init__(launcher, workers, policy, index_bytes=index_bytes)
+
+    def directory(self, frontend_address: str) -> WorkerDirectory:
+        """Where this backend's workers are, for frontends that attach to them (once
+        started)."""
+        return WorkerDirectory(ray.get_runtime_context().gcs_address, self._ray_launcher.names,
+                               self._ray_launcher.secret().hex(), os.getpid(),
+                               frontend_address, auth_mode())
+
+    @staticmethod
+    def attach(config, run_dir: Path | str) -> Backend:
+        """A backend over the workers ``orchard up`` serves from ``run_dir`` with (found by
+        name; never started, scaled or stopped by it)."""
+        from workers.model.default_model import ensure_default_model
+
+        directory = WorkerDirectory.read(Path(run_dir))
+        model_dir = config.model_dir or str(ensure_default_model())
+        return Backend(RayAttacher(directory, model_dir, engine_config(config)),
+                       index_bytes=config.router.index_bytes)
 
     @classmethod
     def from_config(cls, config, workers: int = 1, address: str | None = None,

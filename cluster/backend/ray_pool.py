@@ -51,12 +51,15 @@ class RayWorker:
     """A worker actor as the frontend reaches it (``cluster.backend.handle.WorkerHandle``)."""
 
     def __init__(self, worker_id: str, actor: ray.actor.ActorHandle, link: WorkerLink,
-                 address: tuple[str, int]) -> None:
+                 address: tuple[str, int], owned: bool = True) -> None:
+        """``owned``: this frontend started the actor, and stops it; else (a frontend attached
+        to another's workers, ``cluster.backend.ray_attach``) only its own stream is closed."""
         self._id = worker_id
         self._actor = actor
         self._link = link
         self.address = address   # its stream, where its peers pull its blocks from
-        self._killed = False
+        self._owned = owned
+        self._killed = not owned
 
     def stream(self, request: GenerateRequest, feed_after: int, chunks: bool,
                pull: PullPlan | None = None) -> Items:
@@ -96,8 +99,9 @@ class RayWorker:
             log.info("worker %s: event feed ended (%s)", self._id, exc)
 
     def kill(self) -> None:
-        self._killed = True
-        ray.kill(self._actor, no_restart=True)
+        if self._owned:
+            self._killed = True
+            ray.kill(self._actor, no_restart=True)
 
     async def close(self) -> None:
         await self._link.close()
@@ -110,9 +114,13 @@ class RayWorker:
 
 
 class RayLauncher:
-    """Starts worker actors on node slots; each opens its stream to this frontend."""
+    """Starts worker actors on node slots; each opens its stream to this frontend.
+
+    Each actor is named ``names`` + its worker id in Ray's ``orchard`` namespace, so that other
+    frontends can find and attach to it (``cluster.backend.ray_attach``)."""
 
     prefix = "w"
+    owner = ""     # its workers are this frontend's own
     watch = True   # pings notice dead idle workers; gaps in event batches are rebuilt
     pulls = True   # each worker's stream serves its blocks to its peers
 
@@ -129,6 +137,7 @@ class RayLauncher:
         self._telemetry = telemetry   # each worker sets up its process's telemetry from it
         self._initial = initial       # workers the embedded cluster is sized for
         self._secret = secrets.token_bytes(32)   # authenticates this frontend's streams
+        self.names = f"orchard-{secrets.token_hex(4)}-"   # each actor's name: this + its id
         self._router_id = secrets.token_hex(6)   # names this frontend's router to workers
         self._started_ray = False
 
@@ -154,7 +163,8 @@ class RayLauncher:
                 f"takes {each:g}; add nodes (infra/README.md) or raise workers per node")
 
     async def launch(self, worker_id: str) -> tuple[RayWorker, WorkerHello]:
-        actor = WorkerActor.options(**self._placement.actor_options(), name=None).remote(
+        actor = WorkerActor.options(**self._placement.actor_options(),
+                                    name=self.names + worker_id).remote(
             worker_id, self.model_dir, self.engine, telemetry=self._telemetry)
         try:
             hello = await asyncio.wait_for(actor.start.remote(), self._start_timeout_s)
@@ -173,6 +183,11 @@ class RayLauncher:
             log.warning("worker %s runs MLX without OpenBLAS (slow): install "
                         "libopenblas0-pthread on node %s", worker_id, hello.node_id)
         return RayWorker(worker_id, actor, link, (host, port)), hello
+
+    def secret(self) -> bytes:
+        """The workers' stream secret, for the frontends that attach to them (their peers'
+        pulls use it too)."""
+        return self._secret
 
     async def close(self, handles: Sequence[RayWorker]) -> None:
         await asyncio.gather(*(h.close() for h in handles))

@@ -18,6 +18,7 @@ it work and relays what comes back. Requests reach ``generate`` over the fronten
       └─ events(after): a streaming feed (evictions and TTL expiry between requests),
          and a ``FeedHeartbeat`` (the last batch's number) once the worker is quiet
     stats / invalidate / holdings ── runtime.call ─► run on the engine thread
+    attach(secret): its hello and where it listens, for another frontend's stream
 
 Every batch has a per-worker sequence number, so each frontend's router applies each once, in
 order, and notices a gap (then rebuilds from ``holdings``, which say up to which batch they
@@ -42,6 +43,7 @@ import workers  # noqa: F401  (OpenBLAS before mlx, in the actor's process too)
 import asyncio
 import collections
 import contextlib
+import hmac
 import os
 import time
 from dataclasses import replace
@@ -143,6 +145,7 @@ class EngineWorker:
         self._carried: dict[str, int] = {}
         self._link: LinkServer | None = None      # the frontend's request stream (``listen``)
         self._secret = b""                        # its secret, which peers' pulls use too
+        self._address = ("", 0)                   # where it listens
         self._pace = pace        # the sending side's rate limit on pulls (None: the link's own)
         self._pull_failures = PullLog()
         self._links = LinkMeter()   # its links from the peers it pulled from (actor loop only)
@@ -228,7 +231,18 @@ class EngineWorker:
         self._secret = secret
         blocks = EngineBlocks(self.runtime, self._id, self._hello.model.block_size)
         self._link = LinkServer(self.generate, secret, PullServer(blocks, self._pace))
-        return host, await self._link.start(host)
+        self._address = (host, await self._link.start(host))
+        return self._address
+
+    async def attach(self, secret: bytes) -> tuple[WorkerHello, tuple[str, int]] | None:
+        """For a frontend attaching to this worker (``cluster.backend.ray_attach``): its hello
+        and where it listens, once it listens (None before: it is still starting).
+        ``PermissionError`` unless ``secret`` is the one it listens with."""
+        if self._link is None:
+            return None
+        if not hmac.compare_digest(secret, self._secret):
+            raise PermissionError(f"worker {self._id}: not the secret it listens with")
+        return self._hello, self._address
 
     async def abort(self, request_id: str) -> None:
         """Stop ``request_id`` (the caller gave up on it): it leaves the batch at the next step."""

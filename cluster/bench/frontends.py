@@ -140,6 +140,7 @@ class AttachLauncher:
     """A frontend's launcher over workers that already serve (``Launcher`` for the pool)."""
 
     prefix = "w"
+    owner = ""
     replace_dead = False
     watch = False   # the bench runs the pool's check itself, once the streams drained
     pulls = False   # the drift is of the routers' beliefs: no pulls between the workers

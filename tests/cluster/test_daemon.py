@@ -12,6 +12,7 @@ from __future__ import annotations
 from tests.support.paths import REPO
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -143,6 +144,105 @@ class TestClusterOps:
         assert not (run_dir / STATE_NAME).exists()
         with pytest.raises(ProcessLookupError):
             os.kill(state.pid, 0)
+
+
+def _attach(run_dir: Path, log_name: str) -> tuple[subprocess.Popen, dict]:
+    """A second frontend process on ``orchard up``'s workers; its address record once it
+    serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
+                             str(run_dir), "--attach", "--port", "0", "--http-port", "0"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=open(run_dir / log_name, "ab"))
+    deadline = time.monotonic() + 120
+    while True:
+        for path in (run_dir / "frontends").glob("*.json"):
+            record = json.loads(path.read_text())
+            if record["pid"] == proc.pid:
+                return proc, record
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError((run_dir / log_name).read_text()[-3000:])
+        time.sleep(0.05)
+
+
+def _result(client, custom_id: str, tokens: list[int]):
+    from cluster.api.client import token_request
+
+    events = list(client.generate(token_request(custom_id, tokens, 4)))
+    return events[-1].result
+
+
+class TestAttachedFrontend:
+    def test_attach_without_a_cluster_says_how_to_start_one(self, tmp_path):
+        write_default_config(tmp_path, model_dir=str(tiny_model()))
+        done = subprocess.run([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
+                               str(tmp_path), "--attach"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2
+        assert (f"no Ray workers to attach to in {tmp_path} (no workers.json): start them "
+                f"with `orchard up --detach --run-dir {tmp_path}`") in done.stderr
+        both = subprocess.run([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
+                               str(tmp_path), "--attach", "--workers", "2"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert both.returncode == 2 and "give one of the two" in both.stderr
+
+    @pytest.mark.slow
+    def test_a_second_frontend_serves_on_the_clusters_workers_and_leaves_them_running(
+            self, tmp_path):
+        from cluster.api.client import Client, OrchardError
+
+        run_dir = tmp_path / "run"
+        write_default_config(run_dir, model_dir=str(tiny_model()), max_concurrent=4)
+        up = orchard("up", "--run-dir", str(run_dir), "--workers", "2", "--detach", timeout=600)
+        assert up.returncode == 0, up.stderr + (run_dir / "cluster.log").read_text()[-3000:]
+        attached = None
+        try:
+            directory = run_dir / "workers.json"
+            assert directory.stat().st_mode & 0o777 == 0o600   # it holds the stream secret
+            attached, record = _attach(run_dir, "attached.log")
+            first = Client.from_run_dir(run_dir)
+            second = Client.from_run_dir(run_dir, address=record["address"])
+            admin = Client.from_run_dir(run_dir, admin=True, address=record["address"])
+            assert sorted(w.worker_id for w in admin.workers()) == ["w0", "w1"]
+            shared = list(range(200, 264))   # 4 blocks of 16
+            served = _result(second, "b0", shared + [300] * 20)
+            assert served.ok and served.worker_id in ("w0", "w1")
+            assert served.usage.cached_tokens == 0
+            # the first frontend's router learned the blocks from its own feed of the worker
+            deadline = time.monotonic() + 30
+            while True:
+                home = _result(first, "a0", shared + [301] * 20)
+                if home.usage.cached_tokens or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert (home.worker_id, home.usage.cached_tokens) == (served.worker_id, 64)
+            # a job it accepts runs there, on the same workers
+            from cluster.api.client import token_request
+            job = second.submit([token_request(f"j{i}", shared + [310 + i] * 20, 4)
+                                 for i in range(4)])
+            final = second.wait(job.job_id, poll_s=0.2, timeout_s=300)
+            results = list(second.results(job.job_id))
+            assert final.completed == 4 and all(r.ok for r in results)
+            assert {r.worker_id for r in results} <= {"w0", "w1"}
+            with pytest.raises(OrchardError) as refused:
+                admin.scale(3)
+            assert refused.value.code == "FAILED_PRECONDITION"
+            assert "scale them through that frontend" in refused.value.message
+            for client in (first, second, admin):
+                client.close()
+            attached.send_signal(signal.SIGTERM)
+            assert attached.wait(60) == 0
+            # the second frontend's stop left the workers to the first
+            assert [w["state"] for w in _workers(run_dir)] == ["ready", "ready"]
+            with Client.from_run_dir(run_dir) as client:
+                again = _result(client, "a1", shared + [302] * 20)
+            assert again.ok and again.usage.cached_tokens == 64   # both hold it since the job
+        finally:
+            if attached is not None and attached.poll() is None:
+                attached.kill()
+            down = orchard("down", "--run-dir", str(run_dir), timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert not (run_dir / "workers.json").exists()
 
 
 class TestClusterDemo:

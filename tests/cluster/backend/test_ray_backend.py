@@ -7,6 +7,7 @@ each leaves the pool with at least two ready workers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -18,8 +19,10 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from cluster.backend.bootstrap import WORKER_NICENESS  # noqa: E402
-from cluster.backend.protocol import (GenerateOutcome, NoWorkerAvailable, TokenChunk,  # noqa: E402
-                             UnknownWorker)
+from cluster.backend.backend import Backend  # noqa: E402
+from cluster.backend.protocol import (GenerateOutcome, NotOwned, NoWorkerAvailable,  # noqa: E402
+                                      TokenChunk, UnknownWorker)
+from cluster.backend.ray_attach import RayAttacher  # noqa: E402
 from cluster.backend.ray_backend import RayBackend  # noqa: E402
 from cluster.backend.ray_pool import NoRoom  # noqa: E402
 from router.kv.key import Namespace, hash_blocks  # noqa: E402
@@ -224,6 +227,75 @@ def test_invalidate_drops_a_tenants_blocks(cluster):
     # cache of "inv-keep" (on the same worker: routed to its blocks)
     assert (other.result.lookup.matched_tokens, other.result.cached_tokens) == (112, 115), \
         "only one tenant's blocks go"
+
+
+def _attached(backend, loop):
+    """A second backend over the module's worker actors, as a second frontend has it."""
+    attached = Backend(RayAttacher(backend.directory("127.0.0.1:1"), str(tiny_model()),
+                                   EngineConfig(block_size=BLOCK, max_batch=4)))
+    loop.run(attached.start())
+    return attached
+
+
+def _followed(attached, loop, ids: list[str], within_s: float) -> list[str]:
+    """The attached pool's ready workers once they are ``ids`` (its checks run meanwhile)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        loop.run(attached.pool.check())
+        ready = sorted(w.worker_id for w in attached.pool.ready())
+        if ready == ids or time.monotonic() > deadline:
+            return ready
+        time.sleep(0.2)
+
+
+def test_a_second_frontend_attaches_to_the_workers_and_never_scales_or_stops_them(cluster):
+    backend, loop = cluster
+    ids = sorted(w.worker_id for w in backend.pool.ready())
+    assert len(ids) == 2
+    attached = _attached(backend, loop)
+    try:
+        assert sorted(w.worker_id for w in attached.pool.ready()) == ids
+        assert attached.model_info() == backend.model_info()
+        # served through the second frontend: the first one's router learns the blocks from
+        # its own feed of that worker (no result of its own carried them)
+        system = tuple(2000 + (i * 11) % 800 for i in range(96))   # no earlier prompt's
+        out = _generate(attached, loop, "attached-0", system + tuple(range(3000, 3020)))
+        assert out.result.cached_tokens == 0 and out.worker_id in ids
+        _, hashes = routed_request(backend, "probe", system + tuple(range(3000, 3020)))
+        deadline = time.monotonic() + 30
+        while backend.pool.routes.router.holders(hashes[0]) != [out.worker_id] \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert backend.pool.routes.router.holders(hashes[6]) == [out.worker_id]
+        home = _generate(backend, loop, "attached-1", system + tuple(range(3100, 3120)))
+        assert (home.worker_id, home.result.cached_tokens) == (out.worker_id, 96)
+        with pytest.raises(NotOwned, match="scale them through that frontend"):
+            loop.run(attached.scale(3))
+        with pytest.raises(NotOwned, match="drain them through that frontend"):
+            loop.run(attached.drain(ids[0]))
+        # the owner's scale-up is attached at the next check, its drain forgotten
+        loop.run(backend.scale(3))
+        grown = sorted(w.worker_id for w in backend.pool.ready())
+        assert _followed(attached, loop, grown, within_s=60) == grown
+        (new,) = set(grown) - set(ids)
+        loop.run(backend.drain(new))
+        assert _followed(attached, loop, ids, within_s=60) == ids
+    finally:
+        loop.run(attached.close())
+    # closing the second frontend stops none of the workers
+    assert sorted(w.worker_id for w in backend.pool.ready()) == ids
+    loop.run(backend.pool.check())
+    assert sorted(w.worker_id for w in backend.pool.ready()) == ids
+    after = _generate(backend, loop, "attached-2", system + tuple(range(3200, 3220)))
+    assert (after.worker_id, after.result.cached_tokens) == (out.worker_id, 96)
+
+
+def test_a_frontend_attaching_with_another_secret_is_refused(cluster):
+    backend, loop = cluster
+    wrong = dataclasses.replace(backend.directory("127.0.0.1:1"), secret="00" * 32)
+    attached = Backend(RayAttacher(wrong, str(tiny_model()), EngineConfig(block_size=BLOCK)))
+    with pytest.raises(NoWorkerAvailable, match="no worker of orchard up"):
+        loop.run(attached.start())
 
 
 def test_scaling_past_the_node_slots_says_how_to_fix_it(cluster):
