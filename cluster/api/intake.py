@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import AsyncIterable, Awaitable, Callable, Sequence
@@ -40,6 +39,8 @@ from cluster.api import cache_fields, validate
 from cluster.api.batchfile import line_shape, request_of
 from cluster.api.convert import request_from_pb, request_to_pb
 from cluster.api.incoming import Messages, RequestIn, Tokens
+from cluster.api.intake_threads import (CancelledAfterCommit, CommitGate, commit_in_thread,
+                                        in_thread)
 from cluster.backend.protocol import ModelInfo
 from cluster.jobs.runner import JobRunner
 from cluster.jobs.store import JobIntake, JobRecord, JobStore, NewRequest, StagedRequest
@@ -232,79 +233,6 @@ class BatchIntake:
             self._staged = []
 
 
-class CancelledAfterCommit(asyncio.CancelledError):
-    """The caller was cancelled after its job's commit had begun: the job exists (a commit
-    cannot be taken back), so the cancellation carries it, for the service to launch."""
-
-    def __init__(self, job: JobRecord, created: bool):
-        super().__init__(f"cancelled after {job.job_id} was committed")
-        self.job, self.created = job, created
-
-
-class _CommitGate:
-    """Orders a caller's cancellation against its intake's commit, which runs in a worker
-    thread: whichever comes first wins. A cancel first: the thread does not commit, and the
-    intake is aborted. The commit first: the cancel comes too late to stop it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cancelled = self._committing = False
-
-    def begin_commit(self) -> None:
-        """Called in the thread just before the commit; raises if the caller was cancelled."""
-        with self._lock:
-            if self._cancelled:
-                raise asyncio.CancelledError
-            self._committing = True
-
-    def cancel(self) -> bool:
-        """The caller was cancelled; whether that came before the commit began."""
-        with self._lock:
-            self._cancelled = not self._committing
-            return self._cancelled
-
-
-async def _commit_in_thread(gate: _CommitGate, commit: Callable[[], tuple[JobRecord, bool]]
-                            ) -> tuple[JobRecord, bool]:
-    """``commit()`` in a worker thread (it calls ``gate.begin_commit()`` first). Cancelled
-    before the commit began: ``CancelledError``, and the thread stops short of it. Cancelled
-    after: waits for the commit, then ``CancelledAfterCommit`` with its job (or the plain
-    ``CancelledError`` if the commit failed)."""
-    work = asyncio.ensure_future(asyncio.to_thread(commit))
-    try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        if gate.cancel():  # the thread stops short of the commit; its outcome is not ours
-            work.add_done_callback(lambda done: done.cancelled() or done.exception())
-            raise
-        await _settled(work)
-        if work.exception() is not None:
-            raise
-        raise CancelledAfterCommit(*work.result()) from None
-
-
-async def _settled(work: asyncio.Future) -> None:
-    """Wait for a worker thread's ``work`` to finish, through further cancels and its own
-    error (the caller looks at the outcome)."""
-    while not work.done():
-        try:
-            await asyncio.shield(work)
-        except BaseException:
-            pass
-
-
-async def _in_thread(step: Callable[..., int], *args) -> int:
-    """An intake step in a worker thread; a cancel waits for the step to finish, then
-    propagates (the intake's connection is used by one thread at a time, so its abort must
-    not overtake a piece still being stored)."""
-    work = asyncio.ensure_future(asyncio.to_thread(step, *args))
-    try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        await _settled(work)
-        raise
-
-
 async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
                       chunks: AsyncIterable[bytes], name: str = "input",
                       idempotency_key: str = "",
@@ -321,7 +249,7 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
     """
     batch = BatchIntake(store.intake(tenant, model.model_id, priority), model, max_requests,
                         name, max_prompt_bytes)
-    gate = _CommitGate()
+    gate = CommitGate()
 
     def commit() -> tuple[JobRecord, bool]:
         gate.begin_commit()
@@ -329,13 +257,13 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
 
     try:
         async for chunk in chunks:
-            added = await _in_thread(batch.feed, chunk)
+            added = await in_thread(batch.feed, chunk)
             if on_requests is not None and added:
                 on_requests(added)
-        added = await _in_thread(batch.end)
+        added = await in_thread(batch.end)
         if on_requests is not None and added:
             on_requests(added)
-        return await _commit_in_thread(gate, commit)
+        return await commit_in_thread(gate, commit)
     except CancelledAfterCommit:
         raise
     except BaseException:
@@ -354,7 +282,7 @@ async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_re
     thread (one hop off the event loop, which a one-request job's latency is made of). A
     caller cancelled before the commit began leaves nothing (the thread aborts instead of
     committing); one cancelled after gets ``CancelledAfterCommit``."""
-    gate = _CommitGate()
+    gate = CommitGate()
 
     def accept() -> tuple[JobRecord, bool]:
         batch = BatchIntake(store.intake(tenant, model.model_id, priority), model,
@@ -369,7 +297,7 @@ async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_re
         finally:
             batch.intake.close()
 
-    return await _commit_in_thread(gate, accept)
+    return await commit_in_thread(gate, accept)
 
 
 @dataclass(frozen=True, slots=True)

@@ -297,7 +297,8 @@ def _job_requests(store: JobStore) -> int:
 
 def test_a_caller_cancelled_after_the_commit_began_gets_the_job_with_its_cancel(store, monkeypatch):
     """A commit cannot be taken back: the cancel still propagates, carrying the whole job."""
-    from cluster.api.intake import CancelledAfterCommit, accept_requests
+    from cluster.api.intake import accept_requests
+    from cluster.api.intake_threads import CancelledAfterCommit
     from tests.support.bounded import run_bounded
 
     held = _HeldCommit(store)
@@ -326,7 +327,8 @@ async def _chunks(lines: list[bytes]):
 
 def test_a_file_cancelled_during_its_commit_keeps_every_request_of_its_job(store, monkeypatch):
     """The abort that follows a cancel must not delete what the commit made the job's."""
-    from cluster.api.intake import CancelledAfterCommit, accept_file
+    from cluster.api.intake import accept_file
+    from cluster.api.intake_threads import CancelledAfterCommit
     from tests.support.bounded import run_bounded
 
     held = _HeldCommit(store)
@@ -357,43 +359,13 @@ def test_an_intake_aborted_after_its_commit_deletes_nothing(store):
     assert [r.custom_id for r in store.next_requests(job.job_id, limit=10)] == ["a"]
 
 
-def test_a_cancelled_intake_step_ends_only_after_its_thread():
-    """An intake's connection is one thread's at a time: a file cancelled mid-chunk aborts
-    only once the chunk's thread has returned (``accept_file`` runs each step this way)."""
-    from cluster.api.intake import _in_thread
-    from tests.support.bounded import run_bounded
-
-    entered, release = threading.Event(), threading.Event()
-    returned: list[str] = []
-
-    def step(name: str) -> int:
-        entered.set()
-        assert release.wait(60), "never released"
-        returned.append(name)
-        return 1
-
-    async def scenario():
-        task = asyncio.create_task(_in_thread(step, "chunk"))
-        await asyncio.to_thread(entered.wait, 60)
-        task.cancel()
-        await asyncio.sleep(0)       # the task has taken its cancel by now ...
-        assert not task.done()       # ... and still waits for the thread
-        seen: list[list[str]] = []
-        task.add_done_callback(lambda _: seen.append(list(returned)))
-        release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        return seen
-
-    assert run_bounded(scenario(), 60, "a cancelled intake step") == [["chunk"]]
-
-
 def test_a_submission_cancelled_after_its_commit_began_still_runs_its_job(tmp_path, monkeypatch):
     """The service launches the job a late cancel carries: a client that disconnected finds
     it done (by its idempotency key), and the runner's admission counts it until then."""
     from functools import partial
 
-    from cluster.api.intake import CancelledAfterCommit, JobIntakeService, prepare
+    from cluster.api.intake import JobIntakeService, prepare
+    from cluster.api.intake_threads import CancelledAfterCommit
     from cluster.backend.local import LocalBackend
     from cluster.jobs.runner import JobRunner, RunnerLimits
     from cluster.jobs.store import JobState
