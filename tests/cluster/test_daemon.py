@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 import pytest
 from cluster.backend.bootstrap import NODE_RESOURCE, Placement
-from cluster.config import write_default_config
+from cluster.config import update_config, write_default_config
 from cluster.daemon import STATE_NAME, ClusterState, UpOptions
 from tests.support.forged_models import tiny_model
 import re
@@ -146,6 +146,9 @@ class TestClusterOps:
             os.kill(state.pid, 0)
 
 
+KILLED_JOB = 12
+
+
 def _attach(run_dir: Path, log_name: str) -> tuple[subprocess.Popen, dict]:
     """A second frontend process on ``orchard up``'s workers; its address record once it
     serves."""
@@ -192,7 +195,8 @@ class TestAttachedFrontend:
         from cluster.api.client import Client, OrchardError
 
         run_dir = tmp_path / "run"
-        write_default_config(run_dir, model_dir=str(tiny_model()), max_concurrent=4)
+        write_default_config(run_dir, model_dir=str(tiny_model()), max_concurrent=2)
+        update_config(run_dir, "frontend", {"lease_s": 1})
         up = orchard("up", "--run-dir", str(run_dir), "--workers", "2", "--detach", timeout=600)
         assert up.returncode == 0, up.stderr + (run_dir / "cluster.log").read_text()[-3000:]
         attached = None
@@ -228,15 +232,29 @@ class TestAttachedFrontend:
                 admin.scale(3)
             assert refused.value.code == "FAILED_PRECONDITION"
             assert "scale them through that frontend" in refused.value.message
-            for client in (first, second, admin):
+            # a job the second frontend runs, when it is killed with kill -9: the first one
+            # takes it over at its lease's end and finishes it, each request once
+            long = second.submit([token_request(f"k{i}", shared + [400 + i] * 20, 200)
+                                  for i in range(KILLED_JOB)])
+            deadline = time.monotonic() + 120
+            while (done := second.job(long.job_id).done) < 1:
+                assert time.monotonic() < deadline, "the job made no progress"
+                time.sleep(0.02)
+            for client in (second, admin):
                 client.close()
-            attached.send_signal(signal.SIGTERM)
-            assert attached.wait(60) == 0
-            # the second frontend's stop left the workers to the first
+            attached.send_signal(signal.SIGKILL)
+            attached.wait(30)
+            assert done < KILLED_JOB, "the kill landed after the job finished: make it longer"
+            final = first.wait(long.job_id, poll_s=0.2, timeout_s=300)
+            results = list(first.results(long.job_id))
+            assert (final.completed, final.failed) == (KILLED_JOB, 0)
+            assert sorted(r.custom_id for r in results) == sorted(
+                f"k{i}" for i in range(KILLED_JOB))   # each exactly once
+            # the second frontend's death left the workers to the first
             assert [w["state"] for w in _workers(run_dir)] == ["ready", "ready"]
-            with Client.from_run_dir(run_dir) as client:
-                again = _result(client, "a1", shared + [302] * 20)
+            again = _result(first, "a1", shared + [302] * 20)
             assert again.ok and again.usage.cached_tokens == 64   # both hold it since the job
+            first.close()
         finally:
             if attached is not None and attached.poll() is None:
                 attached.kill()
