@@ -22,6 +22,7 @@ from cluster.backend.bootstrap import NODE_RESOURCE, Placement
 from cluster.config import update_config, write_default_config
 from cluster.daemon import STATE_NAME, ClusterState, UpOptions
 from tests.support.forged_models import tiny_model
+from tests.support.frontend_harness import frontend_process
 import re
 from cluster.daemon import STATE_NAME
 
@@ -150,22 +151,8 @@ KILLED_JOB = 12
 
 
 def _attach(run_dir: Path, log_name: str) -> tuple[subprocess.Popen, dict]:
-    """A second frontend process on ``orchard up``'s workers; its address record once it
-    serves."""
-    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
-                             str(run_dir), "--attach", "--port", "0", "--http-port", "0"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=open(run_dir / log_name, "ab"))
-    deadline = time.monotonic() + 120
-    while True:
-        for path in (run_dir / "frontends").glob("*.json"):
-            record = json.loads(path.read_text())
-            if record["pid"] == proc.pid:
-                return proc, record
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError((run_dir / log_name).read_text()[-3000:])
-        time.sleep(0.05)
+    """A second frontend process on ``orchard up``'s workers."""
+    return frontend_process(run_dir, ["--attach"], log_name)
 
 
 def _result(client, custom_id: str, tokens: list[int]):

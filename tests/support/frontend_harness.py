@@ -2,12 +2,18 @@
 
 ``running_frontend(run_dir, model_dir, workers)`` yields a ``Harness`` with the config, the
 address and clients per tenant/admin; the server, the router and the engines are the real ones.
+``frontend_process(run_dir, args, log_name)`` starts ``python -m cluster.api.frontend`` as a
+process of its own on free ports and returns it with its address record once it serves.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +21,7 @@ from cluster.api.client import Client
 from cluster.config import Config, load_config
 from cluster.api.frontend import Frontend, serve
 from cluster.backend.local import LocalBackend
+from tests.support.paths import REPO
 from workers.engine.engine import EngineConfig
 
 
@@ -123,3 +130,23 @@ max_concurrent = 2
 [model]
 dir = "{tiny_model()}"
 """ + extra)
+
+
+def frontend_process(run_dir: Path, args: list[str], log_name: str,
+                     within_s: float = 120.0) -> tuple[subprocess.Popen, dict]:
+    """``python -m cluster.api.frontend --run-dir RUN ARGS`` on free ports (stderr to
+    ``RUN/log_name``); the process and its own address record once it serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
+                             str(run_dir), *args, "--port", "0", "--http-port", "0"],
+                            cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=open(run_dir / log_name, "ab"))
+    deadline = time.monotonic() + within_s
+    while True:
+        for path in (run_dir / "frontends").glob("*.json"):
+            record = json.loads(path.read_text())
+            if record["pid"] == proc.pid:
+                return proc, record
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError((run_dir / log_name).read_text()[-3000:])
+        time.sleep(0.05)

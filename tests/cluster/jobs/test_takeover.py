@@ -27,7 +27,7 @@ from cluster.jobs.takeover import LeaseKeeper
 from router.kv.key import Namespace
 from tests.support.bounded import run_bounded, wait_until
 from tests.support.forged_models import tiny_model
-from tests.support.frontend_harness import write_process_config
+from tests.support.frontend_harness import frontend_process, write_process_config
 from tests.support.paths import REPO
 from tests.support.runner_bodies import prepare_body, staged_requests
 from workers.engine.engine import EngineConfig
@@ -177,21 +177,8 @@ def _batch(path: Path) -> None:
 
 
 def _start(run_dir: Path, log_name: str) -> tuple[subprocess.Popen, dict]:
-    """A frontend process on free ports; its own address record once it serves."""
-    proc = subprocess.Popen([sys.executable, "-m", "cluster.api.frontend", "--run-dir",
-                             str(run_dir), "--workers", "1", "--port", "0", "--http-port", "0"],
-                            cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=open(run_dir / log_name, "ab"))
-    deadline = time.monotonic() + 120
-    while True:
-        for path in (run_dir / "frontends").glob("*.json"):
-            record = json.loads(path.read_text())
-            if record["pid"] == proc.pid:
-                return proc, record
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError((run_dir / log_name).read_text()[-3000:])
-        time.sleep(0.05)
+    """A frontend process with one in-process worker."""
+    return frontend_process(run_dir, ["--workers", "1"], log_name)
 
 
 @pytest.mark.slow
