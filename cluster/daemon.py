@@ -107,9 +107,17 @@ async def _serve(options: UpOptions, config, stop: asyncio.Event,
                  on_ready: Callable[[ClusterState], None], stop_on_signals: bool) -> None:
     import workers  # noqa: F401  (OpenBLAS before mlx in this process too)
     from cluster.api.frontend import serve
-    from cluster.backend.ray_attach import WorkerDirectory
+    from cluster.backend.ray_attach import WorkerDirectory, owner_lock
     from cluster.backend.ray_backend import RayBackend
 
+    lock = owner_lock(options.run_dir, wait=False)   # held while this process lives
+    if lock is None:
+        try:
+            holder = WorkerDirectory.read(options.run_dir).owner
+        except ValueError:
+            holder = "another process"
+        raise ValueError(f"the workers of {options.run_dir} are owned by {holder}, which took "
+                         "them over from a stopped cluster; stop that frontend first")
     backend = RayBackend.from_config(config, options.workers, options.address,
                                      options.placement)
     try:
@@ -119,6 +127,7 @@ async def _serve(options: UpOptions, config, stop: asyncio.Event,
     except BaseException:
         await backend.close()
         leftovers.forget(options.run_dir)
+        os.close(lock)
         raise
     import ray
 
@@ -141,6 +150,7 @@ async def _serve(options: UpOptions, config, stop: asyncio.Event,
         await frontend.stop()
         await backend.close()
         leftovers.forget(options.run_dir)
+        os.close(lock)
 
 
 def serve_until_stopped(options: UpOptions,

@@ -125,6 +125,10 @@ class WorkerPool:
         from yet (one that cannot be attached now, still starting, is tried at the next
         check), and forget those it no longer finds (the owner drained or lost them)."""
         found = await self._launcher.discover()
+        for worker_id in found:   # workers started here later (after a takeover) count on
+            number = worker_id.removeprefix(self._launcher.prefix)
+            if number.isdigit():
+                self._next_id = max(self._next_id, int(number) + 1)
         for worker in [w for w in self._workers.values() if w.worker_id not in found]:
             self.died(worker, WorkerFailed(f"worker {worker.worker_id}: no longer among "
                                            f"the workers of {self._launcher.owner}"))

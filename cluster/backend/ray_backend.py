@@ -67,9 +67,12 @@ class RayBackend(Backend):
     def directory(self, frontend_address: str) -> WorkerDirectory:
         """Where this backend's workers are, for frontends that attach to them (once
         started)."""
-        return WorkerDirectory(ray.get_runtime_context().gcs_address, self._ray_launcher.names,
-                               self._ray_launcher.secret().hex(), os.getpid(),
-                               frontend_address, auth_mode())
+        launcher = self._ray_launcher
+        return WorkerDirectory(ray.get_runtime_context().gcs_address, launcher.names,
+                               launcher.secret().hex(), os.getpid(), frontend_address,
+                               auth_mode(), launcher.detached,
+                               launcher.placement.cpus_per_worker,
+                               launcher.placement.workers_per_node)
 
     @staticmethod
     def attach(config, run_dir: Path | str) -> Backend:
@@ -79,7 +82,8 @@ class RayBackend(Backend):
 
         directory = WorkerDirectory.read(Path(run_dir))
         model_dir = config.model_dir or str(ensure_default_model())
-        return Backend(RayAttacher(directory, model_dir, engine_config(config)),
+        return Backend(RayAttacher(directory, model_dir, engine_config(config), Path(run_dir),
+                                   settings_from_config(config, "orchard")),
                        index_bytes=config.router.index_bytes)
 
     @classmethod

@@ -98,6 +98,10 @@ class RayWorker:
         except ray.exceptions.RayError as exc:  # the pool's pings notice a dead worker
             log.info("worker %s: event feed ended (%s)", self._id, exc)
 
+    def own(self) -> None:
+        """This frontend takes the actor over (its owner died): it stops it from now on."""
+        self._owned, self._killed = True, False
+
     def kill(self) -> None:
         if self._owned:
             self._killed = True
@@ -117,7 +121,11 @@ class RayLauncher:
     """Starts worker actors on node slots; each opens its stream to this frontend.
 
     Each actor is named ``names`` + its worker id in Ray's ``orchard`` namespace, so that other
-    frontends can find and attach to it (``cluster.backend.ray_attach``)."""
+    frontends can find and attach to it (``cluster.backend.ray_attach``). On a cluster it
+    joined (``address``) the actors are detached: they outlive this frontend's process, so a
+    frontend attached to them goes on serving, and takes them over, when this one is killed;
+    this frontend still stops them when it stops (``close``). ``names`` and ``secret``: those
+    of workers started before (a frontend taking them over), else new ones."""
 
     prefix = "w"
     owner = ""     # its workers are this frontend's own
@@ -127,7 +135,8 @@ class RayLauncher:
     def __init__(self, model_dir: str, engine: EngineConfig, placement: Placement,
                  address: str | None, start_timeout_s: float = START_TIMEOUT_S,
                  replace_dead: bool = True, telemetry: TelemetrySettings | None = None,
-                 initial: int = 1) -> None:
+                 initial: int = 1, names: str = "", secret: bytes = b"",
+                 router_id: str = "") -> None:
         self.model_dir = model_dir
         self.engine = engine
         self.replace_dead = replace_dead
@@ -136,9 +145,11 @@ class RayLauncher:
         self._start_timeout_s = start_timeout_s
         self._telemetry = telemetry   # each worker sets up its process's telemetry from it
         self._initial = initial       # workers the embedded cluster is sized for
-        self._secret = secrets.token_bytes(32)   # authenticates this frontend's streams
-        self.names = f"orchard-{secrets.token_hex(4)}-"   # each actor's name: this + its id
-        self._router_id = secrets.token_hex(6)   # names this frontend's router to workers
+        self._secret = secret or secrets.token_bytes(32)   # authenticates the streams
+        self.names = names or f"orchard-{secrets.token_hex(4)}-"   # an actor's: this + its id
+        self.placement = placement
+        self.detached = address is not None   # the actors outlive this process
+        self._router_id = router_id or secrets.token_hex(6)   # this frontend's router
         self._started_ray = False
 
     async def start(self, routes: FrontendRouter) -> None:
@@ -163,8 +174,9 @@ class RayLauncher:
                 f"takes {each:g}; add nodes (infra/README.md) or raise workers per node")
 
     async def launch(self, worker_id: str) -> tuple[RayWorker, WorkerHello]:
+        lifetime = {"lifetime": "detached"} if self.detached else {}
         actor = WorkerActor.options(**self._placement.actor_options(),
-                                    name=self.names + worker_id).remote(
+                                    name=self.names + worker_id, **lifetime).remote(
             worker_id, self.model_dir, self.engine, telemetry=self._telemetry)
         try:
             hello = await asyncio.wait_for(actor.start.remote(), self._start_timeout_s)

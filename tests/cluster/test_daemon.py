@@ -250,6 +250,74 @@ class TestAttachedFrontend:
         assert not (run_dir / "workers.json").exists()
 
 
+class TestTakeover:
+    @pytest.mark.slow
+    def test_on_a_ray_cluster_of_its_own_an_attached_frontend_takes_over_a_killed_owner(
+            self, tmp_path, monkeypatch):
+        """``orchard up --address``: its actors are detached; killed with kill -9, its job is
+        finished and its workers taken over (scaled, then stopped) by the attached frontend."""
+        from cluster.api.client import Client, token_request
+        from cluster.backend.ray_attach import WorkerDirectory
+        from tests.support.ray_head import HEAD_ENV, ray_head
+
+        for name, value in HEAD_ENV.items():
+            monkeypatch.setenv(name, value)
+        run_dir = tmp_path / "run"
+        write_default_config(run_dir, model_dir=str(tiny_model()), max_concurrent=2)
+        update_config(run_dir, "frontend", {"lease_s": 1})
+        with ray_head() as address:
+            up = orchard("up", "--run-dir", str(run_dir), "--workers", "2", "--address",
+                         address, "--detach", timeout=600)
+            assert up.returncode == 0, up.stderr + (run_dir / "cluster.log").read_text()[-3000:]
+            owner = ClusterState.read(run_dir)
+            directory = WorkerDirectory.read(run_dir)
+            assert directory.detached and directory.owner_pid == owner.pid
+            attached = None
+            try:
+                attached, record = _attach(run_dir, "attached.log")
+                with Client.from_run_dir(run_dir) as first:
+                    shared = list(range(200, 264))
+                    job = first.submit([token_request(f"k{i}", shared + [400 + i] * 20, 200)
+                                        for i in range(KILLED_JOB)])
+                    deadline = time.monotonic() + 120
+                    while (done := first.job(job.job_id).done) < 1:
+                        assert time.monotonic() < deadline, "the job made no progress"
+                        time.sleep(0.02)
+                os.kill(owner.pid, signal.SIGKILL)
+                with Client.from_run_dir(run_dir, address=record["address"]) as second, \
+                        Client.from_run_dir(run_dir, admin=True,
+                                            address=record["address"]) as admin:
+                    final = second.wait(job.job_id, poll_s=0.2, timeout_s=300)
+                    results = list(second.results(job.job_id))
+                    assert done < KILLED_JOB, "the kill landed after the job: make it longer"
+                    assert (final.completed, final.failed) == (KILLED_JOB, 0)
+                    assert sorted(r.custom_id for r in results) == sorted(
+                        f"k{i}" for i in range(KILLED_JOB))   # each exactly once
+                    deadline = time.monotonic() + 60
+                    while WorkerDirectory.read(run_dir).owner_pid != attached.pid:
+                        assert time.monotonic() < deadline, "the workers were not taken over"
+                        time.sleep(0.2)
+                    grown = admin.scale(3)
+                    assert sorted((w.worker_id, w.state) for w in grown) == [
+                        ("w0", "ready"), ("w1", "ready"), ("w2", "ready")]
+                attached.send_signal(signal.SIGTERM)
+                assert attached.wait(120) == 0
+                assert not (run_dir / "workers.json").exists()
+                # its workers stopped with it: none of them is left on the Ray cluster
+                listed = subprocess.run(
+                    [sys.executable, "-c", "import json, ray; ray.init(address=%r, "
+                     "namespace='orchard', logging_level='ERROR'); "
+                     "print(json.dumps(ray.util.list_named_actors()))" % address],
+                    capture_output=True, text=True, timeout=120)
+                assert listed.returncode == 0, listed.stderr[-2000:]
+                names = json.loads(listed.stdout.strip().splitlines()[-1])
+                assert [n for n in names if n.startswith(directory.names)] == []
+            finally:
+                if attached is not None and attached.poll() is None:
+                    attached.kill()
+                orchard("down", "--run-dir", str(run_dir), timeout=120)
+
+
 class TestClusterDemo:
     @pytest.mark.slow
     def test_demo_serves_the_batch_with_prefix_hits_and_stops(self, tmp_path):
