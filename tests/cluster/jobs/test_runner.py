@@ -42,24 +42,17 @@ import asyncio
 import dataclasses
 import json
 import pytest
-from cluster.backend.protocol import GenerateOutcome, NoWorkerAvailable, TokenChunk
-from cluster.jobs.dispatch import dispatch, dispatch_stream, result_of
 from cluster.jobs.store import (PAGE_ROWS, JobNotFound, JobState, JobStore, NewRequest,
                                 StagedRequest)
 from cluster.telemetry import attrs as A
 from cluster.telemetry.job_tracing import JobTracing
 from cluster.telemetry.observe import RequestObserver, ServedCache
 from router.cost import PriceTable
-from router.kv.key import Namespace, hash_blocks
+from router.kv.key import Namespace
 from tests.support.bounded import run_bounded, wait_until, within
 from tests.support.runner_bodies import job_task_ended, prepare_body, staged_requests
 from tests.support.telemetry_factories import in_memory
-from workers.messages import CacheControls, GenerateRequest, SamplingParams
-from cluster.backend.protocol import GenerateOutcome
-from cluster.jobs.dispatch import error_of, result_of
-from cluster.jobs.store import PendingRequest, StoredResult
-from tests.support.telemetry_factories import T0, result
-from workers.messages import LookupOutcome, SamplingParams
+from workers.messages import GenerateRequest, SamplingParams
 import sqlite3
 from cluster.jobs.store import PAGE_ROWS, JobState, JobStore, NewRequest, StagedRequest
 from tests.support.runner_bodies import job_task_ended
@@ -68,7 +61,6 @@ import time
 import grpc
 from cluster.api.client import OrchardError, token_request
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
-from tests.support.requests import generate_request
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 
@@ -201,23 +193,6 @@ async def _backend_paths() -> LocalBackend:
     await backend.start()
     return backend
 
-class CountingBackend(LocalBackend):
-    """The in-process backend, counting ``generate`` calls (the runner's retries)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls = 0
-
-    async def generate(self, request, block_hashes):
-        self.calls += 1
-        return await super().generate(request, block_hashes)
-
-class SilentBackend:
-    """A backend whose call never ends (a worker that stopped answering)."""
-
-    async def generate(self, request, block_hashes):
-        await asyncio.Event().wait()
-
 class BrokenBackend(LocalBackend):
     """The in-process backend with a bug for one request id, and an outcome without a result
     for another."""
@@ -242,129 +217,7 @@ class RecordingBackend(BrokenBackend):
         return await super().generate(request, block_hashes)
 
 
-class PausedClock:
-    """Time that moves only when the backoff pauses; the ``hold_at``-th pause waits for
-    ``release`` (and says so on ``holding``)."""
-
-    def __init__(self, hold_at: int | None = None) -> None:
-        self.t = 0.0
-        self.pauses: list[float] = []
-        self.hold_at = hold_at
-        self.holding, self.release = asyncio.Event(), asyncio.Event()
-
-    def now(self) -> float:
-        return self.t
-
-    async def sleep(self, seconds: float) -> None:
-        self.pauses.append(seconds)
-        if len(self.pauses) == self.hold_at:
-            self.holding.set()
-            await self.release.wait()
-        self.t += seconds
-        await asyncio.sleep(0)
-
-
-async def no_worker_backend() -> CountingBackend:
-    """A started backend whose one worker is drained: every call finds no worker."""
-    backend = CountingBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=BLOCK))
-    await backend.start()
-    await backend.drain("local-0")
-    return backend
-
-
 class TestPaths:
-    def test_no_worker_is_retried_on_the_backoff_schedule_until_the_deadline(self):
-        async def scenario() -> None:
-            backend = await no_worker_backend()
-            clock = PausedClock()
-            with pytest.raises(NoWorkerAvailable):
-                await dispatch(backend, generate_request("a", (1, 2, 3), 1, ns=NS), (), 2.0, clock)
-            # tries at 0, 0.05, 0.15, 0.35, 0.85 and 1.85 s; the next pause (1 s) passes the
-            # deadline, so it gives up at once rather than sleep past it
-            assert backend.calls == 6 and clock.pauses == [0.05, 0.1, 0.2, 0.5, 1.0]
-            assert clock.t == pytest.approx(1.85)
-            await backend.scale(1)     # a worker joins during the backoff: the request runs there
-            await backend.drain("local-1")
-            backend.calls = 0
-            clock = PausedClock(hold_at=3)
-            waiting = asyncio.ensure_future(
-                dispatch(backend, generate_request("b", (1, 2, 3), 2, ns=NS), (), 10.0, clock))
-            await clock.holding.wait()  # tried at 0, 0.05 and 0.15 s, in its third pause
-            assert backend.calls == 3
-            await backend.scale(1)
-            clock.release.set()
-            outcome = await waiting
-            assert (outcome.worker_id, len(outcome.result.output_tokens)) == ("local-2", 2)
-            assert backend.calls == 4
-            await backend.close()
-
-        run_bounded(scenario(), 30, "the no-worker backoff")
-
-    def test_a_pause_that_would_end_at_the_deadline_is_not_taken(self):
-        async def scenario() -> None:
-            backend = await no_worker_backend()
-            clock = PausedClock()
-            # tried at 0 and 0.05 s; the next pause (0.1 s) would end exactly at the deadline,
-            # when no time is left for a third try: it gives up instead of sleeping
-            with pytest.raises(NoWorkerAvailable):
-                await dispatch(backend, generate_request("a", (1, 2, 3), 1, ns=NS), (),
-                               0.05 + 0.1, clock)
-            assert (backend.calls, clock.pauses) == (2, [0.05])
-            await backend.close()
-
-        run_bounded(scenario(), 30, "the no-worker backoff at its deadline")
-
-    def test_a_request_gets_its_deadline_and_not_a_moment_more(self):
-        async def scenario() -> None:
-            loop = asyncio.get_running_loop()
-            start = loop.time()
-            call = asyncio.ensure_future(
-                dispatch(SilentBackend(), generate_request("x", (1, 2, 3), 1, ns=NS), (), 0.05))
-            await within(call.done, 0.5, "a request with a 0.05 s deadline ended")
-            with pytest.raises(TimeoutError):
-                await call
-            assert 0.05 <= loop.time() - start < 0.5
-
-        run_bounded(scenario(), 30, "a request's deadline")
-
-    def test_a_stream_yields_chunks_then_its_outcome_and_stops_at_its_deadline(self):
-        async def scenario() -> None:
-            backend = await _backend_paths()
-            items = [i async for i in dispatch_stream(backend, generate_request("s", (5, 6, 7), 3, ns=NS), (), 10.0)]
-            chunks, outcome = items[:-1], items[-1]
-            assert {type(c) for c in chunks} == {TokenChunk} and type(outcome) is GenerateOutcome
-            assert outcome.result.output_tokens == tuple(t for c in chunks for t in c.token_ids)
-            assert len(outcome.result.output_tokens) == 3
-            with pytest.raises(TimeoutError):
-                async for _ in dispatch_stream(backend, generate_request("t", (5, 6, 7), 1500, ns=NS), (), 0.3):
-                    pass
-            engine_busy = await backend.runtime.call("local-0", lambda engine: engine.busy)
-            assert engine_busy is False   # closed at the deadline: aborted on the worker
-            await backend.close()
-
-        run_bounded(scenario(), 30, "a stream and its deadline")
-
-    def test_a_result_carries_every_field_of_the_outcome(self):
-        async def scenario() -> None:
-            backend = await _backend_paths()
-            prompt = tuple(range(40, 40 + 2 * BLOCK + 3))
-            request = generate_request("x", prompt, 3, ns=NS)
-            outcome = await dispatch(backend, request, hash_blocks(prompt, BLOCK, NS), 10.0)
-            r = outcome.result
-            stored = result_of(7, "conv-7", outcome, request, BLOCK)
-            assert stored == type(stored)(
-                index=7, custom_id="conv-7", request_id="x", ok=True, text=r.text,
-                output_tokens=r.output_tokens, finish_reason="length", prompt_tokens=35,
-                cached_tokens=r.cached_tokens, computed_tokens=r.computed_tokens,
-                written_tokens=r.written_tokens, worker_id="local-0", ttft_s=r.ttft_s,
-                tpot_s=r.tpot_s, attempts=1, worker_s=outcome.worker_time_s(),
-                written_input_tokens=32, write_ttl_s=r.lookup.ttl_s)
-            assert (r.cached_tokens, r.computed_tokens, r.written_tokens) == (0, 35, 32)
-            assert r.ttft_s > 0 and r.tpot_s > 0 and r.text != "" and outcome.worker_s > 0
-            await backend.close()
-
-        run_bounded(scenario(), 30, "a result's fields")
-
     def test_cancelling_a_running_job_stops_its_requests_and_releases_its_count(self, tmp_path):
         async def scenario() -> None:
             backend = await _backend_paths()
@@ -651,54 +504,6 @@ class TestPaths:
 
         run_bounded(scenario(), 30, "a prepare bug and a broken job task")
 
-
-class TestResults:
-    def test_a_finished_request_is_stored_with_every_field_of_its_result(self):
-        r = result("job-1-4", 40, 16, 16, "", LookupOutcome.PARTIAL, outputs=3)
-        outcome = GenerateOutcome(r, None, attempts=2, worker_id="w3", worker_s=0.25)
-        assert result_of(4, "conv-4", outcome, ASKED_NOTHING, 16) == StoredResult(
-            index=4, custom_id="conv-4", request_id="job-1-4", ok=True, text="abcd",
-            output_tokens=(0, 1, 2), finish_reason="length", prompt_tokens=40, cached_tokens=16,
-            computed_tokens=24, written_tokens=16, worker_id="w3", ttft_s=0.02, tpot_s=0.005,
-            attempts=2, worker_s=0.25, written_input_tokens=16, write_ttl_s=300.0)
-
-    def test_a_result_keeps_its_logprobs_and_the_stop_string_that_ended_it(self):
-        from workers.messages import TokenLogprob
-        r = result("r", 40, 16, 16, "w", LookupOutcome.PARTIAL, outputs=2)
-        probs = (TokenLogprob(0, -0.5, ((0, -0.5), (9, -1.5))), TokenLogprob(1, -0.25))
-        r = dataclasses.replace(r, logprobs=probs, extra={"stop": "END"})
-        stored = result_of(0, "", GenerateOutcome(r, None, 1, ""), ASKED_NOTHING, 16)
-        assert (stored.logprobs, stored.stop_sequence) == (probs, "END")
-
-    def test_a_request_of_no_prompt_wrote_no_prompt_tokens(self):
-        r = result("r", 0, 0, 16, "w", LookupOutcome.MISS)  # what it wrote was its output
-        stored = result_of(0, "", GenerateOutcome(r, None, 1, ""), ASKED_NOTHING, 16)
-        assert (stored.written_tokens, stored.written_input_tokens) == (16, 0)
-
-    def test_a_result_keeps_the_ttl_its_request_asked_for(self):
-        r = result("r", 40, 0, 32, "w", LookupOutcome.MISS)  # the store's TTL: 300 s
-        hour = dataclasses.replace(ASKED_NOTHING, cache=CacheControls(ttl_s=3600.0))
-        stored = result_of(0, "", GenerateOutcome(r, None, 1, ""), hour, 16)
-        assert (stored.written_input_tokens, stored.write_ttl_s) == (32, 3600.0)
-
-    def test_the_worker_is_the_backend_s_or_else_the_engine_s_and_its_time_the_engine_s_span(self):
-        r = result("r", 20, 0, 16, "engine-w", LookupOutcome.MISS)
-        def of(outcome):
-            return result_of(0, "", outcome, ASKED_NOTHING, 16)
-        assert of(GenerateOutcome(r, None, 1, "")).worker_id == "engine-w"
-        assert of(GenerateOutcome(r, None, 1, "backend-w")).worker_id == "backend-w"
-        # no worker time from the backend: the engine's received -> finished, 40 ms here
-        assert of(GenerateOutcome(r, None, 1, "")).worker_s == 0.04
-        assert r.timings.received_ns == T0
-
-    def test_an_error_is_stored_with_its_request_s_names_and_nothing_else(self):
-        pending = PendingRequest("job-2", 7, "conv-7", (1, 2, 3), SamplingParams(4))
-        assert error_of(pending, "UNAVAILABLE", "no worker") == StoredResult(
-            index=7, custom_id="conv-7", request_id="job-2-7", ok=False, error_code="UNAVAILABLE",
-            error_message="no worker")
-
-
-ASKED_NOTHING = GenerateRequest("r", Namespace("acme", "tiny"), (), SamplingParams(4))
 
 UNWIND_S = 0.05   # a cancelled call's unwinding takes this long per place in its job
 
