@@ -139,3 +139,17 @@ def _a_timeout_under_mutmut(message: str) -> None:
     if os.environ.get("MUTANT_UNDER_TEST"):
         print(message, file=sys.stderr, flush=True)
         os._exit(TIMEOUT_EXIT)
+
+
+def record_timeouts(monkeypatch) -> list:
+    """The delay of each ``asyncio.timeout`` entered from now on, in order; the real timeout
+    runs under it (``monkeypatch`` undoes it after the test)."""
+    entered: list = []
+    real = asyncio.timeout
+
+    def recording(delay):
+        entered.append(delay)
+        return real(delay)
+
+    monkeypatch.setattr(asyncio, "timeout", recording)
+    return entered

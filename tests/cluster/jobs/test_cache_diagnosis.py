@@ -21,7 +21,7 @@ from cluster.jobs.store import JobStore, NewRequest, StoredResult
 from cluster.telemetry.observe import Observed
 from router.attribution import Attribution, MissCause
 from router.kv.key import Namespace, hash_blocks
-from tests.support.bounded import run_bounded
+from tests.support.bounded import record_timeouts, run_bounded
 from tests.support.runner_bodies import prepare_body
 from tests.support.telemetry_factories import result
 from workers.messages import CacheControls, LookupOutcome, SamplingParams
@@ -100,15 +100,7 @@ def bounds(monkeypatch) -> list:
     """The delay of each ``asyncio.timeout`` entered, in order (then the real timeout); the
     loop's clock as ``dispatch`` reads it stands still, so its bound is the timeout exactly."""
     monkeypatch.setattr(LoopClock, "now", lambda self: 0.0)
-    entered: list = []
-    real = asyncio.timeout
-
-    def recording(delay):
-        entered.append(delay)
-        return real(delay)
-
-    monkeypatch.setattr(asyncio, "timeout", recording)
-    return entered
+    return record_timeouts(monkeypatch)
 
 
 def _direct(tmp_path, backend, request: NewRequest, remaining_s: float | None = None

@@ -22,7 +22,7 @@ from cluster.backend.protocol import GenerateOutcome, NoWorkerAvailable, TokenCh
 from cluster.jobs.dispatch import LoopClock, dispatch, dispatch_stream, error_of, result_of
 from cluster.jobs.store import PendingRequest, StoredResult
 from router.kv.key import Namespace, hash_blocks
-from tests.support.bounded import run_bounded, within
+from tests.support.bounded import record_timeouts, run_bounded, within
 from tests.support.forged_models import tiny_model
 from tests.support.requests import generate_request
 from tests.support.telemetry_factories import T0, result
@@ -127,15 +127,7 @@ class Streaming:
 def bounds(monkeypatch) -> list:
     """The delay of each ``asyncio.timeout`` entered (by ``dispatch``: one per try), in order;
     the real timeout runs under it."""
-    entered: list = []
-    real = asyncio.timeout
-
-    def recording(delay):
-        entered.append(delay)
-        return real(delay)
-
-    monkeypatch.setattr(asyncio, "timeout", recording)
-    return entered
+    return record_timeouts(monkeypatch)
 
 
 def _run(scenario):
