@@ -33,6 +33,7 @@ import asyncio
 import json
 import zlib
 from dataclasses import dataclass, field
+from concurrent.futures import Future
 from typing import AsyncIterable, Awaitable, Callable, Sequence
 
 from cluster.api import cache_fields, validate
@@ -42,7 +43,7 @@ from cluster.api.incoming import Messages, RequestIn, Tokens
 from cluster.api.intake_threads import (CancelledAfterCommit, CommitGate, commit_in_thread,
                                         in_thread)
 from cluster.backend.protocol import ModelInfo
-from cluster.jobs.runner import JobRunner
+from cluster.jobs.runner import PREPARE_AT_INTAKE, JobRunner, Prepared
 from cluster.jobs.store import JobIntake, JobRecord, JobStore, NewRequest, StagedRequest
 from proto.orchard.v1 import orchard_pb2 as pb
 from workers.messages import Priority
@@ -148,6 +149,8 @@ class BatchIntake:
     _lineno: int = 0
     _bytes: int = 0
     _staged: list[StagedRequest] = field(default_factory=list)
+    # the bodies of requests sent whole (``feed_requests``), kept for a small job's preparing
+    bodies: list[bytes] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -173,8 +176,10 @@ class BatchIntake:
             where = f"requests[{index}]"
             self._check_id(request.custom_id, where + ".custom_id", f"requests[{{}}]")
             parts = _request_parts(request, where, self.model, self.max_prompt_bytes)
-            self._stage(request.custom_id, prefix_key(parts),
-                        PROTO_BODY + request_to_pb(request).SerializeToString())
+            body = PROTO_BODY + request_to_pb(request).SerializeToString()
+            if index < PREPARE_AT_INTAKE:
+                self.bodies.append(body)
+            self._stage(request.custom_id, prefix_key(parts), body)
         self._flush(ROWS_PER_WRITE)
 
     def end(self) -> int:
@@ -276,12 +281,18 @@ async def accept_file(store: JobStore, tenant: str, model: ModelInfo, max_reques
 async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_requests: int,
                           requests: Sequence[RequestIn], idempotency_key: str = "",
                           max_prompt_bytes: int = validate.MAX_PROMPT_BYTES,
-                          priority: Priority = Priority.BATCH) -> tuple[JobRecord, bool]:
+                          priority: Priority = Priority.BATCH,
+                          prepare: PrepareSoon | None = None) -> tuple[JobRecord, bool]:
     """``accept_file`` for a job sent as requests (``SubmitJob``, the HTTP Batch API): the
     requests are all here, so the intake opens, takes them, commits and closes in one worker
     thread (one hop off the event loop, which a one-request job's latency is made of). A
     caller cancelled before the commit began leaves nothing (the thread aborts instead of
-    committing); one cancelled after gets ``CancelledAfterCommit``."""
+    committing); one cancelled after gets ``CancelledAfterCommit``.
+
+    ``prepare``: for a job of at most ``PREPARE_AT_INTAKE`` requests, how to start preparing
+    their bodies, and where to put each one prepared (by index): they are templated and
+    tokenized in other threads while the commit's fsync runs, and are all there when this
+    returns a committed job."""
     gate = CommitGate()
 
     def accept() -> tuple[JobRecord, bool]:
@@ -289,8 +300,13 @@ async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_re
                             max_requests, max_prompt_bytes=max_prompt_bytes)
         try:
             batch.feed_requests(requests)
+            soon = (prepare.start(batch.bodies)
+                    if prepare is not None and batch.count <= PREPARE_AT_INTAKE else [])
             gate.begin_commit()
-            return batch.commit(idempotency_key)
+            committed = batch.commit(idempotency_key)
+            if prepare is not None:
+                prepare.ready.update((i, made.result()) for i, made in enumerate(soon))
+            return committed
         except BaseException:
             batch.abort()
             raise
@@ -298,6 +314,15 @@ async def accept_requests(store: JobStore, tenant: str, model: ModelInfo, max_re
             batch.intake.close()
 
     return await commit_in_thread(gate, accept)
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareSoon:
+    """A small job's requests prepared beside its commit (``accept_requests``): ``start``
+    (``JobRunner.prepare_soon``) begins them, ``ready`` receives them, for ``launch``."""
+
+    start: Callable[[Sequence[bytes]], list[Future[Prepared]]]
+    ready: dict[int, Prepared] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,16 +354,18 @@ class JobIntakeService:
                               idempotency_key: str = "", priority: Priority = Priority.BATCH
                               ) -> JobRecord:
         validate.check_job_size(len(requests), self.max_requests)
+        prepare = PrepareSoon(self.runner.prepare_soon)
 
         async def accept(admit: Callable[[int], None]) -> tuple[JobRecord, bool]:
             admit(len(requests))  # an overloaded cluster does no work
             return await accept_requests(self.store, tenant, self.model, self.max_requests,
                                          requests, idempotency_key, self.max_prompt_bytes,
-                                         priority)
-        return await self._submit(tenant, idempotency_key, accept)
+                                         priority, prepare)
+        return await self._submit(tenant, idempotency_key, accept, prepare.ready)
 
     async def _submit(self, tenant: str, key: str, accept: Callable[
-            [Callable[[int], None]], Awaitable[tuple[JobRecord, bool]]]) -> JobRecord:
+            [Callable[[int], None]], Awaitable[tuple[JobRecord, bool]]],
+            prepared: dict[int, Prepared] | None = None) -> JobRecord:
         key = validate.idempotency_key(key)
         if key and (existing := self.store.find_job(tenant, key)) is not None:
             return existing  # a retried submission: the first one's job
@@ -363,5 +390,5 @@ class JobIntakeService:
         if not created:  # the same key arrived twice while this one was being accepted
             self.runner.release(tenant, admitted)
             return job
-        self.runner.launch(job)
+        self.runner.launch(job, prepared)
         return job

@@ -22,7 +22,10 @@ dispatch order (all of a smaller job), so it sees the shared prefixes that order
 together; those requests are tokenized again when dispatched (about 1 ms each, against a
 model call of tens of milliseconds) rather than held, all but the first: the forecast hands
 its tokenization to the job's first dispatch (one prompt held per job), so a job of one
-request is tokenized once, not twice on its path.
+request is tokenized once, not twice on its path. A small job (at most ``PREPARE_AT_INTAKE``
+requests sent whole, ``SubmitJob`` or the HTTP Batch API) is prepared while its intake's
+fsynced commit runs (``prepare_soon``), its prompts held for its forecast and dispatch: the
+two overlap, and its job task needs no thread of its own.
 
 Backpressure: requests accepted but without a result are counted per tenant and in total; an
 ``admit`` beyond ``max_pending_per_tenant`` or ``max_pending_total`` raises ``Overloaded``
@@ -53,8 +56,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence
 
 from cluster.backend.protocol import Backend, NoWorkerAvailable
 from cluster.jobs.admission import Admission, Overloaded
@@ -73,8 +77,10 @@ from workers.messages import GenerateRequest, Priority
 log = logging.getLogger(__name__)
 
 FORECAST_REQUESTS = 128  # tokenized twice (forecast, dispatch): 128 x ~1 ms per job
+PREPARE_AT_INTAKE = 8    # a job of at most this many is prepared while its intake commits
 
 Prepare = Callable[[bytes], NewRequest]  # a stored body, templated and tokenized (blocking)
+Prepared = NewRequest | Exception        # what preparing a body gave: the request, or why not
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +125,8 @@ class JobRunner:
         # follower wakes in the loop's next turn, with no task or lock between
         self._changed = asyncio.Event()
         self._forecasting = asyncio.Lock()
+        # a small job's requests, prepared beside its intake's fsynced commit (``prepare_soon``)
+        self._preparer = ThreadPoolExecutor(2, thread_name_prefix="orchard-prepare")
         self._tracing = tracing or JobTracing()  # traces, cost forecast, miss causes
         self._shedder = LoadShedder(limits.max_ttft_s)
         self._clock = clock
@@ -173,14 +181,25 @@ class JobRunner:
         """The jobs whose task runs in this runner."""
         return list(self._jobs)
 
-    def launch(self, job: JobRecord) -> None:
-        self._jobs[job.job_id] = asyncio.create_task(self._run_job(job), name=job.job_id)
+    def launch(self, job: JobRecord, prepared: Mapping[int, Prepared] | None = None) -> None:
+        """Run ``job`` in a task of its own. ``prepared``: its requests already templated and
+        tokenized (by index, from ``prepare_soon``), which its forecast and dispatch use."""
+        self._jobs[job.job_id] = asyncio.create_task(self._run_job(job, dict(prepared or {})),
+                                                     name=job.job_id)
+
+    def prepare_soon(self, bodies: Sequence[bytes]) -> list[Future[Prepared]]:
+        """Template and tokenize ``bodies`` (stored request bodies, in index order) in the
+        runner's own threads, from any thread: an intake starts a small job's (at most
+        ``PREPARE_AT_INTAKE``) before its fsynced commit, so the two overlap, and hands them
+        to ``launch``."""
+        return [self._preparer.submit(self._prepare_body, body) for body in bodies]
 
     async def close(self) -> None:
         tasks = list(self._jobs.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._preparer.shutdown(wait=False, cancel_futures=True)
         await self._tracing.aclose()  # flush traces of the requests that finished
 
     def cancel(self, job_id: str, tenant: str) -> JobRecord:
@@ -228,16 +247,16 @@ class JobRunner:
 
     # ------------------------------------------------------------ execution
 
-    async def _run_job(self, job: JobRecord) -> None:
+    async def _run_job(self, job: JobRecord, prepared: dict[int, Prepared]) -> None:
         self._store.mark_running(job.job_id)
         running = self._running.setdefault(job.job_id, set())
         try:
-            first = await self._forecast(job)
+            first = await self._forecast(job, prepared)
             page = self._store.next_requests(job.job_id)
             while page:
                 for stored in page:
                     await self._slots.acquire(job.tenant, job.priority)
-                    ready = first.pop(stored.request_id, None)
+                    ready = first.pop(stored.index, None)
                     task = self._slots.hand_to(
                         asyncio.create_task(self._run_one(job, stored, ready)), job.tenant,
                         job.priority)
@@ -272,28 +291,42 @@ class JobRunner:
         self.release(job.tenant, failed)
         self._notify()
 
-    def _prepare_one(self, stored: StoredRequest) -> NewRequest | Exception:
+    def _prepare_body(self, body: bytes) -> Prepared:
         try:
-            return self._prepare(stored.body)
+            return self._prepare(body)
         except Exception as exc:  # cannot run (e.g. over the context), or a bug: its result
             return exc
 
-    async def _forecast(self, job: JobRecord) -> dict[str, NewRequest | Exception]:
+    def _prepare_one(self, stored: StoredRequest) -> Prepared:
+        return self._prepare_body(stored.body)
+
+    async def _forecast(self, job: JobRecord, given: dict[int, Prepared]
+                        ) -> dict[int, Prepared]:
         """Forecast the job on its first requests in dispatch order, before any runs (its
         span is the requests' link). One job at a time: the prepared prompts are dropped
         after, so memory holds one forecast's worth however many jobs are queued, but for
-        the first, returned (request id -> prepared) for its dispatch to use."""
+        the first and those ``given`` (prepared at intake), returned (index -> prepared) for
+        its dispatch to use. The requests ``given`` are not prepared again: a small job
+        whose every request was needs no thread here."""
         if self._tracing.observer is None:
-            return {}
+            return given
         async with self._forecasting:
             stored = self._store.next_requests(job.job_id, limit=FORECAST_REQUESTS)
-            prepared = await asyncio.to_thread(lambda: [self._prepare_one(r) for r in stored])
+            missing = [r for r in stored if r.index not in given]
+            if missing:
+                made = await asyncio.to_thread(lambda: [self._prepare_one(r) for r in missing])
+                fresh = {r.index: p for r, p in zip(missing, made)}
+            else:
+                fresh = {}
+            prepared = [given[r.index] if r.index in given else fresh[r.index] for r in stored]
             pending = [PendingRequest(job.job_id, s.index, s.custom_id, p.prompt, p.sampling,
                                       p.cache, p.cache_salt)
                        for s, p in zip(stored, prepared) if isinstance(p, NewRequest)]
             self._tracing.job_launched(job.job_id, job.tenant, self._namespace(job.tenant),
                                        pending)
-            return {stored[0].request_id: prepared[0]} if stored else {}
+            if stored and stored[0].index in fresh:
+                given[stored[0].index] = fresh[stored[0].index]
+            return given
 
     async def _run_one(self, job: JobRecord, stored: StoredRequest,
                        ready: NewRequest | Exception | None = None) -> None:

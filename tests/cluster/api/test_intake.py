@@ -408,3 +408,71 @@ def test_a_submission_cancelled_after_its_commit_began_still_runs_its_job(tmp_pa
     assert job.total == 2 and job.completed == 2 and job.failed == 0
     assert found.job_id == job.job_id
     assert after == {}
+
+
+def test_a_small_job_is_prepared_beside_its_commit_once_and_a_larger_one_by_its_forecast(tmp_path):
+    """A job of at most ``PREPARE_AT_INTAKE`` requests is templated and tokenized in the
+    runner's threads while its intake commits, once a request; a larger one is not: its
+    forecast prepares its requests and each but the first is prepared again when
+    dispatched."""
+    from functools import partial
+
+    from cluster.api.intake import JobIntakeService, prepare
+    from cluster.backend.local import LocalBackend
+    from cluster.jobs.runner import PREPARE_AT_INTAKE, JobRunner, RunnerLimits
+    from cluster.jobs.store import JobState
+    from cluster.telemetry.job_tracing import JobTracing
+    from cluster.telemetry.observe import RequestObserver, ServedCache
+    from proto.orchard.v1 import orchard_pb2 as pb
+    from router.cost import PriceTable
+    from router.kv.key import Namespace
+    from tests.support.bounded import run_bounded, wait_until
+    from tests.support.telemetry_factories import in_memory
+    from workers.engine.engine import EngineConfig
+
+    store = JobStore(tmp_path / "jobs.sqlite3", lambda: 0)
+    calls: list[tuple[str, str]] = []   # (custom id, the preparing thread's name)
+
+    async def scenario():
+        backend = LocalBackend(tiny_model(), workers=1, engine=EngineConfig(block_size=16))
+        await backend.start()
+        model = backend.model_info()
+        plain = partial(prepare, model=model, render=None)
+
+        def counted(body: bytes):
+            calls.append((pb.Request.FromString(body[1:]).custom_id,
+                          threading.current_thread().name))
+            return plain(body)
+
+        tel, _, _ = in_memory(tmp_path)
+        tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                             ServedCache("tiny", 16, 300.0, 10_000)))
+        runner = JobRunner(store, backend, counted,
+                           RunnerLimits(max_concurrent=2, max_pending_per_tenant=100,
+                                        max_pending_total=100, request_timeout_s=30.0),
+                           namespace=lambda t: Namespace(t, "tiny"), block_size=16,
+                           tracing=tracing)
+        service = JobIntakeService(store, runner, model, 100)
+        seen = []
+        for n in (1, PREPARE_AT_INTAKE, PREPARE_AT_INTAKE + 1):
+            calls.clear()
+            job = await service.submit_requests("acme", _requests(n))
+            done = await wait_until(
+                lambda: (j := store.get_job(job.job_id)).state is JobState.SUCCEEDED and j,
+                f"the job of {n} to finish")
+            seen.append((done.completed, list(calls)))
+        await runner.close()
+        await backend.close()
+        return seen
+
+    (one, small, larger) = run_bounded(scenario(), 120, "jobs prepared at intake")
+    store.close()
+    assert PREPARE_AT_INTAKE == 8
+    assert one[0] == 1 and [c for c, _ in one[1]] == ["c0"]
+    assert small[0] == 8 and sorted(c for c, _ in small[1]) == [f"c{i}" for i in range(8)]
+    assert {name.split("_")[0] for _, name in one[1] + small[1]} == {"orchard-prepare"}
+    counts = {}
+    for custom_id, _ in larger[1]:
+        counts[custom_id] = counts.get(custom_id, 0) + 1
+    assert larger[0] == 9 and sorted(counts.values()) == [1] + [2] * 8
+    assert not any(name.startswith("orchard-prepare") for _, name in larger[1])
