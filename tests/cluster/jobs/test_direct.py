@@ -437,3 +437,143 @@ def test_quota_refusals_are_counted_by_reason(tmp_path):
         store.close()
 
     run_bounded(scenario(), 30, "quota refusals counted")
+
+
+# ---------------------------------------------------- what a direct request carries
+
+
+class RecordingStreams(HeldStreams):
+    """``HeldStreams`` that keeps each request it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list = []
+
+    async def stream(self, request, block_hashes):
+        self.sent.append(request)
+        async for item in super().stream(request, block_hashes):
+            yield item
+
+
+class TestWhatADirectRequestCarries:
+    def test_its_salt_its_trace_and_the_callers_trace_reach_the_worker(self, tmp_path):
+        """A request with a cache salt, sent with a caller's ``traceparent``: its namespace
+        is the tenant's salted, its request span joins the caller's trace, and the worker is
+        sent that span's context."""
+        from cluster.telemetry import attrs as A
+
+        caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+        metadata = (("traceparent", f"00-{caller_trace}-00f067aa0ba902b7-01"),)
+
+        async def scenario():
+            tel, exporter, _ = in_memory(tmp_path)
+            tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                                 ServedCache("tiny", BLOCK, 300.0, 10_000)))
+            backend = RecordingStreams()
+            store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+            runner = JobRunner(store, backend, prepare_body,
+                               RunnerLimits(2, 10, 10, 10.0), tracing=tracing,
+                               namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
+            request = dataclasses.replace(_request((1, 2, 3), 2, "c1"), cache_salt="s1")
+            run = asyncio.create_task(_items(runner.direct.stream("acme", request, metadata)))
+            await _settle(lambda: backend.open, "on its worker")
+            backend.open[0].set_result(0.5)
+            items = await run
+            spans = [s for s in exporter.get_finished_spans()
+                     if s.attributes.get(A.SPAN_KIND) == "request"]
+            await runner.close()
+            store.close()
+            return backend.sent, items, spans
+
+        (sent,), items, (span,) = run_bounded(scenario(), 30, "a salted, traced request")
+        assert sent.namespace == dataclasses.replace(NS, salt="s1")
+        assert format(span.context.trace_id, "032x") == caller_trace
+        context = dict(sent.trace_context)
+        assert context["traceparent"].split("-")[1:3] == [
+            caller_trace, format(span.context.span_id, "016x")]
+        assert (items[-1].index, items[-1].custom_id) == (0, "c1")
+
+    def test_a_diagnosed_request_is_result_0_with_its_miss_cause(self, tmp_path):
+        """``diagnose``: the result is the request's (index 0) and its diagnosis names the
+        observer's miss cause (a prompt seen for the first time: ``first_sight``)."""
+        async def scenario():
+            tel, _, _ = in_memory(tmp_path)
+            tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                                 ServedCache("tiny", BLOCK, 300.0, 10_000)))
+            backend = HeldStreams()
+            store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+            runner = JobRunner(store, backend, prepare_body, RunnerLimits(2, 10, 10, 10.0),
+                               tracing=tracing, namespace=lambda t: Namespace(t, "tiny"),
+                               block_size=BLOCK)
+            request = dataclasses.replace(_request(tuple(range(40)), 2, "d1"), diagnose=True)
+            run = asyncio.create_task(_items(runner.direct.stream("acme", request)))
+            await _settle(lambda: backend.open, "on its worker")
+            backend.open[0].set_result(0.5)
+            items = await run
+            await runner.close()
+            store.close()
+            return items[-1]
+
+        last = run_bounded(scenario(), 30, "a diagnosed request")
+        assert (last.index, last.custom_id) == (0, "d1")
+        assert (last.diagnosis.prompt_tokens, last.diagnosis.reason) == (40, "first_sight")
+
+    def test_its_slot_is_its_priority_s_and_its_time_there_is_measured(self, tmp_path):
+        """An interactive request holds an interactive slot, a batch one a batch slot; the
+        first slot's time on the runner's clock (2.5 s) is what the shedder measured, read
+        back as the Retry-After (its ceiling, 3 s) of a refusal for requests in flight."""
+        async def scenario():
+            clock = Clock(100.0)
+            backend = HeldStreams()
+            quota = {"acme": TenantQuota(requests_in_flight=1)}
+            store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+            runner = JobRunner(store, backend, prepare_body, RunnerLimits(2, 10, 10, 10.0),
+                               clock=clock, quotas=Quotas(lambda: quota, clock),
+                               namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
+            held, retry = [], []
+            for priority, took in ((Priority.INTERACTIVE, 2.5), (Priority.BATCH, 0.25)):
+                run = asyncio.create_task(_run_direct(runner, None, priority))
+                await _settle(lambda: len(backend.open) == len(held) + 1, "on its worker")
+                held.append({p: g.in_use for p, g in runner.slot_gauges().items()})
+                clock.now += took
+                backend.open[-1].set_result(0.5)
+                await run
+                with runner.direct.admitted("acme", Priority.BATCH):
+                    with pytest.raises(QuotaExceeded) as caught:
+                        with runner.direct.admitted("acme", Priority.BATCH):
+                            pass
+                retry.append(caught.value.retry_after_s)
+            await runner.close()
+            store.close()
+            return held, retry
+
+        held, retry = run_bounded(scenario(), 30, "slots by priority")
+        assert held == [{"interactive": 1, "batch": 0}, {"interactive": 0, "batch": 1}]
+        assert retry[0] == 3   # 2.5 s measured
+        assert retry[1] == 2   # 0.7 x 2.5 + 0.3 x 0.25 = 1.825 s (workers.rates.EMA_WEIGHT)
+
+    def test_a_bound_already_passed_when_the_slot_comes_waits_no_time(self, tmp_path):
+        """Admitted at 0 with a 2 s bound, its slot at 3 s (no TTFT predicted yet): the alarm
+        is asked for 0 s, not for a negative time nor any time at all."""
+        async def scenario():
+            clock, alarm = Clock(), Alarm()
+            backend = HeldStreams()
+            store, runner = _late_runner(tmp_path, backend, clock, alarm)
+            with runner.direct.admitted("acme") as ticket:
+                clock.now = 3.0
+                run = asyncio.create_task(_items(runner.direct.stream(
+                    "acme", _request((1, 2, 3), 2), ticket=ticket)))
+                await _settle(lambda: alarm.asked, "the alarm asked")
+                asked = list(alarm.asked)
+                alarm.ring.set()
+                with pytest.raises(Late):
+                    await run
+            await runner.close()
+            store.close()
+            return asked
+
+        assert run_bounded(scenario(), 30, "a bound already passed") == [0.0]
+
+
+async def _items(stream) -> list:
+    return [item async for item in stream]
