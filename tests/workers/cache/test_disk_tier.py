@@ -2,12 +2,12 @@
 
 The prefix store with a disk tier, exactly: prefetch, promotion back into memory (events,
 counts, what a later spill and restart keep), precision changes between tiers, the closest
-stored block across tiers, ages and invalidation over both, ``open_store``'s refusals, and a
-directory whose blocks' parents loop.
+stored block across tiers, ages and invalidation over both, and a directory whose blocks'
+parents loop (``open_store``'s refusals: ``test_open_store.py``).
 
-The disk tier under faults: a prompt larger than the memory tier is cached whole (the rest
-goes straight to disk), a directory removed while running is made again with one warning,
-and files of the old format are dropped at start, counted, never misread.
+The disk tier under faults: a directory removed while running is made again with one
+warning, and files of the old format are dropped at start, counted, never misread (a prompt
+larger than the memory tier, cached whole: ``test_spill.py``).
 """
 from __future__ import annotations
 
@@ -345,12 +345,6 @@ class TestBehaviour:
                                                         + 0.3 * sample, rel=1e-9)
         store.close()
 
-    def test_a_worker_without_disk_bytes_has_no_disk_tier(self):
-        store = open_store(SHAPE, BS, TTL, Clock(), memory_bytes=BLOCK_BYTES * 4)
-        assert store.disk is None and store.stats().disk is None
-        with pytest.raises(ValueError, match="needs a disk_dir"):
-            open_store(SHAPE, BS, TTL, Clock(), memory_bytes=1, disk_bytes=1)
-
     def test_close_keeps_the_memory_tier_on_disk_for_the_next_start(self, tmp_path):
         store = tiered(tmp_path / "w0", mem_blocks=10)
         put(store, A)
@@ -481,43 +475,6 @@ class TestStoreTiersExact:
         assert store.invalidate_prefix(NS, B) == 2  # b1 in memory and b1 on disk
         store.close()
 
-    def test_open_store_refuses_bad_sizes_word_for_word_and_releases_the_directory(self, tmp_path):
-        def refused(**kw) -> str:
-            with pytest.raises(ValueError) as info:
-                open_store(SHAPE, kw.pop("block_size", BS), TTL, Clock(), memory_bytes=BLOCK_BYTES,
-                           **kw)
-            return str(info.value)
-
-        assert refused(disk_bytes=-1) == "disk_bytes must be >= 0 (0: no disk tier), got -1"
-        assert refused(disk_bytes=1) == "disk_bytes > 0 needs a disk_dir: set [cache] disk_dir"
-        assert refused(disk_bytes=1, disk_dir=tmp_path, disk_kv_bits=8) == (
-            "8-bit K/V needs head_dim divisible by 64, this model has head_dim 8: set the tier's "
-            "kv bits to 0")
-        assert refused(block_size=0, disk_bytes=1, disk_dir=tmp_path) == (
-            "block_size must be positive, got 0")
-        store = open_store(SHAPE, BS, TTL, Clock(), memory_bytes=BLOCK_BYTES, disk_dir=tmp_path,
-                           disk_bytes=BLOCK_BYTES, eviction=Eviction.LRU)  # the lock was let go
-        assert (store.ledger.policy, store.disk.ledger.policy) == (Eviction.LRU, Eviction.LRU)
-        store.close()
-
-    def test_open_store_hands_the_memory_tier_its_precision(self):
-        from tests.workers.cache.test_kv_quant import SHAPE as WIDE
-
-        store = open_store(WIDE, 16, TTL, Clock(), memory_bytes=1 << 20, kv_bits=8)
-        assert store.stats().bytes_per_token == 544  # 8-bit: 64 + 2 x 2 bytes per head and token
-
-    def test_a_store_opened_without_a_model_name_keeps_its_blocks_for_the_same(self, tmp_path):
-        def unnamed(**kw):
-            return open_store(SHAPE, BS, TTL, Clock(), memory_bytes=10 * BLOCK_BYTES,
-                              disk_dir=tmp_path, disk_bytes=10 * BLOCK_BYTES, **kw)
-
-        store = unnamed()  # model and revision default to ""
-        put(store, A)
-        store.close()
-        again = unnamed(model="", revision="")
-        assert (again.stats().disk.start.restored, again.stats().disk.start.foreign) == (2, 0)
-        again.close()
-
     def test_blocks_whose_parents_loop_are_dropped_at_restart_as_torn(self, tmp_path):
         directory = tmp_path / "w0"
         tiered(directory).close()  # the directory, empty
@@ -563,18 +520,6 @@ class TestStoreTiersExact:
 
 
 class TestDiskFaults:
-    def test_a_prompt_larger_than_memory_is_cached_whole_on_disk(self, tmp_path):
-        store = tiered(tmp_path / "w0", mem_blocks=2)
-        prompt = list(range(1, 1 + 5 * BS))  # five blocks, memory holds two
-        assert put(store, prompt) == 5 * BS
-        store.flush()
-        hashes = hash_blocks(prompt, BS, NS)
-        on_disk = sorted(p.name for p in (tmp_path / "w0").glob(f"*/*{SUFFIX}"))
-        assert on_disk == sorted(block_path(tmp_path / "w0", h).name for h in hashes[2:])
-        report = store.lookup(NS, prompt + [99]).report
-        assert (report.matched_tokens, report.disk_tokens) == (5 * BS, 3 * BS)
-        store.close()
-
     def test_a_removed_directory_is_made_again_with_one_warning_and_writes_resume(self, tmp_path, caplog):
         directory = tmp_path / "w0"
         store = tiered(directory, mem_blocks=2)

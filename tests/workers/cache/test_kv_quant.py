@@ -1,4 +1,5 @@
-"""Quantized K/V tiers: exact bytes per token, bounded error, re-encoding between tiers; config."""
+"""Quantized K/V tiers: exact bytes per token, bounded error; config (re-encoding between tiers
+on spill: ``test_spill.py``)."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,6 @@ from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier, decode
 from router.kv.key import BlockHash, Namespace
 from workers.cache.kv_quant import KVCodec
 from workers.cache.blocks import KVShape
-from workers.cache.open_store import open_store
 from workers.cache.store import PrefixStore
 
 BS = 16
@@ -64,24 +64,6 @@ def test_a_quantized_hit_is_within_a_quantization_step(bits):
         # biases add up to 0.07 more at 8 bits (measured over 4096 groups)
         assert mx.all(err <= 1.1 * step).item()
         assert mx.any(err > 0).item()  # really quantized
-
-
-def test_a_disk_tier_at_other_precision_re_encodes_on_spill(tmp_path):
-    block = BS * SHAPE.bytes_per_token
-    store = open_store(SHAPE, BS, 60.0, lambda: 0.0, memory_bytes=2 * block, eviction="lru",
-                       disk_dir=tmp_path / "w", disk_bytes=1 << 20, disk_kv_bits=4,
-                       model="m", revision="r1")
-    cache = random_cache(32)
-    store.write(NS, TOKENS, cache)
-    store.write(NS, list(range(100, 132)), random_cache(32))  # TOKENS spilled, as 4-bit
-    store.flush()
-    disk = store.stats().disk
-    assert disk.ledger.bytes == 32 * 288
-    found = store.lookup(NS, TOKENS + [99])
-    assert (found.report.matched_tokens, found.report.disk_tokens) == (32, 32)
-    err = mx.abs(found.cache[0].values[:, :, :32] - cache[0].values[:, :, :32]).max().item()
-    assert 0 < err < 0.5
-    store.close()
 
 
 def test_heads_that_cannot_be_grouped_by_64_are_refused():
