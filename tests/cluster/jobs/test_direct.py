@@ -455,6 +455,19 @@ class RecordingStreams(HeldStreams):
             yield item
 
 
+def _traced_runner(tmp_path, backend):
+    """A runner over ``backend`` whose requests are traced into memory: (store, runner, the
+    span exporter)."""
+    tel, exporter, _ = in_memory(tmp_path)
+    tracing = JobTracing(RequestObserver(tel, PriceTable(),
+                                         ServedCache("tiny", BLOCK, 300.0, 10_000)))
+    store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
+    runner = JobRunner(store, backend, prepare_body, RunnerLimits(2, 10, 10, 10.0),
+                       tracing=tracing, namespace=lambda t: Namespace(t, "tiny"),
+                       block_size=BLOCK)
+    return store, runner, exporter
+
+
 class TestWhatADirectRequestCarries:
     def test_its_salt_its_trace_and_the_callers_trace_reach_the_worker(self, tmp_path):
         """A request with a cache salt, sent with a caller's ``traceparent``: its namespace
@@ -466,14 +479,8 @@ class TestWhatADirectRequestCarries:
         metadata = (("traceparent", f"00-{caller_trace}-00f067aa0ba902b7-01"),)
 
         async def scenario():
-            tel, exporter, _ = in_memory(tmp_path)
-            tracing = JobTracing(RequestObserver(tel, PriceTable(),
-                                                 ServedCache("tiny", BLOCK, 300.0, 10_000)))
             backend = RecordingStreams()
-            store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
-            runner = JobRunner(store, backend, prepare_body,
-                               RunnerLimits(2, 10, 10, 10.0), tracing=tracing,
-                               namespace=lambda t: Namespace(t, "tiny"), block_size=BLOCK)
+            store, runner, exporter = _traced_runner(tmp_path, backend)
             request = dataclasses.replace(_request((1, 2, 3), 2, "c1"), cache_salt="s1")
             run = asyncio.create_task(_items(runner.direct.stream("acme", request, metadata)))
             await _settle(lambda: backend.open, "on its worker")
@@ -497,14 +504,8 @@ class TestWhatADirectRequestCarries:
         """``diagnose``: the result is the request's (index 0) and its diagnosis names the
         observer's miss cause (a prompt seen for the first time: ``first_sight``)."""
         async def scenario():
-            tel, _, _ = in_memory(tmp_path)
-            tracing = JobTracing(RequestObserver(tel, PriceTable(),
-                                                 ServedCache("tiny", BLOCK, 300.0, 10_000)))
             backend = HeldStreams()
-            store = JobStore(tmp_path / "jobs.sqlite3", lambda: 1_000)
-            runner = JobRunner(store, backend, prepare_body, RunnerLimits(2, 10, 10, 10.0),
-                               tracing=tracing, namespace=lambda t: Namespace(t, "tiny"),
-                               block_size=BLOCK)
+            store, runner, _ = _traced_runner(tmp_path, backend)
             request = dataclasses.replace(_request(tuple(range(40)), 2, "d1"), diagnose=True)
             run = asyncio.create_task(_items(runner.direct.stream("acme", request)))
             await _settle(lambda: backend.open, "on its worker")

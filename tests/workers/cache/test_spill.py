@@ -59,6 +59,16 @@ class TestSpill:
         store.close()
 
 
+def _five_blocks_and_tiers(tmp_path, disk_blocks: int):
+    """A five-block prompt, its hashes, a disk tier of ``disk_blocks`` blocks and a memory
+    ledger of 100."""
+    prompt = list(range(1, 1 + 5 * BS))
+    disk = DiskTier(tmp_path / "w0", disk_blocks * BLOCK_BYTES, TTL, Clock(),
+                    KVCodec(0, mx.float32), SHAPE.bytes_per_token, "m", "r1")
+    memory = BlockLedger(100 * BLOCK_BYTES, TTL, Clock(), SHAPE.bytes_per_token)
+    return prompt, hash_blocks(prompt, BS, NS), disk, memory
+
+
 class TestOverflow:
     def test_a_prompt_larger_than_memory_is_cached_whole_on_disk(self, tmp_path, eviction):
         store = tiered(tmp_path / "w0", eviction, mem_blocks=2)
@@ -73,11 +83,7 @@ class TestOverflow:
         store.close()
 
     def test_overflow_stops_at_a_block_held_in_either_tier(self, tmp_path):
-        prompt = list(range(1, 1 + 5 * BS))
-        hashes = hash_blocks(prompt, BS, NS)
-        disk = DiskTier(tmp_path / "w0", 100 * BLOCK_BYTES, TTL, Clock(), KVCodec(0, mx.float32),
-                        SHAPE.bytes_per_token, "m", "r1")
-        memory = BlockLedger(100 * BLOCK_BYTES, TTL, Clock(), SHAPE.bytes_per_token)
+        prompt, hashes, disk, memory = _five_blocks_and_tiers(tmp_path, disk_blocks=100)
         memory.insert([hashes[3]], BS, NS.label(), hashes[2])
         args = (hashes, ChainIdentities(NS, hashes, prompt, BS))
         slices = BlockSlices(kv_for(prompt), BS)
@@ -87,11 +93,7 @@ class TestOverflow:
         disk.close()
 
     def test_overflow_stops_at_the_first_block_the_disk_cannot_take(self, tmp_path):
-        prompt = list(range(1, 1 + 5 * BS))
-        hashes = hash_blocks(prompt, BS, NS)
-        disk = DiskTier(tmp_path / "w0", 2 * BLOCK_BYTES, TTL, Clock(), KVCodec(0, mx.float32),
-                        SHAPE.bytes_per_token, "m", "r1")
-        memory = BlockLedger(100 * BLOCK_BYTES, TTL, Clock(), SHAPE.bytes_per_token)
+        prompt, hashes, disk, memory = _five_blocks_and_tiers(tmp_path, disk_blocks=2)
         written = overflow(disk, memory, hashes, ChainIdentities(NS, hashes, prompt, BS), 0,
                            BlockSlices(kv_for(prompt), BS))
         assert written == 2  # the third needs its two ancestors kept beside it: no room
