@@ -390,16 +390,32 @@ class TestPaths:
                 runner.launch(job)
                 assert (await _finished(store, job.job_id)).completed == len(starts)
                 counts.append(dict(prepared))
+            # prepared before launch (as an intake does, beside its commit): never again
+            prepared.clear()
+            staged = staged_requests((list(range(130, 150)), 1), ([-1, 2], 1))
+            runner.admit("acme", 2)
+            job = store.create_job("acme", "tiny", staged)
+            made = [await asyncio.wrap_future(f)
+                    for f in runner.prepare_soon([s.body for s in staged])]
+            runner.launch(job, dict(enumerate(made)))
+            done = await _finished(store, job.job_id)
+            counts.append(dict(prepared))
+            errors = [(r.custom_id, r.error_code) for r in store.results(job.job_id)
+                      if not r.ok]
             await runner.close()
             await backend.close()
             store.close()
-            return counts[0], counts[1]
+            return counts[0], counts[1], counts[2], (done.completed, done.failed, errors)
 
-        single, three = run_bounded(scenario(), 60, "the forecast's tokenization handed on")
+        single, three, given, ended = run_bounded(scenario(), 60,
+                                                  "the forecast's tokenization handed on")
         assert single == {10: 1}   # a job of one request: tokenized once, by the forecast
         # the forecast tokenizes all three, then each is tokenized when dispatched, but the
         # first in dispatch order, which takes the forecast's
         assert sorted(three.values()) == [1, 2, 2] and set(three) == {40, 70, 100}
+        # each once, by prepare_soon; the one it could not prepare fails as bad input
+        assert given == {130: 1, -1: 1}
+        assert ended == (1, 1, [("r1", "INVALID_ARGUMENT")])
 
     def test_each_request_is_traced_with_its_names_and_sent_as_a_batch_request(self, tmp_path, caplog):
         async def scenario() -> str:
