@@ -1,29 +1,24 @@
-"""The frontend <-> worker request stream (``cluster.backend.link``, ``cluster.backend.wire``)
-without Ray: a real ``EngineWorker`` serving on loopback, a ``WorkerLink`` to it. Streams
-multiplexed on one connection, a wrong secret refused, an abort reaching the engine, a refused
-request, a lost connection, and the codec's exact round trip."""
+"""The frontend <-> worker request stream (``cluster.backend.link``) without Ray: a real
+``EngineWorker`` serving on loopback, a ``WorkerLink`` to it. Streams multiplexed on one
+connection, a wrong secret refused, an abort reaching the engine, a refused request, a lost
+connection. The frames themselves: ``tests/cluster/backend/test_wire.py``."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import struct
 
 import pytest
 
-from cluster.backend import wire
 from cluster.backend.link import WorkerLink
 from cluster.backend.protocol import TokenChunk
-from cluster.backend.wire import Kind, Prefilled, WorkerDone
+from cluster.backend.wire import Prefilled, WorkerDone
 from cluster.backend.worker_actor import EngineWorker
-from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier
+from router.kv.events import BlockStored
 from router.kv.key import Namespace
 from tests.support.forged_models import tiny_model
 from tests.support.requests import generate_request
 from workers.engine.engine import EngineConfig
-from workers.messages import (GenerateRequest, GenerateResult, LookupOutcome, LookupReport,
-                              ResponseFormat, SamplingParams, Timings, TokenLogprob,
-                              WorkerFailed)
+from workers.messages import GenerateRequest, WorkerFailed
 
 BLOCK = 16
 SECRET = b"s" * 32
@@ -120,43 +115,3 @@ def test_a_lost_worker_fails_its_open_streams():
                 await _collect(link, generate_request("next", (1, 2), 2, ns=ns))
             await link.close()
     asyncio.run(scenario())
-
-
-def test_the_codec_round_trips_every_message_exactly():
-    report = LookupReport(LookupOutcome.PARTIAL, 40, 32, 35, 7, None, 1.5, 600.0, 16)
-    result = GenerateResult("r", (1, 2), "hi", "length", 0.1, 0.02, 40, 32, 8, 16, report,
-                            Timings(1, 2, 3, 4, 5, 6), "w0", {"k": "v"})
-    batch = EventBatch("w0", 9, (BlockStored(2**127 + 5, 2**64 + 1, 16, "t"),
-                                 BlockRemoved(3, "t", Tier.DISK)))
-    scored = dataclasses.replace(result, logprobs=(
-        TokenLogprob(1, -0.5, ((1, -0.5), (9, -1.25))), TokenLogprob(2, -2.0)))
-    formatted = GenerateRequest("f", Namespace("t", "m", secret=b"s" * 32), (1, 2), SamplingParams(
-        max_tokens=4, response_format=ResponseFormat("json_schema", '{"type": "object"}',
-                                                     name="obj", strict=True), logprobs=3))
-    for kind, body in ((Kind.ITEM, WorkerDone(result, 0.25, True, (batch,))),
-                       (Kind.ITEM, WorkerDone(scored, 0.5)),
-                       (Kind.GENERATE, [formatted, 3, True, "router-a"]),
-                       (Kind.ITEM, TokenChunk("r", (4, 5), "ab")),
-                       (Kind.GENERATE, [generate_request("r", (1,), 3, ns=Namespace("t", "m", "r1", "a")),
-                                        7, False, ""])):
-        data = wire.frame(kind, 42, body)
-        assert struct.unpack("!I", data[:4])[0] == len(data) - 4
-        decoded = wire._unpack(data[4:])
-        assert decoded[:2] == (int(kind), 42)
-        assert decoded[2] == (tuple(body) if isinstance(body, list) else body)
-    done = wire._unpack(wire.frame(Kind.ITEM, 1, WorkerDone(result, 0.25))[4:])[2]
-    assert done.result.lookup.outcome is LookupOutcome.PARTIAL
-    with pytest.raises(TypeError, match="does not travel"):
-        wire.frame(Kind.ITEM, 1, object())
-
-
-def test_an_oversized_or_undecodable_frame_is_a_wire_error():
-    async def read(data: bytes):
-        reader = asyncio.StreamReader()
-        reader.feed_data(data)
-        reader.feed_eof()
-        return await wire.read_frame(reader)
-    with pytest.raises(wire.WireError, match="at most"):
-        asyncio.run(read(struct.pack("!I", wire.MAX_FRAME + 1)))
-    with pytest.raises(wire.WireError, match="undecodable"):
-        asyncio.run(read(struct.pack("!I", 3) + b"\xc1\xc1\xc1"))
