@@ -1,9 +1,7 @@
 """The run directory's config: defaults with fresh keys, and errors that name the key."""
 import pytest
 
-from cluster.backend.engine_config import engine_config
 from cluster.config import load_config, write_default_config
-from router.kv.ledger import Eviction
 
 
 def test_default_config_has_fresh_keys_and_loopback(tmp_path):
@@ -73,27 +71,6 @@ def test_the_lease_is_ten_seconds_unless_set_and_must_be_positive(tmp_path):
     path.write_text(path.read_text().replace("lease_s = 2", "lease_s = 0"))
     with pytest.raises(ValueError, match=r"\[frontend\] lease_s must be a number of seconds > 0, got 0"):
         load_config(tmp_path)
-
-
-def test_cache_settings_narrow_to_the_engine_config(tmp_path):
-    write_default_config(tmp_path)
-    default = engine_config(load_config(tmp_path))
-    assert default.eviction == "reuse" and default.block_size == 16
-    toml = tmp_path / "orchard.toml"
-    toml.write_text(toml.read_text().replace('eviction = "reuse"', 'eviction = "lru"'))
-    assert engine_config(load_config(tmp_path)).eviction is Eviction.LRU
-
-
-def test_engine_settings_narrow_to_the_engine_config(tmp_path):
-    write_default_config(tmp_path)
-    default = engine_config(load_config(tmp_path))
-    assert (default.speculate, default.speculate_max_k, default.draft_model) == (False, 8, "")
-    toml = tmp_path / "orchard.toml"
-    toml.write_text(toml.read_text() + "\n[engine]\nspeculate = true\nspeculate_max_k = 6\n"
-                    "draft_model = \"/models/small\"\n")
-    narrowed = engine_config(load_config(tmp_path))
-    assert (narrowed.speculate, narrowed.speculate_max_k, narrowed.draft_model) == (
-        True, 6, "/models/small")
 
 
 def test_the_router_index_budget_reaches_the_frontends_router(tmp_path):
