@@ -10,7 +10,6 @@ import random
 
 from cluster.backend.backend import Backend
 from cluster.backend.linked import LinkedLauncher
-from cluster.backend.protocol import GenerateOutcome
 from router.kv.key import hash_blocks
 from router.policy import Reason
 from router.pull_cost import DEFAULT_LINK, observed
@@ -54,24 +53,6 @@ def test_a_busy_holders_prefix_is_pulled_by_an_idle_worker():
             pulled = again.pulled
             assert links == {(holder, again.worker_id): observed(DEFAULT_LINK, pulled.nbytes,
                                                                  pulled.seconds)}
-        finally:
-            await backend.close()
-    asyncio.run(scenario())
-
-
-def test_an_in_process_backend_plans_no_pulls():
-    from cluster.backend.local import LocalBackend
-
-    async def scenario():
-        backend = LocalBackend(tiny_model(), workers=2, engine=EngineConfig(block_size=BLOCK))
-        await backend.start()
-        try:
-            assert backend.pool.routes.router.links is None
-            ns = backend.model_info().namespace("t")
-            out = await backend.generate(GenerateRequest("r", ns, PROMPT,
-                                                         SamplingParams(max_tokens=2)),
-                                         hash_blocks(PROMPT, BLOCK, ns))
-            assert isinstance(out, GenerateOutcome) and out.pulled is None
         finally:
             await backend.close()
     asyncio.run(scenario())
