@@ -8,13 +8,19 @@ keeps within a budget.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
-from router.kv.key import BlockHash, BlockIdentity
-from workers.cache.disk_files import (_PREFIX, MAGIC, TMP_SUFFIX, BlockRecord, block_path,
-                                      encode_block)
+from router.kv.key import BlockHash, BlockIdentity, hash_blocks
+from workers.cache.disk_files import (_PREFIX, MAGIC, SUFFIX, TMP_SUFFIX, BlockRecord,
+                                      block_path, encode_block)
+from tests.support.killed_writer import BS, NS, prompt, store_on
+from tests.support.paths import REPO
 from workers.cache.disk_scan import ScanCounts, scan
 
 NOW = 1_000_000.0  # the wall clock at the scan
@@ -119,3 +125,43 @@ class TestNewestWithin:
         keep = got.newest_within(budget=4, bytes_per_token=1)
         assert [r.block for r, _ in keep] == [1, 3]  # 2 does not fit after 1; 3 does
         assert got.counts.over_budget == 1 and found(tmp_path) == [1, 3]
+
+
+class TestAfterAKill:
+    """A worker killed (SIGKILL) while its disk tier is writing: the next start on its
+    directory drops exactly the files the kill left half-written and serves every other block,
+    verified (the writing process: ``tests.support.killed_writer``)."""
+
+    def test_blocks_torn_by_a_kill_are_dropped_and_the_rest_served(self, tmp_path):
+        directory = tmp_path / "w0"
+        proc = subprocess.Popen([sys.executable, "-m", "tests.support.killed_writer",
+                                 str(directory)], cwd=REPO)  # from the root: ``tests`` imports
+        try:
+            deadline = time.monotonic() + 120
+            while len(list(directory.glob(f"*/*{SUFFIX}"))) < 12:
+                assert proc.poll() is None, "the writing process ended before it was killed"
+                assert time.monotonic() < deadline, "no block files appeared within 120 s"
+                time.sleep(0.05)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        torn = len(list(directory.glob(f"*/*{TMP_SUFFIX}")))
+        files = len(list(directory.glob(f"*/*{SUFFIX}")))
+        again = store_on(directory)
+        start = again.stats().disk.start
+        assert (start.restored, start.torn) == (files, torn)
+        assert not list(directory.glob(f"*/*{TMP_SUFFIX}"))
+        served = reachable = 0
+        for i in range(files):  # the prompts the child stored (at most one per file)
+            chain = hash_blocks(prompt(i), BS, NS)
+            # a block is served when its chain from the root is on disk: a leaf whose parent's
+            # write was torn waits for the parent to be computed again
+            on_disk = [block_path(directory, h).exists() for h in chain]
+            reachable += BS * (on_disk.index(False) if False in on_disk else len(on_disk))
+            served += again.lookup(NS, prompt(i) + [1]).report.disk_tokens
+        disk = again.stats().disk
+        assert (served, disk.read_blocks, disk.corrupt) == (reachable, reachable // BS, 0)
+        # blocks are written in queue order (each prompt's leaf first): only the one being
+        # written or next at the kill can be a parent whose child made it to disk
+        assert files - reachable // BS <= 1
+        again.close()
