@@ -1,30 +1,19 @@
-"""The engine: reuse with exact counts, continuous batching, sampling, stops, bad input.
-
-Structured outputs and log-probabilities in the engine's batched step: each constrained row
-is masked alone, an unconstrained neighbour decodes exactly as it would alone, and every
-returned log-probability equals a recompute of the same sequence without the cache (before
-temperature and any mask).
-"""
+"""The engine: reuse with exact counts, continuous batching, sampling, stops, bad input,
+abort, the step budget and priority. Structured outputs and log-probabilities:
+``test_constrained.py``; chunked prefill: ``test_prefill.py``; chat turns: ``test_chat.py``;
+model directories: ``tests/workers/model/test_model_dir.py``."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import random
-import shutil
+
 import pytest
-import workers  # noqa: F401  (OpenBLAS before mlx)
-import mlx.core as mx
+
 from router.kv.key import Namespace
 from tests.conftest import Clock
+from tests.support.engine_requests import prompt_of, req, run_one
 from tests.support.forged_models import tiny_model
 from workers.engine.engine import Engine, EngineConfig, RequestFailed
 from workers.messages import GenerateRequest, GenerateResult, LookupOutcome, SamplingParams
-from workers.model.model_dir import open_model_dir
-import jsonschema
-from mlx_lm.models.cache import KVCache
-from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine
-from workers.messages import GenerateRequest, GenerateResult, ResponseFormat, SamplingParams
 
 
 BS = 16
@@ -33,21 +22,6 @@ BS = 16
 def engine() -> Engine:
     """A fresh engine per test: every test writes to its store."""
     return Engine.open(tiny_model("llama"), EngineConfig(block_size=BS))
-
-_ids = iter(range(10**9))
-
-def req(engine: Engine, prompt, max_tokens: int = 6, tenant: str = "t", **sampling) -> GenerateRequest:
-    return GenerateRequest(f"r{next(_ids)}", engine.namespace(tenant), tuple(prompt),
-                           SamplingParams(max_tokens=max_tokens, **sampling))
-
-def prompt_of(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(32000) for _ in range(n)]
-
-def run_one(engine: Engine, request: GenerateRequest) -> GenerateResult:
-    (result,) = engine.generate([request])
-    assert isinstance(result, GenerateResult), result
-    return result
 
 def _drive(eng: Engine, requests, abort: tuple[str, int] | None = None
            ) -> tuple[dict[str, list[int]], dict[str, GenerateResult]]:
@@ -132,17 +106,6 @@ class TestBehaviour:
         assert cut.extra == {"stop": stop}  # the stop string that cut it
         assert full.extra == {}
 
-    def test_chat_turns_reuse_the_previous_turn(self, engine):
-        messages = [{"role": "system", "content": "orchard apple cache " * 30},
-                    {"role": "user", "content": "first question"}]
-        first = run_one(engine, req(engine, engine.render_chat(messages)))
-        messages += [{"role": "assistant", "content": "a reply"}, {"role": "user", "content": "next"}]
-        second = run_one(engine, req(engine, engine.render_chat(messages)))
-        assert second.cached_tokens >= first.input_tokens - BS
-        # the store holds the first turn's full blocks, its kept cache the rest of its prompt
-        # (a cache holds the tokens whose K/V was computed: never the last output token)
-        assert second.lookup.matched_tokens + second.lookup.kept_tokens >= first.input_tokens
-
     def test_tenants_do_not_share(self, engine):
         prompt = prompt_of(50, seed=5)
         run_one(engine, req(engine, prompt, tenant="a"))
@@ -167,25 +130,6 @@ class TestBehaviour:
             assert message in failure.error
         assert isinstance(results[3], GenerateResult) and len(results[3].output_tokens) == 6
         assert engine.invalidate(Namespace("nobody", "m")) == 0   # held nothing: nothing dropped
-
-    def test_model_directory_errors(self, tmp_path):
-        with pytest.raises(FileNotFoundError, match="orchard model forge"):
-            Engine.open(tmp_path / "missing")
-        broken = tmp_path / "broken"
-        shutil.copytree(tiny_model("llama"), broken)
-        (broken / "model.safetensors").unlink()
-        with pytest.raises(ValueError, match="incomplete: no \\*.safetensors"):
-            Engine.open(broken)
-        (tmp_path / "odd").mkdir()
-        shutil.copy(tiny_model("llama") / "tokenizer.json", tmp_path / "odd")
-        shutil.copy(tiny_model("llama") / "model.safetensors", tmp_path / "odd")
-        (tmp_path / "odd" / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
-        with pytest.raises(ValueError, match="cannot load"):
-            Engine.open(tmp_path / "odd")
-
-    def test_sliding_window_architecture_is_refused(self):
-        with pytest.raises(ValueError, match="RotatingKVCache.*standard KVCache"):
-            Engine.open(tiny_model("llama", sliding=True))
 
     def test_ttl_events_and_invalidation_through_the_engine(self):
         clock = Clock()
@@ -253,54 +197,6 @@ class TestBehaviour:
         assert list(tokens) == [first.request_id] and len(tokens[first.request_id]) == 3
         eng.submit(second)  # its id is free again
         assert eng.abort(second.request_id) and not eng.busy
-
-    def test_chunked_prefill_gives_the_same_tokens_and_logprobs(self):
-        whole = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False))
-        chunked = Engine.open(tiny_model("llama"), EngineConfig(block_size=BS, use_store=False,
-                                                                prefill_budget=16))
-        prompt = prompt_of(100, seed=60)
-        runs = []
-        for eng in (whole, chunked):
-            eng.submit(req(eng, prompt, max_tokens=8))
-            steps, deltas = [], []
-            while eng.busy:
-                out = eng.step()
-                steps.append(len(out.deltas))
-                deltas += out.deltas
-            assert len(deltas) == 8
-            runs.append(deltas)
-        assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
-        assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
-        # 100 tokens in chunks of 16: the 7th step runs the last 4 and gives the first token
-        assert steps[:7] == [0, 0, 0, 0, 0, 0, 1]
-
-    @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-    def test_the_vocabulary_projection_of_the_body_is_the_models_output(self, arch):
-        loaded = open_model_dir(tiny_model(arch))
-        tokens = mx.array([prompt_of(12, seed=70)])
-        whole = loaded.model(tokens)
-        assert loaded.head is not None
-        assert float(mx.abs(loaded.head(loaded.body(tokens)) - whole).max()) == 0.0
-        # an architecture not known to end at the projection: no head, the whole model instead
-        other = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
-        assert other.head is None
-
-    @pytest.mark.parametrize("budget", [512, 16])
-    def test_a_last_token_in_the_chunk_and_one_on_its_own_give_the_same_tokens(self, budget):
-        loaded = open_model_dir(tiny_model("llama"))
-        apart = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
-        config = EngineConfig(block_size=BS, prefill_budget=budget)
-        runs = []
-        for model in (loaded, apart):
-            eng = Engine(model, config, Clock(), lambda: 0)
-            eng.submit(req(eng, prompt_of(100, seed=71), max_tokens=6))
-            deltas = []
-            while eng.busy:
-                deltas += eng.step().deltas
-            runs.append(deltas)
-        assert [d.token for d in runs[0]] == [d.token for d in runs[1]]
-        assert len(runs[0]) == 6
-        assert float(abs(runs[0][0].logprobs - runs[1][0].logprobs).max()) <= 1e-5
 
     def test_running_decodes_get_a_token_every_step_while_a_long_prompt_prefills(self):
         # a stall bound this loose leaves the budget at its ceiling, 16 tokens a step, once a pass
@@ -375,96 +271,6 @@ class TestBehaviour:
         assert eng.abort(long.request_id) and not eng.busy
         assert eng.step().deltas == ()
         assert eng.store_stats().ledger.tokens == 48  # three chunks of 16, one block each
-
-
-SCHEMA = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]},
-                                           "n": {"type": "integer", "minimum": 0, "maximum": 9}},
-          "required": ["kind", "n"], "additionalProperties": False}
-
-FORMAT = ResponseFormat("json_schema", json.dumps(SCHEMA, sort_keys=True), strict=True)
-
-PROMPT_A = tuple(range(100, 140))
-
-PROMPT_B = tuple(range(300, 350))
-
-NAMESPACE = Namespace("t", "llama")
-
-@pytest.fixture(scope="module")
-def engine_outputs() -> Engine:
-    return Engine.open(tiny_model(), EngineConfig(block_size=16, max_batch=4))
-
-def request(rid: str, prompt, max_tokens: int = 40, **sampling) -> GenerateRequest:
-    return GenerateRequest(rid, NAMESPACE, tuple(prompt),
-                           SamplingParams(max_tokens=max_tokens, **sampling))
-
-def run(engine_outputs: Engine, *requests: GenerateRequest) -> list[GenerateResult]:
-    results = engine_outputs.generate(list(requests))
-    assert all(isinstance(r, GenerateResult) for r in results), results
-    return results
-
-def recompute(engine_outputs: Engine, prompt, output) -> list[mx.array]:
-    """Log-softmax rows for each output position, teacher-forced, one pass, no cache reuse."""
-    model = engine_outputs._m.model
-    tokens = list(prompt) + list(output)
-    cache = [KVCache() for _ in range(engine_outputs.kv_shape.layers)]
-    logits = model(mx.array([tokens]), cache=cache)[0]
-    rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    return [rows[len(prompt) - 1 + i] for i in range(len(output))]
-
-class TestStructuredOutputs:
-    def test_a_constrained_row_beside_a_free_one(self, engine_outputs):
-        engine_outputs = Engine.open(tiny_model(), EngineConfig(block_size=16, max_batch=4))
-        alone = run(engine_outputs, request("free0", PROMPT_B))[0]
-        engine_outputs = Engine.open(tiny_model(), EngineConfig(block_size=16, max_batch=4))
-        constrained, free = run(engine_outputs, request("json1", PROMPT_A, response_format=FORMAT),
-                                request("free1", PROMPT_B))
-        assert free.output_tokens == alone.output_tokens  # its row was never masked
-        assert constrained.finish_reason == "stop"
-        jsonschema.validate(json.loads(constrained.text), SCHEMA)
-
-    def test_sampled_constrained_outputs_validate(self, engine_outputs):
-        results = run(engine_outputs, *(request(f"s{i}", PROMPT_A, response_format=FORMAT,
-                                        temperature=1.0, seed=i) for i in range(4)))
-        for r in results:
-            assert r.finish_reason == "stop"
-            jsonschema.validate(json.loads(r.text), SCHEMA)
-
-    def test_max_tokens_before_the_grammar_completes_is_length(self, engine_outputs):
-        (r,) = run(engine_outputs, request("short", PROMPT_A, max_tokens=3, response_format=FORMAT))
-        assert r.finish_reason == "length" and len(r.output_tokens) == 3
-        with pytest.raises(json.JSONDecodeError):
-            json.loads(r.text)
-
-    def test_an_uncompilable_format_is_refused_before_it_runs(self, engine_outputs):
-        bad = ResponseFormat("json_schema", json.dumps({"type": "frobnicate"}))
-        (failed,) = engine_outputs.generate([request("bad", PROMPT_A, response_format=bad)])
-        assert "response_format.json_schema.schema: Invalid type: frobnicate" in failed.error
-
-class TestLogprobs:
-    def test_free_logprobs_equal_a_recompute(self, engine_outputs):
-        (r,) = run(engine_outputs, request("lp", PROMPT_A, max_tokens=8, logprobs=5))
-        rows = recompute(engine_outputs, PROMPT_A, r.output_tokens)
-        assert [t.token for t in r.logprobs] == list(r.output_tokens)
-        for got, row in zip(r.logprobs, rows):
-            assert abs(got.logprob - row[got.token].item()) <= 1e-4
-            assert len(got.top) == 5 and got.top[0][0] == got.token  # greedy: the likeliest
-            values = [v for _, v in got.top]
-            assert values == sorted(values, reverse=True)
-            for token, value in got.top:
-                assert abs(value - row[token].item()) <= 1e-4
-
-    def test_constrained_logprobs_are_the_models_before_the_mask(self, engine_outputs):
-        (r,) = run(engine_outputs, request("lpj", PROMPT_A, response_format=FORMAT, logprobs=2))
-        rows = recompute(engine_outputs, PROMPT_A, r.output_tokens)
-        assert len(r.logprobs) == len(r.output_tokens)
-        for got, row in zip(r.logprobs, rows):
-            assert abs(got.logprob - row[got.token].item()) <= 1e-4
-            likeliest = int(mx.argmax(row).item())
-            assert got.top[0][0] == likeliest  # the unmasked favourite, allowed or not
-
-    def test_no_logprobs_unless_asked(self, engine_outputs):
-        (r,) = run(engine_outputs, request("none", PROMPT_A, max_tokens=3))
-        assert r.logprobs == ()
 
 
 class TestPriority:
