@@ -15,7 +15,7 @@ import mlx.core as mx
 from tests.support.engine_requests import prompt_of
 from tests.support.forged_models import tiny_model
 from workers.engine.engine import Engine
-from workers.model.model_dir import open_model_dir
+from workers.model.model_dir import check_model_dir, open_model_dir
 
 
 class TestOpening:
@@ -51,3 +51,45 @@ class TestTheHead:
         # an architecture not known to end at the projection: no head, the whole model instead
         other = dataclasses.replace(loaded, config={**loaded.config, "model_type": "gemma3"})
         assert other.head is None
+
+
+class TestChecking:
+    """``check_model_dir`` on directories written by hand: each missing piece named."""
+
+    def _complete(self, path, config: dict | None = None):
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config or {"model_type": "llama"}))
+        (path / "model.safetensors").write_bytes(b"")
+        (path / "tokenizer.json").write_text("{}")
+        return path
+
+    def test_a_complete_directory_gives_its_config(self, tmp_path):
+        path = self._complete(tmp_path / "m", {"model_type": "qwen2", "vocab_size": 7})
+        assert check_model_dir(path) == {"model_type": "qwen2", "vocab_size": 7}
+
+    @pytest.mark.parametrize("missing, message", [
+        ("config.json", "incomplete: config.json is missing"),
+        ("model.safetensors", "incomplete: no *.safetensors weights"),
+        ("tokenizer.json", "incomplete: no tokenizer (expected one of tokenizer.json, "
+                           "tokenizer.model, tokenizer_config.json)")])
+    def test_each_missing_piece_is_named(self, tmp_path, missing, message):
+        path = self._complete(tmp_path / "m")
+        (path / missing).unlink()
+        with pytest.raises(ValueError) as refused:
+            check_model_dir(path)
+        assert str(refused.value) == f"model directory {path} is {message}"
+
+    def test_a_config_without_a_model_type_or_not_json_is_refused(self, tmp_path):
+        path = self._complete(tmp_path / "m", {"vocab_size": 7})
+        with pytest.raises(ValueError, match="has no model_type: it is not an mlx-lm model"):
+            check_model_dir(path)
+        (path / "config.json").write_text("{")
+        with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
+            check_model_dir(path)
+
+    def test_a_missing_directory_says_how_to_make_one(self, tmp_path):
+        with pytest.raises(FileNotFoundError) as missing:
+            check_model_dir(tmp_path / "none")
+        assert str(missing.value) == (
+            f"model directory {tmp_path / 'none'} does not exist: pass an mlx-lm model "
+            f"directory, or make one with `orchard model forge --out {tmp_path / 'none'}`")
