@@ -117,6 +117,19 @@ class RayWorker:
             self.kill()
 
 
+def refuse_without_room(offered: dict[str, float], placement: Placement, missing: int,
+                        in_use: int) -> None:
+    """Raise ``NoRoom``, with the fix, when the resources a cluster ``offered`` hold no slots
+    for ``missing`` more workers beside ``in_use``, at ``placement``'s share of a node each."""
+    each = placement.actor_options()["resources"][NODE_RESOURCE]
+    total = offered.get(NODE_RESOURCE, 0.0)
+    if (in_use + missing) * each > total + 1e-6:
+        raise NoRoom(
+            f"workers: no room for {missing} more worker(s): the cluster offers "
+            f"{total:g} {NODE_RESOURCE!r} slot(s), {in_use * each:g} in use, each worker "
+            f"takes {each:g}; add nodes (infra/README.md) or raise workers per node")
+
+
 class RayLauncher:
     """Starts worker actors on node slots; each opens its stream to this frontend.
 
@@ -165,13 +178,8 @@ class RayLauncher:
 
     async def check_room(self, missing: int, in_use: int) -> None:
         """Fail fast, with the fix, when the cluster has no slots for ``missing`` workers."""
-        each = self._placement.actor_options()["resources"][NODE_RESOURCE]
-        total = (await asyncio.to_thread(ray.cluster_resources)).get(NODE_RESOURCE, 0.0)
-        if (in_use + missing) * each > total + 1e-6:
-            raise NoRoom(
-                f"workers: no room for {missing} more worker(s): the cluster offers "
-                f"{total:g} {NODE_RESOURCE!r} slot(s), {in_use * each:g} in use, each worker "
-                f"takes {each:g}; add nodes (infra/README.md) or raise workers per node")
+        offered = await asyncio.to_thread(ray.cluster_resources)
+        refuse_without_room(offered, self._placement, missing, in_use)
 
     async def launch(self, worker_id: str) -> tuple[RayWorker, WorkerHello]:
         lifetime = {"lifetime": "detached"} if self.detached else {}

@@ -1,11 +1,10 @@
 """How the Ray side of the pool is set up (``cluster.backend.ray_pool``): a launcher's actor
-names, stream secret and detachment, and the room check's arithmetic with its fix in the
-message. The cluster's slots are stubbed here (``ray.cluster_resources``) so the check runs
-without starting Ray; the real check on an embedded cluster, and workers that start, die and
-are replaced, are ``tests/cluster/backend/test_ray_backend.py``'s."""
+names, stream secret and detachment, and the room check's arithmetic over the resources a
+cluster offers, with its fix in the message. The check against an embedded cluster's own
+resources, and workers that start, die and are replaced, are
+``tests/cluster/backend/test_ray_backend.py``'s."""
 from __future__ import annotations
 
-import asyncio
 import re
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from cluster.backend.bootstrap import NODE_RESOURCE, Placement  # noqa: E402
-from cluster.backend.ray_pool import NoRoom, RayLauncher  # noqa: E402
+from cluster.backend.ray_pool import NoRoom, RayLauncher, refuse_without_room  # noqa: E402
 from workers.engine.config import EngineConfig  # noqa: E402
 
 
@@ -39,28 +38,19 @@ class TestALauncher:
 
 
 class TestTheRoomCheck:
-    @pytest.fixture
-    def slots(self, monkeypatch):
-        offered = {}
-        monkeypatch.setattr(ray, "cluster_resources", lambda: dict(offered))
-        return offered
+    def test_workers_that_fill_the_slots_exactly_fit(self):
+        refuse_without_room({NODE_RESOURCE: 2.0}, Placement(workers_per_node=2),
+                            missing=1, in_use=3)
 
-    def test_workers_that_fill_the_slots_exactly_fit(self, slots):
-        slots[NODE_RESOURCE] = 2.0
-        launcher = _launcher(Placement(workers_per_node=2))
-        asyncio.run(launcher.check_room(missing=1, in_use=3))
-
-    def test_one_more_is_refused_with_the_fix(self, slots):
-        slots[NODE_RESOURCE] = 2.0
-        launcher = _launcher(Placement(workers_per_node=2))
+    def test_one_more_is_refused_with_the_fix(self):
         with pytest.raises(NoRoom) as refused:
-            asyncio.run(launcher.check_room(missing=2, in_use=3))
+            refuse_without_room({NODE_RESOURCE: 2.0}, Placement(workers_per_node=2),
+                                missing=2, in_use=3)
         assert str(refused.value) == (
             "workers: no room for 2 more worker(s): the cluster offers 2 'orchard_node' "
             "slot(s), 1.5 in use, each worker takes 0.5; add nodes (infra/README.md) or raise "
             "workers per node")
 
-    def test_a_cluster_without_orchard_nodes_has_no_room(self, slots):
+    def test_a_cluster_without_orchard_nodes_has_no_room(self):
         with pytest.raises(NoRoom, match="offers 0 'orchard_node' slot"):
-            asyncio.run(_launcher().check_room(missing=1, in_use=0))
-
+            refuse_without_room({"CPU": 16.0}, Placement(), missing=1, in_use=0)
