@@ -1,11 +1,9 @@
-"""``orchard up/down/scale/drain/workers`` through the real command line.
+"""The cluster process (``cluster.daemon``) through the real command line.
 
-The fast tests check bad input without a cluster; the slow one starts a detached cluster
-(embedded Ray, two workers on a tiny forged model), scales and drains it while a job runs,
-and stops it.
-
-``orchard demo``, the main job, end to end: a local cluster of 2 workers serves the demo batch
-from ``examples/`` through the public API, prints its summary and stops (tiny forged model).
+The fast tests check its placement and state file without a cluster; the slow one starts a
+detached cluster (embedded Ray, two workers on a tiny forged model), scales and drains it
+while a job runs, and stops it. What ``orchard up/down/workers`` print for bad input is in
+``tests/cluster/commands/test_cluster_ops.py``.
 """
 from __future__ import annotations
 
@@ -20,18 +18,14 @@ from pathlib import Path
 import pytest
 from cluster.backend.bootstrap import NODE_RESOURCE, Placement
 from cluster.config import update_config, write_default_config
-from cluster.daemon import STATE_NAME, ClusterState, UpOptions
+from cluster.daemon import STATE_NAME, ClusterState
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import frontend_process
-import re
-from cluster.daemon import STATE_NAME
+from tests.support.orchard_process import orchard
 
 
 ROOT = REPO
 
-def orchard(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cluster.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
 
 def _workers(run_dir: Path) -> list[dict]:
     done = orchard("workers", "--run-dir", str(run_dir), "--json")
@@ -48,16 +42,6 @@ class TestClusterOps:
         with pytest.raises(ValueError, match="per node"):
             Placement(workers_per_node=0)
 
-    def test_bad_arguments_are_refused_with_the_fix(self, tmp_path):
-        with pytest.raises(ValueError, match="--workers"):
-            UpOptions(tmp_path, workers=0)
-        down = orchard("down", "--run-dir", str(tmp_path))
-        assert down.returncode == 2 and "no cluster runs" in down.stderr
-        up = orchard("up", "--run-dir", str(tmp_path), "--workers", "0", "--detach")
-        assert up.returncode == 2 and "--workers must be >= 1" in up.stderr
-        workers = orchard("workers", "--run-dir", str(tmp_path))
-        assert workers.returncode == 2 and "is the cluster up" in workers.stderr
-
     def test_a_corrupt_state_file_names_itself(self, tmp_path):
         (tmp_path / STATE_NAME).write_text("{not json")
         with pytest.raises(ValueError, match=STATE_NAME):
@@ -70,38 +54,6 @@ class TestClusterOps:
         down = orchard("down", "--run-dir", str(tmp_path))
         assert down.returncode == 0, down.stderr
         assert not (tmp_path / STATE_NAME).exists()
-
-    def test_up_prints_both_addresses_with_their_ports_and_how_to_pin_them(self, tmp_path):
-        from cluster.commands.cluster_ops import up_lines
-        from cluster.config import Config, HttpConfig
-
-        state = ClusterState(4242, "10.0.0.5:50051", "127.0.0.1:6379", 2, 0.0,
-                             "https://10.0.0.5:40124")
-        picked = Config(tmp_path, {}, frozenset(), host="10.0.0.5", port=50051)
-        assert up_lines(state, picked, "Ctrl-C to stop") == [
-            "orchard: cluster up (pid 4242): gRPC 10.0.0.5:50051 (port 50051), HTTP API "
-            "https://10.0.0.5:40124 (port 40124), 2 worker(s), Ray 127.0.0.1:6379; Ctrl-C to stop",
-            f"orchard: [http] port = 0 in {tmp_path}/orchard.toml: a free port, new at every "
-            "start; set a fixed one there for clients on other machines"]
-        pinned = Config(tmp_path, {}, frozenset(), port=50051, http=HttpConfig(port=40124))
-        assert up_lines(state, pinned, "stop it with `orchard down`") == [
-            "orchard: cluster up (pid 4242): gRPC 10.0.0.5:50051 (port 50051), HTTP API "
-            "https://10.0.0.5:40124 (port 40124), 2 worker(s), Ray 127.0.0.1:6379; stop it with "
-            "`orchard down`"]
-        off = ClusterState(4242, "[::1]:40123", "127.0.0.1:6379", 1, 0.0)
-        assert up_lines(off, Config(tmp_path, {}, frozenset()), "Ctrl-C to stop") == [
-            "orchard: cluster up (pid 4242): gRPC [::1]:40123 (port 40123), HTTP API off "
-            "([http] enabled = false), 1 worker(s), Ray 127.0.0.1:6379; Ctrl-C to stop",
-            f"orchard: [frontend] port = 0 in {tmp_path}/orchard.toml: a free port, new at every "
-            "start; set a fixed one there for clients on other machines"]
-        both = Config(tmp_path, {}, frozenset())
-        assert up_lines(state, both, "")[1].startswith(
-            "orchard: [frontend] port and [http] port = 0 in ")
-        scraped = ClusterState(4242, "10.0.0.5:50051", "127.0.0.1:6379", 2, 0.0,
-                               "https://10.0.0.5:40124", "http://127.0.0.1:9464")
-        assert up_lines(scraped, pinned, "")[1:] == [
-            "orchard: Prometheus metrics at http://127.0.0.1:9464/metrics (no key, this machine "
-            "only); also on the HTTP port with an admin key"]
 
     @pytest.mark.slow
     def test_up_scale_drain_down_while_a_job_runs(self, tmp_path):
@@ -316,23 +268,3 @@ class TestTakeover:
                 if attached is not None and attached.poll() is None:
                     attached.kill()
                 orchard("down", "--run-dir", str(run_dir), timeout=120)
-
-
-class TestClusterDemo:
-    @pytest.mark.slow
-    def test_demo_serves_the_batch_with_prefix_hits_and_stops(self, tmp_path):
-        write_default_config(tmp_path, model_dir=str(tiny_model()))
-        done = subprocess.run([sys.executable, "-m", "cluster.cli", "demo", "--run-dir", str(tmp_path)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        out = done.stdout
-        assert re.search(r"requests\s+24 \(0 failed", out), out
-        hit = float(re.search(r"hit ratio\s+([\d.]+)%", out).group(1))
-        assert hit > 20.0, "conversations sharing system prompts must hit the prefix stores"
-        cached = int(re.search(r"cached tokens\s+(\d+)", out).group(1))
-        computed = int(re.search(r"computed tokens\s+(\d+)", out).group(1))
-        prompt = int(re.search(r"prompt tokens\s+(\d+)", out).group(1))
-        assert cached + computed == prompt
-        served = {w: int(n) for w, n in re.findall(r"(w\d+): (\d+)", out.split("per worker")[1])}
-        assert sum(served.values()) == 24 and set(served) <= {"w0", "w1"}
-        assert "cluster stopped" in out and not (tmp_path / STATE_NAME).exists()

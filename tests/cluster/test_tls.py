@@ -1,4 +1,5 @@
-"""TLS: ``orchard tls init``'s files, the rule for which addresses may serve plaintext, and a
+"""TLS: ``orchard tls init``'s files (what the command writes into orchard.toml is in
+``tests/cluster/commands/test_tls.py``), the rule for which addresses may serve plaintext, and a
 frontend on loopback over TLS reached by gRPC and by the openai SDK.
 
 Clients on another machine: the frontend serves the head's LAN address over mutual TLS in
@@ -17,9 +18,9 @@ import openai
 import pytest
 from cryptography import x509
 from cluster.api.client import Client, token_request
-from cluster.tls import TlsFiles, check_binding, client_tls, init_tls
+from cluster.tls import check_binding, client_tls, init_tls
 from cluster.cli import main as orchard
-from cluster.config import load_config, update_config, write_default_config
+from cluster.config import load_config, update_config
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
 import subprocess
@@ -96,42 +97,6 @@ class TestBehaviour:
                                       max_retries=0)
             with pytest.raises(openai.APIConnectionError):
                 untrusted.models.list()
-
-    def test_init_write_merges_tls_into_the_default_config_and_a_rerun_adds_no_section(self, tmp_path,
-                                                                                      capsys):
-        write_default_config(tmp_path)
-        path = tmp_path / "orchard.toml"
-        path.write_text(path.read_text().replace("port = 0\n", "port = 0  # the operator's note\n")
-                        + '\n[telemetry]\nexporter = "none"\n')
-        original = path.read_text()
-        keys = load_config(tmp_path).tenant_keys
-        assert orchard(["tls", "init", "--run-dir", str(tmp_path), "--hosts", "10.0.0.5",
-                        "--write"]) == 0
-        assert "set in the [frontend] section of" in capsys.readouterr().out
-        assert path.read_text() == original.replace(
-            '[frontend]\nhost = "127.0.0.1"\nport = 0  # the operator\'s note\n',
-            '[frontend]\nhost = "10.0.0.5"\nport = 0  # the operator\'s note\n'
-            'tls_cert = "tls/server.pem"\ntls_key = "tls/server.key"\n')
-        config = load_config(tmp_path)
-        assert (config.host, config.tenant_keys) == ("10.0.0.5", keys)
-        assert config.tls_files() == TlsFiles(tmp_path / "tls" / "server.pem",
-                                              tmp_path / "tls" / "server.key", None)
-        assert path.stat().st_mode & 0o777 == 0o600
-
-        assert orchard(["tls", "init", "--run-dir", str(tmp_path), "--hosts", "10.0.0.5",
-                        "--write", "--force", "--mutual"]) == 0
-        text = path.read_text()
-        assert text.count("[frontend]") == 1 and text.count("tls_cert") == 1
-        assert text.endswith('tls_key = "tls/server.key"\nclient_ca = "tls/ca.pem"\n\n'
-                             '[telemetry]\nexporter = "none"\n')
-        assert load_config(tmp_path).tls_files().client_ca == tmp_path / "tls" / "ca.pem"
-
-    def test_init_without_write_prints_keys_to_merge_not_a_second_section(self, tmp_path, capsys):
-        assert orchard(["tls", "init", "--run-dir", str(tmp_path)]) == 0
-        lines = capsys.readouterr().out.splitlines()
-        assert "[frontend]" not in lines
-        assert ['tls_cert = "tls/server.pem"', 'tls_key = "tls/server.key"'] == [
-            line for line in lines if line.startswith("tls_")]
 
     def test_update_config_adds_a_missing_section_and_refuses_what_would_not_load(self, tmp_path):
         path = tmp_path / "orchard.toml"

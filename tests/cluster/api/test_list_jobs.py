@@ -1,12 +1,11 @@
 """Listing jobs: pages, state and creation-time filters, in the store, over gRPC and in
-``orchard jobs``."""
+``orchard jobs`` (how ``--since`` reads is in ``tests/cluster/commands/test_jobs.py``)."""
 import json
 
 import pytest
 
 from cluster.api.client import OrchardError, token_request
 from cluster.cli import main as orchard
-from cluster.commands.jobs import parse_since
 from cluster.jobs.store import JobNotFound, JobState, JobStore, StagedRequest
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
@@ -52,15 +51,6 @@ def test_another_tenants_job_is_no_page_token(store):
     beta = store.list_jobs("beta")[0].job_id
     with pytest.raises(JobNotFound):
         store.list_jobs("acme", after=beta)
-
-
-def test_since_takes_durations_and_utc_times():
-    assert parse_since("90m", 10_000.0) == (10_000 - 5_400) * 1000
-    assert parse_since("2d", 200_000.0) == (200_000 - 172_800) * 1000
-    assert parse_since("2026-11-30", 0) == 1_795_996_800_000
-    assert parse_since("2026-11-30T08:00", 0) == 1_795_996_800_000 + 8 * 3_600_000
-    with pytest.raises(ValueError, match="--since: 'yesterday'"):
-        parse_since("yesterday", 0)
 
 
 def test_list_jobs_over_grpc_and_the_command(tmp_path, capsys):

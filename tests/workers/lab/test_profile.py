@@ -1,4 +1,4 @@
-"""``orchard bench profile`` on a tiny forged model: the real engine measured on a small grid."""
+"""``workers.lab.profile`` on a tiny forged model: the real engine measured on a small grid."""
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
@@ -39,25 +39,3 @@ def test_a_grid_past_the_models_context_is_refused():
     with pytest.raises(ValueError, match="the profile grid reaches 4002 tokens but the model's "
                                          "context is 2048"):
         measure_profile(tiny_model(), grid=ProfileGrid(contexts=(4000,)))
-
-
-def test_the_profile_command_writes_a_profile_the_simulator_reads(tmp_path, capsys):
-    from cluster.cli import main
-
-    out = tmp_path / "profile.json"
-    assert main(["bench", "profile", "--model", str(tiny_model()), "--out", str(out),
-                 "--block-size", "4", "--max-batch", "2", "--new-tokens", "4,8",
-                 "--cached-tokens", "0,8", "--batch-sizes", "1,2", "--contexts", "8,16",
-                 "--draft-widths", "2", "--decode-steps", "2", "--repeats", "1"]) == 0
-    assert f"(block 4) to {out}" in capsys.readouterr().out
-    assert EngineProfile.read(out).batch_sizes == (1, 2)
-    assert EngineProfile.read(out).draft_widths == (2,)
-
-
-def test_replay_refuses_a_scale_that_breaks_the_clusters_blocks_before_starting_it(capsys):
-    from cluster.cli import main
-
-    # 512 / 512 = 1-token trace blocks against the engine's 16-token blocks
-    assert main(["replay", "--requests", "2", "--scale", "512"]) == 2
-    assert ("--scale 512 makes 1-token trace blocks, not a multiple of the cluster's "
-            "16-token blocks") in capsys.readouterr().err
