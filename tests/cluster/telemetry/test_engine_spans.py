@@ -205,9 +205,3 @@ class TestTierTelemetry:
         # B's blocks, on disk only, are read, not computed: the job forecast counts them as cached
         (usage,) = tc.forecast([Turn("b2", "acme", b, 4)])
         assert (usage.input_tokens, usage.cached_tokens, usage.written_tokens) == (70, 64, 0)
-
-    def test_served_from_names_the_tiers_and_refuses_impossible_counts(self):
-        assert [served_from(c, d) for c, d in ((0, 0), (64, 0), (64, 64), (64, 16))] == [
-            ServedTier.NONE, ServedTier.MEMORY, ServedTier.DISK, ServedTier.BOTH]
-        with pytest.raises(ValueError, match="disk_tokens must be within"):
-            served_from(16, 32)
