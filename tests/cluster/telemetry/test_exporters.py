@@ -9,10 +9,11 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import grpc
+import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from cluster.telemetry.exporters import OncePerInterval
+from cluster.telemetry.exporters import OncePerInterval, default_metrics, parse_exporters
 from cluster.telemetry.otlp_json import read_spans
 from cluster.telemetry.setup import TelemetrySettings, setup_telemetry
 from tests.support.request_traces import emit_one
@@ -193,3 +194,17 @@ class TestQuietFailures:
         # At most one line a minute per logger (an earlier test in this process may have used
         # this minute's line already).
         assert len([r for r in caplog.records if "UNIMPLEMENTED" in r.getMessage()]) <= 1
+
+
+class TestTheExporterSetting:
+    def test_names_are_split_trimmed_and_deduplicated_and_none_is_nothing(self):
+        assert parse_exporters(" otlp , file,otlp") == ("otlp", "file")
+        assert parse_exporters("none") == ()
+        assert [default_metrics(e) for e in (("otlp", "file"), ("otlp",), ())] == [
+            "file", "otlp", "none"]
+
+    @pytest.mark.parametrize("value", ["", " , ", "none,file", "file,jaeger"])
+    def test_anything_else_is_refused_naming_what_may_be_given(self, value):
+        with pytest.raises(ValueError, match=r'exporter must be "file", "otlp", "file,otlp" or '
+                                             r'"none", got'):
+            parse_exporters(value)
