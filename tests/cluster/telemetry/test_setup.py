@@ -34,7 +34,7 @@ from cluster.telemetry.setup import (SERVICE_FRONTEND, Telemetry, TelemetrySetti
 from router.cost import PriceTable, load_price_table
 from router.kv.key import Namespace, hash_blocks
 from router.policy import Reason
-from tests.cluster.backend.test_ray_backend import Loop, _prompt
+from tests.support.thread_loop import Loop, shared_prompt
 from tests.support.forged_models import tiny_model
 from tests.support.request_traces import BS, SYSTEM, observed, run
 from tests.support.telemetry_factories import decision, result
@@ -239,10 +239,10 @@ def ray_run(tmp_path_factory):
                 trace.done(request, hashes, outcome)
             return outcome
 
-        outcomes = {"r0": loop.run(one("r0", _prompt(1)))}
+        outcomes = {"r0": loop.run(one("r0", shared_prompt(1)))}
         # r0's result carried the worker's block events to the frontend's router: r1, r2 go home
         for rid, seed in (("r1", 2), ("r2", 3)):
-            outcomes[rid] = loop.run(one(rid, _prompt(seed)))
+            outcomes[rid] = loop.run(one(rid, shared_prompt(seed)))
         loop.run(tracing.aclose())
     finally:
         loop.run(backend.close())
