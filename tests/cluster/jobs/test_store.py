@@ -476,3 +476,43 @@ class TestJobstorePruneExact:
             store.cancel(job.job_id)
         assert str(info.value) == (f"job_id: job {job.job_id} is already succeeded; "
                                    "only queued or running jobs can be cancelled")
+
+
+@pytest.fixture
+def listed(tmp_path):
+    now = [1_000]
+    store = JobStore(tmp_path / "jobs.sqlite3", lambda: now[0])
+    ids = []
+    for i in range(5):
+        now[0] = 1_000 + i * 100  # jobs 100 ms apart; job 4 is the newest
+        ids.append(store.create_job("acme", "m", [StagedRequest(0, f"r{i}", b"", b"")]).job_id)
+    store.create_job("beta", "m", [StagedRequest(0, "r9", b"", b"")])
+    store.cancel(ids[1])
+    yield store, ids
+    store.close()
+
+
+class TestListingJobs:
+    """Pages, state and creation-time filters (over gRPC: tests/cluster/api/test_servicer.py;
+    in ``orchard jobs``: tests/cluster/commands/test_jobs.py)."""
+
+    def test_pages_walk_newest_first_without_gaps_or_repeats(self, listed):
+        store, ids = listed
+        first = store.list_jobs("acme", 2)
+        second = store.list_jobs("acme", 2, after=first[-1].job_id)
+        third = store.list_jobs("acme", 2, after=second[-1].job_id)
+        assert [j.job_id for j in first + second + third] == ids[::-1]
+        assert store.list_jobs("acme", 2, after=ids[0]) == []
+
+    def test_filters_by_state_and_creation_time(self, listed):
+        store, ids = listed
+        assert [j.job_id for j in store.list_jobs("acme", states=(JobState.CANCELLED,))] == [ids[1]]
+        assert [j.job_id for j in store.list_jobs("acme", since_ms=1_300)] == [ids[4], ids[3]]
+        queued = store.list_jobs("acme", states=(JobState.QUEUED,), since_ms=1_100)
+        assert [j.job_id for j in queued] == [ids[4], ids[3], ids[2]]
+
+    def test_another_tenants_job_is_no_page_token(self, listed):
+        store, _ = listed
+        beta = store.list_jobs("beta")[0].job_id
+        with pytest.raises(JobNotFound):
+            store.list_jobs("acme", after=beta)
