@@ -1,11 +1,12 @@
 """``router.sim.peers``: the peers' routers as the simulator replays them, each on a small
 hand-made case with exact answers: SGLang's prefix hash and its bounded load, Dynamo's active
-blocks, the two SGLang cache-aware routers' fallbacks; ties by the seed."""
+blocks, the two SGLang cache-aware routers' fallbacks, Ray Serve's prefix affinity; ties by
+the seed."""
 from __future__ import annotations
 
 from router.kv.key import BlockHash
 from router.sim.base import SimRequest
-from router.sim.peers import (DynamoKv, PrefixHash, SglangGatewayCacheAware,
+from router.sim.peers import (DynamoKv, PrefixHash, RayPrefixAffinity, SglangGatewayCacheAware,
                               SglangRouterCacheAware)
 
 BS = 512
@@ -90,3 +91,37 @@ class TestSglangCacheAware:
         assert first_picks(1) == first_picks(1)
         picks = {tuple(first_picks(s)) for s in range(4)}
         assert len(picks) > 1 and any(p[0] != "w0" for p in picks)
+
+
+class TestRayPrefixAffinity:
+    def test_a_tenth_of_the_input_matched_keeps_the_owner_even_when_busy(self):
+        policy = RayPrefixAffinity(["w0", "w1"], BS, seed=0)
+        first = request(0, [1, 2, 3])
+        home = policy.choose(first, 0.0)
+        policy.started(first, home, 0.0)
+        assert policy.size == {home: 3, _other(home): 0}
+        # one block of 512 matched out of 512 x 20 + 10 tokens: under a tenth
+        assert policy.choose(request(1, [1] + list(range(50, 69))), 0.0) == _other(home)
+        # two blocks of 2 x 512 + 10: the busy owner still
+        assert policy.choose(request(2, [1, 2]), 0.0) == home
+        assert policy.owners[BlockHash(1)] == {"w0", "w1"}
+
+    def test_a_cold_request_goes_to_the_smallest_tree_and_grows_it(self):
+        policy = RayPrefixAffinity(["w0", "w1"], BS, seed=0)
+        home = policy.choose(request(0, [1, 2, 3]), 0.0)
+        assert policy.choose(request(1, [900]), 0.0) == _other(home)
+        assert policy.size == {home: 3, _other(home): 1}
+        assert policy.choose(request(2, [901]), 0.0) == _other(home)   # 2 blocks against 3
+        assert policy.size[_other(home)] == 2
+
+    def test_among_trees_of_one_size_the_fewest_in_flight_wins(self):
+        policy = RayPrefixAffinity(["w0", "w1"], BS, seed=0)
+        busy = policy.choose(request(0, [1]), 0.0)
+        policy.started(request(0, [1]), busy, 0.0)
+        assert policy.choose(request(1, [2]), 0.0) == _other(busy)     # the smaller tree
+        assert policy.size == {"w0": 1, "w1": 1}
+        assert policy.choose(request(2, [3]), 0.0) == _other(busy)     # idle against busy
+
+
+def _other(worker: str) -> str:
+    return "w1" if worker == "w0" else "w0"
