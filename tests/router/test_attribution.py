@@ -1,7 +1,8 @@
 """Every miss or partial hit gets one cause, from typed request data and an injected clock."""
 import pytest
 
-from router.attribution import Attribution, MissAttributor, MissCause, RequestSeen, ServedTier
+from router.attribution import (Attribution, MissAttributor, MissCause, RequestSeen, ServedTier,
+                                served_from)
 from router.kv.key import Namespace
 
 BS = 4
@@ -156,3 +157,11 @@ def test_a_prefix_pulled_from_a_peer_is_its_own_outcome(attr):
                                 pulled_from="w0"), 2.0)
     assert (partial.cause, partial.tokens, partial.pulled_tokens) == (
         MissCause.PULLED_FROM_PEER, 9, 4)
+
+
+class TestServedFrom:
+    def test_served_from_names_the_tiers_and_refuses_impossible_counts(self):
+        assert [served_from(c, d) for c, d in ((0, 0), (64, 0), (64, 64), (64, 16))] == [
+            ServedTier.NONE, ServedTier.MEMORY, ServedTier.DISK, ServedTier.BOTH]
+        with pytest.raises(ValueError, match="disk_tokens must be within"):
+            served_from(16, 32)

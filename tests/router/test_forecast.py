@@ -1,10 +1,12 @@
 """The job forecast's cache model at its edges: eviction policy, held blocks, tails, pending."""
 from __future__ import annotations
-from tests.support.requests import planned_request
+import pytest
 
 from router.cost import TokenUsage
-from router.forecast import CacheModel, PlannedRequest, forecast_job
-from router.kv.key import BlockHash
+from router.forecast import CacheModel, ClusterHoldings, PlannedRequest, forecast_job
+from router.kv.key import BlockHash, Namespace, hash_blocks
+from tests.conftest import Clock
+from tests.support.requests import planned_request
 
 
 def test_the_forecast_evicts_by_the_stores_policy():
@@ -83,3 +85,115 @@ class TestCacheControls:
             TokenUsage(18, 16, 2)
         assert forecast_job(self.plan({}, at=late), {}, self.MODEL)[1] == \
             TokenUsage(18, 0, 18)
+
+
+class TestClusterHoldings:
+    """What the frontend knows each serving worker's store holds (``ClusterHoldings``): one
+    mirror a worker, each block's TTL left from its last use, the serving set, invalidation."""
+
+    BS = 4
+    ACME = Namespace("acme", "m")
+    BETA = Namespace("beta", "m")
+
+    def _holdings(self, clock, **kw):
+        args = {"block_size": self.BS, "worker_capacity_tokens": 100, "ttl_s": 60.0,
+                "clock": clock, **kw}
+        return ClusterHoldings(**args)
+
+    def _chain(self, ns=ACME, blocks=3):
+        return hash_blocks(list(range(blocks * self.BS)), self.BS, ns)
+
+    @pytest.mark.parametrize("field, value", [("block_size", 0), ("worker_capacity_tokens", -1),
+                                              ("ttl_s", 0.0), ("workers", -1),
+                                              ("worker_disk_tokens", -1)])
+    def test_a_bad_size_is_refused_naming_every_bound(self, field, value):
+        with pytest.raises(ValueError) as refused:
+            self._holdings(Clock(), **{field: value})
+        assert str(refused.value) == (
+            "cluster holdings need block_size > 0, worker_capacity_tokens >= 0, "
+            "worker_disk_tokens >= 0, ttl_s > 0 and workers >= 0")
+
+    def test_held_is_the_stored_leading_blocks_with_their_ttl_left(self):
+        clock = Clock()
+        holdings = self._holdings(clock)
+        chain = self._chain()
+        holdings.stored("w0", self.ACME, chain, 2)
+        clock.now = 10.0
+        assert holdings.held(chain) == {chain[0]: 50.0, chain[1]: 50.0}
+        assert holdings.held([chain[2], chain[0]]) == {}  # held from the first block on
+        clock.now = 60.0
+        assert holdings.held(chain) == {}
+
+    def test_storing_no_blocks_stores_nothing_and_names_no_worker(self):
+        holdings = self._holdings(Clock(), workers=2)
+        holdings.serving(["w0"])
+        holdings.stored("w1", self.ACME, self._chain(), 0)
+        assert holdings.held(self._chain()) == {}
+        assert holdings.held_by_tier("w1", self._chain()) == (0, 0)
+        assert holdings.capacity_by_tier() == (100, 0)
+
+    def test_the_longest_ttl_left_of_any_worker_is_the_clusters(self):
+        clock = Clock()
+        holdings = self._holdings(clock)
+        chain = self._chain()
+        holdings.stored("w0", self.ACME, chain, 3)
+        clock.now = 20.0
+        holdings.stored("w1", self.ACME, chain, 1)
+        clock.now = 30.0
+        assert holdings.held(chain) == {chain[0]: 50.0, chain[1]: 30.0, chain[2]: 30.0}
+
+    def test_as_of_leaves_out_blocks_stored_after_it(self):
+        clock = Clock()
+        holdings = self._holdings(clock)
+        chain = self._chain()
+        holdings.stored("w0", self.ACME, chain, 1)
+        clock.now = 5.0
+        holdings.stored("w0", self.ACME, chain, 3)  # touches block 0 again, adds 1 and 2
+        clock.now = 10.0
+        # stored 10 s ago, used 5 s ago: block 0 was there 3 s ago, blocks 1 and 2 were not
+        assert holdings.held(chain, as_of=3.0) == {chain[0]: 55.0}
+        assert holdings.held(chain, as_of=5.0) == {chain[0]: 55.0, chain[1]: 55.0,
+                                                   chain[2]: 55.0}
+
+    def test_capacity_counts_the_serving_workers_both_tiers(self):
+        holdings = self._holdings(Clock(), workers=3, worker_disk_tokens=50)
+        assert holdings.capacity_by_tier() == (300, 150)
+        assert holdings.capacity_tokens() == 450
+        holdings.serving(["a", "b"])
+        assert holdings.capacity_by_tier() == (200, 100)
+        holdings.serving([])
+        assert holdings.capacity_by_tier() == (100, 50)  # never below one worker's
+
+    def test_a_worker_no_longer_serving_loses_its_blocks_and_a_late_result_joins(self):
+        clock = Clock()
+        holdings = self._holdings(clock)
+        chain = self._chain()
+        holdings.stored("w0", self.ACME, chain, 3)
+        holdings.serving(["w1"])
+        assert holdings.held(chain) == {}
+        assert holdings.held_by_tier("w0", chain) == (0, 0)
+        holdings.stored("w2", self.ACME, chain, 2)  # a worker the last poll missed
+        assert holdings.capacity_by_tier() == (200, 0)
+        assert holdings.held_by_tier("w2", chain) == (2, 0)
+
+    def test_invalidating_a_tenant_drops_its_blocks_everywhere_and_only_its(self):
+        holdings = self._holdings(Clock())
+        acme, beta = self._chain(self.ACME), self._chain(self.BETA)
+        holdings.stored("w0", self.ACME, acme, 3)
+        holdings.stored("w1", self.ACME, acme, 2)
+        holdings.stored("w1", self.BETA, beta, 3)
+        holdings.invalidated("acme")
+        assert holdings.held(acme) == {}
+        assert holdings.held_by_tier("w1", beta) == (3, 0)
+
+    def test_a_block_read_back_from_disk_is_promoted_to_memory(self):
+        holdings = self._holdings(Clock(), worker_capacity_tokens=2 * self.BS,
+                                  worker_disk_tokens=100)
+        acme, beta = self._chain(self.ACME, 2), self._chain(self.BETA, 2)
+        holdings.stored("w0", self.ACME, acme, 2)
+        holdings.stored("w0", self.BETA, beta, 2)  # memory holds two blocks: acme's spill
+        assert (holdings.held_by_tier("w0", acme), holdings.held_by_tier("w0", beta)) == (
+            (0, 2), (2, 0))
+        holdings.stored("w0", self.ACME, acme, 2)  # read back: promoted, beta's spill
+        assert (holdings.held_by_tier("w0", acme), holdings.held_by_tier("w0", beta)) == (
+            (2, 0), (0, 2))

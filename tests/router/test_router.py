@@ -346,7 +346,7 @@ class TestTierRouting:
         block, and a router rebuilt from them charges A's blocks as disk, as one fed by the
         store's events does."""
         from router.kv.key import hash_blocks as hashes
-        from tests.workers.cache.test_disk_tier import A, B, NS as SNS, spilled_a
+        from tests.support.prefix_stores import A, B, NS as SNS, spilled_a
         from workers.engine.runtime import Holdings
 
         store = spilled_a(tmp_path)
@@ -372,7 +372,7 @@ class TestTierRouting:
     def test_a_restarted_worker_announces_its_whole_cache_on_disk(self, tmp_path):
         """After a restart every block is on disk only: the holdings have no memory blocks."""
         from router.kv.key import hash_blocks as hashes
-        from tests.workers.cache.test_disk_tier import A, B, NS as SNS, spilled_a, tiered
+        from tests.support.prefix_stores import A, B, NS as SNS, spilled_a, tiered
         from workers.engine.runtime import Holdings
 
         spilled_a(tmp_path).close()

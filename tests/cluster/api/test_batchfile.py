@@ -1,16 +1,21 @@
-"""Batch input lines whose values protobuf cannot hold: each bad line is named, nothing crashes."""
+"""``cluster.api.batchfile``: an OpenAI Batch input file parsed into requests, each bad line
+named (``file:line:``, then the field) and nothing crashing: malformed lines, values protobuf
+cannot hold, bytes that are not UTF-8, fields a batch line cannot ask for; blank lines skipped; a line's
+response format and log-probabilities carried into its request; the example batch is what its
+generator writes."""
 import json
+import sys
 
 import pytest
 
 from cluster.api.batchfile import parse_batch
+from tests.support.batch_lines import USER, line
+from tests.support.paths import REPO
 from tests.support.structured_jobs import PET, batch_line, structured_request
 
-USER = [{"role": "user", "content": "hello"}]
-
-
-def line(custom_id: str, **body) -> str:
-    return json.dumps({"custom_id": custom_id, "body": {"messages": USER, **body}})
+EXAMPLES = REPO / "examples"
+sys.path.insert(0, str(EXAMPLES))
+import make_batch  # noqa: E402
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -47,6 +52,43 @@ def test_a_line_that_is_not_utf8_is_named():
     with pytest.raises(ValueError) as err:
         parse_batch(lines, name="b.jsonl")
     assert str(err.value) == "b.jsonl:2: not UTF-8 text (byte 0xe9 at column 19)"
+
+
+@pytest.mark.parametrize("text, lineno, what", [
+    ("{not json", 2, "not valid JSON"),
+    ('["a list"]', 2, "must be a JSON object"),
+    (json.dumps({"method": "POST", "body": {"messages": USER}}), 2, "custom_id"),
+    (json.dumps({"custom_id": "x", "url": "/v1/embeddings", "body": {"messages": USER}}), 2,
+     "url must be /v1/chat/completions"),
+    (json.dumps({"custom_id": "x", "method": "GET", "body": {"messages": USER}}), 2, "method"),
+    (json.dumps({"custom_id": "x", "body": {"messages": "hi"}}), 2, "body.messages"),
+    (line("x", USER, max_tokens="ten"), 2, "body.max_tokens"),
+    (line("x", USER, stop=[1]), 2, "body.stop"),
+])
+def test_malformed_lines_name_their_line(text, lineno, what):
+    with pytest.raises(ValueError) as err:
+        parse_batch([line("ok", USER), text, line("ok2", USER)], name="batch.jsonl")
+    assert f"batch.jsonl:{lineno}:" in str(err.value) and what in str(err.value)
+
+
+def test_blank_lines_are_skipped_and_fields_carried():
+    batch = parse_batch(["", line("a", USER, max_tokens=7, temperature=0.5, stop="END"), "  "])
+    (request,) = batch.requests
+    assert batch.lines == [2]
+    assert (request.custom_id, request.sampling.max_tokens, request.sampling.stop) == (
+        "a", 7, ["END"])
+    assert request.sampling.temperature == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="empty"):
+        parse_batch(["", "\n"], name="e.jsonl")
+
+
+def test_demo_batch_is_what_the_generator_writes():
+    lines = make_batch.batch_lines(8, 3, 2, 16, "default")
+    assert (EXAMPLES / "demo_batch.jsonl").read_text().splitlines() == lines
+    batch = parse_batch(lines)
+    assert len(batch.requests) == 24
+    systems = {r.messages.messages[0].content.string_value for r in batch.requests}
+    assert len(systems) == 2
 
 
 class TestWhatABatchLineMayAskFor:

@@ -5,6 +5,9 @@ with timeouts of a few tenths of a second. Clients are raw asyncio streams that 
 bytes a test names, dribble them, or stop; each test asserts the answer and that the server
 closed the connection, within bounds many times the configured timeouts (a bound that runs out
 fails the test naming what it waited for; no sleep's length decides a result).
+
+Last, the frontend's own caps end to end (a real frontend over a LocalBackend, raw
+``http.client`` requests): a body or an upload declared over its cap refused 413 unread.
 """
 import asyncio
 import json
@@ -22,6 +25,8 @@ from cluster.api.http_app import start_http
 from cluster.api.http_errors import openai_errors
 from cluster.api.http_guard import BodyCap, HttpLimits, RequestGuard
 from cluster.tls import TlsFiles, init_tls
+from tests.support.http_api import (BODY_CAP, CHAT, INPUT_CONFIG, PROMPT_CAP, chat,
+                                    connection, http_frontend, refused)
 
 CAP = 1024
 TIMEOUT_S = 0.3
@@ -319,3 +324,47 @@ def test_http_limits_default_to_what_the_docs_say(tmp_path):
     http = load_config(tmp_path).http
     assert (http.max_body_bytes, http.header_timeout_s, http.body_timeout_s,
             http.max_connections_per_client) == (8 << 20, 10.0, 30.0, 64)
+
+
+@pytest.fixture(scope="module")
+def api_httpinput(tmp_path_factory):
+    with http_frontend(tmp_path_factory, INPUT_CONFIG) as harness:
+        yield harness
+
+
+class TestTheFrontendsCaps:
+    def test_a_body_over_the_configured_cap_is_refused_413_unread(self, api_httpinput):
+        conn = connection(api_httpinput)
+        try:
+            conn.putrequest("POST", CHAT)
+            conn.putheader("authorization", "Bearer key-acme")
+            conn.putheader("content-length", str(256 << 20))  # 256 MiB declared, none sent
+            conn.endheaders()
+            response = conn.getresponse()
+            assert (response.status, response.getheader("connection")) == (413, "close")
+            assert json.loads(response.read()) == refused(
+                413, "body", f"body: {256 << 20} bytes exceed the limit of {BODY_CAP} bytes ([http] "
+                "max_body_bytes); send a smaller request", "request_too_large")
+        finally:
+            conn.close()
+        status, answer = chat(api_httpinput, messages=[{"role": "user", "content": "x" * 60_000}])
+        assert status == 400  # within the body cap: read, then refused by the prompt's own cap
+        assert answer["error"]["message"] == (
+            f"body.messages: 60000 bytes of text exceed the limit of {PROMPT_CAP} "
+            "([limits] max_prompt_bytes); shorten the prompt")
+
+    def test_an_upload_over_its_own_cap_is_refused_413_unread(self, api_httpinput):
+        conn = connection(api_httpinput)
+        try:
+            conn.putrequest("POST", "/v1/files")
+            conn.putheader("authorization", "Bearer key-acme")
+            conn.putheader("content-type", "multipart/form-data; boundary=b")
+            conn.putheader("content-length", str((200 << 20) + (64 << 10) + 1))
+            conn.endheaders()
+            response = conn.getresponse()
+            assert response.status == 413
+            assert json.loads(response.read())["error"]["message"] == (
+                f"body: {(200 << 20) + (64 << 10) + 1} bytes exceed the limit of "
+                f"{(200 << 20) + (64 << 10)} bytes (a 200 MiB file and its form); split the file")
+        finally:
+            conn.close()

@@ -1,12 +1,19 @@
 """Managed API keys (``cluster.api.keys.KeyStore``): stored hashed in a private file, a key's
-tenant until it is revoked or expires (to the millisecond), a change seen without a restart."""
+tenant until it is revoked or expires (to the millisecond), a change seen without a restart;
+then keys made with ``orchard keys`` used, revoked and expired against a real frontend, over HTTP
+and gRPC."""
 from __future__ import annotations
 
 import json
+import time
 
+import openai
 import pytest
 
+from cluster.api.client import OrchardError
 from cluster.api.keys import DAY_MS, KEYS_NAME, KeyRecord, KeyStore, digest
+from cluster.cli import main as orchard
+from tests.support.http_api import CONFIG, http_frontend, messages, sdk
 
 
 class Clock:
@@ -81,3 +88,49 @@ class TestKeys:
         record = KeyRecord("k", "t", "", "d", created_ms=0, expires_ms=100)
         assert [record.state(99), record.state(100)] == ["active", "expired"]
         assert KeyRecord("k", "t", "", "d", 0, 100, revoked_ms=50).state(10) == "revoked"
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    with http_frontend(tmp_path_factory, CONFIG) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def model(api):
+    return sdk(api).models.list().data[0].id
+
+
+class TestManagedKeysOverTheApi:
+    def test_managed_keys_apply_without_restart_and_revoked_or_expired_are_refused(self, 
+            api, model, capsys):
+        run_dir = str(api.config.run_dir)
+        assert orchard(["keys", "create", "--tenant", "beta", "--name", "ci", "--run-dir",
+                        run_dir]) == 0
+        key = capsys.readouterr().out.strip()
+        assert key.startswith("sk-beta-")
+        assert key not in (api.config.run_dir / "keys.json").read_text()  # stored hashed
+        client = sdk(api, key)
+        reply = client.chat.completions.create(model=model, messages=messages("hi"), max_tokens=1)
+        assert reply.usage.completion_tokens == 1
+        with api.client(api_key=key) as grpc_client:  # gRPC accepts it too
+            assert grpc_client.jobs() is not None
+        assert orchard(["keys", "list", "--json", "--run-dir", run_dir]) == 0
+        listed = json.loads(capsys.readouterr().out)
+        key_id = listed[0]["id"]
+        assert listed[0]["tenant"] == "beta" and listed[0]["state"] == "active"
+        assert orchard(["keys", "revoke", key_id, "--run-dir", run_dir]) == 0
+        with pytest.raises(openai.AuthenticationError) as revoked:
+            client.models.list()
+        with api.client(api_key=key) as grpc_client:
+            with pytest.raises(OrchardError, match="UNAUTHENTICATED: authorization: unknown API key"):
+                grpc_client.jobs()
+        # an expired key: created already past its expiry by giving the store a later clock
+        past = KeyStore(api.config.run_dir, lambda: time.time_ns() // 1_000_000 - 2 * 86_400_000)
+        _, expired_key = past.create("beta", "old", expires_days=1)
+        with pytest.raises(openai.AuthenticationError) as expired:
+            sdk(api, expired_key).models.list()
+        with pytest.raises(openai.AuthenticationError) as unknown:
+            sdk(api, "sk-beta-never-issued").models.list()
+        assert revoked.value.body == expired.value.body == unknown.value.body  # no hint of which
+        assert sdk(api, "key-beta").models.list().data  # the orchard.toml key still works

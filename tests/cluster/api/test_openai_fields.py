@@ -17,6 +17,7 @@ import pytest
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
+from cluster.api import openai_fields, validate
 from cluster.api.openai_fields import NEUTRAL
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
@@ -274,3 +275,25 @@ def test_a_batch_lines_service_tier_may_only_ask_for_batch_work(tier, accepted):
     with pytest.raises(FieldError) as caught:
         openai_fields.check_batch_body(body)
     assert caught.value.field == "service_tier" and "runs as batch work" in str(caught.value)
+
+
+class TestNeutralValues:
+    @pytest.mark.parametrize("field, value, accepted", [
+        ("n", 1, True), ("n", True, False), ("n", 2, False),
+        ("presence_penalty", 0.0, True), ("presence_penalty", 0.1, False),
+        ("echo", False, True), ("echo", 0, False),
+        ("logit_bias", {}, True), ("logit_bias", {"1": 2}, False),
+        ("modalities", ["text"], True), ("modalities", ["audio"], False),
+        ("store", False, True), ("store", True, False),
+        ("service_tier", "auto", True),  # read: the priority (cluster.api.priority)
+        ("user", "u", True), ("user", 5, False),
+        ("audio", None, True), ("audio", {}, False),
+    ])
+    def test_neutral_and_harmless_values(self, field, value, accepted):
+        body = {"model": "m", field: value}
+        if accepted:
+            openai_fields.check_fields(body, openai_fields.CHAT)
+        else:
+            with pytest.raises(validate.FieldError) as caught:
+                openai_fields.check_fields(body, openai_fields.CHAT)
+            assert caught.value.field == field

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -27,32 +26,14 @@ from cluster.backend.ray_backend import RayBackend  # noqa: E402
 from cluster.backend.ray_pool import NoRoom  # noqa: E402
 from router.kv.key import Namespace, hash_blocks  # noqa: E402
 from tests.support.forged_models import tiny_model  # noqa: E402
-from tests.support.requests import routed_request
+from tests.support.requests import routed_request  # noqa: E402
+from tests.support.thread_loop import Loop, shared_prompt  # noqa: E402
 from workers.engine.engine import EngineConfig  # noqa: E402
 from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 BLOCK = 16
-
-
-class Loop:
-    """An event loop on a thread of its own, so sync tests can await the backend."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout_s: float = 180.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def submit(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +45,6 @@ def cluster():
     yield backend, loop
     loop.run(backend.close())
     loop.close()
-
-
-def _prompt(seed: int, shared: int = 96, own: int = 20) -> tuple[int, ...]:
-    system = tuple(100 + (i * 7) % 900 for i in range(shared))
-    return system + tuple(1000 + seed * 31 + i for i in range(own))
 
 
 def _finished_exactly(result, max_tokens: int) -> bool:
@@ -107,10 +83,10 @@ def test_workers_start_on_node_slots_with_openblas(cluster):
 
 def test_block_events_reach_the_router_so_the_prefix_is_routed_home(cluster):
     backend, loop = cluster
-    first = _generate(backend, loop, "events-0", _prompt(1))
+    first = _generate(backend, loop, "events-0", shared_prompt(1))
     assert first.result.cached_tokens == 0
     # no wait: the result itself carried the worker's block events to the frontend's router
-    second = _generate(backend, loop, "events-1", _prompt(2))
+    second = _generate(backend, loop, "events-1", shared_prompt(2))
     assert second.worker_id == first.worker_id
     assert second.decision.reason.value == "prefix_match"
     assert second.decision.expected_cached_tokens == 96   # the 6 shared blocks
@@ -125,7 +101,7 @@ def test_stream_yields_every_token_then_the_outcome(cluster):
     backend, loop = cluster
 
     async def collect():
-        return [item async for item in backend.stream(*routed_request(backend, "stream-0", _prompt(4), max_tokens=6))]
+        return [item async for item in backend.stream(*routed_request(backend, "stream-0", shared_prompt(4), max_tokens=6))]
     items = loop.run(collect())
     chunks, outcome = items[:-1], items[-1]
     assert isinstance(outcome, GenerateOutcome) and outcome.attempts == 1
@@ -137,7 +113,7 @@ def test_a_cancelled_stream_is_aborted_on_its_worker(cluster):
     backend, loop = cluster
 
     async def start_then_cancel():
-        stream = backend.stream(*routed_request(backend, "cancel-0", _prompt(70), max_tokens=1500))
+        stream = backend.stream(*routed_request(backend, "cancel-0", shared_prompt(70), max_tokens=1500))
         first = await anext(stream)
         await stream.aclose()  # what a client that cancels (or a deadline) does to the stream
         return first
@@ -160,14 +136,14 @@ def test_a_cancelled_stream_is_aborted_on_its_worker(cluster):
 
 def test_other_tenant_never_hits(cluster):
     backend, loop = cluster
-    out = _generate(backend, loop, "tenant-b", _prompt(3), tenant="other")
+    out = _generate(backend, loop, "tenant-b", shared_prompt(3), tenant="other")
     assert out.result.cached_tokens == 0
 
 
 def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     backend, loop = cluster
     replaced = backend.pool.replaced
-    futures = [loop.submit(backend.generate(*routed_request(backend, f"kill-{i}", _prompt(40 + i), max_tokens=48)))
+    futures = [loop.submit(backend.generate(*routed_request(backend, f"kill-{i}", shared_prompt(40 + i), max_tokens=48)))
                for i in range(6)]
     deadline = time.monotonic() + 60  # the victim: a worker these requests were sent to
     while not any(w.running for w in backend.pool.ready()) and time.monotonic() < deadline:
@@ -178,7 +154,7 @@ def test_a_worker_killed_mid_request_is_retried_elsewhere_and_replaced(cluster):
     assert all(_finished_exactly(o.result, 48) for o in outcomes)
     retried = [o for o in outcomes if o.attempts > 1]
     assert retried and all(o.worker_id != victim.worker_id for o in retried)
-    later = _generate(backend, loop, "after-kill", _prompt(50))
+    later = _generate(backend, loop, "after-kill", shared_prompt(50))
     assert victim.worker_id not in {c.worker_id for c in later.decision.candidates}, \
         "the router must forget a dead worker"
     _replaced_as_dead(backend, loop, victim, replaced, within_s=120)
@@ -194,7 +170,7 @@ def test_an_idle_worker_that_dies_is_noticed_and_replaced_without_a_request(clus
 
 def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
     backend, loop = cluster
-    futures = [loop.submit(backend.generate(*routed_request(backend, f"scale-{i}", _prompt(60 + i), max_tokens=24)))
+    futures = [loop.submit(backend.generate(*routed_request(backend, f"scale-{i}", shared_prompt(60 + i), max_tokens=24)))
                for i in range(8)]
     grown = loop.run(backend.scale(3))
     assert sum(1 for w in grown if w.state == "ready") == 3
@@ -207,7 +183,7 @@ def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
     while backend.pool.get(busy.worker_id) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert backend.pool.get(busy.worker_id) is None, "a drained worker leaves once idle"
-    after = _generate(backend, loop, "after-drain", _prompt(70))
+    after = _generate(backend, loop, "after-drain", shared_prompt(70))
     assert busy.worker_id not in {c.worker_id for c in after.decision.candidates}
     with pytest.raises(UnknownWorker):
         loop.run(backend.drain("no-such-worker"))
@@ -215,14 +191,14 @@ def test_scale_and_drain_while_requests_run_lose_nothing(cluster):
 
 def test_invalidate_drops_a_tenants_blocks(cluster):
     backend, loop = cluster
-    first = _generate(backend, loop, "inv-0", _prompt(80), tenant="inv")  # its own tenant
-    kept = _generate(backend, loop, "inv-keep", _prompt(80), tenant="t")
+    first = _generate(backend, loop, "inv-0", shared_prompt(80), tenant="inv")  # its own tenant
+    kept = _generate(backend, loop, "inv-keep", shared_prompt(80), tenant="t")
     info = backend.model_info()
     removed = loop.run(backend.invalidate(Namespace("inv", info.model_id, info.revision), None))
     assert removed == first.result.written_tokens // BLOCK == 7  # 116 prompt tokens
-    again = _generate(backend, loop, "inv-1", _prompt(81), tenant="inv")
+    again = _generate(backend, loop, "inv-1", shared_prompt(81), tenant="inv")
     assert again.result.cached_tokens == 0
-    other = _generate(backend, loop, "inv-keep-1", _prompt(80), tenant="t")
+    other = _generate(backend, loop, "inv-keep-1", shared_prompt(80), tenant="t")
     # 7 full blocks from the store, the rest of the prompt but its last token from the kept
     # cache of "inv-keep" (on the same worker: routed to its blocks)
     assert (other.result.lookup.matched_tokens, other.result.cached_tokens) == (112, 115), \
@@ -316,7 +292,7 @@ def test_with_every_worker_drained_requests_are_unavailable(cluster):
     for worker in backend.pool.ready():
         loop.run(backend.drain(worker.worker_id))
     with pytest.raises(NoWorkerAvailable):
-        _generate(backend, loop, "none-left", _prompt(90))
+        _generate(backend, loop, "none-left", shared_prompt(90))
 
 
 

@@ -1,5 +1,6 @@
 """The frames of the frontend <-> worker stream (``cluster.backend.wire``): the codec's exact
-round trip of every message that travels, the frames a broken peer sends refused as a
+round trip of every message that travels (a streamed chunk with its log-probabilities among
+them), the frames a broken peer sends refused as a
 ``WireError``, and the stream's HMAC challenge and answer."""
 from __future__ import annotations
 
@@ -80,6 +81,11 @@ class TestTheCodec:
         first, second = asyncio.run(both())
         assert first == (Kind.NEXT, 7, None) and type(first[0]) is Kind
         assert second == (Kind.END, 3, 12)
+
+    def test_a_streamed_chunks_logprobs_travel_on_the_worker_stream(self):
+        chunk = TokenChunk("r", (4,), "ab", (TokenLogprob(4, -0.5, ((4, -0.5), (1, -0.75))),))
+        decoded = wire._unpack(wire.frame(wire.Kind.ITEM, 3, chunk)[4:])
+        assert decoded[2] == chunk
 
 
 class TestAuthentication:

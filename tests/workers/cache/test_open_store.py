@@ -12,7 +12,7 @@ import workers  # noqa: F401  (OpenBLAS before mlx)
 from router.kv.ledger import Eviction
 from workers.cache.open_store import open_store
 from tests.conftest import Clock
-from tests.workers.cache.test_store import A, BS, SHAPE, put
+from tests.support.prefix_stores import A, BS, SHAPE, put
 
 pytestmark = pytest.mark.usefixtures("bounded")  # a disk tier waits on its threads
 

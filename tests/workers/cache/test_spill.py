@@ -24,7 +24,7 @@ from workers.cache.store import PrefixStore
 from tests.conftest import Clock
 from tests.workers.cache.test_kv_quant import BS as WIDE_BS, NS as WIDE_NS, SHAPE as WIDE
 from tests.workers.cache.test_kv_quant import TOKENS, random_cache
-from tests.workers.cache.test_store import BS, NS, SHAPE, kv_for, put
+from tests.support.prefix_stores import BS, NS, SHAPE, kv_for, put
 
 pytestmark = pytest.mark.usefixtures("bounded")  # the disk tier waits on its threads
 

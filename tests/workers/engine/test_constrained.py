@@ -1,12 +1,14 @@
 """Structured outputs and log-probabilities in the engine's batched step
 (``workers.engine.constrained``): each constrained row is masked alone, an unconstrained
 neighbour decodes exactly as it would alone, and every returned log-probability equals a
-recompute of the same sequence without the cache (before temperature and any mask)."""
+recompute of the same sequence without the cache (before temperature and any mask).
+``mask_row``, ``RowHook`` and ``first_token`` on a real grammar: exact masks and draws."""
 from __future__ import annotations
 
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
@@ -15,8 +17,11 @@ from mlx_lm.models.cache import KVCache
 from router.kv.key import Namespace
 from tests.support.forged_models import tiny_model
 from workers.engine.config import EngineConfig
+from workers.engine.constrained import RowHook, first_token, mask_row
+from workers.engine.constraints import Grammars
 from workers.engine.engine import Engine
 from workers.messages import GenerateRequest, GenerateResult, ResponseFormat, SamplingParams
+from workers.model.model_dir import open_model_dir
 
 
 SCHEMA = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]},
@@ -107,3 +112,69 @@ class TestLogprobs:
     def test_no_logprobs_unless_asked(self, engine_outputs):
         (r,) = run(engine_outputs, request("none", PROMPT_A, max_tokens=3))
         assert r.logprobs == ()
+
+
+@pytest.fixture(scope="module")
+def grammars() -> Grammars:
+    tok = open_model_dir(tiny_model()).tokenizer
+    return Grammars(tok._tokenizer, 32000, tok.eos_token_ids)
+
+
+CHOICE = ResponseFormat("choice", choices=("cat", "dog"))
+
+
+def logits_row(seed: int = 0, dtype=mx.float32) -> mx.array:
+    return mx.random.normal((1, 32000), key=mx.random.key(seed)).astype(dtype)
+
+
+class TestMaskRow:
+    @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+    def test_allowed_tokens_keep_their_logits_and_every_other_is_minus_infinity(
+            self, grammars, dtype):
+        constraint = grammars.constraint(CHOICE)
+        allowed = constraint.allowed()
+        assert 0 < allowed.sum() < 32000
+        logits = logits_row(1, dtype)
+        masked = mask_row(logits, constraint)
+        assert (masked.shape, masked.dtype) == ((1, 32000), dtype)
+        got, raw = np.array(masked[0].astype(mx.float32)), np.array(logits[0].astype(mx.float32))
+        assert np.array_equal(got[allowed], raw[allowed])
+        assert np.all(got[~allowed] == -np.inf)
+
+
+class TestRowHook:
+    def test_the_first_call_masks_only_and_each_later_one_accepts_the_token_fed(self, grammars):
+        hook = RowHook(grammars.constraint(CHOICE))
+        logits = logits_row(2)
+        first = hook(123, logits)  # the token fed was accepted by first_token already
+        allowed = np.isfinite(np.array(first[0]))
+        token = int(np.flatnonzero(allowed)[0])
+        after = grammars.constraint(CHOICE)
+        after.accept(token)
+        second = hook(token, logits)
+        assert np.array_equal(np.isfinite(np.array(second[0])), after.allowed())
+        assert not np.array_equal(after.allowed(), allowed)
+
+
+class TestFirstToken:
+    def test_the_likeliest_allowed_token_and_the_raw_log_probabilities(self, grammars):
+        constraint = grammars.constraint(CHOICE)
+        allowed = constraint.allowed()
+        logits = logits_row(3)
+        top = int(np.flatnonzero(~allowed)[0])
+        logits[0, top] = 100.0  # the favourite is outside the grammar
+        token, raw = first_token(logits, None, constraint)
+        values = np.array(logits[0])
+        assert token == int(np.flatnonzero(allowed)[np.argmax(values[allowed])])
+        expected = values - np.log(np.exp(values - values.max()).sum()) - values.max()
+        assert raw.shape == (32000,) and np.allclose(np.array(raw), expected, atol=1e-5)
+        assert int(np.argmax(np.array(raw))) == top  # before the mask
+        after = grammars.constraint(CHOICE)
+        after.accept(token)
+        assert np.array_equal(constraint.allowed(), after.allowed())  # the grammar took it
+
+    def test_without_a_grammar_it_is_the_argmax(self):
+        logits = logits_row(4)
+        token, raw = first_token(logits, None, None)
+        assert token == int(np.argmax(np.array(logits[0])))
+        assert abs(float(mx.logsumexp(raw).item())) <= 1e-5

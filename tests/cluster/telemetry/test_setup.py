@@ -1,46 +1,134 @@
-"""Telemetry in the worker process, without Ray: it sets up its own exporter from the cluster's
+"""A process's telemetry (``cluster.telemetry.setup``): its settings, checked and narrowed
+from the cluster config; W3C trace context through gRPC metadata; a tracing failure logged
+once and never failing a request; telemetry switched off.
+
+Telemetry in the worker process, without Ray: it sets up its own exporter from the cluster's
 settings and draws its spans under the context the request carries (the frontend draws the
 request and routing spans in its own).
 
-One trace per request across processes, on a real ``RayBackend``: the frontend draws the
-request span and the routing span (routing runs in the frontend's process), the worker actor
-its lookup / prefill / decode spans, each process into its own JSON-lines file under RUN_DIR/traces/, and
-``orchard report`` reads them back as one run.
+One trace per request across processes, on a real ``RayBackend`` (slow): the frontend draws
+the request span and the routing span (routing runs in the frontend's process), the worker
+actor its lookup / prefill / decode spans, each process into its own JSON-lines file under
+RUN_DIR/traces/, and ``orchard report`` reads them back as one run.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from cluster.telemetry import attrs as A
-from cluster.telemetry.otlp_json import read_spans
-from cluster.telemetry.setup import (SERVICE_FRONTEND, TelemetrySettings, request_context,
-                               setup_telemetry)
-from cluster.backend.worker_actor import EngineWorker, WorkerDone
-from router.kv.key import Namespace
-from tests.support.forged_models import tiny_model
-from workers.engine.engine import EngineConfig
-from workers.messages import GenerateRequest, SamplingParams
 import os
-import time
 from collections import Counter
+
 import pytest
-from cluster.telemetry import attrs as A  # noqa: E402
-from cluster.telemetry.job_tracing import JobTracing  # noqa: E402
-from cluster.telemetry.observe import RequestObserver, ServedCache  # noqa: E402
-from cluster.telemetry.otlp_json import read_spans  # noqa: E402
-from cluster.backend.ray_backend import RayBackend  # noqa: E402
-from cluster.report.build import build_report, request_rows  # noqa: E402
-from cluster.telemetry.setup import SERVICE_FRONTEND, TelemetrySettings, setup_telemetry  # noqa: E402
-from router.cost import load_price_table  # noqa: E402
-from router.kv.key import Namespace, hash_blocks  # noqa: E402
-from tests.support.forged_models import tiny_model  # noqa: E402
-from tests.cluster.backend.test_ray_backend import Loop, _prompt  # noqa: E402
-from workers.engine.engine import EngineConfig  # noqa: E402
-from workers.messages import GenerateRequest, SamplingParams  # noqa: E402
+
+from cluster.backend.ray_backend import RayBackend
+from cluster.backend.worker_actor import EngineWorker, WorkerDone
+from cluster.report.build import build_report, request_rows
+from cluster.telemetry import attrs as A
+from cluster.telemetry.job_tracing import JobTracing
+from cluster.telemetry.observe import RequestObserver, ServedCache
+from cluster.telemetry.otlp_json import read_spans
+from cluster.telemetry.setup import (SERVICE_FRONTEND, Telemetry, TelemetrySettings,
+                                     context_of, extract_metadata, inject_metadata,
+                                     request_context, setup_telemetry)
+from router.cost import PriceTable, load_price_table
+from router.kv.key import Namespace, hash_blocks
+from router.policy import Reason
+from tests.support.thread_loop import Loop, shared_prompt
+from tests.support.forged_models import tiny_model
+from tests.support.request_traces import BS, SYSTEM, observed, run
+from tests.support.telemetry_factories import decision, result
+from workers.engine.engine import EngineConfig
+from workers.messages import GenerateRequest, LookupOutcome, SamplingParams
+
+
+@pytest.fixture
+def setup(tmp_path):
+    return observed(tmp_path)
+
+
+class TestSettings:
+    def test_settings_refuse_bad_config(self, tmp_path):
+        with pytest.raises(ValueError, match="exporter must be"):
+            TelemetrySettings("s", tmp_path, exporter="jaeger")
+        with pytest.raises(ValueError, match="exporter must be"):
+            TelemetrySettings("s", tmp_path, exporter="file,none")
+        with pytest.raises(ValueError, match="metrics must be"):
+            TelemetrySettings("s", tmp_path, metrics="prometheus")
+        with pytest.raises(ValueError, match="needs an endpoint"):
+            TelemetrySettings("s", tmp_path, metrics="otlp")
+        with pytest.raises(ValueError, match="needs an endpoint"):
+            TelemetrySettings("s", tmp_path, exporter="otlp")
+        with pytest.raises(ValueError, match="protocol"):
+            TelemetrySettings("s", tmp_path, exporter="otlp", endpoint="x", protocol="udp")
+
+    def test_telemetry_settings_come_from_the_cluster_config(self, tmp_path):
+        from cluster.config import load_config
+        from cluster.telemetry.setup import settings_from_config
+
+        prices = tmp_path / "prices.toml"
+        prices.write_text('version = "v2"\n[default]\ncache_read = 0.05\n')
+        (tmp_path / "orchard.toml").write_text(
+            '[[tenants]]\nname = "acme"\napi_keys = ["k"]\n'
+            f'[telemetry]\nexporter = "otlp"\nendpoint = "127.0.0.1:4317"\nprotocol = "grpc"\n'
+            f'prices = "{prices}"\n')
+        config = load_config(tmp_path)
+        settings = settings_from_config(config, "orchard-frontend")
+        assert (settings.exporter, settings.endpoint, settings.protocol) == ("otlp", "127.0.0.1:4317",
+                                                                            "grpc")
+        assert settings.run_dir == tmp_path and settings.service == "orchard-frontend"
+        (tmp_path / "orchard.toml").write_text('[telemetry]\nexporter = "otlp"\nprotocol = "udp"\n'
+                                               'endpoint = "x"\n')
+        with pytest.raises(ValueError, match="protocol"):
+            settings_from_config(load_config(tmp_path), "orchard-frontend")
+
+
+class TestTraceContext:
+    def test_context_round_trips_through_metadata(self, setup):
+        tel, exporter, *_ = setup
+        with tel.tracer.start_as_current_span("client") as client:
+            metadata = inject_metadata()
+        assert metadata[0][0] == "traceparent"
+        ctx = extract_metadata([("TraceParent", metadata[0][1]), ("authorization", "k")])
+        with tel.tracer.start_as_current_span("server", context=ctx) as server:
+            pass
+        assert server.context.trace_id == client.context.trace_id
+        assert server.parent.span_id == client.context.span_id
+        assert extract_metadata([("authorization", "k")]) is None
+        assert context_of(()) is None
+
+
+class TestAFailingOrDisabledTelemetry:
+    def test_a_tracing_failure_is_logged_once_and_never_fails_the_request(self, setup, caplog):
+        tel, exporter, _, observer, clock = setup
+
+        class Broken:
+            def start_span(self, *a, **k):
+                raise RuntimeError("exporter on fire")
+
+        tel.tracer = Broken()
+        prompt = SYSTEM + (5,)
+        with caplog.at_level(logging.ERROR, logger="orchard.telemetry"):
+            for rid in ("r1", "r2"):
+                observed = run(observer, tel, rid, prompt,
+                               decision("w0", Reason.COLD_HASH, 0, 17, {"w0": 0}),
+                               result(rid, 17, 0, 16, "w0", LookupOutcome.MISS))
+        assert observed.cost is not None          # the cost is still computed
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("record_engine" in m for m in messages) == 1
+        assert exporter.get_finished_spans() == ()
+
+    def test_disabled_telemetry_records_nothing_and_runs(self):
+        tel = Telemetry.disabled()
+        observer = RequestObserver(tel, PriceTable(), ServedCache("tiny", BS, 300.0, 1000))
+        prompt = SYSTEM + (5,)
+        observed = run(observer, tel, "r1", prompt, None,
+                       result("r1", 17, 0, 16, "w0", LookupOutcome.MISS))
+        assert observed.miss.cause.value == "first_sight"
 
 
 BLOCK = 16
+
 
 def _resources(trace_dir, service: str) -> list[dict]:
     """The resource attributes of every export line in ``service``'s files."""
@@ -53,7 +141,7 @@ def _resources(trace_dir, service: str) -> list[dict]:
     return out
 
 
-class TestTelemetryProcesses:
+class TestAWorkerProcess:
     def test_the_worker_draws_its_spans_under_the_carried_context(self, tmp_path):
         settings = TelemetrySettings("orchard", tmp_path)
         frontend = setup_telemetry(TelemetrySettings(SERVICE_FRONTEND, tmp_path))
@@ -120,17 +208,15 @@ class TestTelemetryProcesses:
         assert len(failures) == 1 and "orchard-worker" in failures[0].getMessage()
 
 
-ray = pytest.importorskip("ray")
-
-pytestmark = pytest.mark.slow
-
 WORKER_SPANS = ("orchard.worker.generate", "orchard.cache.lookup", "orchard.prefill",
                 "orchard.decode")
 
+
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def ray_run(tmp_path_factory):
     """A traced run: three requests of job j1 through two Ray workers; the backend and the
     frontend's telemetry closed (everything flushed) before the test reads the files."""
+    pytest.importorskip("ray")
     run_dir = tmp_path_factory.mktemp("run")
     loop = Loop()
     backend = RayBackend(tiny_model(), workers=2, engine=EngineConfig(block_size=BLOCK),
@@ -153,10 +239,10 @@ def run(tmp_path_factory):
                 trace.done(request, hashes, outcome)
             return outcome
 
-        outcomes = {"r0": loop.run(one("r0", _prompt(1)))}
+        outcomes = {"r0": loop.run(one("r0", shared_prompt(1)))}
         # r0's result carried the worker's block events to the frontend's router: r1, r2 go home
         for rid, seed in (("r1", 2), ("r2", 3)):
-            outcomes[rid] = loop.run(one(rid, _prompt(seed)))
+            outcomes[rid] = loop.run(one(rid, shared_prompt(seed)))
         loop.run(tracing.aclose())
     finally:
         loop.run(backend.close())
@@ -164,9 +250,10 @@ def run(tmp_path_factory):
     return run_dir, outcomes
 
 
-class TestTelemetryRay:
-    def test_each_request_is_one_trace_joined_across_processes(self, run):
-        run_dir, outcomes = run
+@pytest.mark.slow
+class TestEachProcessOnRay:
+    def test_each_request_is_one_trace_joined_across_processes(self, ray_run):
+        run_dir, outcomes = ray_run
         files = sorted(p.name for p in (run_dir / "traces").glob("*.jsonl"))
         by_service = Counter(service for name in files
                              for service in ("orchard-frontend", "orchard-router", "orchard-worker")
@@ -201,8 +288,8 @@ class TestTelemetryRay:
             assert in_trace["orchard.cache.lookup"].attributes[A.CACHE_MATCHED] == \
                 outcome.result.cached_tokens
 
-    def test_the_report_reads_the_whole_run(self, run):
-        run_dir, outcomes = run
+    def test_the_report_reads_the_whole_run(self, ray_run):
+        run_dir, outcomes = ray_run
         spans = read_spans(run_dir / "traces").spans
         rows = {r.request_id: r for r in request_rows(spans)}
         assert set(rows) == set(outcomes)
@@ -217,8 +304,8 @@ class TestTelemetryRay:
         assert job["cached_tokens"] == sum(r.cached_tokens for r in results)
         assert job["measured_multiplier"] is not None and job["forecast_multiplier"] is not None
 
-    def test_each_process_names_itself_in_its_resource(self, run):
-        run_dir, outcomes = run
+    def test_each_process_names_itself_in_its_resource(self, ray_run):
+        run_dir, outcomes = ray_run
         resources = {}
         for path in (run_dir / "traces").glob("*.jsonl"):
             for line in path.read_text().splitlines():
