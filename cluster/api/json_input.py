@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 # protobuf's recursion limit (upb's default, json_format's max_recursion_depth): a message
-# nested deeper does not decode (tests/cluster/api/test_http_app.py pins the decoder to this value)
+# nested deeper does not decode (tests/cluster/api/test_json_input.py pins the decoder to this value)
 MAX_NESTING = 100
 KEY_CHARS = 64  # a path shows at most this much of a key
 

@@ -115,3 +115,19 @@ def test_the_rule_catches_each_kind_of_wrong_arrow():
     assert wrong_way("router.sim.simulator", "workers.engine.engine", known) is None
     assert wrong_way("cluster.bench.api", "cluster.commands.up", known) is None
     assert wrong_way("workers.engine.engine", "router.kv.key", known) is None
+
+
+def test_no_test_module_imports_another():
+    """Tests mirror the source; what several test modules share lives in ``tests/support/``:
+    no test module imports another (a test file, moved or split, breaks nothing else). A
+    module may name itself, as a process it starts does (``test_blas.py``'s probe)."""
+    wrong = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        own = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            wrong += [f"{own} imports {n}" for n in names
+                      if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")
+                      and n != own]
+    assert wrong == []

@@ -88,3 +88,26 @@ def spilled_a(tmp_path: Path, **kw) -> PrefixStore:
 
 def ha() -> list:
     return hash_blocks(A, BS, NS)
+
+
+# A wider shape, for the quantized tiers (a head of 64 values groups for 4- and 8-bit codes).
+WIDE_BS = 16
+
+WIDE = KVShape(layers=2, kv_heads=2, head_dim=64, dtype=mx.float32)
+
+WIDE_NS = Namespace("t", "m", "r1")
+
+WIDE_TOKENS = list(range(1, 33))  # two blocks
+
+
+def random_cache(n: int) -> list[KVCache]:
+    """A per-layer cache of ``n`` positions of the wide shape, normal values, seed 0."""
+    mx.random.seed(0)
+    caches = []
+    for _ in range(WIDE.layers):
+        c = KVCache()
+        c.keys = mx.random.normal((1, WIDE.kv_heads, n, WIDE.head_dim))
+        c.values = mx.random.normal((1, WIDE.kv_heads, n, WIDE.head_dim))
+        c.offset = n
+        caches.append(c)
+    return caches

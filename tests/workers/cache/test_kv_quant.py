@@ -6,31 +6,16 @@ import pytest
 
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
 from cluster.config import load_config, write_default_config
 from router.kv.events import BlockRemoved, BlockStored, EventBatch, Tier, decode_batch, encode_batch
-from router.kv.key import BlockHash, Namespace
+from router.kv.key import BlockHash
 from workers.cache.kv_quant import KVCodec
 from workers.cache.blocks import KVShape
 from workers.cache.store import PrefixStore
 
-BS = 16
-SHAPE = KVShape(layers=2, kv_heads=2, head_dim=64, dtype=mx.float32)
-NS = Namespace("t", "m", "r1")
-TOKENS = list(range(1, 33))  # two blocks
-
-
-def random_cache(n: int) -> list[KVCache]:
-    mx.random.seed(0)
-    caches = []
-    for _ in range(SHAPE.layers):
-        c = KVCache()
-        c.keys = mx.random.normal((1, SHAPE.kv_heads, n, SHAPE.head_dim))
-        c.values = mx.random.normal((1, SHAPE.kv_heads, n, SHAPE.head_dim))
-        c.offset = n
-        caches.append(c)
-    return caches
+from tests.support.prefix_stores import (WIDE as SHAPE, WIDE_BS as BS, WIDE_NS as NS,
+                                         WIDE_TOKENS as TOKENS, random_cache)
 
 
 @pytest.mark.parametrize("bits, per_token, ratio", [(0, 2048, 1.0), (8, 544, 0.265625),

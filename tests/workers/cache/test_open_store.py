@@ -48,7 +48,7 @@ class TestOpenStore:
         store.close()
 
     def test_open_store_hands_the_memory_tier_its_precision(self):
-        from tests.workers.cache.test_kv_quant import SHAPE as WIDE
+        from tests.support.prefix_stores import WIDE
 
         store = open_store(WIDE, 16, TTL, Clock(), memory_bytes=1 << 20, kv_bits=8)
         assert store.stats().bytes_per_token == 544  # 8-bit: 64 + 2 x 2 bytes per head and token
@@ -71,7 +71,7 @@ class TestOpenStore:
         assert store.disk is None and list(tmp_path.iterdir()) == []
 
     def test_the_disk_tier_gets_its_own_precision_model_and_revision(self, tmp_path):
-        from tests.workers.cache.test_kv_quant import SHAPE as WIDE
+        from tests.support.prefix_stores import WIDE
 
         store = open_store(WIDE, 16, TTL, Clock(), memory_bytes=1 << 20, disk_dir=tmp_path,
                            disk_bytes=1 << 20, disk_kv_bits=4, model="m", revision="r2")

@@ -22,8 +22,7 @@ from workers.cache.open_store import open_store
 from workers.cache.spill import overflow
 from workers.cache.store import PrefixStore
 from tests.conftest import Clock
-from tests.workers.cache.test_kv_quant import BS as WIDE_BS, NS as WIDE_NS, SHAPE as WIDE
-from tests.workers.cache.test_kv_quant import TOKENS, random_cache
+from tests.support.prefix_stores import WIDE, WIDE_BS, WIDE_NS, WIDE_TOKENS as TOKENS, random_cache
 from tests.support.prefix_stores import BS, NS, SHAPE, kv_for, put
 
 pytestmark = pytest.mark.usefixtures("bounded")  # the disk tier waits on its threads

@@ -290,7 +290,7 @@ class TestStoreTiersExact:
         again.close()
 
     def test_a_block_promoted_from_a_4_bit_disk_is_held_at_memory_precision(self, tmp_path):
-        from tests.workers.cache.test_kv_quant import SHAPE as WIDE, BS as WIDE_BS, TOKENS, random_cache
+        from tests.support.prefix_stores import WIDE, WIDE_BS, WIDE_TOKENS as TOKENS, random_cache
 
         store = open_store(WIDE, WIDE_BS, 60.0, lambda: 0.0, memory_bytes=2 * WIDE_BS * 2048,
                            disk_dir=tmp_path / "w", disk_bytes=1 << 20, disk_kv_bits=4,
