@@ -1,6 +1,7 @@
 """``cluster.api.batchfile``: an OpenAI Batch input file parsed into requests, each bad line
 named (``file:line:``, then the field) and nothing crashing: malformed lines, values protobuf
-cannot hold, bytes that are not UTF-8; blank lines skipped; the example batch is what its
+cannot hold, bytes that are not UTF-8, fields a batch line cannot ask for; blank lines skipped; a line's
+response format and log-probabilities carried into its request; the example batch is what its
 generator writes."""
 import json
 import sys
@@ -10,6 +11,7 @@ import pytest
 from cluster.api.batchfile import parse_batch
 from tests.support.batch_lines import USER, line
 from tests.support.paths import REPO
+from tests.support.structured_jobs import PET, batch_line, structured_request
 
 EXAMPLES = REPO / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -88,3 +90,29 @@ def test_demo_batch_is_what_the_generator_writes():
     systems = {r.messages.messages[0].content.string_value for r in batch.requests}
     assert len(systems) == 2
 
+
+class TestWhatABatchLineMayAskFor:
+    """A line's response format and log-probabilities reach its request; fields a batch line
+    cannot ask for are refused naming the line."""
+
+    def test_a_file_line_carries_the_format_and_logprobs_into_the_request(self):
+        pb_request = structured_request("a", PET, top=3)
+        assert pb_request.response_format.type == "json_schema"
+        assert pb_request.response_format.json_schema.name == "pet"
+        assert (pb_request.logprobs, pb_request.top_logprobs) == (True, 3)
+
+    @pytest.mark.parametrize("body, what", [
+        ({"presence_penalty": 0.3}, "body.presence_penalty: not implemented; only 0"),
+        ({"n": 3}, "body.n: only n = 1"),
+        ({"stream": True}, "body.stream: a batch line is answered in the output file"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "body.tools: not supported "
+         "in a batch"),
+        ({"top_logprobs": 2}, "body.top_logprobs: needs logprobs: true"),
+        ({"logprobs": True, "top_logprobs": 30}, "body.top_logprobs: must be from 0 to 20"),
+        ({"response_format": {"type": "yaml"}}, "body.response_format.type: must be one of"),
+        ({"colour": "red"}, "body.colour: not supported by orchard"),
+    ])
+    def test_what_a_line_cannot_ask_for_names_the_line_and_field(self, body, what):
+        with pytest.raises(ValueError) as err:
+            parse_batch([batch_line("ok"), batch_line("bad", **body)], name="b.jsonl")
+        assert str(err.value).startswith(f"b.jsonl:2: {what}")

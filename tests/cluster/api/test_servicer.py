@@ -3,7 +3,8 @@
 A streamed RPC's items pumped by a task the RPC's end cancels (``until_rpc_done``), driven
 directly; then the two services end to end, a real frontend over a LocalBackend (real
 engines and router) and the real client: jobs submitted, listed, followed, resumed and
-cancelled, one request generated and streamed, a stream cancelled or closed from another task.
+cancelled, one request generated and streamed, a stream cancelled or closed from another task;
+SubmitJob with a response format and log-probabilities.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import time
 
 import grpc
+import jsonschema
 import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
@@ -32,6 +34,8 @@ from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
 from tests.support.grpc_api import (BLOCK, CONFIG, SYSTEM, chat, finished_exactly,
                                     grpc_frontend, held_frontend, run_job, tokens)
+from tests.support.structured_jobs import (BROKEN, BROKEN_PATH, PET, USER, acme_frontend,
+                                           structured_request)
 
 
 class _Rpc:
@@ -351,3 +355,40 @@ def test_list_jobs_over_grpc_and_the_command(tmp_path, capsys):
         assert [j["job_id"] for j in listed] == [j.job_id for j in made[::-1]]
         assert all(j["finished_unix_ms"] >= j["created_unix_ms"] > 0 for j in listed)
 
+
+@pytest.fixture(scope="module")
+def frontend(tmp_path_factory):
+    with acme_frontend(tmp_path_factory.mktemp("run")) as harness:
+        yield harness
+
+
+class TestSubmitJobWithAResponseFormat:
+    """``SubmitJob`` takes the HTTP API's ``response_format``: a schema that cannot compile is
+    refused at submission, naming the request and the schema's path, with nothing stored;
+    results carry each token's log-probability."""
+
+    def test_submit_job_with_a_schema_that_cannot_compile_is_refused_and_nothing_stored(
+            self, frontend):
+        with frontend.client("acme") as client:
+            before = client.jobs()
+            with pytest.raises(OrchardError) as caught:
+                client.submit([structured_request("a", PET), structured_request("b", BROKEN)])
+            assert client.jobs() == before
+        assert caught.value.code == "INVALID_ARGUMENT"
+        assert caught.value.message.startswith(f"requests[1].{BROKEN_PATH}: ")
+        assert "look-around" in caught.value.message
+
+    def test_submit_job_outputs_validate_and_carry_logprobs(self, frontend):
+        with frontend.client("acme") as client:
+            job = client.submit([structured_request(f"r{i}", PET, top=2) for i in range(3)]
+                                + [chat_request("plain", USER, 3)])
+            client.wait(job.job_id)
+            results = {r.custom_id: r for r in client.results(job.job_id)}
+        for i in range(3):
+            result = results[f"r{i}"]
+            jsonschema.validate(json.loads(result.text), PET)
+            assert len(result.logprobs) == len(result.output_tokens)
+            for entry, token in zip(result.logprobs, result.output_tokens):
+                assert entry.token_id == token and len(entry.top_logprobs) == 2
+                assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert list(results["plain"].logprobs) == []

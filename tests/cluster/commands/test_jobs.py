@@ -1,13 +1,14 @@
 """``orchard submit/results/jobs/cancel`` (``cluster.commands.jobs``): through the real CLI
 against a real frontend over a LocalBackend, the OpenAI Batch formats in and out (a file
 submitted and waited on, its results written, a priority carried, errors naming the file's
-line); and how ``--since`` reads a duration or a UTC time. Listing over gRPC is in
+line, a response format and log-probabilities); and how ``--since`` reads a duration or a UTC time. Listing over gRPC is in
 ``tests/cluster/api/test_servicer.py``, pruning in ``tests/cluster/jobs/test_store.py``."""
 from __future__ import annotations
 
 import json
 import time
 
+import jsonschema
 import pytest
 
 from cluster.cli import main
@@ -17,6 +18,7 @@ from tests.support.batch_lines import USER, line
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG as CONFIG, running_frontend
 from tests.support.paths import REPO
+from tests.support.structured_jobs import BROKEN, BROKEN_PATH, PET, batch_line, fmt
 
 
 EXAMPLES = REPO / "examples"
@@ -158,3 +160,46 @@ class TestTheSinceOption:
     def test_the_command_refuses_it_before_asking_a_frontend(self, tmp_path, capsys):
         assert main(["jobs", "--run-dir", str(tmp_path), "--since", "yesterday"]) == 2
         assert capsys.readouterr().err.startswith("orchard: error: --since: 'yesterday' is ")
+
+
+class TestStructuredOutputsAtTheCommandLine:
+    """``orchard submit`` files take ``response_format`` (a schema that cannot compile named by
+    its line and path, nothing stored); ``orchard results`` writes each token's log-probability
+    in OpenAI's Batch output shape."""
+
+    def test_orchard_submit_names_the_line_and_path_of_a_schema_that_cannot_compile(
+            self, frontend, tmp_path, capsys):
+        with frontend.client("acme") as client:
+            before = client.jobs()
+        path = tmp_path / "pets.jsonl"
+        path.write_text(batch_line("a", response_format=fmt(PET)) + "\n"
+                        + batch_line("b", response_format=fmt(BROKEN)) + "\n")
+        assert cli(frontend, "submit", str(path)) == 2
+        err = capsys.readouterr().err
+        assert f"INVALID_ARGUMENT: pets.jsonl:2: body.{BROKEN_PATH}: " in err
+        with frontend.client("acme") as client:
+            assert client.jobs() == before
+
+    def test_orchard_results_writes_logprobs_and_outputs_that_validate(self, frontend, tmp_path,
+                                                                        capsys):
+        path = tmp_path / "pets.jsonl"
+        path.write_text("".join(batch_line(f"p{i}", response_format=fmt(PET), logprobs=True,
+                                           top_logprobs=1, seed=i, temperature=1.0) + "\n"
+                                for i in range(3)))
+        assert cli(frontend, "submit", str(path), "--wait", "--json",
+                   "--run-dir", str(frontend.config.run_dir)) == 0
+        job = json.loads(capsys.readouterr().out)
+        out = tmp_path / "results.jsonl"
+        assert cli(frontend, "results", job["job_id"], "--out", str(out)) == 0
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        assert [x["custom_id"] for x in lines] == ["p0", "p1", "p2"]
+        for x in lines:
+            body = x["response"]["body"]
+            choice = body["choices"][0]
+            jsonschema.validate(json.loads(choice["message"]["content"]), PET)
+            entries = choice["logprobs"]["content"]
+            assert len(entries) == body["usage"]["completion_tokens"]
+            assert all(len(e["top_logprobs"]) == 1 and e["bytes"] == list(
+                bytes(e["bytes"])) for e in entries)
+            joined = b"".join(bytes(e["bytes"]) for e in entries).decode()
+            assert joined.strip() == choice["message"]["content"].strip()

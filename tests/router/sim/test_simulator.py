@@ -1,6 +1,8 @@
 """Trace replay: trace parsing, the ideal figure, side-by-side policies, the CLI.
 
 The simulator's disk tier: evicted blocks served from disk, at their load time.
+
+The figures a replay reports, and the settings it refuses.
 """
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ import json
 from dataclasses import replace
 import pytest
 from cluster.cli import main
-from router.sim.decision_bench import run_decision_bench
 from router.sim.simulator import SimConfig, ideal_hit_ratio, replay, simulate, to_requests
 from router.sim.policies import POLICY_NAMES
 from router.sim.trace import SynthShape, TraceRequest, load_trace, synthesize, write_trace
 from router.sim.simulator import SimConfig, replay
 from router.sim.trace import TraceRequest
+from tests.support.engine_profiles import profile
 
 
 SMALL = SynthShape(requests=400, rate_per_s=4.0, system_prompts=2, system_blocks=(1,),
@@ -115,22 +117,6 @@ class TestBehaviour:
         assert main(["simulate", "--trace", str(path), "--ttft-slo-s", "0", "--quiet"]) == 2
         assert "--ttft-slo-s must be positive" in capsys.readouterr().err
 
-    def test_decision_bench_reports_its_setup(self):
-        result = run_decision_bench(workers=4, indexed_blocks=2048, block_size=16,
-                                    prompt_tokens=512, iterations=50)
-        assert result.indexed_blocks >= 2048 and result.workers == 4
-        assert 0 < result.route_p50_us <= result.route_p99_us
-        assert result.bytes_per_block >= 0 and result.fill_s >= 0 and result.index_bytes == 2 << 30
-
-    def test_decision_bench_json_names_what_the_checks_read(self, capsys):
-        code = main(["simulate", "--decision-bench", "--json", "--bench-workers", "3",
-                     "--indexed-blocks", "3000", "--block-size", "16", "--prompt-tokens", "256",
-                     "--iterations", "20", "--index-bytes", "1048576"])
-        assert code == 0
-        out = json.loads(capsys.readouterr().out)
-        assert {"bytes_per_block", "fill_s", "route_p50_us", "route_p99_us"} <= set(out)
-        assert out["index_bytes"] == 1 << 20 and out["indexed_blocks"] >= 3000
-
 
 TRACE = [TraceRequest(0.0, 1025, 1, (1, 2)),     # cold: stores blocks 1, 2
          TraceRequest(100.0, 1025, 1, (3, 4)),   # cold: evicts 1, 2 from a 2-block memory
@@ -183,3 +169,30 @@ class TestBreakpointsAndSessions:
 
         assert workers("") == {"w0", "w1"}  # each cold prompt at its hash home
         assert len(workers("agent-session-1")) == 1
+
+
+class TestTheFigures:
+    def test_goodput_counts_requests_within_the_ttft_target_and_prefill_is_summed(self):
+        # One worker at 1000 tokens/s: the first prompt's TTFT is 1.0 s; the second waits for it,
+        # then prefills 2000 tokens slowed 1% by the first one's running decode: 3.02 s.
+        trace = [TraceRequest(0.0, 1000, 50, (1, 2)), TraceRequest(0.0, 2000, 50, (3, 4, 5, 6))]
+        config = SimConfig(workers=1, capacity_tokens=10_000, prefill_tps=1000.0, ttft_slo_s=2.0)
+        result = replay(trace, "round_robin", config)
+        assert result.goodput == 0.5
+        assert result.prefill_tokens == 3000
+        assert result.ttft_mean_s == pytest.approx((1.0 + 3.02) / 2)
+        relaxed = replay(trace, "round_robin", SimConfig(workers=1, capacity_tokens=10_000,
+                                                         prefill_tps=1000.0, ttft_slo_s=3.1))
+        assert relaxed.goodput == 1.0
+
+
+class TestWhatReplayRefuses:
+    def test_the_forecast_hook_is_refused_on_a_profile(self):
+        config = SimConfig(workers=1, block_size=16, capacity_tokens=10_000, profile=profile())
+        with pytest.raises(ValueError, match="on_served needs the linear service model"):
+            replay([TraceRequest(0.0, 100, 1, (1,))], "round_robin", config,
+                   on_served=lambda *args: None)
+
+    def test_a_negative_link_is_refused_naming_the_flags(self):
+        with pytest.raises(ValueError, match="--link-gbps and --link-fixed-ms must be >= 0"):
+            SimConfig(link_gbps=-1.0)

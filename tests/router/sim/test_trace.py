@@ -1,11 +1,12 @@
-"""The trace's optional fields beyond Mooncake's: a session key and a breakpoint."""
+"""The trace's optional fields beyond Mooncake's (a session key and a breakpoint), and the
+conversation trace that ships with orchard."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from router.sim.trace import TraceRequest, load_trace, write_trace
+from router.sim.trace import DEFAULT_TRACE, TraceRequest, load_trace, write_trace
 
 
 def test_session_and_breakpoint_round_trip_and_stay_out_of_plain_lines(tmp_path):
@@ -31,3 +32,9 @@ def test_a_bad_optional_field_is_named(tmp_path, extra, message):
                                 "hash_ids": [0], **extra}) + "\n")
     with pytest.raises(ValueError, match=f"bad.jsonl:1: {message}"):
         load_trace(path)
+
+
+def test_the_conversation_trace_ships_with_orchard():
+    trace = load_trace(DEFAULT_TRACE, limit=3)
+    assert len(trace) == 3 and trace[0].arrival_s == 0.0
+    assert (DEFAULT_TRACE.parent / "README.md").read_text().count("Apache License 2.0") == 1
