@@ -61,10 +61,7 @@ class MlxLmSide:
         self._tmp.cleanup()
 
     def run(self, kind: str, chats: list[list[dict]]) -> None:
-        extra = {"free": {},
-                 "logprobs": {"logprobs": True, "top_logprobs": 5},
-                 "json": {"response_format": {"type": "json_schema", "json_schema": {
-                     "name": "person", "schema": self._schema, "strict": True}}}}[kind]
+        extra = request_extra(kind, self._schema)
         start = time.perf_counter()
         with ThreadPoolExecutor(CLIENTS) as pool:
             replies = list(pool.map(
@@ -75,12 +72,24 @@ class MlxLmSide:
         self.runs[kind].append(MlxLmRun(wall, tokens, texts))
 
     def figures(self) -> MlxLmOutputs:
-        best = {k: min(v, key=lambda run: run.wall_s) for k, v in self.runs.items()}
-        free, constrained, logprobs = best["free"], best["json"], best["logprobs"]
-        valid = sum(valid_json(t, self._schema) for t in constrained.texts)
-        return MlxLmOutputs(
-            round(free.wall_s, 3), round(logprobs.wall_s, 3), round(constrained.wall_s, 3),
-            free.output_tokens, constrained.output_tokens,
-            round(logprobs.wall_s / free.wall_s, 4), round(constrained.wall_s / free.wall_s, 4),
-            round(valid / max(1, len(constrained.texts)), 4))
+        return outputs_figures(self.runs, self._schema)
 
+
+def request_extra(kind: str, schema: dict) -> dict:
+    """The body fields of a request of ``kind`` (free, logprobs or json) beside its messages."""
+    return {"free": {},
+            "logprobs": {"logprobs": True, "top_logprobs": 5},
+            "json": {"response_format": {"type": "json_schema", "json_schema": {
+                "name": "person", "schema": schema, "strict": True}}}}[kind]
+
+
+def outputs_figures(runs: dict[str, list[MlxLmRun]], schema: dict) -> MlxLmOutputs:
+    """Each kind's fastest round; the ratios over free text; the share of valid JSON."""
+    best = {k: min(v, key=lambda run: run.wall_s) for k, v in runs.items()}
+    free, constrained, logprobs = best["free"], best["json"], best["logprobs"]
+    valid = sum(valid_json(t, schema) for t in constrained.texts)
+    return MlxLmOutputs(
+        round(free.wall_s, 3), round(logprobs.wall_s, 3), round(constrained.wall_s, 3),
+        free.output_tokens, constrained.output_tokens,
+        round(logprobs.wall_s / free.wall_s, 4), round(constrained.wall_s / free.wall_s, 4),
+        round(valid / max(1, len(constrained.texts)), 4))
