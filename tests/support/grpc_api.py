@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import grpc
+import pytest
+
 from cluster.api.chat import ChatTokenizer
 from cluster.api.client import chat_request
 from proto.orchard.v1 import orchard_pb2 as pb
@@ -94,3 +97,42 @@ def held_frontend(tmp_path_factory):
     with grpc_frontend(tmp_path_factory, TWO_TENANTS_CONFIG, 1, tokenizer) as harness:
         harness.tokenizer = tokenizer
         yield harness
+
+
+# The fixtures the gRPC tests share (imported by name; a module that wants more workers
+# defines its own ``api``, and ``acme`` follows it).
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """A real frontend under ``CONFIG`` with one worker, for the module."""
+    with grpc_frontend(tmp_path_factory, CONFIG, workers=1) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def acme(api):
+    """A client of ``api`` as tenant acme."""
+    with api.client("acme") as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def api_hostile(tmp_path_factory):
+    """``held_frontend``, for the module."""
+    with held_frontend(tmp_path_factory) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def channel(api_hostile):
+    """A raw gRPC channel to ``api_hostile``, for bytes no client would send."""
+    with grpc.insecure_channel(api_hostile.address) as channel:
+        yield channel
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The model's chat template, to know each prompt's tokens (read only)."""
+    tok = ChatTokenizer(tiny_model())
+    yield tok
+    tok.close()

@@ -28,35 +28,20 @@ from cluster.jobs.admission import Overloaded, RetryLater
 from cluster.jobs.store import JobNotFound, StoreFull
 from proto.orchard.v1 import orchard_pb2 as pb
 from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
-from tests.support.grpc_api import CONFIG, chat, grpc_frontend, held_frontend, tokens
+from tests.support.grpc_api import chat, tokens
+from tests.support.grpc_api import acme, api, api_hostile, channel  # noqa: F401  (fixtures)
 from tests.support.paths import REPO
 
 API = REPO / "cluster" / "api"
 NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}  # public despite the underscore
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    with grpc_frontend(tmp_path_factory, CONFIG, workers=1) as harness:
-        yield harness
 
 
-@pytest.fixture(scope="module")
-def acme(api):
-    with api.client("acme") as client:
-        yield client
 
 
-@pytest.fixture(scope="module")
-def api_hostile(tmp_path_factory):
-    with held_frontend(tmp_path_factory) as harness:
-        yield harness
 
 
-@pytest.fixture(scope="module")
-def channel(api_hostile):
-    with grpc.insecure_channel(api_hostile.address) as channel:
-        yield channel
 
 
 def _raw(channel, method: str, data: bytes, key: str | None, streaming: bool = False):

@@ -33,7 +33,8 @@ from proto.orchard.v1 import orchard_pb2_grpc as pb_grpc
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
 from tests.support.grpc_api import (BLOCK, CONFIG, SYSTEM, chat, finished_exactly,
-                                    grpc_frontend, held_frontend, run_job, tokens)
+                                    grpc_frontend, run_job, tokens)
+from tests.support.grpc_api import acme, api_hostile, channel, tokenizer  # noqa: F401  (fixtures)
 from tests.support.structured_jobs import (BROKEN, BROKEN_PATH, PET, USER, acme_frontend,
                                            structured_request)
 
@@ -99,12 +100,6 @@ def test_the_rpc_s_end_closes_the_items_where_they_wait():
     assert asyncio.run(scenario()) == ["yield 0", "after 0", "yield 1", "closed"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    """The model's chat template, to know each prompt's tokens (read only)."""
-    tok = ChatTokenizer(tiny_model())
-    yield tok
-    tok.close()
 
 
 @pytest.fixture(scope="module")
@@ -113,22 +108,10 @@ def api(tmp_path_factory):
         yield harness
 
 
-@pytest.fixture(scope="module")
-def acme(api):
-    with api.client("acme") as client:
-        yield client
 
 
-@pytest.fixture(scope="module")
-def api_hostile(tmp_path_factory):
-    with held_frontend(tmp_path_factory) as harness:
-        yield harness
 
 
-@pytest.fixture(scope="module")
-def channel(api_hostile):
-    with grpc.insecure_channel(api_hostile.address) as channel:
-        yield channel
 
 
 def _slots(api_hostile) -> dict[str, int]:

@@ -9,18 +9,11 @@ import time
 
 import pytest
 
-from cluster.api.chat import ChatTokenizer
 from cluster.api.client import OrchardError, token_request
-from tests.support.forged_models import tiny_model
 from tests.support.grpc_api import BLOCK, CONFIG, chat, grpc_frontend, run_job, tokens
+from tests.support.grpc_api import acme, tokenizer  # noqa: F401  (fixtures)
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    """The model's chat template, to know each prompt's tokens (read only)."""
-    tok = ChatTokenizer(tiny_model())
-    yield tok
-    tok.close()
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +22,6 @@ def api(tmp_path_factory):
         yield harness
 
 
-@pytest.fixture(scope="module")
-def acme(api):
-    with api.client("acme") as client:
-        yield client
 
 
 class TestAdmin:

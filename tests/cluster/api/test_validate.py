@@ -20,8 +20,8 @@ from cluster.api.incoming import MessageIn, Messages, RequestIn, SamplingIn, Tok
 from cluster.api.validate import FieldError, LimitExceeded
 from cluster.backend.protocol import ModelInfo
 from proto.orchard.v1 import orchard_pb2 as pb
-from tests.support.grpc_api import (CONFIG, FILLER, MIB, chat, grpc_frontend, held_frontend,
-                                    messages, run_job, tokens)
+from tests.support.grpc_api import FILLER, MIB, chat, messages, run_job, tokens
+from tests.support.grpc_api import acme, api, api_hostile  # noqa: F401  (fixtures)
 from tests.support.http_api import (INPUT_CONFIG, PROMPT_CAP, USER, batch_line, create_batch,
                                     http_frontend, refused, upload)
 from workers.messages import ResponseFormat, SamplingParams
@@ -176,22 +176,10 @@ class TestJobs:
             "idempotency_key: 257 characters; use at most 256")
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    with grpc_frontend(tmp_path_factory, CONFIG, workers=1) as harness:
-        yield harness
 
 
-@pytest.fixture(scope="module")
-def acme(api):
-    with api.client("acme") as client:
-        yield client
 
 
-@pytest.fixture(scope="module")
-def api_hostile(tmp_path_factory):
-    with held_frontend(tmp_path_factory) as harness:
-        yield harness
 
 
 BAD_JOBS = {
