@@ -11,6 +11,7 @@ import io
 import json
 
 import openai
+import pytest
 
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
@@ -43,6 +44,13 @@ def tools_frontend(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     (run_dir / "orchard.toml").write_text(ACME_CONFIG)
     with running_frontend(run_dir, tiny_model(template="tools"), workers=1) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def tools_api(tmp_path_factory):
+    """``tools_frontend``, for the module (imported by name)."""
+    with tools_frontend(tmp_path_factory) as harness:
         yield harness
 
 

@@ -17,9 +17,9 @@ from cluster.api.client import OrchardError, chat_request
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import running_frontend
 from tests.support.http_api import CONFIG, http_frontend, messages, sdk
+from tests.support.structured_outputs import tools_api  # noqa: F401  (a fixture)
 from tests.support.structured_outputs import (BROKEN, BROKEN_FORMAT, BROKEN_PATH, MODEL, PET,
-                                              PET_FORMAT, USER, chat, sdk_client,
-                                              tools_frontend)
+                                              PET_FORMAT, USER, chat, sdk_client)
 
 
 @pytest.fixture(scope="module")
@@ -135,11 +135,6 @@ class Pet(pydantic.BaseModel):
     legs: int = pydantic.Field(ge=0, le=9)
 
 
-
-@pytest.fixture(scope="module")
-def tools_api(tmp_path_factory):
-    with tools_frontend(tmp_path_factory) as harness:
-        yield harness
 
 
 class TestResponseFormats:

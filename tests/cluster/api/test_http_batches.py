@@ -17,8 +17,9 @@ from cluster.api.batch_store import BatchStore
 from cluster.api.http_batches import COPY_BYTES, file_pieces
 from cluster.api.http_errors import BodyTooLarge
 from tests.support.http_api import CONFIG, batch_file, http_frontend, sdk
+from tests.support.structured_outputs import tools_api  # noqa: F401  (a fixture)
 from tests.support.structured_outputs import (BROKEN_FORMAT, BROKEN_PATH, PET, PET_FORMAT,
-                                              jsonl_file, pet_line, sdk_client, tools_frontend)
+                                              jsonl_file, pet_line, sdk_client)
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +88,6 @@ class TestBatchFlow:
         second = acme.batches.list(limit=1, after=first.data[0].id)
         assert second.data[0].id == ids[0]
 
-
-@pytest.fixture(scope="module")
-def tools_api(tmp_path_factory):
-    with tools_frontend(tmp_path_factory) as harness:
-        yield harness
 
 
 class TestStructuredBatches:
