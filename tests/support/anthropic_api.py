@@ -7,6 +7,7 @@ import contextlib
 import json
 
 import anthropic
+import pytest
 
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG, running_frontend
@@ -32,3 +33,18 @@ def address(api) -> str:
 
 def claude_client(api) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=address(api), api_key="key-acme", max_retries=0)
+
+
+# The fixtures the Messages tests share (imported by name).
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """``messages_frontend``, for the module."""
+    with messages_frontend(tmp_path_factory) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def claude(api) -> anthropic.Anthropic:
+    """The Anthropic SDK's client of ``api``."""
+    return claude_client(api)

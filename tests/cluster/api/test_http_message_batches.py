@@ -10,18 +10,9 @@ import time
 import anthropic
 import pytest
 
-from tests.support.anthropic_api import GREEDY, MODEL, SYSTEM, claude_client, messages_frontend
+from tests.support.anthropic_api import GREEDY, MODEL, SYSTEM
+from tests.support.anthropic_api import api, claude  # noqa: F401  (fixtures)
 
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    with messages_frontend(tmp_path_factory) as harness:
-        yield harness
-
-
-@pytest.fixture(scope="module")
-def claude(api) -> anthropic.Anthropic:
-    return claude_client(api)
 
 
 class TestMessageBatches:

@@ -11,19 +11,9 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.anthropic_api import (GREEDY, MODEL, SYSTEM, address, claude_client,
-                                         messages_frontend)
+from tests.support.anthropic_api import GREEDY, MODEL, SYSTEM, address
+from tests.support.anthropic_api import api, claude  # noqa: F401  (fixtures)
 
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    with messages_frontend(tmp_path_factory) as harness:
-        yield harness
-
-
-@pytest.fixture(scope="module")
-def claude(api) -> anthropic.Anthropic:
-    return claude_client(api)
 
 
 @pytest.fixture(scope="module")
