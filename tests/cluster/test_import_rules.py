@@ -1,4 +1,5 @@
-"""The house's one rule, checked on the code: every import arrow points the allowed way.
+"""The house's rules, checked on the code: every import arrow points the allowed way, and the
+tests mirror the source (the last two tests).
 
 - ``router.kv`` (the shared kernel: key, events, ledger, tiers, stats) imports nothing else of
   orchard;
@@ -131,3 +132,28 @@ def test_no_test_module_imports_another():
                       if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")
                       and n != own]
     assert wrong == []
+
+
+# Test files named for a behaviour that crosses modules, each with the module it enters by,
+# and the checks of the whole repository.
+NOT_MIRRORS = {
+    "tests/cluster/jobs/test_cache_diagnosis.py": "cluster/jobs/direct.py",
+    "tests/workers/cache/test_identity.py": "workers/cache/store.py",
+    "tests/cluster/test_docs_limits.py": None, "tests/cluster/test_import_rules.py": None,
+    "tests/cluster/test_one_source.py": None, "tests/cluster/test_proto.py": None,
+}
+
+
+def test_every_module_has_its_tests_and_every_test_file_its_module():
+    """``<room>/<module>.py``'s tests are ``tests/<room>/test_<module>.py``: a newcomer finds a
+    module's tests by its name, and a test file's module by its own."""
+    modules = [p for top in ("router", "workers", "cluster", "infra")
+               for p in sorted((ROOT / top).rglob("*.py")) if p.name != "__init__.py"]
+    untested = [str(p.relative_to(ROOT)) for p in modules
+                if not (ROOT / "tests" / p.relative_to(ROOT).parent / f"test_{p.name}").exists()]
+    tests = sorted((ROOT / "tests").rglob("test_*.py"))
+    unmirrored = [str(t.relative_to(ROOT)) for t in tests
+                  if not (ROOT / t.relative_to(ROOT / "tests").parent / t.name[5:]).exists()
+                  and str(t.relative_to(ROOT)) not in NOT_MIRRORS]
+    assert (untested, unmirrored) == ([], [])
+    assert all((ROOT / m).exists() for m in NOT_MIRRORS.values() if m)
