@@ -151,6 +151,7 @@ class TestExact:
     def test_a_secret_longer_than_blake2b_takes_is_a_value_error(self):
         with pytest.raises(ValueError, match="a cache secret is at most 64 bytes, got 65"):
             Namespace("t", "m", secret=b"x" * 65)
+        assert Namespace("t", "m", secret=b"x" * 64).root() != Namespace("t", "m").root()
 
     def test_label_joins_only_the_fields_that_are_set(self):
         assert Namespace("t", "m").label() == "t/m"
