@@ -87,6 +87,44 @@ class TestCacheControls:
             TokenUsage(18, 0, 18)
 
 
+class TestRealisation:
+    """The share of the one-cache model's reuse the cluster's routing realises: that share of
+    a request's modelled cached tokens is read, the rest computed and written again."""
+
+    MODEL = TestCacheControls.MODEL
+    BLOCKS = tuple(map(BlockHash, [1, 2, 3, 4]))
+
+    def plan(self, first: dict, second: dict) -> list[PlannedRequest]:
+        return [PlannedRequest(self.BLOCKS, 18, 0.0, 1.0, 4, **first),
+                PlannedRequest(self.BLOCKS, 18, 10.0, 1.0, 4, **second)]
+
+    def test_half_realised_reads_half_and_writes_the_rest_with_the_tail(self):
+        # The second matches all 16 tokens: it reads 8 and writes 8 again, and its tail's 2.
+        assert forecast_job(self.plan({}, {}), {}, self.MODEL, 0.5) == [
+            TokenUsage(18, 0, 18), TokenUsage(18, 8, 10)]
+
+    def test_behind_a_breakpoint_what_is_written_again_stops_at_it(self):
+        # Writable up to block 3 (13 tokens): of the 8 computed again, 4 are before it.
+        assert forecast_job(self.plan({}, {"write_limit": 13}), {}, self.MODEL, 0.5) == [
+            TokenUsage(18, 0, 18), TokenUsage(18, 8, 4)]
+
+    def test_a_block_held_past_a_miss_is_not_counted_as_written_again(self):
+        # The cluster holds block 4; the first writes blocks 1 and 2; the second matches
+        # those two (8 tokens), reads half of them and writes 4 again, and block 3.
+        held = {BlockHash(4): 100.0}
+        plan = self.plan({"write_limit": 9}, {"write_limit": 17})
+        assert forecast_job(plan, held, self.MODEL, 0.5) == [
+            TokenUsage(18, 0, 8), TokenUsage(18, 4, 8)]
+        assert forecast_job(plan, held, self.MODEL, 1.0) == [
+            TokenUsage(18, 0, 8), TokenUsage(18, 8, 4)]
+
+    @pytest.mark.parametrize("realisation", [-0.1, 1.1])
+    def test_a_share_outside_0_to_1_is_refused(self, realisation):
+        with pytest.raises(ValueError) as refused:
+            forecast_job(self.plan({}, {}), {}, self.MODEL, realisation)
+        assert str(refused.value) == f"realisation must be in [0, 1], got {realisation}"
+
+
 class TestClusterHoldings:
     """What the frontend knows each serving worker's store holds (``ClusterHoldings``): one
     mirror a worker, each block's TTL left from its last use, the serving set, invalidation."""
@@ -112,6 +150,22 @@ class TestClusterHoldings:
         assert str(refused.value) == (
             "cluster holdings need block_size > 0, worker_capacity_tokens >= 0, "
             "worker_disk_tokens >= 0, ttl_s > 0 and workers >= 0")
+
+    def test_the_smallest_sizes_are_taken(self):
+        holdings = self._holdings(Clock(), block_size=1, worker_capacity_tokens=0, ttl_s=0.5,
+                                  workers=0)
+        assert holdings.capacity_by_tier() == (0, 0)
+
+    def test_before_any_poll_the_capacity_is_one_workers(self):
+        assert self._holdings(Clock(), worker_disk_tokens=50).capacity_by_tier() == (100, 50)
+
+    def test_a_block_with_half_a_second_left_is_held(self):
+        clock = Clock()
+        holdings = self._holdings(clock)
+        chain = self._chain()
+        holdings.stored("w0", self.ACME, chain, 1)
+        clock.now = 59.5
+        assert holdings.held(chain) == {chain[0]: 0.5}
 
     def test_held_is_the_stored_leading_blocks_with_their_ttl_left(self):
         clock = Clock()
