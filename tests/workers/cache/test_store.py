@@ -13,15 +13,15 @@ import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from router.kv.events import BlockRemoved, BlockStored, Tier
-from router.kv.key import BlockIdentity, Namespace, hash_blocks
+from router.kv.key import BlockIdentity, ChainIdentities, Namespace, hash_blocks
 from router.kv.ledger import Eviction, LedgerEventKind
 from workers.messages import LookupOutcome
 from workers.cache.blocks import KVShape
 from workers.cache.store import PrefixStore
 from tests.conftest import Clock
-from tests.support.prefix_stores import (B, BLOCK_BYTES, BS, NS, SHAPE, TTL, WALL_START,
-                                         every_policy, ha, kv_for, put, spilled_a,  # noqa: F401
-                                         tiered)
+from tests.support.prefix_stores import (B, BLOCK_BYTES, BS, NS, SHAPE, TTL, WALL_START, WIDE,
+                                         WIDE_BS, WIDE_TOKENS, every_policy,  # noqa: F401
+                                         ha, kv_for, put, random_cache, spilled_a, tiered)
 from workers.cache.disk_files import BlockRecord, block_path, encode_block
 from workers.cache.open_store import open_store
 
@@ -390,3 +390,73 @@ class TestStoreTiersExact:
                                        "its own ancestor (a broken hash chain); it was not spilled")
         assert [h.block for h in tier.ledger.holdings()] == [21]
         tier.close()
+
+
+class TestServedAndAdopted:
+    """What a store serves a peer (``served``: blocks ``start`` to ``stop``, each verified, from
+    either tier) and what it keeps of a peer's (``adopt``), exactly."""
+
+    TOKENS = list(range(1, 17))  # four blocks
+
+    def test_served_are_the_blocks_between_start_and_stop_with_their_identity_and_kv(self, eviction):
+        store = make_store(eviction)
+        put(store, self.TOKENS)
+        want = ChainIdentities(NS, hash_blocks(self.TOKENS, BS, NS), self.TOKENS, BS)
+        served = store.served(NS, self.TOKENS, 1, 3)
+        assert [(block.identity, codec) for block, codec in served] == [
+            (want[1], store.codec), (want[2], store.codec)]
+        keys, values = served[0][0].keys[0], served[1][0].values[0]  # [layers, heads, bs, dim]
+        assert keys.shape == (2, 2, 4, 8)
+        assert float(keys[0, 0, 0, 0]) == 5 * 1000 + 4          # token 5 at position 4
+        assert float(values[1, 0, 3, 0]) == -(12 * 1000 + 11) - 1  # token 12, position 11, layer 1
+
+    def test_serving_stops_at_the_first_block_the_store_lacks(self, eviction):
+        store = make_store(eviction)
+        put(store, self.TOKENS)
+        assert len(store.served(NS, self.TOKENS + list(range(50, 58)), 0, 6)) == 4
+        assert store.served(OTHER, self.TOKENS, 0, 4) == []  # another tenant's chain
+
+    @pytest.mark.usefixtures("bounded", "every_policy")
+    def test_a_block_only_the_disk_holds_is_served_in_the_disk_tiers_codec(self, tmp_path):
+        store = spilled_a(tmp_path)
+        want = ChainIdentities(NS, ha(), A, BS)
+        served = store.served(NS, A, 0, 2)
+        assert [(block.identity, codec) for block, codec in served] == [
+            (want[0], store.disk.codec), (want[1], store.disk.codec)]
+        store.close()
+
+    def test_adopted_blocks_are_stored_read_not_written_and_then_hit(self, eviction):
+        source, receiver = make_store(eviction), make_store(eviction)
+        put(source, self.TOKENS)
+        blocks = [block for block, _ in source.served(NS, self.TOKENS, 0, 4)]
+        chain = hash_blocks(self.TOKENS, BS, NS)
+        assert receiver.adopt(NS, chain, 2, blocks[2:], source.codec) == 0  # lacks the head
+        assert receiver.adopt(NS, chain, 0, blocks, source.codec) == 4
+        assert (receiver.written_blocks(), receiver.stats().ledger.blocks) == (0, 4)
+        assert receiver.lookup(NS, self.TOKENS + [99]).report.matched_tokens == 16
+
+    def test_a_4_bit_disk_serves_its_blocks_in_its_own_codec(self, tmp_path):
+        store = open_store(WIDE, WIDE_BS, 60.0, lambda: 0.0, memory_bytes=2 * WIDE_BS * 2048,
+                           disk_dir=tmp_path / "w", disk_bytes=1 << 20, disk_kv_bits=4,
+                           model="m", revision="r1")
+        store.write(NS, WIDE_TOKENS, random_cache(32))
+        store.write(NS, list(range(100, 132)), random_cache(32))  # WIDE_TOKENS spilled, 4-bit
+        store.flush()
+        served = store.served(NS, WIDE_TOKENS, 0, 2)
+        assert [codec for _, codec in served] == [store.disk.codec] * 2
+        assert (store.disk.codec.bits, store.codec.bits) == (4, 0)
+        store.close()
+
+    def test_blocks_after_a_head_already_held_are_adopted_after_it(self, eviction):
+        source, receiver = make_store(eviction), make_store(eviction)
+        put(source, self.TOKENS)
+        put(receiver, self.TOKENS[:8])
+        blocks = [block for block, _ in source.served(NS, self.TOKENS, 2, 4)]
+        assert receiver.adopt(NS, hash_blocks(self.TOKENS, BS, NS), 2, blocks, source.codec) == 2
+        assert receiver.lookup(NS, self.TOKENS + [99]).report.matched_tokens == 16
+
+    def test_a_full_memory_adopts_what_fits(self, eviction):
+        source, small = make_store(eviction), make_store(eviction, blocks=2)
+        put(source, self.TOKENS)
+        blocks = [block for block, _ in source.served(NS, self.TOKENS, 0, 4)]
+        assert small.adopt(NS, hash_blocks(self.TOKENS, BS, NS), 0, blocks, source.codec) == 2
