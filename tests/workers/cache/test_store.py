@@ -7,13 +7,14 @@ over a disk tier, exactly (``TestStoreTiersExact``).
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 import workers  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from router.kv.events import BlockRemoved, BlockStored, Tier
-from router.kv.key import BlockIdentity, ChainIdentities, Namespace, hash_blocks
+from router.kv.key import BlockHash, BlockIdentity, ChainIdentities, Namespace, hash_blocks
 from router.kv.ledger import Eviction, LedgerEventKind
 from workers.messages import LookupOutcome
 from workers.cache.blocks import KVShape
@@ -460,3 +461,39 @@ class TestServedAndAdopted:
         put(source, self.TOKENS)
         blocks = [block for block, _ in source.served(NS, self.TOKENS, 0, 4)]
         assert small.adopt(NS, hash_blocks(self.TOKENS, BS, NS), 0, blocks, source.codec) == 2
+
+
+class TestAnIdentityMismatch:
+    """A block refused for its identity (``mismatch``): counted each time, logged once per
+    block, word for word, for at most 64 blocks."""
+
+    WANT = BlockIdentity("tenant-a/m/r1", BlockHash(0xA), 1, (1, 2, 3, 4))
+
+    def test_it_is_counted_every_time_and_logged_once_saying_what_differs(self, caplog):
+        store = make_store(Eviction.LRU)
+        held = BlockIdentity("tenant-b/m/r1", BlockHash(0xB), 2, (1, 2, 3, 4))
+        with caplog.at_level(logging.WARNING, logger="workers.cache.store"):
+            store.mismatch(BlockHash(0x5), self.WANT, held)
+            store.mismatch(BlockHash(0x5), self.WANT, held)
+        assert store.stats().identity_mismatches == 2
+        assert [r.getMessage() for r in caplog.records] == [
+            f"cache identity mismatch at block {0x5:032x}: the lookup wants namespace "
+            f"tenant-a/m/r1, parent {0xA:032x}, position 1; the store holds namespace "
+            f"tenant-b/m/r1, parent {0xB:032x}, position 2: served as a miss"]
+
+    def test_other_tokens_are_named(self, caplog):
+        store = make_store(Eviction.LRU)
+        held = BlockIdentity("tenant-a/m/r1", BlockHash(0xA), 1, (9, 9, 9, 9))
+        with caplog.at_level(logging.WARNING, logger="workers.cache.store"):
+            store.mismatch(BlockHash(0x5), self.WANT, held)
+        assert caplog.records[0].getMessage().endswith(
+            "position 1, other tokens: served as a miss")
+
+    def test_64_blocks_are_logged_and_no_more(self, caplog):
+        store = make_store(Eviction.LRU)
+        held = BlockIdentity("tenant-b/m/r1", BlockHash(0xB), 1, (1, 2, 3, 4))
+        with caplog.at_level(logging.WARNING, logger="workers.cache.store"):
+            for block in range(65):
+                store.mismatch(BlockHash(block), self.WANT, held)
+        assert len(caplog.records) == 64
+        assert store.stats().identity_mismatches == 65
