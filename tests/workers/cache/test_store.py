@@ -424,6 +424,9 @@ class TestServedAndAdopted:
         served = store.served(NS, A, 0, 2)
         assert [(block.identity, codec) for block, codec in served] == [
             (want[0], store.disk.codec), (want[1], store.disk.codec)]
+        first = served[0][0]
+        assert float(first.keys[0][0, 0, 0, 0]) == 1 * 1000 + 0       # token 1 at position 0
+        assert float(first.values[0][1, 0, 3, 0]) == -(4 * 1000 + 3) - 1  # token 4, layer 1
         store.close()
 
     def test_adopted_blocks_are_stored_read_not_written_and_then_hit(self, eviction):
@@ -497,3 +500,15 @@ class TestAnIdentityMismatch:
                 store.mismatch(BlockHash(block), self.WANT, held)
         assert len(caplog.records) == 64
         assert store.stats().identity_mismatches == 65
+
+
+class TestAWritesTtl:
+    def test_a_block_written_for_an_hour_outlives_the_stores_ttl(self, eviction):
+        clock = Clock()
+        store = make_store(eviction, ttl=60.0, clock=clock)
+        hour, default = list(range(1, 9)), list(range(101, 109))
+        store.write(NS, hour, kv_for(hour), ttl_s=3600.0)
+        put(store, default)
+        clock.now = 61.0
+        assert store.lookup(NS, hour + [99]).report.matched_tokens == 8
+        assert store.lookup(NS, default + [99]).report.matched_tokens == 0
