@@ -12,7 +12,9 @@ import re
 import pytest
 
 from router.kv.key import BlockHash
-from router.policy import (Candidate, CandidateRows, NoWorkerAvailable, PolicyConfig, Reason, RouteQuery, WorkerLoad,
+from router.pull_cost import LinkRate, PeerLinks, PullChoice
+from router.policy import (Candidate, CandidateRows, NoWorkerAvailable, PolicyConfig, Reason, RouteQuery,
+                           RoutingDecision, WorkerLoad, with_pull,
                            decide, rendezvous)
 
 DEFAULT = PolicyConfig()
@@ -181,3 +183,29 @@ class TestSessionTieBreak:
         gone = decide(DEFAULT, RouteQuery(hashes, 8, {}, session_worker="z"), idle("a", "b"),
                       block_size=1, seed=0)
         assert gone.worker_id == plain.worker_id
+
+
+class TestAPullInTheDecision:
+    """``with_pull`` on a decision, exactly: a busy holder's whole prompt pulled to an idle
+    worker, and a receiver whose running decodes weigh more than the holder's queue left be."""
+
+    BS = 16
+    PROMPT = 160  # ten full blocks, all held by w0
+    LINKS = PeerLinks(1000, LinkRate(1e9, 0.001))
+
+    def decision(self) -> RoutingDecision:
+        candidates = (Candidate("w0", 160, 10_000, 10_000.0), Candidate("w1", 0, 0, 160.0))
+        return RoutingDecision("w0", Reason.PREFIX_MATCH, 159, self.PROMPT, candidates)
+
+    def test_the_prompt_is_pulled_and_one_token_is_left_to_compute(self):
+        decision = self.decision()
+        loads = [WorkerLoad("w0", 10_000, 0), WorkerLoad("w1", 0, 2)]
+        pulled = with_pull(PolicyConfig(), decision, loads, self.LINKS, {}, self.BS)
+        assert pulled == RoutingDecision(
+            "w1", Reason.LOAD_SPILL, 159, 160, decision.candidates,
+            PullChoice("w0", 10, 160, pytest.approx(0.001 + 160 * 1000 / 1e9)))
+
+    def test_running_decodes_count_in_the_receivers_queue(self):
+        decision = self.decision()
+        loads = [WorkerLoad("w0", 10_000, 0), WorkerLoad("w1", 0, 200)]  # 200 x 64 > 10,000
+        assert with_pull(PolicyConfig(), decision, loads, self.LINKS, {}, self.BS) is decision
