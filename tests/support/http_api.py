@@ -17,6 +17,7 @@ import json
 from urllib.parse import urlsplit
 
 import openai
+import pytest
 
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import ACME_CONFIG, TWO_TENANTS_CONFIG, running_frontend
@@ -125,3 +126,17 @@ def batch_line(i: int, **body) -> dict:
 def create_batch(api_httpinput, file_id: str) -> tuple[int, dict]:
     return post(api_httpinput, "/v1/batches", json.dumps({"input_file_id": file_id, "endpoint": CHAT,
                                                 "completion_window": "24h"}))
+
+
+# The fixtures the HTTP tests share over the module's own ``api`` (imported by name).
+
+@pytest.fixture(scope="module")
+def acme(api):
+    """The OpenAI SDK's client of ``api`` as tenant acme."""
+    return sdk(api)
+
+
+@pytest.fixture(scope="module")
+def model(acme):
+    """The model ``api`` serves."""
+    return acme.models.list().data[0].id

@@ -17,6 +17,7 @@ from cluster.api.client import OrchardError, chat_request
 from tests.support.forged_models import tiny_model
 from tests.support.frontend_harness import running_frontend
 from tests.support.http_api import CONFIG, http_frontend, messages, sdk
+from tests.support.http_api import acme, model  # noqa: F401  (fixtures)
 from tests.support.structured_outputs import tools_api  # noqa: F401  (a fixture)
 from tests.support.structured_outputs import (BROKEN, BROKEN_FORMAT, BROKEN_PATH, MODEL, PET,
                                               PET_FORMAT, USER, chat, sdk_client)
@@ -28,14 +29,6 @@ def api(tmp_path_factory):
         yield harness
 
 
-@pytest.fixture(scope="module")
-def acme(api):
-    return sdk(api)
-
-
-@pytest.fixture(scope="module")
-def model(acme):
-    return acme.models.list().data[0].id
 
 
 class TestHttpApi:

@@ -17,6 +17,7 @@ from cluster.api.batch_store import BatchStore
 from cluster.api.http_batches import COPY_BYTES, file_pieces
 from cluster.api.http_errors import BodyTooLarge
 from tests.support.http_api import CONFIG, batch_file, http_frontend, sdk
+from tests.support.http_api import acme  # noqa: F401  (fixtures)
 from tests.support.structured_outputs import tools_api  # noqa: F401  (a fixture)
 from tests.support.structured_outputs import (BROKEN_FORMAT, BROKEN_PATH, PET, PET_FORMAT,
                                               jsonl_file, pet_line, sdk_client)
@@ -27,10 +28,6 @@ def api(tmp_path_factory):
     with http_frontend(tmp_path_factory, CONFIG, workers=2) as harness:
         yield harness
 
-
-@pytest.fixture(scope="module")
-def acme(api):
-    return sdk(api)
 
 
 class _File(io.BytesIO):

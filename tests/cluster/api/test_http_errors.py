@@ -19,6 +19,7 @@ from cluster.jobs.admission import Overloaded, RetryLater
 from cluster.jobs.shedding import Shed
 from cluster.jobs.store import JobFinished, JobNotFound
 from tests.support.http_api import CONFIG, batch_file, http_frontend, messages, sdk
+from tests.support.http_api import acme, model  # noqa: F401  (fixtures)
 
 
 def _error(status: int, message: str, type_: str, code: str, param: str | None = None):
@@ -111,14 +112,6 @@ def api(tmp_path_factory):
         yield harness
 
 
-@pytest.fixture(scope="module")
-def acme(api):
-    return sdk(api)
-
-
-@pytest.fixture(scope="module")
-def model(acme):
-    return acme.models.list().data[0].id
 
 
 class TestOverHttp:
